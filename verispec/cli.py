@@ -1,0 +1,2 @@
+def main(argv=None):
+    raise SystemExit("verispec CLI: not built yet")

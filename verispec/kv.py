@@ -1,0 +1,67 @@
+"""KV-cache bookkeeping after verification: write offsets, compaction, rollback (reference).
+
+A verify pass for B sequences scores ``num_rows[b] = k_b + 1`` positions per sequence: the
+certain token from the previous round, then k_b drafts. It produces one new K/V entry per row,
+in the same ragged layout as ``target_logits``:
+
+    new_kv        [R, ...]   R = sum(num_rows); sequence b's rows at cu_num_rows[b] : cu_num_rows[b+1]
+
+Of those, the entries to keep are the certain token's and the accepted drafts':
+``num_emitted[b] = num_accepted[b] + 1`` entries (the emitted recovered/bonus token has no KV
+yet: it is the next round's certain token). Two layouts consume them:
+
+Packed (ragged, contiguous) — e.g. to append to a paged or packed cache:
+    cu_num_emitted  [B + 1]   exclusive prefix sum of num_emitted: sequence b's kept entries go to
+                              packed[cu_num_emitted[b] : cu_num_emitted[b+1]]
+    e.g. num_emitted=[2,1,3] -> cu_num_emitted=[0,2,3,6]
+
+Static (one row of a [B, S_max, ...] buffer per sequence) — the runtime's cache:
+    the verify pass already wrote its entries in place at positions cache_lens[b] + i, so
+    rollback is a length update and copies nothing:
+        cache_lens_after = cache_lens_before + num_emitted
+    and compaction into a static cache writes kept entry j of sequence b at position
+        cache_lens[b] + j.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def exclusive_cumsum(counts: torch.Tensor) -> torch.Tensor:
+    """[B] -> [B + 1] int32 with out[0] = 0 and out[b+1] = counts[0] + ... + counts[b]."""
+    out = torch.zeros(counts.shape[0] + 1, dtype=torch.int32, device=counts.device)
+    torch.cumsum(counts.to(torch.int32), 0, out=out[1:])
+    return out
+
+
+def reference_compact_kv(new_kv: torch.Tensor, num_rows: torch.Tensor, num_emitted: torch.Tensor) -> torch.Tensor:
+    """Pack each sequence's first num_emitted[b] rows of ``new_kv`` [R, ...] into [sum(num_emitted), ...]."""
+    if bool((num_emitted > num_rows).any()) or bool((num_emitted < 0).any()):
+        raise ValueError("num_emitted must satisfy 0 <= num_emitted <= num_rows for every sequence")
+    cu_rows = exclusive_cumsum(num_rows).tolist()
+    pieces = [new_kv[cu_rows[b] : cu_rows[b] + int(n)] for b, n in enumerate(num_emitted.tolist())]
+    return torch.cat(pieces, dim=0) if pieces else new_kv[:0]
+
+
+def reference_scatter_to_cache(
+    cache: torch.Tensor, cache_lens: torch.Tensor, packed: torch.Tensor, num_emitted: torch.Tensor
+) -> torch.Tensor:
+    """Write packed entries into a static cache [B, S_max, ...] after each sequence's length.
+
+    Entry j of sequence b (packed[cu_num_emitted[b] + j]) goes to cache[b, cache_lens[b] + j].
+    Returns the new lengths cache_lens + num_emitted; ``cache`` is modified in place.
+    """
+    new_lens = cache_lens + num_emitted
+    if bool((new_lens > cache.shape[1]).any()):
+        raise ValueError(f"cache overflow: lengths {new_lens.tolist()} exceed capacity {cache.shape[1]}")
+    cu = exclusive_cumsum(num_emitted).tolist()
+    for b, n in enumerate(num_emitted.tolist()):
+        start = int(cache_lens[b])
+        cache[b, start : start + n] = packed[cu[b] : cu[b] + n]
+    return new_lens
+
+
+def rollback_lengths(cache_lens_before: torch.Tensor, num_emitted: torch.Tensor) -> torch.Tensor:
+    """Lengths after a verify pass wrote num_rows entries in place and num_emitted are kept."""
+    return cache_lens_before + num_emitted.to(cache_lens_before.dtype)

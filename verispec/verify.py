@@ -1,0 +1,299 @@
+"""Public verification API: input validation, canonical layout, backend dispatch.
+
+    verify_greedy(target_logits, draft_tokens, num_draft)              -> VerifyOutput
+    verify_sample(target_logits, draft_tokens, num_draft, draft_probs) -> VerifyOutput
+
+The layout and the semantics are documented in ``verispec.reference`` (the oracle); every
+backend returns exactly what the reference returns (sampling: for the same ``seed``/``offset``,
+up to float rounding at near-ties, see docs/verification.md).
+
+Backends: ``"torch"`` (the reference), ``"triton"`` and ``"cuda"`` (GPU kernels; triton also
+runs on CPU tensors under ``TRITON_INTERPRET=1``). ``backend=None`` picks the fastest one
+available for the tensors' device.
+
+Validation has two parts. Shape/dtype/device checks read only metadata and always run. Value
+checks (NaN logits, token ids out of range, ``sum(num_draft)`` vs rows) need a device->host
+sync, so they are skipped while a CUDA graph is being captured and when ``check_values=False``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import rng
+from .reference import VerifyOutput, reference_verify_greedy, reference_verify_sample
+
+BACKENDS = ("torch", "triton", "cuda")
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@dataclass
+class VerifyBatch:
+    """Validated, canonical inputs handed to a backend (all tensors on the logits' device).
+
+    target_logits: [R, V] float, R = sum(num_draft) + B, last dim contiguous
+    draft_tokens:  [N] int64, N = sum(num_draft)
+    num_draft:     [B] int32
+    cu_num_draft:  [B + 1] int32, exclusive prefix sum of num_draft
+    max_num_draft: host int, width of the output is max_num_draft + 1
+    draft_probs:   [N, V] float or None (point-mass drafts)
+    temperature:   [B] float32 (0 = greedy row)      top_k: [B] int32 (0 = off)
+    top_p:         [B] float32 (1 = off)              seed, offset: [1] int64 (stream key)
+    """
+
+    target_logits: torch.Tensor
+    draft_tokens: torch.Tensor
+    num_draft: torch.Tensor
+    cu_num_draft: torch.Tensor
+    max_num_draft: int
+    draft_probs: torch.Tensor | None = None
+    temperature: torch.Tensor | None = None
+    top_k: torch.Tensor | None = None
+    top_p: torch.Tensor | None = None
+    seed: torch.Tensor | None = None
+    offset: torch.Tensor | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return self.num_draft.shape[0]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.target_logits.shape[1]
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _per_sequence(value, batch: int, dtype: torch.dtype, device, name: str, default) -> torch.Tensor:
+    if value is None:
+        value = default
+    if isinstance(value, torch.Tensor):
+        if value.dim() == 0:
+            value = value.reshape(1)
+        if value.dim() != 1 or value.shape[0] not in (1, batch):
+            raise ValueError(f"{name} must be a scalar or a [B]={batch} tensor, got shape {tuple(value.shape)}")
+        return value.to(device=device, dtype=dtype).expand(batch).contiguous()
+    return torch.full((batch,), value, dtype=dtype, device=device)
+
+
+def _canonical(target_logits, draft_tokens, num_draft, max_num_draft, check_values) -> VerifyBatch:
+    if not isinstance(target_logits, torch.Tensor) or target_logits.dim() != 2:
+        shape = tuple(target_logits.shape) if isinstance(target_logits, torch.Tensor) else type(target_logits).__name__
+        raise ValueError(f"target_logits must be a 2-D [sum(num_draft + 1), V] tensor, got {shape}")
+    if target_logits.dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"target_logits must be float16, bfloat16 or float32, got {target_logits.dtype}")
+    device = target_logits.device
+    if not isinstance(num_draft, torch.Tensor):
+        num_draft = torch.tensor(list(num_draft), dtype=torch.int32)
+    if num_draft.dim() != 1 or num_draft.shape[0] == 0:
+        raise ValueError(f"num_draft must be a non-empty 1-D [B] tensor, got shape {tuple(num_draft.shape)}")
+    if num_draft.dtype.is_floating_point or num_draft.dtype == torch.bool:
+        raise ValueError(f"num_draft must be an integer tensor, got {num_draft.dtype}")
+    if not isinstance(draft_tokens, torch.Tensor):
+        draft_tokens = torch.tensor(list(draft_tokens), dtype=torch.int64)
+    if draft_tokens.dim() != 1:
+        raise ValueError(f"draft_tokens must be a 1-D [sum(num_draft)] tensor, got shape {tuple(draft_tokens.shape)}")
+    if draft_tokens.dtype.is_floating_point or draft_tokens.dtype == torch.bool:
+        raise ValueError(f"draft_tokens must be an integer tensor, got {draft_tokens.dtype}")
+    if draft_tokens.device != device and draft_tokens.numel() > 0:
+        raise ValueError(f"draft_tokens is on {draft_tokens.device} but target_logits is on {device}")
+    batch = num_draft.shape[0]
+    vocab = target_logits.shape[1]
+    if vocab < 1:
+        raise ValueError("target_logits has an empty vocabulary dimension")
+    num_rows = target_logits.shape[0]
+    if draft_tokens.shape[0] + batch != num_rows:
+        raise ValueError(
+            f"target_logits has {num_rows} rows but draft_tokens has {draft_tokens.shape[0]} tokens for "
+            f"B={batch} sequences: expected sum(num_draft) + B rows (one bonus row per sequence)"
+        )
+    host_num_draft = None
+    if check_values or max_num_draft is None:
+        host_num_draft = num_draft.cpu()
+        if bool((host_num_draft < 0).any()):
+            raise ValueError(f"num_draft must be >= 0, got {host_num_draft.tolist()}")
+        if int(host_num_draft.sum()) != draft_tokens.shape[0]:
+            raise ValueError(
+                f"num_draft sums to {int(host_num_draft.sum())} but draft_tokens has {draft_tokens.shape[0]} tokens"
+            )
+        if max_num_draft is None:
+            max_num_draft = int(host_num_draft.max())
+        elif max_num_draft < int(host_num_draft.max()):
+            raise ValueError(f"max_num_draft={max_num_draft} is smaller than max(num_draft)={int(host_num_draft.max())}")
+    if check_values:
+        if draft_tokens.numel() and bool(((draft_tokens < 0) | (draft_tokens >= vocab)).any()):
+            bad = draft_tokens[(draft_tokens < 0) | (draft_tokens >= vocab)][:5].tolist()
+            raise ValueError(f"draft_tokens must be in [0, V={vocab}), got e.g. {bad}: is the draft on the target's tokenizer?")
+        if bool(torch.isnan(target_logits).any()):
+            raise ValueError("target_logits contains NaN")
+        if bool(torch.isposinf(target_logits).any()):
+            raise ValueError("target_logits contains +inf")
+    num_draft = num_draft.to(device=device, dtype=torch.int32)
+    cu_num_draft = torch.zeros(batch + 1, dtype=torch.int32, device=device)
+    torch.cumsum(num_draft, 0, out=cu_num_draft[1:])
+    if target_logits.stride(1) != 1:
+        target_logits = target_logits.contiguous()
+    return VerifyBatch(
+        target_logits=target_logits,
+        draft_tokens=draft_tokens.to(device=device, dtype=torch.int64),
+        num_draft=num_draft,
+        cu_num_draft=cu_num_draft,
+        max_num_draft=int(max_num_draft),
+    )
+
+
+def _pick_backend(backend: str | None, device: torch.device) -> str:
+    if backend is None:
+        return "triton" if device.type == "cuda" else "torch"
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS} or None, got {backend!r}")
+    if backend == "cuda" and device.type != "cuda":
+        raise ValueError("backend='cuda' needs CUDA tensors; use backend='torch' (or 'triton' under TRITON_INTERPRET=1) on CPU")
+    return backend
+
+
+def verify_greedy(
+    target_logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    num_draft: torch.Tensor,
+    *,
+    max_num_draft: int | None = None,
+    backend: str | None = None,
+    check_values: bool = True,
+) -> VerifyOutput:
+    """Greedy verification of ragged drafts.
+
+    Args:
+        target_logits: [sum(k_b + 1), V] float16/bfloat16/float32; per sequence, k_b rows scoring
+            its drafts, then its bonus row.
+        draft_tokens: [sum(k_b)] integer draft token ids.
+        num_draft: [B] integer k_b >= 0 (tensor or list).
+        max_num_draft: output width - 1; required only when num_draft lives on the GPU and no
+            host sync is allowed (CUDA-graph capture). Default max(num_draft).
+        backend: "torch" | "triton" | "cuda" | None (fastest for the device).
+        check_values: run the value checks that need a host sync (NaN, id range, sums).
+
+    Returns:
+        VerifyOutput(tokens [B, max_k+1] int32 (-1 padded), num_accepted [B], num_emitted [B]).
+
+    Example:
+        >>> import torch
+        >>> logits = torch.tensor([[0., 5, 0], [0, 0, 5], [5, 0, 0],   # seq 0: two drafts + bonus
+        ...                        [0, 5, 0]])                         # seq 1: no drafts, bonus only
+        >>> out = verify_greedy(logits, torch.tensor([1, 0]), [2, 0])
+        >>> out.tokens.tolist(), out.num_accepted.tolist()
+        ([[1, 2, -1], [1, -1, -1]], [1, 0])
+    """
+    check_values = check_values and not _capturing()
+    batch = _canonical(target_logits, draft_tokens, num_draft, max_num_draft, check_values)
+    chosen = _pick_backend(backend, batch.target_logits.device)
+    if chosen == "torch":
+        return reference_verify_greedy(batch.target_logits, batch.draft_tokens, batch.num_draft, batch.max_num_draft)
+    if chosen == "triton":
+        from .kernels.greedy import verify_greedy_triton
+
+        return verify_greedy_triton(batch)
+    from .cuda import verify_greedy_cuda
+
+    return verify_greedy_cuda(batch)
+
+
+def verify_sample(
+    target_logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    num_draft: torch.Tensor,
+    draft_probs: torch.Tensor | None = None,
+    *,
+    temperature: float | torch.Tensor = 1.0,
+    top_k: int | torch.Tensor | None = None,
+    top_p: float | torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    seed: int | torch.Tensor | None = None,
+    offset: int | torch.Tensor = 0,
+    max_num_draft: int | None = None,
+    backend: str | None = None,
+    check_values: bool = True,
+) -> VerifyOutput:
+    """Rejection-sampling verification (Leviathan et al.) of ragged drafts; exact in distribution.
+
+    The emitted tokens are distributed exactly as the target distribution p (after temperature,
+    top-k, top-p; see ``verispec.sampling``) whatever the drafts were, provided ``draft_probs``
+    are the distributions the drafts were actually drawn from.
+
+    Args:
+        target_logits, draft_tokens, num_draft, max_num_draft, backend, check_values: as in
+            ``verify_greedy``.
+        draft_probs: [sum(k_b), V] float, the draft distribution q of each draft position, or None
+            for point-mass drafts (prompt lookup / n-gram): accept x with probability p(x).
+        temperature: float or [B] tensor, >= 0; 0 makes that sequence greedy.
+        top_k: None/int or [B] int tensor; 0 or None = no top-k.
+        top_p: None/float or [B] tensor in (0, 1]; None or 1 = no top-p.
+        generator: a torch.Generator the stream seed is drawn from (when ``seed`` is None).
+        seed: int or [1] int64 tensor keying the Philox stream (see ``verispec.rng``); a device
+            tensor keeps the call CUDA-graph capturable.
+        offset: int or [1] int64 tensor; advance it between calls that share a seed.
+
+    Returns:
+        VerifyOutput as in ``verify_greedy``.
+    """
+    capturing = _capturing()
+    check_values = check_values and not capturing
+    batch = _canonical(target_logits, draft_tokens, num_draft, max_num_draft, check_values)
+    device = batch.target_logits.device
+    size, vocab = batch.batch_size, batch.vocab_size
+    batch.temperature = _per_sequence(temperature, size, torch.float32, device, "temperature", 1.0)
+    batch.top_k = _per_sequence(top_k, size, torch.int32, device, "top_k", 0)
+    batch.top_p = _per_sequence(top_p, size, torch.float32, device, "top_p", 1.0)
+    if draft_probs is not None:
+        if not isinstance(draft_probs, torch.Tensor) or draft_probs.dim() != 2:
+            raise ValueError("draft_probs must be a 2-D [sum(num_draft), V] tensor or None")
+        if draft_probs.shape != (batch.draft_tokens.shape[0], vocab):
+            raise ValueError(
+                f"draft_probs has shape {tuple(draft_probs.shape)}, expected [sum(num_draft), V] = "
+                f"[{batch.draft_tokens.shape[0]}, {vocab}] (draft vocab must equal the target vocab)"
+            )
+        if draft_probs.dtype not in _FLOAT_DTYPES:
+            raise ValueError(f"draft_probs must be a float tensor, got {draft_probs.dtype}")
+        if draft_probs.device != device:
+            raise ValueError(f"draft_probs is on {draft_probs.device} but target_logits is on {device}")
+        batch.draft_probs = draft_probs if draft_probs.stride(1) == 1 else draft_probs.contiguous()
+    if check_values:
+        temps = batch.temperature.cpu()
+        if bool((temps < 0).any()) or not bool(torch.isfinite(temps).all()):
+            raise ValueError(f"temperature must be finite and >= 0, got {temps.tolist()}")
+        if bool((batch.top_k.cpu() < 0).any()):
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {batch.top_k.tolist()}")
+        top_ps = batch.top_p.cpu()
+        if bool(((top_ps <= 0) | (top_ps > 1) | torch.isnan(top_ps)).any()):
+            raise ValueError(f"top_p must be in (0, 1], got {top_ps.tolist()}")
+        if batch.draft_probs is not None and batch.draft_probs.numel():
+            q = batch.draft_probs
+            if bool(torch.isnan(q).any()) or bool((q < 0).any()):
+                raise ValueError("draft_probs must be non-negative and free of NaN")
+            sums = q.float().sum(dim=-1)
+            if bool(((sums - 1).abs() > 1e-2).any()):
+                raise ValueError(f"each draft_probs row must sum to 1, got sums like {sums[:4].tolist()}")
+            q_of_draft = q.gather(1, batch.draft_tokens[:, None]).squeeze(1)
+            if bool((q_of_draft <= 0).any()):
+                raise ValueError("draft_probs gives probability 0 to a drafted token: q must be the distribution the draft was sampled from")
+    if seed is None:
+        seed = rng.seed_from(generator)
+    batch.seed = torch.as_tensor(seed, dtype=torch.int64).reshape(1).to(device)
+    batch.offset = torch.as_tensor(offset, dtype=torch.int64).reshape(1).to(device)
+    chosen = _pick_backend(backend, device)
+    if chosen == "torch":
+        return reference_verify_sample(
+            batch.target_logits, batch.draft_tokens, batch.num_draft, batch.max_num_draft, batch.draft_probs,
+            batch.temperature.cpu(), batch.top_k.cpu(), batch.top_p.cpu(), int(batch.seed), int(batch.offset),
+        )
+    if chosen == "triton":
+        from .kernels.rejection import verify_sample_triton
+
+        return verify_sample_triton(batch)
+    from .cuda import verify_sample_cuda
+
+    return verify_sample_cuda(batch)
