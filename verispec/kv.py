@@ -65,3 +65,79 @@ def reference_scatter_to_cache(
 def rollback_lengths(cache_lens_before: torch.Tensor, num_emitted: torch.Tensor) -> torch.Tensor:
     """Lengths after a verify pass wrote num_rows entries in place and num_emitted are kept."""
     return cache_lens_before + num_emitted.to(cache_lens_before.dtype)
+
+
+def _kv_backend(backend: str | None, device: torch.device) -> str:
+    if backend is None:
+        return "triton" if device.type == "cuda" else "torch"
+    if backend not in ("torch", "triton", "cuda"):
+        raise ValueError(f"backend must be 'torch', 'triton', 'cuda' or None, got {backend!r}")
+    return backend
+
+
+def _check_counts(new_kv: torch.Tensor, num_rows: torch.Tensor, num_emitted: torch.Tensor) -> None:
+    if new_kv.dim() < 1:
+        raise ValueError("new_kv must have a leading [R] row dimension")
+    if num_rows.dim() != 1 or num_emitted.shape != num_rows.shape:
+        raise ValueError(f"num_rows and num_emitted must both be [B], got {tuple(num_rows.shape)} and {tuple(num_emitted.shape)}")
+
+
+def compact_kv(
+    new_kv: torch.Tensor, num_rows: torch.Tensor, num_emitted: torch.Tensor, *, backend: str | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pack the kept entries of a verify pass into a contiguous buffer.
+
+    Args:
+        new_kv: [R, ...] new K or V entries in the verify layout (R = sum(num_rows)).
+        num_rows: [B] rows per sequence (k_b + 1).
+        num_emitted: [B] entries to keep per sequence (num_accepted + 1), <= num_rows.
+
+    Returns:
+        (packed [R, ...], cu_num_emitted [B + 1] int32): rows packed[:cu_num_emitted[-1]] hold the
+        kept entries in sequence order; rows past that are unspecified. The capacity is R so that
+        no host sync is needed to size the output (CUDA-graph safe on the GPU backends).
+    """
+    _check_counts(new_kv, num_rows, num_emitted)
+    chosen = _kv_backend(backend, new_kv.device)
+    if chosen == "torch":
+        compacted = reference_compact_kv(new_kv, num_rows, num_emitted)
+        packed = torch.empty_like(new_kv)
+        packed[: compacted.shape[0]] = compacted
+        return packed, exclusive_cumsum(num_emitted)
+    if chosen == "triton":
+        from .kernels.kv_compact import compact_kv_triton
+
+        return compact_kv_triton(new_kv, num_rows, num_emitted)
+    from .cuda import compact_kv_cuda
+
+    return compact_kv_cuda(new_kv, num_rows, num_emitted)
+
+
+def scatter_to_cache(
+    cache: torch.Tensor,
+    cache_lens: torch.Tensor,
+    new_kv: torch.Tensor,
+    num_rows: torch.Tensor,
+    num_emitted: torch.Tensor,
+    *,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """Append each sequence's kept verify entries to a static cache [B, S_max, ...] in place.
+
+    Kept entry j of sequence b (new_kv[cu_num_rows[b] + j], j < num_emitted[b]) is written to
+    cache[b, cache_lens[b] + j]. Returns the new lengths cache_lens + num_emitted.
+    """
+    _check_counts(new_kv, num_rows, num_emitted)
+    if cache.dim() != new_kv.dim() + 1 or cache.shape[2:] != new_kv.shape[1:]:
+        raise ValueError(f"cache {tuple(cache.shape)} must be [B, S_max, ...] with trailing dims of new_kv {tuple(new_kv.shape)}")
+    chosen = _kv_backend(backend, new_kv.device)
+    if chosen == "torch":
+        packed = reference_compact_kv(new_kv, num_rows, num_emitted)
+        return reference_scatter_to_cache(cache, cache_lens, packed, num_emitted)
+    if chosen == "triton":
+        from .kernels.kv_compact import scatter_to_cache_triton
+
+        return scatter_to_cache_triton(cache, cache_lens, new_kv, num_rows, num_emitted)
+    from .cuda import scatter_to_cache_cuda
+
+    return scatter_to_cache_cuda(cache, cache_lens, new_kv, num_rows, num_emitted)
