@@ -1,0 +1,411 @@
+"""Fused rejection-sampling verification from logits (Triton).
+
+Semantics: ``verispec.reference.reference_verify_sample`` (the oracle) with the distributions of
+``verispec.sampling`` and the random stream of ``verispec.rng``. Vocabulary: accepted drafts,
+then one recovered (first rejection) or bonus (all accepted) token.
+
+Per target row r of sequence b (temperature T, z = logits[r] / T) the kernels need only three
+numbers, never a materialized softmax:
+    M_r    max_v z_v
+    thr_r  the top-k / top-p cut as a value threshold on z (-inf when both are off)
+    Z_r    sum_{z_v >= thr_r} exp(z_v - M_r)            so p_v = [z_v >= thr_r] exp(z_v - M_r) / Z_r
+
+Three launches (two when one program per sequence already fills the GPU), all CUDA-graph
+capturable: seed / offset are read from device tensors, grids depend on host ints only.
+
+  1. ``_row_stats_kernel``  grid (B, max_k + 1, S)
+     Program (b, i, s) streams V-chunk s of row i of sequence b with an online max / sum-exp
+     (plus the argmax, for T = 0 rows) and writes one partial to [R, S] buffers. Rows with
+     top-k / top-p are done whole by split 0: the cut is found without sorting, by a 16-way
+     bisection over the float32 order (8 passes of 4 bits each, re-reading the row from L2),
+     counting (top-k) or summing exp (top-p) above 16 candidate thresholds per pass.
+  2. ``_accept_race_kernel``  grid (B, S2)
+     Each program merges its sequence's partials, runs every accept test
+     ``u_r * q(x) < p(x)`` (one gathered logit, one gathered q, one Philox draw per draft),
+     finds the first rejection, and races over V-chunk s of the one stop row:
+         recovered: argmax_v max(0, p_v - q_v) / E_v        bonus: argmax_v p_v / E_v
+     with E_v = -log(u_v) from the RACE stream (the race needs no normalizer or prefix sum).
+     With S2 == 1 it also writes the outputs (no third launch).
+  3. ``_finalize_kernel``  grid (B,)  merges the S2 race partials and writes the stop token.
+
+Bytes read: all of target_logits once (pass 1), the stop row of each sequence again (pass 2,
+often from L2), one draft_probs row per rejected sequence, and a few gathers.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import rng
+from ..reference import VerifyOutput
+from .greedy import default_block, device_programs, split_vocab
+
+_INT32_MAX = 2**31 - 1
+_KEY_NEG_INF = -2139095041  # order key of float32 -inf (see _key_to_float)
+_KEY_POS_INF = 2139095040  # order key of float32 +inf
+
+
+@triton.jit
+def _uniform(seed, offset, row, col, PURPOSE: tl.constexpr):
+    """``verispec.rng.uniform``: Philox-4x32-10 at counter (col, row, offset, purpose), word 0.
+
+    ``row`` / ``col`` are int32 blocks of one shape; the result is float32 in (0, 1), exact.
+    """
+    c0 = col.to(tl.int32)
+    c1 = row.to(tl.int32) + tl.zeros_like(c0)
+    c0 = c0 + tl.zeros_like(c1)
+    c2 = (offset & 0xFFFFFFFF).to(tl.uint32) + tl.zeros_like(c0).to(tl.uint32)
+    c3 = tl.full(c0.shape, PURPOSE, tl.uint32)
+    x, _, _, _ = tl.philox(seed, c0.to(tl.uint32, bitcast=True), c1.to(tl.uint32, bitcast=True), c2, c3)
+    return ((x >> 9) * 2 + 1).to(tl.float32) * 5.9604644775390625e-08  # 2**-24
+
+
+@triton.jit
+def _key_to_float(key):
+    """Inverse of the order key k(f) = bits ^ ((bits >> 31) & 0x7FFFFFFF) (an involution):
+    int32 keys sort exactly like the float32 values they encode."""
+    bits = key ^ ((key >> 31) & 0x7FFFFFFF)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _bisect_cut(row_ptr, vocab, divisor, z_max, z_floor, goal, USE_MASS: tl.constexpr, BLOCK: tl.constexpr):
+    """Largest float32 t with f(t) >= goal, where over the row's z = logits / divisor
+        f(t) = #{v : z_v >= t}                                   (USE_MASS False: top-k)
+        f(t) = sum over {v : z_v >= t, z_v >= z_floor} of exp(z_v - z_max)    (top-p)
+    f falls as t rises, so the answer is a value of z (or -inf). Searched over the 2**32 float
+    order keys, 4 bits per pass: pass j tests 16 candidates prefix + d * 2**(28 - 4j) at once.
+    """
+    probe = tl.arange(0, 16)
+    offs = tl.arange(0, BLOCK)
+    prefix = tl.zeros([], tl.int64)  # key + 2**31, so the search runs over [0, 2**32)
+    for j in tl.static_range(8):
+        cand = prefix + (probe.to(tl.int64) << (28 - 4 * j))
+        key = tl.minimum(tl.maximum(cand - 2147483648, _KEY_NEG_INF), _KEY_POS_INF).to(tl.int32)
+        cut = _key_to_float(key)  # [16]
+        acc = tl.zeros([16], tl.float32)
+        for start in range(0, vocab, BLOCK):
+            idx = start + offs
+            z = tl.load(row_ptr + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32) / divisor
+            above = z[None, :] >= cut[:, None]  # [16, BLOCK]
+            if USE_MASS:
+                e = tl.where(z >= z_floor, tl.exp(z - z_max), 0.0)
+                acc += tl.sum(tl.where(above, e[None, :], 0.0), axis=1)
+            else:
+                acc += tl.sum(above.to(tl.float32), axis=1)
+        ok = (acc >= goal) | (probe == 0)  # candidate 0 is the previous answer: true by induction
+        prefix += tl.max(tl.where(ok, probe, 0), axis=0).to(tl.int64) << (28 - 4 * j)
+    key = tl.minimum(tl.maximum(prefix - 2147483648, _KEY_NEG_INF), _KEY_POS_INF).to(tl.int32)
+    return _key_to_float(key)
+
+
+@triton.jit
+def _sum_exp_above(row_ptr, vocab, divisor, z_max, cut, BLOCK: tl.constexpr):
+    """sum over {v : z_v >= cut} of exp(z_v - z_max)."""
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, vocab, BLOCK):
+        idx = start + offs
+        z = tl.load(row_ptr + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32) / divisor
+        acc += tl.where(z >= cut, tl.exp(z - z_max), 0.0)
+    return tl.sum(acc, axis=0)
+
+
+@triton.jit
+def _row_stats_kernel(
+    logits_ptr,  # [R, V] float
+    num_draft_ptr,  # [B] int32
+    cu_num_draft_ptr,  # [B + 1] int32
+    temperature_ptr,  # [B] float32
+    top_k_ptr,  # [B] int32
+    top_p_ptr,  # [B] float32
+    part_max_ptr,  # [R, S] float32 out: max of z over chunk s
+    part_sum_ptr,  # [R, S] float32 out: sum of exp(z - part_max) over kept entries of chunk s
+    part_idx_ptr,  # [R, S] int32 out: lowest argmax in chunk s (used by T = 0 rows)
+    row_cut_ptr,  # [R] float32 out: thr_r
+    stride_row,
+    vocab,
+    chunk,
+    num_splits,
+    BLOCK: tl.constexpr,
+):
+    b = tl.program_id(0)
+    pos = tl.program_id(1)
+    split = tl.program_id(2)
+    k = tl.load(num_draft_ptr + b)
+    if pos <= k:
+        row = tl.load(cu_num_draft_ptr + b) + b + pos
+        row_ptr = logits_ptr + row.to(tl.int64) * stride_row
+        temp = tl.load(temperature_ptr + b)
+        top_k = tl.load(top_k_ptr + b)
+        top_p = tl.load(top_p_ptr + b)
+        sampled = temp > 0
+        divisor = tl.where(sampled, temp, 1.0)
+        use_top_k = sampled & (top_k > 0) & (top_k < vocab)
+        use_top_p = sampled & (top_p < 1.0)
+        out = row * num_splits + split
+        if use_top_k | use_top_p:
+            # whole row in split 0; the other splits report an empty chunk
+            if split == 0:
+                z_max = -float("inf")
+                offs = tl.arange(0, BLOCK)
+                run_max = tl.full([BLOCK], float("-inf"), tl.float32)
+                for start in range(0, vocab, BLOCK):
+                    idx = start + offs
+                    z = tl.load(row_ptr + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32) / divisor
+                    run_max = tl.maximum(run_max, z)
+                z_max = tl.max(run_max, axis=0)
+                cut = -float("inf")
+                if use_top_k:
+                    cut = _bisect_cut(row_ptr, vocab, divisor, z_max, cut, top_k.to(tl.float32), False, BLOCK)
+                if use_top_p:
+                    kept_sum = _sum_exp_above(row_ptr, vocab, divisor, z_max, cut, BLOCK)
+                    cut = _bisect_cut(row_ptr, vocab, divisor, z_max, cut, top_p * kept_sum, True, BLOCK)
+                tl.store(part_max_ptr + out, z_max)
+                tl.store(part_sum_ptr + out, _sum_exp_above(row_ptr, vocab, divisor, z_max, cut, BLOCK))
+                tl.store(part_idx_ptr + out, 0)
+                tl.store(row_cut_ptr + row, cut)
+            else:
+                tl.store(part_max_ptr + out, -float("inf"))
+                tl.store(part_sum_ptr + out, 0.0)
+                tl.store(part_idx_ptr + out, _INT32_MAX)
+        else:
+            start = split * chunk
+            offs = tl.arange(0, BLOCK)
+            run_max = tl.full([BLOCK], float("-inf"), tl.float32)
+            run_sum = tl.zeros([BLOCK], tl.float32)
+            run_idx = start + offs
+            for t in range(0, chunk, BLOCK):
+                idx = start + t + offs
+                x = tl.load(row_ptr + idx, mask=idx < vocab, other=float("-inf"), eviction_policy="evict_last")
+                z = x.to(tl.float32) / divisor
+                run_idx = tl.where(z > run_max, idx, run_idx)
+                new_max = tl.maximum(run_max, z)
+                shift = tl.where(new_max == -float("inf"), 0.0, new_max)  # all -inf so far: keep 0
+                run_sum = run_sum * tl.exp(run_max - shift) + tl.exp(z - shift)
+                run_max = new_max
+            z_max = tl.max(run_max, axis=0)
+            shift = tl.where(z_max == -float("inf"), 0.0, z_max)
+            tl.store(part_max_ptr + out, z_max)
+            tl.store(part_sum_ptr + out, tl.sum(run_sum * tl.exp(run_max - shift), axis=0))
+            tl.store(part_idx_ptr + out, tl.min(tl.where(run_max == z_max, run_idx, _INT32_MAX), axis=0))
+            if split == 0:
+                tl.store(row_cut_ptr + row, -float("inf"))
+
+
+@triton.jit
+def _pick(key, idx, axis: tl.constexpr):
+    """(max key, lowest idx attaining it) along ``axis``."""
+    top = tl.max(key, axis=axis)
+    return top, tl.min(tl.where(key == tl.expand_dims(top, axis), idx, _INT32_MAX), axis=axis)
+
+
+@triton.jit
+def _accept_race_kernel(
+    logits_ptr,  # [R, V] float
+    draft_probs_ptr,  # [N, V] float (unused without HAS_DRAFT_PROBS)
+    draft_tokens_ptr,  # [N] int64
+    num_draft_ptr,  # [B] int32
+    cu_num_draft_ptr,  # [B + 1] int32
+    temperature_ptr,  # [B] float32
+    seed_ptr,  # [1] int64
+    offset_ptr,  # [1] int64
+    part_max_ptr,  # [R, S] float32
+    part_sum_ptr,  # [R, S] float32
+    part_idx_ptr,  # [R, S] int32
+    row_cut_ptr,  # [R] float32
+    race_key_ptr,  # [B, S2, 2] float32 out: best residual key, best fallback (p) key
+    race_idx_ptr,  # [B, S2, 2] int32 out: their indices
+    tokens_ptr,  # [B, max_k + 1] int32 out
+    num_accepted_ptr,  # [B] int32 out
+    num_emitted_ptr,  # [B] int32 out
+    stride_row,
+    stride_q,
+    num_splits,
+    vocab,
+    chunk,
+    num_race_splits,
+    out_width,
+    HAS_DRAFT_PROBS: tl.constexpr,
+    FUSED: tl.constexpr,  # num_race_splits == 1: write the stop token here
+    BLOCK_K: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    b = tl.program_id(0)
+    split = tl.program_id(1)
+    k = tl.load(num_draft_ptr + b)
+    draft0 = tl.load(cu_num_draft_ptr + b)
+    row0 = draft0 + b
+    temp = tl.load(temperature_ptr + b)
+    sampled = temp > 0
+    divisor = tl.where(sampled, temp, 1.0)
+    seed = tl.load(seed_ptr)
+    offset = tl.load(offset_ptr)
+
+    # merge the row partials of this sequence: M_i, Z_i, argmax_i for i = 0..k
+    pos = tl.arange(0, BLOCK_K)
+    col = tl.arange(0, BLOCK_S)
+    rows = row0 + pos
+    in_seq = pos <= k
+    mask = in_seq[:, None] & (col[None, :] < num_splits)
+    offs = rows[:, None] * num_splits + col[None, :]
+    pmax = tl.load(part_max_ptr + offs, mask=mask, other=-float("inf"))
+    psum = tl.load(part_sum_ptr + offs, mask=mask, other=0.0)
+    pidx = tl.load(part_idx_ptr + offs, mask=mask, other=_INT32_MAX)
+    row_max, row_argmax = _pick(pmax, pidx, 1)
+    shift = tl.where(row_max == -float("inf"), 0.0, row_max)
+    row_sum = tl.sum(psum * tl.exp(pmax - shift[:, None]), axis=1)
+    row_cut = tl.load(row_cut_ptr + rows, mask=in_seq, other=-float("inf"))
+
+    # every accept test at once; the first rejection stops the sequence
+    is_draft = pos < k
+    draft = tl.load(draft_tokens_ptr + draft0 + pos, mask=is_draft, other=0).to(tl.int32)
+    z_x = tl.load(logits_ptr + rows.to(tl.int64) * stride_row + draft, mask=is_draft, other=0.0)
+    z_x = z_x.to(tl.float32) / divisor
+    p_x = tl.where(z_x >= row_cut, tl.exp(z_x - row_max) / row_sum, 0.0)
+    if HAS_DRAFT_PROBS:
+        q_ptrs = draft_probs_ptr + (draft0 + pos).to(tl.int64) * stride_q + draft
+        q_x = tl.load(q_ptrs, mask=is_draft, other=1.0).to(tl.float32)
+    else:
+        q_x = tl.full([BLOCK_K], 1.0, tl.float32)
+    u = _uniform(seed, offset, rows, tl.zeros_like(rows), 0)  # rng.ACCEPT
+    accepted = tl.where(sampled, u * q_x < p_x, draft == row_argmax)
+    num_accepted = tl.min(tl.where(is_draft & ~accepted, pos, k), axis=0)
+    stop = pos == num_accepted
+    stop_row = row0 + num_accepted
+    stop_max = tl.max(tl.where(stop, row_max, -float("inf")), axis=0)
+    stop_sum = tl.sum(tl.where(stop, row_sum, 0.0), axis=0)
+    stop_cut = tl.max(tl.where(stop, row_cut, -float("inf")), axis=0)
+    stop_argmax = tl.sum(tl.where(stop, row_argmax, 0), axis=0)
+    is_recovery = num_accepted < k
+    stop_draft = tl.sum(tl.where(stop & is_draft, draft, 0), axis=0)
+
+    # race over V-chunk `split` of the stop row (sampled sequences only)
+    lane = tl.arange(0, BLOCK)
+    start = split * chunk
+    best_key = tl.full([BLOCK], -1.0, tl.float32)
+    best_idx = start + lane
+    fall_key = tl.full([BLOCK], -1.0, tl.float32)
+    fall_idx = start + lane
+    if sampled:
+        stop_ptr = logits_ptr + stop_row.to(tl.int64) * stride_row
+        q_row_ptr = draft_probs_ptr + (draft0 + num_accepted).to(tl.int64) * stride_q
+        for t in range(0, chunk, BLOCK):
+            idx = start + t + lane
+            in_row = idx < vocab
+            z = tl.load(stop_ptr + idx, mask=in_row, other=-float("inf")).to(tl.float32) / divisor
+            p = tl.where(z >= stop_cut, tl.exp(z - stop_max) / stop_sum, 0.0)
+            if HAS_DRAFT_PROBS:
+                q = tl.load(q_row_ptr + idx, mask=in_row & is_recovery, other=0.0).to(tl.float32)
+            else:
+                q = tl.where((idx == stop_draft) & is_recovery, 1.0, 0.0)
+            exponential = -tl.log(_uniform(seed, offset, stop_row + tl.zeros_like(idx), idx, 1))  # rng.RACE
+            key = tl.where(in_row, tl.maximum(p - q, 0.0) / exponential, -1.0)
+            better = key > best_key
+            best_key = tl.where(better, key, best_key)
+            best_idx = tl.where(better, idx, best_idx)
+            key = tl.where(in_row, p / exponential, -1.0)
+            better = key > fall_key
+            fall_key = tl.where(better, key, fall_key)
+            fall_idx = tl.where(better, idx, fall_idx)
+    res_key, res_idx = _pick(best_key, best_idx, 0)
+    p_key, p_idx = _pick(fall_key, fall_idx, 0)
+    if FUSED:
+        # p != q leaves mass in the residual; if rounding emptied it, sample p (as the reference)
+        emitted = tl.where(sampled, tl.where(res_key > 0, res_idx, p_idx), stop_argmax)
+    else:
+        emitted = tl.where(sampled, -1, stop_argmax)  # finalize writes the sampled token
+        tl.store(race_key_ptr + (b * num_race_splits + split) * 2, res_key)
+        tl.store(race_key_ptr + (b * num_race_splits + split) * 2 + 1, p_key)
+        tl.store(race_idx_ptr + (b * num_race_splits + split) * 2, res_idx)
+        tl.store(race_idx_ptr + (b * num_race_splits + split) * 2 + 1, p_idx)
+    if split == 0:
+        tokens = tl.where(pos < num_accepted, draft, tl.where(stop, emitted, -1))
+        tl.store(tokens_ptr + b * out_width + pos, tokens, mask=pos < out_width)
+        tl.store(num_accepted_ptr + b, num_accepted)
+        tl.store(num_emitted_ptr + b, num_accepted + 1)
+
+
+@triton.jit
+def _finalize_kernel(
+    race_key_ptr,  # [B, S2, 2] float32
+    race_idx_ptr,  # [B, S2, 2] int32
+    temperature_ptr,  # [B] float32
+    num_accepted_ptr,  # [B] int32
+    tokens_ptr,  # [B, max_k + 1] int32 in/out
+    num_race_splits,
+    out_width,
+    BLOCK_S: tl.constexpr,
+):
+    b = tl.program_id(0)
+    if tl.load(temperature_ptr + b) > 0:
+        col = tl.arange(0, BLOCK_S)
+        mask = col < num_race_splits
+        base = (b * num_race_splits + col) * 2
+        res_key, res_idx = _pick(
+            tl.load(race_key_ptr + base, mask=mask, other=-1.0), tl.load(race_idx_ptr + base, mask=mask, other=_INT32_MAX), 0
+        )
+        p_key, p_idx = _pick(
+            tl.load(race_key_ptr + base + 1, mask=mask, other=-1.0),
+            tl.load(race_idx_ptr + base + 1, mask=mask, other=_INT32_MAX),
+            0,
+        )
+        num_accepted = tl.load(num_accepted_ptr + b)
+        tl.store(tokens_ptr + b * out_width + num_accepted, tl.where(res_key > 0, res_idx, p_idx))
+
+
+def verify_sample_triton(
+    batch, *, block: int | None = None, num_splits: int | None = None, num_race_splits: int | None = None
+) -> VerifyOutput:
+    """Rejection-sampling verification of a validated ``verispec.verify.VerifyBatch``.
+
+    ``batch.temperature`` / ``top_k`` / ``top_p`` are [B] device tensors, ``batch.seed`` /
+    ``batch.offset`` [1] int64 device tensors. ``block`` / ``num_splits`` / ``num_race_splits``
+    override the tiling (tests use them to force the split paths).
+    """
+    assert rng.ACCEPT == 0 and rng.RACE == 1  # hard-coded in the kernels
+    logits = batch.target_logits  # [R, V]
+    num_rows, vocab = logits.shape
+    size = batch.batch_size
+    device = logits.device
+    width = batch.max_num_draft + 1
+    block = block or default_block(vocab, logits.dtype, device)
+    programs = device_programs(device)
+    chunk, splits = split_vocab(vocab, num_rows, block, programs, num_splits)
+    race_chunk, race_splits = split_vocab(vocab, size, block, programs, num_race_splits)
+    f32, i32 = torch.float32, torch.int32
+    part_max = torch.empty((num_rows, splits), dtype=f32, device=device)
+    part_sum = torch.empty((num_rows, splits), dtype=f32, device=device)
+    part_idx = torch.empty((num_rows, splits), dtype=i32, device=device)
+    row_cut = torch.empty(num_rows, dtype=f32, device=device)
+    race_key = torch.empty((size, race_splits, 2), dtype=f32, device=device)
+    race_idx = torch.empty((size, race_splits, 2), dtype=i32, device=device)
+    tokens = torch.empty((size, width), dtype=i32, device=device)
+    num_accepted = torch.empty(size, dtype=i32, device=device)
+    num_emitted = torch.empty(size, dtype=i32, device=device)
+    draft_probs = batch.draft_probs
+    has_q = draft_probs is not None
+    q = draft_probs if has_q else logits  # any valid pointer; never read without HAS_DRAFT_PROBS
+
+    _row_stats_kernel[(size, width, splits)](
+        logits, batch.num_draft, batch.cu_num_draft, batch.temperature, batch.top_k, batch.top_p,
+        part_max, part_sum, part_idx, row_cut, logits.stride(0), vocab, chunk, splits,
+        BLOCK=block, num_warps=8,
+    )
+    _accept_race_kernel[(size, race_splits)](
+        logits, q, batch.draft_tokens, batch.num_draft, batch.cu_num_draft, batch.temperature,
+        batch.seed, batch.offset, part_max, part_sum, part_idx, row_cut, race_key, race_idx,
+        tokens, num_accepted, num_emitted, logits.stride(0), q.stride(0), splits, vocab,
+        race_chunk, race_splits, width,
+        HAS_DRAFT_PROBS=has_q, FUSED=race_splits == 1, BLOCK_K=triton.next_power_of_2(width),
+        BLOCK_S=triton.next_power_of_2(splits), BLOCK=block, num_warps=8,
+    )
+    if race_splits > 1:
+        _finalize_kernel[(size,)](
+            race_key, race_idx, batch.temperature, num_accepted, tokens, race_splits, width,
+            BLOCK_S=triton.next_power_of_2(race_splits), num_warps=1,
+        )
+    return VerifyOutput(tokens, num_accepted, num_emitted)
