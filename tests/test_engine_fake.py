@@ -1,0 +1,226 @@
+"""A tiny pure-torch model that implements the runtime contract exactly, and tests that it does.
+
+``FakeModel`` is a stack of tanh RNN cells whose per-position states live in a static cache
+(one [B_max, S, H] buffer per layer + lengths [B]): position p of a sequence reads layer l's
+state at p - 1 from the cache, so a wrong length, a stale slot or a bad rollback changes the
+logits, exactly as a wrong KV cache would in a transformer. Logits also read the mean of the
+last layer's states over [0, p], so every committed slot matters. Math in float64 (logits
+returned as float32): a verify pass and token-by-token decoding agree to ~1e-15, so greedy
+parity tests never hit numerical near-ties.
+
+The engine tests import it (``from test_engine_fake import FakeModel``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+
+class FakeTokenizer:
+    CHARS = "abcdefghijklmnopqrstuvwxyz .,!?\n"   # ids 0..31; 32..vocab-2 decode to ""; eos = vocab - 1
+
+    def __init__(self, vocab_size: int = 40):
+        self.vocab_size = vocab_size
+        self.eos_token_ids = [vocab_size - 1]
+
+    def encode(self, text: str) -> list[int]:
+        return [self.CHARS.index(c) if c in self.CHARS else self.CHARS.index("?") for c in text.lower()]
+
+    def decode(self, ids) -> str:
+        return "".join(self.CHARS[i] if i < len(self.CHARS) else "" for i in ids)
+
+    def apply_chat_template(self, messages, add_generation_prompt=True) -> list[int]:
+        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+        return self.encode(text + ("assistant: " if add_generation_prompt else ""))
+
+
+@dataclass(frozen=True)
+class FakeConfig:
+    vocab_size: int
+    num_layers: int
+    hidden_size: int
+    max_position_embeddings: int = 4096
+
+
+class FakeModel:
+    def __init__(self, vocab_size=40, hidden=16, num_layers=3, seed=0, scale=2.5, weights=None,
+                 num_active=None, tokenizer=None, device="cpu", eos_bias=0.0):
+        g = torch.Generator().manual_seed(seed)
+        if weights is None:
+            r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+            weights = dict(emb=r(vocab_size, hidden), pos=0.3 * r(4096, hidden),
+                           a=[r(hidden, hidden) / hidden**0.5 for _ in range(num_layers)],
+                           rec=[0.8 * r(hidden, hidden) / hidden**0.5 for _ in range(num_layers)],
+                           out=scale * r(vocab_size, hidden) / hidden**0.5)
+            weights["bias"] = torch.zeros(vocab_size, dtype=torch.float64)
+            weights["bias"][vocab_size - 1] = eos_bias
+        self.w = weights
+        self.total_layers = len(weights["a"])
+        self.num_layers = num_active or self.total_layers
+        self.config = FakeConfig(weights["emb"].shape[0], self.num_layers, weights["emb"].shape[1])
+        self.tokenizer = tokenizer or FakeTokenizer(self.config.vocab_size)
+        self.device = torch.device(device)
+        self.dtype = torch.float32
+        self.states = None
+        self.num_passes = 0          # verify/decode passes (prefill not counted)
+        self.num_prefills = 0
+
+    # ------------------------------------------------------------------ contract
+    def setup_cache(self, batch_size, max_seq_len):
+        H = self.config.hidden_size
+        self.states = [torch.zeros(batch_size, max_seq_len, H, dtype=torch.float64) for _ in range(self.num_layers)]
+        self._lengths = torch.zeros(batch_size, dtype=torch.long)
+        self.max_seq_len = max_seq_len
+        self._batch = batch_size
+
+    @property
+    def lengths(self):
+        return self._lengths[: self._batch]
+
+    def _position(self, tokens, pos):
+        """tokens [B], pos [B] -> logits [B, V]; writes the states at pos (all batch rows)."""
+        B = tokens.shape[0]
+        rows = torch.arange(B)
+        x = self.w["emb"][tokens] + self.w["pos"][pos]
+        for l in range(self.num_layers):
+            prev = self.states[l][rows, (pos - 1).clamp(min=0)] * (pos > 0)[:, None]
+            x = torch.tanh(x @ self.w["a"][l].T + prev @ self.w["rec"][l].T)
+            self.states[l][rows, pos] = x
+        S = self.states[-1].shape[1]
+        mask = (torch.arange(S)[None, :] <= pos[:, None]).to(torch.float64)          # [B, S]
+        mean = (self.states[-1][:B] * mask[..., None]).sum(1) / (pos + 1)[:, None]
+        return ((x + mean) @ self.w["out"].T + self.w["bias"]).float()
+
+    def prefill(self, prompts):
+        if len(prompts) != self._batch:
+            raise ValueError(f"prefill got {len(prompts)} prompts for a cache of {self._batch}")
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("empty prompt")
+        if any(len(p) > self.max_seq_len for p in prompts):
+            raise ValueError("prompt longer than max_seq_len")
+        self.num_prefills += 1
+        out = torch.zeros(len(prompts), self.config.vocab_size)
+        for b, p in enumerate(prompts):   # one sequence at a time, from position 0
+            for i, t in enumerate(p):
+                logits = self._one(b, t, i)
+            out[b] = logits
+            self._lengths[b] = len(p)
+        return out
+
+    def _one(self, b, token, pos):
+        x = self.w["emb"][token] + self.w["pos"][pos]
+        for l in range(self.num_layers):
+            prev = self.states[l][b, pos - 1] if pos > 0 else torch.zeros_like(x)
+            x = torch.tanh(self.w["a"][l] @ x + self.w["rec"][l] @ prev)
+            self.states[l][b, pos] = x
+        mean = self.states[-1][b, : pos + 1].mean(0)
+        return (self.w["out"] @ (x + mean) + self.w["bias"]).float()
+
+    def verify(self, tokens):
+        if tokens.dim() != 2 or tokens.shape[0] != self._batch:
+            raise ValueError(f"tokens must be [B={self._batch}, k], got {tuple(tokens.shape)}")
+        k = tokens.shape[1]
+        if int(self.lengths.max()) + k > self.max_seq_len:
+            raise ValueError("cache full")
+        self.num_passes += 1
+        tokens = tokens.cpu().long()
+        logits = torch.stack([self._position(tokens[:, i], self.lengths + i) for i in range(k)], dim=1)
+        self.lengths.add_(k)
+        return logits
+
+    def decode(self, tokens):
+        assert tokens.shape[1] == 1
+        return self.verify(tokens)
+
+    def rollback(self, new_lengths):
+        new = torch.as_tensor(new_lengths).long().cpu()
+        assert new.shape == self.lengths.shape, (new.shape, self.lengths.shape)
+        torch.minimum(new, self.lengths, out=self.lengths)
+
+    def keep(self, batch_indices):
+        idx = torch.as_tensor(batch_indices).long().cpu()
+        for s in self.states:
+            s[: len(idx)] = s[idx].clone()
+        self._lengths[: len(idx)] = self._lengths[idx].clone()
+        self._batch = len(idx)
+
+    def truncated(self, num_layers):
+        if not 1 <= num_layers <= self.total_layers:
+            raise ValueError("bad num_layers")
+        return FakeModel(weights=self.w, num_active=num_layers, tokenizer=self.tokenizer)
+
+    # ------------------------------------------------------------------ test helpers
+    def committed_states(self, b, n):
+        """[L, n, H] cache contents of sequence b's first n positions."""
+        return torch.stack([s[b, :n] for s in self.states])
+
+
+def fresh_states(model: FakeModel, tokens: list[int]) -> torch.Tensor:
+    """The cache contents a fresh prefill of ``tokens`` produces: [L, n, H]."""
+    clone = FakeModel(weights=model.w, num_active=model.num_layers, tokenizer=model.tokenizer)
+    clone.setup_cache(1, len(tokens) + 1)
+    clone.prefill([tokens])
+    return clone.committed_states(0, len(tokens))
+
+
+def greedy_reference(model: FakeModel, prompt: list[int], n: int) -> list[int]:
+    """Token-by-token greedy decoding, no engine involved."""
+    m = FakeModel(weights=model.w, num_active=model.num_layers, tokenizer=model.tokenizer)
+    m.setup_cache(1, len(prompt) + n + 1)
+    logits = m.prefill([prompt])[0]
+    out = []
+    for _ in range(n):
+        t = int(logits.argmax())
+        out.append(t)
+        if t in m.tokenizer.eos_token_ids:
+            break
+        logits = m.decode(torch.tensor([[t]]))[0, 0]
+    return out
+
+
+# ---------------------------------------------------------------------- the fake keeps the contract
+def test_verify_equals_token_by_token_decode():
+    m = FakeModel(seed=1)
+    m.setup_cache(2, 32)
+    m.prefill([[1, 2, 3], [4, 5]])
+    block = m.verify(torch.tensor([[7, 8, 9], [10, 11, 12]]))
+    m2 = FakeModel(seed=1)
+    m2.setup_cache(2, 32)
+    m2.prefill([[1, 2, 3], [4, 5]])
+    steps = torch.cat([m2.decode(torch.tensor([[7], [10]])), m2.decode(torch.tensor([[8], [11]])),
+                       m2.decode(torch.tensor([[9], [12]]))], dim=1)
+    torch.testing.assert_close(block, steps, rtol=0, atol=1e-6)
+    assert m.lengths.tolist() == [6, 5]
+
+
+def test_rollback_is_visible_to_the_next_pass():
+    m = FakeModel(seed=2)
+    m.setup_cache(1, 32)
+    m.prefill([[1, 2, 3]])
+    m.verify(torch.tensor([[4, 5, 6]]))
+    m.rollback(torch.tensor([4]))               # keep token 4 only
+    after = m.decode(torch.tensor([[9]]))[0, 0]
+    ref = FakeModel(seed=2)
+    ref.setup_cache(1, 32)
+    ref.prefill([[1, 2, 3, 4]])
+    torch.testing.assert_close(after, ref.decode(torch.tensor([[9]]))[0, 0], rtol=0, atol=1e-6)
+    # a stale read would differ: decoding 9 after 4, 5, 6 gives other logits
+    stale = FakeModel(seed=2)
+    stale.setup_cache(1, 32)
+    stale.prefill([[1, 2, 3, 4, 5, 6]])
+    assert not torch.allclose(after, stale.decode(torch.tensor([[9]]))[0, 0])
+
+
+def test_keep_and_truncated():
+    m = FakeModel(seed=3)
+    m.setup_cache(3, 16)
+    m.prefill([[1], [2, 3], [4, 5, 6]])
+    m.keep(torch.tensor([2, 0]))
+    assert m.lengths.tolist() == [3, 1]
+    torch.testing.assert_close(m.committed_states(0, 3), fresh_states(m, [4, 5, 6]))
+    t = m.truncated(1)
+    assert t.config.num_layers == 1 and t.w is m.w
+    with pytest.raises(ValueError):
+        m.verify(torch.zeros(2, 20, dtype=torch.long))

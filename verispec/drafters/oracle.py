@@ -1,0 +1,73 @@
+"""``OracleDraft`` (benchmarks only): drafts with a chosen acceptance rate and a real draft cost.
+
+It replays a known target continuation (e.g. the target's own greedy output for each prompt) and
+corrupts each drafted position independently with probability 1 - alpha, so under greedy
+verification a round accepts i drafts with probability alpha^i (1 - alpha) (i < k): the
+i.i.d.-acceptance model behind E_SD = (1 - alpha^(k+1)) / (1 - alpha) (see ``verispec.analysis``).
+
+``cost_model`` (optional, e.g. a random-weight llama-3.2-1b) runs the very passes a ``DraftModel``
+would run, fed with the oracle's tokens, so the measured time includes a realistic draft cost.
+"""
+from __future__ import annotations
+
+import random
+
+import torch
+
+from .base import Drafter, Proposal
+from .draft_model import DraftModel
+
+
+class OracleDraft(Drafter):
+    def __init__(self, continuations: list[list[int]], acceptance_rate: float, cost_model=None, seed: int = 0):
+        if not 0.0 <= acceptance_rate <= 1.0:
+            raise ValueError(f"OracleDraft: acceptance_rate must be in [0, 1], got {acceptance_rate}")
+        self.continuations = [list(c) for c in continuations]
+        self.acceptance_rate = acceptance_rate
+        self.seed = seed
+        self._runner = DraftModel(cost_model) if cost_model is not None else None
+        self._rows: list[int] = []           # original batch index of each active sequence
+        self._generated: list[int] = []      # tokens emitted so far per active sequence
+        self._vocab = 0
+
+    def attach(self, target) -> None:
+        self._vocab = target.config.vocab_size
+        if self._runner is not None:
+            self._runner.attach(target)
+
+    def begin(self, target, prompts, first_tokens, sampling, max_seq_len) -> None:
+        if len(prompts) != len(self.continuations):
+            raise ValueError(f"OracleDraft has {len(self.continuations)} continuations for {len(prompts)} prompts")
+        self._rng = random.Random(self.seed)
+        self._rows = list(range(len(prompts)))
+        self._generated = [1] * len(prompts)
+        if self._runner is not None:
+            self._runner.begin(target, prompts, first_tokens, sampling, max_seq_len)
+
+    def _oracle(self, b: int, k: int) -> list[int]:
+        cont, g = self.continuations[self._rows[b]], self._generated[b]
+        out = []
+        for i in range(k):
+            true = cont[g + i] if g + i < len(cont) else 0
+            if self._rng.random() >= self.acceptance_rate:
+                true = (true + 1 + self._rng.randrange(self._vocab - 1)) % self._vocab  # surely wrong
+            out.append(true)
+        return out
+
+    def propose(self, k: int) -> Proposal:
+        drafts = torch.tensor([self._oracle(b, k) for b in range(len(self._rows))], dtype=torch.long)  # [B, k]
+        if self._runner is not None:
+            forced = drafts.to(self._runner.model.device)
+            self._runner._run(k, lambda i, logits: (forced[:, i], None))
+        return Proposal(drafts, [k] * len(self._rows), None)
+
+    def commit(self, num_accepted, emitted) -> None:
+        self._generated = [g + len(e) for g, e in zip(self._generated, emitted)]
+        if self._runner is not None:
+            self._runner.commit(num_accepted, emitted)
+
+    def keep(self, batch_indices) -> None:
+        self._rows = [self._rows[i] for i in batch_indices]
+        self._generated = [self._generated[i] for i in batch_indices]
+        if self._runner is not None:
+            self._runner.keep(batch_indices)
