@@ -1,0 +1,186 @@
+"""The ``backend="cuda"`` verification kernels: a thin JIT loader and the Python launchers.
+
+Sources, side by side (llm.c style; each file's header says what each version changes):
+    common.cuh         16-byte row loads, warp-shuffle argmax / softmax statistics, Philox
+    verify_greedy.cu   argmax (seed 004's V2) + acceptance scan: v1 naive, v2 ballot (Opt A)
+    verify_sample.cu   rejection sampling: softmax statistics + ballot accept tests + race
+    kv_compact.cu      KV compaction: v1 naive, v2 prefix sum + coalesced copy (Opt B)
+    binding.cpp        torch glue, built only on a CUDA machine
+
+The .cu files are plain CUDA C++ (no torch headers), so CPU CI compiles them with nvcc alone
+(tests/test_cuda_compile.py). The extension is built on first use with
+``torch.utils.cpp_extension.load`` into ``$TORCH_EXTENSIONS_DIR`` (default
+``~/.cache/verispec/torch_extensions``), for the GPU's own architecture (sm_90 on H100/H200).
+
+Entry points (all CUDA-graph safe except where a host check is noted):
+    verify_greedy_cuda(batch, variant="ballot")      variant "naive" | "ballot"
+    verify_sample_cuda(batch)                        top-k / top-p: NotImplementedError
+    compact_kv_cuda(new_kv, num_rows, num_emitted, variant="scan")             "naive" | "scan"
+    scatter_to_cache_cuda(cache, cache_lens, new_kv, num_rows, num_emitted, variant="scan")
+    target_argmax_cuda(logits) / greedy_scan_cuda(target_argmax, batch, variant)   (benchmarks)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from ..reference import VerifyOutput
+
+_SRC = Path(__file__).resolve().parent
+_SOURCES = ("binding.cpp", "verify_greedy.cu", "verify_sample.cu", "kv_compact.cu")
+GREEDY_VARIANTS = {"naive": 0, "ballot": 1}
+KV_VARIANTS = {"naive": 0, "scan": 1}
+_ext = None
+
+
+def build_dir() -> Path:
+    """Where the JIT build lives: $TORCH_EXTENSIONS_DIR or ~/.cache/verispec/torch_extensions."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or str(Path.home() / ".cache" / "verispec" / "torch_extensions")
+    return Path(root) / "verispec_cuda"
+
+
+def load(verbose: bool = False):
+    """Build (first call; cached on disk afterwards) and return the extension module."""
+    global _ext
+    if _ext is not None:
+        return _ext
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "verispec's CUDA backend needs a CUDA GPU and a CUDA build of torch "
+            f"(torch {torch.__version__} sees none); use backend='torch' or 'triton' instead"
+        )
+    from torch.utils.cpp_extension import CUDA_HOME, load as jit_load
+
+    if shutil.which("nvcc") is None and CUDA_HOME is None:
+        raise RuntimeError("verispec's CUDA backend is compiled on first use and needs nvcc: set CUDA_HOME or put nvcc on PATH")
+    major, minor = torch.cuda.get_device_capability()
+    arch = f"{major}{minor}"
+    # NOTE: set the arch list so that torch adds no -gencode flags of its own for other GPUs.
+    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", f"{major}.{minor}")
+    directory = build_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    _ext = jit_load(
+        name="verispec_cuda",
+        sources=[str(_SRC / s) for s in _SOURCES],
+        extra_cflags=["-O3"],
+        # no --use_fast_math: division, expf and logf must round as the reference expects
+        extra_cuda_cflags=["-O3", "-lineinfo", f"-gencode=arch=compute_{arch},code=sm_{arch}"],
+        extra_include_paths=[str(_SRC)],
+        build_directory=str(directory),
+        verbose=verbose,
+    )
+    return _ext
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _output(tokens: torch.Tensor, num_accepted: torch.Tensor, num_emitted: torch.Tensor) -> VerifyOutput:
+    return VerifyOutput(tokens, num_accepted, num_emitted)
+
+
+# ---- verification ------------------------------------------------------------------------
+def verify_greedy_cuda(batch, variant: str = "ballot") -> VerifyOutput:
+    """Greedy verification of a ``verify.VerifyBatch``: row argmax + acceptance scan.
+
+    variant: "ballot" (Opt A, warp per sequence, default) or "naive" (thread per sequence).
+    """
+    if variant not in GREEDY_VARIANTS:
+        raise ValueError(f"variant must be one of {tuple(GREEDY_VARIANTS)}, got {variant!r}")
+    ext = load()
+    tokens, num_accepted, num_emitted = ext.verify_greedy(
+        batch.target_logits, batch.draft_tokens, batch.num_draft, batch.cu_num_draft,
+        batch.max_num_draft + 1, GREEDY_VARIANTS[variant],
+    )
+    return _output(tokens, num_accepted, num_emitted)
+
+
+def target_argmax_cuda(target_logits: torch.Tensor) -> torch.Tensor:
+    """[R, V] float -> [R] int32 argmax (lowest index on ties), one block per row (no chunking)."""
+    _, idx = load().argmax_partial(target_logits, 1)
+    return idx
+
+
+def greedy_scan_cuda(target_argmax: torch.Tensor, batch, variant: str = "ballot") -> VerifyOutput:
+    """The acceptance scan alone, over a precomputed [R] int32 target argmax (benchmarks)."""
+    tokens, num_accepted, num_emitted = load().greedy_scan(
+        GREEDY_VARIANTS[variant], None, target_argmax, 1, batch.draft_tokens, batch.num_draft,
+        batch.cu_num_draft, batch.max_num_draft + 1,
+    )
+    return _output(tokens, num_accepted, num_emitted)
+
+
+def verify_sample_cuda(batch) -> VerifyOutput:
+    """Rejection-sampling verification of a ``verify.VerifyBatch`` (temperature per sequence).
+
+    top-k / top-p are not implemented here: a batch that uses them raises NotImplementedError
+    (checked on the host, which syncs; under CUDA-graph capture the check is impossible and such
+    sequences come back with num_accepted = -1 instead).
+    """
+    vocab = batch.vocab_size
+    if not _capturing():
+        # NOTE: host sync (two tiny reductions) to refuse filters we do not implement.
+        uses_top_k = bool(((batch.top_k > 0) & (batch.top_k < vocab) & (batch.temperature > 0)).any())
+        uses_top_p = bool(((batch.top_p < 1) & (batch.temperature > 0)).any())
+        if uses_top_k or uses_top_p:
+            raise NotImplementedError(
+                "backend='cuda' verify_sample does not implement top-k / top-p yet; "
+                "use backend='triton' or 'torch' for batches with top_k or top_p set"
+            )
+    ext = load()
+    tokens, num_accepted, num_emitted = ext.verify_sample(
+        batch.target_logits, batch.draft_tokens, batch.draft_probs, batch.num_draft, batch.cu_num_draft,
+        batch.max_num_draft + 1, batch.temperature, batch.top_k, batch.top_p, batch.seed, batch.offset,
+    )
+    return _output(tokens, num_accepted, num_emitted)
+
+
+# ---- KV compaction -----------------------------------------------------------------------
+def _counts(num_rows: torch.Tensor, num_emitted: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
+    return (num_rows.to(device=device, dtype=torch.int32).contiguous(),
+            num_emitted.to(device=device, dtype=torch.int32).contiguous())
+
+
+def compact_kv_cuda(
+    new_kv: torch.Tensor, num_rows: torch.Tensor, num_emitted: torch.Tensor, *, variant: str = "scan",
+    check_values: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``kv.compact_kv`` on the GPU: (packed [R, ...], cu_num_emitted [B + 1] int32).
+
+    check_values: refuse num_emitted outside [0, num_rows] like the reference (a host sync;
+    skipped under graph capture, where the kernel clamps instead).
+    """
+    if variant not in KV_VARIANTS:
+        raise ValueError(f"variant must be one of {tuple(KV_VARIANTS)}, got {variant!r}")
+    rows32, emit32 = _counts(num_rows, num_emitted, new_kv.device)
+    if check_values and not _capturing() and bool(((emit32 > rows32) | (emit32 < 0)).any()):
+        raise ValueError("num_emitted must satisfy 0 <= num_emitted <= num_rows for every sequence")
+    packed, cu_num_emitted = load().kv_compact(KV_VARIANTS[variant], new_kv.contiguous(), rows32, emit32)
+    return packed, cu_num_emitted
+
+
+def scatter_to_cache_cuda(
+    cache: torch.Tensor, cache_lens: torch.Tensor, new_kv: torch.Tensor, num_rows: torch.Tensor,
+    num_emitted: torch.Tensor, *, variant: str = "scan", check_values: bool = True,
+) -> torch.Tensor:
+    """``kv.scatter_to_cache`` on the GPU: writes cache in place, returns cache_lens + num_emitted.
+
+    check_values: refuse a cache overflow like the reference (a host sync; skipped under graph
+    capture, where the kernel drops the entries past the capacity instead).
+    """
+    if variant not in KV_VARIANTS:
+        raise ValueError(f"variant must be one of {tuple(KV_VARIANTS)}, got {variant!r}")
+    if not cache.is_contiguous():
+        raise ValueError("cache must be contiguous ([B, S_max, ...] static buffer)")
+    new_lens = cache_lens + num_emitted
+    if check_values and not _capturing() and bool((new_lens > cache.shape[1]).any()):
+        raise ValueError(f"cache overflow: lengths {new_lens.tolist()} exceed capacity {cache.shape[1]}")
+    rows32, emit32 = _counts(num_rows, num_emitted, new_kv.device)
+    lens64 = cache_lens.to(device=new_kv.device, dtype=torch.int64).contiguous()
+    load().kv_scatter(KV_VARIANTS[variant], cache, lens64, new_kv.contiguous(), rows32, emit32)
+    return new_lens

@@ -1,0 +1,195 @@
+// verify_greedy.cu: greedy verification of ragged drafts, kernel versions side by side.
+//
+// Semantics (verispec/reference.py, reference_verify_greedy): sequence b proposes k_b drafts,
+// scored by target rows row0 = cu_num_draft[b] + b ... row0 + k_b (the last is the bonus row).
+// Drafts are accepted while draft == argmax(target row); then the target argmax of the first
+// rejected row (or of the bonus row) is emitted. tokens [B, max_k + 1] int32, -1 padded.
+//
+// Two stages, each with its versions:
+//
+//   argmax (bytes: R * V * sizeof(T), the whole cost at V = 128k):
+//     argmax_partial_kernel   (seed 004's V2) a block of 256 threads per (row, vocab chunk);
+//         16-byte vector loads, UNROLL loads in flight; per-thread running argmax, then
+//         __shfl_down_sync (value, index) reduction with torch.argmax's tie-break (lowest
+//         index), then one value per warp through shared memory. Rows are split into chunks
+//         when there are too few rows to fill the GPU (B = 1: 5 rows, 132 SMs); the scan
+//         kernels merge the chunk partials (chunks == 1 when R is large).
+//
+//   acceptance scan (bytes: tiny; where the raggedness shows):
+//     v1 scan_naive_kernel    one thread per sequence walks its drafts until the first
+//         mismatch and writes its output row serially. Lanes of a warp finish after
+//         1 ... k_b + 1 steps: divergent, and the per-thread serial writes are uncoalesced
+//         (stride max_k + 1 between neighbouring threads).
+//     v2 scan_ballot_kernel   (Opt A) one warp per sequence: lane i compares position i,
+//         __ballot_sync(mismatch) + __ffs gives the first mismatch in one step (32 positions a
+//         step, loop for k_b > 32); the output row is written by the lanes together.
+//
+// Host launchers are extern "C" on raw pointers so that this file compiles with plain nvcc;
+// binding.cpp wraps them for torch.
+#include "common.cuh"
+
+// ---------------------------------------------------------------------------------------
+// argmax over each row's vocabulary chunk.  grid = (R, chunks), block = ARGMAX_THREADS.
+// Writes part_val/part_idx[r * chunks + c] (idx is the absolute vocab id).
+#define ARGMAX_THREADS 256
+
+template <typename T>
+__global__ void __launch_bounds__(ARGMAX_THREADS)
+argmax_partial_kernel(const T* __restrict__ logits,  // [R, V], row stride row_stride elements
+                      long long row_stride, int vocab, int chunk_len, int chunks,
+                      float* __restrict__ part_val,  // [R * chunks]
+                      int* __restrict__ part_idx) {  // [R * chunks]
+    const long long r = blockIdx.x;  // rows on x: R can exceed grid.y's 65535
+    const int c = blockIdx.y;
+    const int start = c * chunk_len;
+    const int n = min(chunk_len, vocab - start);
+    ArgMax a = argmax_identity();
+    if (n > 0) {
+        for_each_element<T, 4>(logits + r * row_stride + start, n,
+                               [&](float v, int i) { argmax_update(a, v, start + i); });
+    }
+    a = block_argmax(a);
+    if (threadIdx.x == 0) {
+        part_val[r * chunks + c] = a.val;
+        part_idx[r * chunks + c] = a.idx;
+    }
+}
+
+// The target argmax of row r from its chunk partials (chunks == 1: part_idx is the argmax and
+// part_val may be null).
+__device__ __forceinline__ int row_argmax(const float* __restrict__ part_val, const int* __restrict__ part_idx,
+                                          int chunks, int r) {
+    if (chunks == 1) return part_idx[r];
+    ArgMax a = argmax_identity();
+    for (int c = 0; c < chunks; ++c) argmax_update(a, part_val[(long long)r * chunks + c], part_idx[(long long)r * chunks + c]);
+    return a.idx;
+}
+
+// ---------------------------------------------------------------------------------------
+// v1: one thread per sequence.
+__global__ void scan_naive_kernel(const float* __restrict__ part_val, const int* __restrict__ part_idx, int chunks,
+                                  const long long* __restrict__ draft_tokens,  // [N]
+                                  const int* __restrict__ num_draft,           // [B]
+                                  const int* __restrict__ cu_num_draft,        // [B + 1]
+                                  int batch, int width,                        // width = max_k + 1
+                                  int* __restrict__ tokens,                    // [B, width]
+                                  int* __restrict__ num_accepted,              // [B]
+                                  int* __restrict__ num_emitted) {             // [B]
+    const int b = blockIdx.x * blockDim.x + threadIdx.x;
+    if (b >= batch) return;
+    const int k = num_draft[b], d0 = cu_num_draft[b], row0 = d0 + b;
+    int* out = tokens + (long long)b * width;
+    int acc = 0;
+    while (acc < k) {
+        const int target = row_argmax(part_val, part_idx, chunks, row0 + acc);
+        const int draft = (int)draft_tokens[d0 + acc];
+        if (draft != target) break;
+        out[acc++] = draft;
+    }
+    out[acc] = row_argmax(part_val, part_idx, chunks, row0 + acc);
+    for (int j = acc + 1; j < width; ++j) out[j] = -1;
+    num_accepted[b] = acc;
+    num_emitted[b] = acc + 1;
+}
+
+// v2 (Opt A): one warp per sequence, SCAN_WARPS sequences per block.
+#define SCAN_WARPS 4
+
+__global__ void __launch_bounds__(SCAN_WARPS * 32)
+scan_ballot_kernel(const float* __restrict__ part_val, const int* __restrict__ part_idx, int chunks,
+                   const long long* __restrict__ draft_tokens, const int* __restrict__ num_draft,
+                   const int* __restrict__ cu_num_draft, int batch, int width, int* __restrict__ tokens,
+                   int* __restrict__ num_accepted, int* __restrict__ num_emitted) {
+    const int lane = threadIdx.x & 31;
+    const int b = blockIdx.x * SCAN_WARPS + (threadIdx.x >> 5);
+    if (b >= batch) return;  // warp-uniform: the whole warp leaves together
+    const int k = num_draft[b], d0 = cu_num_draft[b], row0 = d0 + b;
+    int acc = k;  // all accepted unless a mismatch is found
+    for (int base = 0; base < k; base += 32) {
+        const int i = base + lane;
+        bool mismatch = false;
+        if (i < k) mismatch = (int)draft_tokens[d0 + i] != row_argmax(part_val, part_idx, chunks, row0 + i);
+        const unsigned m = __ballot_sync(VS_FULL_MASK, mismatch);
+        if (m) {  // warp-uniform
+            acc = base + __ffs(m) - 1;
+            break;
+        }
+    }
+    int* out = tokens + (long long)b * width;
+    for (int j = lane; j < width; j += 32) {
+        int t = -1;
+        if (j < acc) t = (int)draft_tokens[d0 + j];
+        else if (j == acc) t = row_argmax(part_val, part_idx, chunks, row0 + acc);
+        out[j] = t;
+    }
+    if (lane == 0) {
+        num_accepted[b] = acc;
+        num_emitted[b] = acc + 1;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Host launchers.
+
+// How many vocabulary chunks per row: enough blocks to fill the GPU (about 4 per SM) when there
+// are few rows, but never chunks shorter than 4096 elements (a block then streams at least two
+// 16-byte loads per thread). Multiple of 64 elements keeps every chunk start 16-byte aligned
+// relative to its row for all three dtypes.
+extern "C" int vs_argmax_chunks(int rows, int vocab, int num_sms) {
+    const int target_blocks = 4 * num_sms;
+    int chunks = (target_blocks + rows - 1) / rows;
+    const int max_chunks = (vocab + 4095) / 4096;
+    if (chunks > max_chunks) chunks = max_chunks;
+    if (chunks < 1) chunks = 1;
+    return chunks;
+}
+
+extern "C" int vs_argmax_chunk_len(int vocab, int chunks) {
+    int len = (vocab + chunks - 1) / chunks;
+    return (len + 63) / 64 * 64;
+}
+
+extern "C" cudaError_t vs_argmax_partial(const void* logits, int dtype, long long row_stride, int rows, int vocab,
+                                         int chunks, float* part_val, int* part_idx, cudaStream_t stream) {
+    if (rows == 0) return cudaSuccess;
+    const int chunk_len = vs_argmax_chunk_len(vocab, chunks);
+    dim3 grid(rows, chunks);
+    switch (dtype) {
+        case VS_F32:
+            argmax_partial_kernel<float><<<grid, ARGMAX_THREADS, 0, stream>>>(
+                (const float*)logits, row_stride, vocab, chunk_len, chunks, part_val, part_idx);
+            break;
+        case VS_BF16:
+            argmax_partial_kernel<__nv_bfloat16><<<grid, ARGMAX_THREADS, 0, stream>>>(
+                (const __nv_bfloat16*)logits, row_stride, vocab, chunk_len, chunks, part_val, part_idx);
+            break;
+        case VS_F16:
+            argmax_partial_kernel<__half><<<grid, ARGMAX_THREADS, 0, stream>>>(
+                (const __half*)logits, row_stride, vocab, chunk_len, chunks, part_val, part_idx);
+            break;
+        default:
+            return cudaErrorInvalidValue;
+    }
+    return cudaGetLastError();
+}
+
+// variant: 0 = naive (v1), 1 = ballot (v2).
+extern "C" cudaError_t vs_greedy_scan(int variant, const float* part_val, const int* part_idx, int chunks,
+                                      const long long* draft_tokens, const int* num_draft, const int* cu_num_draft,
+                                      int batch, int width, int* tokens, int* num_accepted, int* num_emitted,
+                                      cudaStream_t stream) {
+    if (batch == 0) return cudaSuccess;
+    if (variant == 0) {
+        const int threads = 128;
+        scan_naive_kernel<<<(batch + threads - 1) / threads, threads, 0, stream>>>(
+            part_val, part_idx, chunks, draft_tokens, num_draft, cu_num_draft, batch, width, tokens, num_accepted,
+            num_emitted);
+    } else if (variant == 1) {
+        scan_ballot_kernel<<<(batch + SCAN_WARPS - 1) / SCAN_WARPS, SCAN_WARPS * 32, 0, stream>>>(
+            part_val, part_idx, chunks, draft_tokens, num_draft, cu_num_draft, batch, width, tokens, num_accepted,
+            num_emitted);
+    } else {
+        return cudaErrorInvalidValue;
+    }
+    return cudaGetLastError();
+}
