@@ -102,7 +102,7 @@ class HFModel:
         live = self._valid.any(0).nonzero()
         keep_slots = int(live.max()) + 1 if live.numel() else 0
         if keep_slots < self._valid.shape[1]:
-            self._cache.crop(keep_slots)
+            self._cache.crop(keep_slots - self._valid.shape[1])  # negative = drop that many (4.x and 5.x)
             self._valid = self._valid[:, :keep_slots]
 
     @torch.inference_mode()

@@ -249,3 +249,46 @@ def load_model(source=None, *, device=None, dtype=None, use_graphs: bool = True,
                 raise ValueError(f"{s!r} is neither an existing path nor a known shape name; "
                                  f"known shapes: {sorted(NAMED_SHAPES)}")
     return Model(net, tok, use_graphs=use_graphs)
+
+
+# ----------------------------------------------------------------------------------- reference model
+_HF_CLASSES = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "mistral": ("MistralConfig", "MistralForCausalLM"),
+               "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM")}
+
+
+def to_transformers(net: Transformer):
+    """A transformers model (LlamaForCausalLM, ...) sharing ``net``'s storage (views; no copy) — the reference
+    for tests and the baseline for benchmarks. Needs ``transformers``."""
+    import transformers
+
+    c = net.cfg
+    cfg_name, model_name = _HF_CLASSES[c.model_type]
+    rope = {"rope_type": "default", "rope_theta": c.rope_theta}
+    if c.rope_scaling:
+        rope = {**c.rope_scaling, "rope_theta": c.rope_theta}
+    kw = dict(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+              num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
+              head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps, max_position_embeddings=c.max_position_embeddings,
+              tie_word_embeddings=c.tie_word_embeddings)
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        kw["rope_parameters"] = rope
+    else:
+        kw.update(rope_theta=c.rope_theta, rope_scaling=c.rope_scaling)
+    if c.model_type in ("llama", "qwen3"):
+        kw["attention_bias"] = c.attention_out_bias
+    hf_cfg = getattr(transformers, cfg_name)(**kw)
+    with torch.device("meta"):
+        ref = getattr(transformers, model_name)(hf_cfg)
+    sd = hf_state_dict(net)
+    if c.tie_word_embeddings:
+        sd.pop("lm_head.weight")
+    ref.load_state_dict(sd, assign=True, strict=False)
+    if c.tie_word_embeddings:
+        ref.lm_head.weight = ref.model.embed_tokens.weight
+    # non-persistent buffers (RoPE inv_freq) are still on meta: rebuild them on the right device
+    with torch.device(net.embed.device):
+        ref.model.rotary_emb = type(ref.model.rotary_emb)(config=hf_cfg)
+    leftover = [n for n, t in list(ref.named_parameters()) + list(ref.named_buffers()) if t.is_meta]
+    if leftover:
+        raise RuntimeError(f"to_transformers left tensors on meta: {leftover[:3]}")
+    return ref.eval()

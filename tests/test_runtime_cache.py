@@ -1,0 +1,133 @@
+"""Static-cache semantics of verispec.runtime.Model on CPU: verify == sequential decode, rollback,
+ragged prefill, keep, truncated; plus the named shapes' parameter counts."""
+import pytest
+import torch
+
+from verispec.runtime import ModelConfig, load_model, named_shape
+
+# awkward sizes on purpose: V=111, G=3 query heads per KV head, Qwen2 bias + Llama-3 RoPE scaling
+CFG = ModelConfig(vocab_size=111, num_layers=3, hidden_size=48, num_heads=6, num_kv_heads=2, head_dim=8,
+                  intermediate_size=80, rope_theta=10000.0, attention_bias=True,
+                  rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                    original_max_position_embeddings=16))
+TOL = dict(rtol=1e-4, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model(CFG, device="cpu", seed=3)
+
+
+def rand_tokens(*shape, seed=0):
+    return torch.randint(0, CFG.vocab_size, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def prompts(lens, seed=0):
+    return [rand_tokens(n, seed=seed + i).tolist() for i, n in enumerate(lens)]
+
+
+def test_random_weights_are_finite_and_not_degenerate(model):
+    model.setup_cache(2, 32)
+    logits = model.prefill(prompts([4, 7]))
+    assert logits.shape == (2, CFG.vocab_size) and torch.isfinite(logits).all()
+    assert logits.std() > 1e-3 and not torch.equal(logits[0], logits[1])
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_verify_equals_sequential_decode(model, k):
+    ps, block = prompts([5, 11, 2]), rand_tokens(3, k, seed=9)
+    model.setup_cache(3, 40)
+    model.prefill(ps)
+    packed = model.verify(block)                                   # [3, k, V]
+    assert model.lengths.tolist() == [5 + k, 11 + k, 2 + k]
+    model.setup_cache(3, 40)
+    model.prefill(ps)
+    steps = torch.cat([model.decode(block[:, i:i + 1]) for i in range(k)], dim=1)
+    torch.testing.assert_close(packed, steps, **TOL)
+
+
+def test_rollback_then_redecode_reproduces_logits(model):
+    model.setup_cache(2, 40)
+    model.prefill(prompts([6, 3]))
+    first = model.verify(rand_tokens(2, 5, seed=4))
+    model.rollback(torch.tensor([6 + 2, 3 + 0]))                   # keep 2 and 0 of the 5 drafted tokens
+    assert model.lengths.tolist() == [8, 3]
+    again = model.verify(rand_tokens(2, 5, seed=4)[:, :1])
+    # seq 1 re-scores drafted token 0 at the same position -> same logits; seq 0 scores it at position 8
+    torch.testing.assert_close(again[1, 0], first[1, 0], **TOL)
+    model.rollback(torch.tensor([8, 3]))
+    redo = model.verify(rand_tokens(2, 5, seed=4)[:, 2:5])         # seq 0: tokens 2..4 at their old positions
+    torch.testing.assert_close(redo[0], first[0, 2:5], **TOL)
+
+
+def test_rollback_never_grows(model):
+    model.setup_cache(1, 16)
+    model.prefill(prompts([4]))
+    model.rollback(torch.tensor([10]))
+    assert model.lengths.tolist() == [4]
+
+
+def test_ragged_prefill_equals_single_prefill(model):
+    lens = [7, 1, 12]
+    ps = prompts(lens, seed=20)
+    model.setup_cache(3, 24)
+    batched = model.prefill(ps)
+    nxt = rand_tokens(3, 2, seed=5)
+    batched_next = model.verify(nxt)
+    for b in range(3):
+        model.setup_cache(1, 24)
+        torch.testing.assert_close(model.prefill([ps[b]])[0], batched[b], **TOL)
+        torch.testing.assert_close(model.verify(nxt[b:b + 1])[0], batched_next[b], **TOL)
+
+
+def test_keep_preserves_continuations(model):
+    ps, block = prompts([3, 8, 5, 6], seed=30), rand_tokens(4, 2, seed=6)
+    model.setup_cache(4, 32)
+    model.prefill(ps)
+    model.verify(block)
+    cont = rand_tokens(4, 3, seed=7)
+    full = model.verify(cont)                                      # reference: all 4 sequences continue
+    model.setup_cache(4, 32)
+    model.prefill(ps)
+    model.verify(block)
+    model.keep(torch.tensor([3, 1]))                               # drop 0 and 2, reorder
+    assert model.lengths.tolist() == [8, 10]
+    kept = model.verify(cont[[3, 1]])
+    torch.testing.assert_close(kept, full[[3, 1]], **TOL)
+
+
+def test_truncated_shares_weights_and_owns_its_cache(model):
+    draft = model.truncated(1)
+    assert draft.config.num_layers == 1 and draft.net is model.net
+    assert draft.net.layers[0].wqkv.data_ptr() == model.net.layers[0].wqkv.data_ptr()
+    ps = prompts([4, 9], seed=40)
+    model.setup_cache(2, 16)
+    draft.setup_cache(2, 16)
+    full_logits = model.prefill(ps)
+    draft_logits = draft.prefill(ps)
+    assert draft.cache is not model.cache and not torch.allclose(full_logits, draft_logits)
+    # reference: a 1-layer model holding the same first layer
+    one = load_model(CFG.replace(num_layers=1), device="cpu")
+    with torch.no_grad():
+        for (n, p), (_, q) in zip(one.net.named_parameters(), [(n, q) for n, q in model.net.named_parameters()
+                                                                 if not n.startswith(("layers.1", "layers.2"))]):
+            p.copy_(q)
+    one.setup_cache(2, 16)
+    torch.testing.assert_close(one.prefill(ps), draft_logits, **TOL)
+    step = rand_tokens(2, 3, seed=8)
+    torch.testing.assert_close(one.verify(step), draft.verify(step), **TOL)
+
+
+def test_decode_rejects_wrong_shapes(model):
+    model.setup_cache(2, 16)
+    model.prefill(prompts([2, 2]))
+    with pytest.raises(ValueError, match=r"\[B, 1\]"):
+        model.decode(rand_tokens(2, 2))
+    with pytest.raises(ValueError, match="B=2"):
+        model.verify(rand_tokens(3, 2))
+
+
+@pytest.mark.parametrize("name, billions", [("llama-3.1-8b", 8.03), ("llama-3.2-1b", 1.24), ("qwen2.5-7b", 7.62),
+                                            ("qwen2.5-0.5b", 0.494), ("smollm2-135m", 0.1345)])
+def test_named_shapes_match_public_parameter_counts(name, billions):
+    assert named_shape(name).num_params / 1e9 == pytest.approx(billions, rel=0.01)
