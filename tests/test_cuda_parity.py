@@ -1,0 +1,309 @@
+"""GPU parity of backend="cuda" against the reference (verispec.reference, verispec.kv).
+
+Every kernel version is checked on fresh random ragged batches and on the edges: k_b = 0,
+k_b = 32 and > 32 (the ballot scan's loop), V not a multiple of the block size or of the
+16-byte vector, ties in the target logits (lowest index wins, as torch.argmax), B = 1 and
+B = 256 at V = 128256. Outputs come from the caching allocator after it was filled with a
+poison value, and must contain no poison.
+
+Sampling: the kernel draws the reference's Philox numbers, so tokens match for the same
+seed/offset except at near-ties, where float rounding differs (the softmax sum is accumulated
+in another order, and expf/logf differ by an ulp from torch's CPU versions): an accept test
+with u * q(x) within an ulp of p(x), or two race keys within an ulp. Those are rare (about
+one in 10^5 tests); the tests allow a tiny fraction, and a chi-square test checks that the
+first emitted token follows p.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from verispec import verify_greedy, verify_sample
+from verispec.kv import compact_kv, reference_compact_kv, reference_scatter_to_cache, scatter_to_cache
+from verispec.reference import reference_verify_greedy, reference_verify_sample
+from verispec.verify import _canonical
+from verispec.workloads import greedy_workload, sampling_workload
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+POISON = -123456789
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def _poison_allocator() -> None:
+    """Fill cached allocator blocks (small and large pools) with POISON, then free them."""
+    torch.cuda.synchronize()
+    bufs = [torch.full((n,), POISON, dtype=torch.int32, device="cuda") for n in [1 << 15] * 16 + [1 << 20] * 4]
+    torch.cuda.synchronize()
+    del bufs
+
+
+def _assert_written(*tensors: torch.Tensor) -> None:
+    for t in tensors:
+        assert not bool((t == POISON).any()), "an output element was never written"
+
+
+def _cuda_greedy(logits, drafts, num_draft, variant):
+    from verispec.cuda import verify_greedy_cuda
+
+    batch = _canonical(logits, drafts, num_draft, None, True)
+    _poison_allocator()
+    out = verify_greedy_cuda(batch, variant=variant)
+    torch.cuda.synchronize()
+    _assert_written(out.tokens, out.num_accepted, out.num_emitted)
+    return out
+
+
+def _assert_same(out, ref):
+    assert torch.equal(out.num_accepted.cpu(), ref.num_accepted.cpu().to(torch.int32))
+    assert torch.equal(out.num_emitted.cpu(), ref.num_emitted.cpu().to(torch.int32))
+    assert torch.equal(out.tokens.cpu(), ref.tokens.cpu())
+
+
+def _random_ragged(batch, max_k, vocab, dtype, alpha, gen_seed):
+    g = torch.Generator().manual_seed(gen_seed)
+    num_draft = torch.randint(0, max_k + 1, (batch,), generator=g).tolist()
+    w = greedy_workload(batch, num_draft, vocab, alpha, dtype=dtype, device="cuda", seed=gen_seed)
+    return w
+
+
+# ---- greedy --------------------------------------------------------------------------------
+@pytest.mark.parametrize("variant", ["naive", "ballot"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("vocab", [111, 1000, 4097, 32000 + 3])
+def test_greedy_random_ragged(variant, dtype, vocab):
+    for trial in range(3):
+        w = _random_ragged(37, 12, vocab, dtype, alpha=0.7, gen_seed=trial * 100 + vocab)
+        out = _cuda_greedy(w.target_logits, w.draft_tokens, w.num_draft, variant)
+        ref = reference_verify_greedy(w.target_logits.cpu(), w.draft_tokens.cpu(), w.num_draft.cpu(), int(w.num_draft.max()))
+        _assert_same(out, ref)
+        _assert_same(out, w.expected)
+
+
+@pytest.mark.parametrize("variant", ["naive", "ballot"])
+@pytest.mark.parametrize("num_draft", [[0], [0, 0, 0], [32] * 5, [33, 0, 70, 1, 64], [31, 32, 33]])
+@pytest.mark.parametrize("alpha", [0.0, 0.95, 1.0])
+def test_greedy_edges_k(variant, num_draft, alpha):
+    w = greedy_workload(len(num_draft), num_draft, 5003, alpha, dtype=torch.bfloat16, device="cuda", seed=len(num_draft))
+    out = _cuda_greedy(w.target_logits, w.draft_tokens, w.num_draft, variant)
+    _assert_same(out, w.expected)
+    if alpha == 1.0:
+        assert out.num_accepted.cpu().tolist() == num_draft
+
+
+@pytest.mark.parametrize("variant", ["naive", "ballot"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_greedy_ties_lowest_index(variant, dtype):
+    g = torch.Generator().manual_seed(7)
+    batch, vocab = 64, 2053
+    num_draft = torch.randint(0, 9, (batch,), generator=g)
+    rows = int(num_draft.sum()) + batch
+    logits = torch.randint(0, 3, (rows, vocab), generator=g).to(dtype)  # many maxima per row
+    first_max = logits.float().argmax(dim=-1)
+    last_max = vocab - 1 - logits.float().flip(-1).argmax(dim=-1)  # a tied max at a higher index
+    draft_rows = [r for b, k in enumerate(num_draft.tolist()) for r in range(int(num_draft[:b].sum()) + b, int(num_draft[:b].sum()) + b + k)]
+    pick_first = torch.rand(len(draft_rows), generator=g) < 0.8
+    drafts = torch.where(pick_first, first_max[draft_rows], last_max[draft_rows])
+    logits, drafts = logits.cuda(), drafts.cuda()
+    out = _cuda_greedy(logits, drafts, num_draft, variant)
+    ref = reference_verify_greedy(logits.cpu(), drafts.cpu(), num_draft, int(num_draft.max()))
+    _assert_same(out, ref)
+
+
+@pytest.mark.parametrize("variant", ["naive", "ballot"])
+@pytest.mark.parametrize("batch", [1, 256])
+def test_greedy_llama_vocab(variant, batch):
+    w = greedy_workload(batch, 8, 128256, 0.6, dtype=torch.bfloat16, device="cuda", seed=batch)
+    out = _cuda_greedy(w.target_logits, w.draft_tokens, w.num_draft, variant)
+    _assert_same(out, w.expected)
+    # the public API (default variant) agrees too
+    _assert_same(verify_greedy(w.target_logits, w.draft_tokens, w.num_draft, backend="cuda"), w.expected)
+
+
+def test_greedy_unaligned_rows_and_strided_view():
+    # a row stride that breaks 16-byte alignment of every row start: head/tail scalar paths
+    base = torch.randn(21, 1003 + 5, device="cuda").to(torch.float16)
+    logits = base[:, 5:]  # last dim contiguous, row stride 1008, start offset 10 bytes
+    num_draft = torch.tensor([3, 0, 5, 9], dtype=torch.int32)
+    drafts = logits.float().argmax(-1)[:17].clone()  # not the right rows: some accept, most reject
+    out = _cuda_greedy(logits, drafts, num_draft, "ballot")
+    ref = reference_verify_greedy(logits.cpu(), drafts.cpu(), num_draft, 9)
+    _assert_same(out, ref)
+
+
+def test_greedy_scan_only_and_argmax():
+    from verispec.cuda import greedy_scan_cuda, target_argmax_cuda
+
+    w = greedy_workload(64, 8, 32000, 0.6, dtype=torch.bfloat16, device="cuda", seed=3)
+    am = target_argmax_cuda(w.target_logits)
+    assert torch.equal(am.long().cpu(), w.target_logits.float().argmax(-1).cpu())
+    batch = _canonical(w.target_logits, w.draft_tokens, w.num_draft, None, True)
+    for variant in ("naive", "ballot"):
+        _assert_same(greedy_scan_cuda(am, batch, variant), w.expected)
+
+
+def test_greedy_cuda_graph_replay():
+    from verispec.cuda import verify_greedy_cuda
+
+    w = greedy_workload(16, 8, 32000, 0.6, dtype=torch.bfloat16, device="cuda", seed=11)
+    batch = _canonical(w.target_logits, w.draft_tokens, w.num_draft, 8, False)
+    verify_greedy_cuda(batch)  # build + warm up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = verify_greedy_cuda(batch)
+    w2 = greedy_workload(16, 8, 32000, 0.3, dtype=torch.bfloat16, device="cuda", seed=12)
+    batch.target_logits.copy_(w2.target_logits)
+    batch.draft_tokens.copy_(w2.draft_tokens)
+    graph.replay()
+    torch.cuda.synchronize()
+    _assert_same(out, w2.expected)
+
+
+# ---- sampling ------------------------------------------------------------------------------
+def _sample_both(logits, drafts, num_draft, q, temperature, seed, offset=0):
+    common = dict(temperature=temperature, seed=seed, offset=offset)
+    _poison_allocator()
+    out = verify_sample(logits, drafts, num_draft, q, backend="cuda", **common)
+    torch.cuda.synchronize()
+    _assert_written(out.tokens, out.num_accepted, out.num_emitted)
+    ref = verify_sample(logits.cpu(), drafts.cpu(), num_draft.cpu(), None if q is None else q.cpu(), backend="torch",
+                        temperature=temperature.cpu() if isinstance(temperature, torch.Tensor) else temperature,
+                        seed=seed, offset=offset)
+    return out, ref
+
+
+def _mismatching_sequences(out, ref) -> int:
+    same = (out.tokens.cpu() == ref.tokens.cpu()).all(dim=1) & (out.num_accepted.cpu() == ref.num_accepted.cpu())
+    return int((~same).sum())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_q", [True, False])
+@pytest.mark.parametrize("alpha", [0.3, 0.9])
+def test_sample_matches_reference(dtype, with_q, alpha):
+    total, bad = 0, 0
+    for trial in range(2):
+        w = sampling_workload(48, [0, 1, 3, 8, 33, 5] * 8, 3001, alpha, dtype=dtype, device="cuda",
+                              seed=trial, draft_probs=with_q)
+        out, ref = _sample_both(w.target_logits, w.draft_tokens, w.num_draft, w.draft_probs, 1.0, seed=1234 + trial, offset=trial)
+        total += w.batch_size
+        bad += _mismatching_sequences(out, ref)
+    assert bad <= max(1, total // 100), f"{bad}/{total} sequences differ from the reference (near-ties only expected)"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sample_mixed_temperature_and_greedy_rows(dtype):
+    g = torch.Generator().manual_seed(5)
+    batch, vocab = 64, 5000
+    num_draft = torch.randint(0, 10, (batch,), generator=g)
+    rows = int(num_draft.sum()) + batch
+    logits = (torch.randn(rows, vocab, generator=g) * 3).to(dtype).cuda()
+    drafts = torch.randint(0, vocab, (int(num_draft.sum()),), generator=g).cuda()
+    # draft the target's top token most of the time so that some drafts are accepted
+    top = logits.float().argmax(-1)
+    starts = torch.cumsum(num_draft, 0) - num_draft
+    draft_rows = torch.cat([torch.arange(int(s), int(s) + int(k)) + b for b, (s, k) in enumerate(zip(starts, num_draft))])
+    keep = torch.rand(draft_rows.shape[0], generator=g) < 0.7
+    drafts = torch.where(keep.cuda(), top[draft_rows.cuda()], drafts)
+    temperature = torch.tensor([0.0, 0.5, 1.0, 1.7] * (batch // 4))
+    out, ref = _sample_both(logits, drafts, num_draft, None, temperature.cuda(), seed=99)
+    bad = _mismatching_sequences(out, ref)
+    assert bad <= 1, f"{bad}/{batch} sequences differ"
+    greedy = temperature == 0
+    assert torch.equal(out.tokens.cpu()[greedy], ref.tokens.cpu()[greedy])  # T = 0 rows: exact
+
+
+def test_sample_llama_vocab():
+    w = sampling_workload(32, 8, 128256, 0.6, dtype=torch.bfloat16, device="cuda", seed=2)
+    out, ref = _sample_both(w.target_logits, w.draft_tokens, w.num_draft, w.draft_probs, 1.0, seed=7)
+    assert _mismatching_sequences(out, ref) <= 1
+
+
+def test_sample_first_token_chi_square():
+    """The first emitted token follows p, whatever q: chi-square over 20000 independent rows."""
+    batch, vocab, k = 20000, 12, 1
+    g = torch.Generator().manual_seed(0)
+    p = torch.softmax(torch.randn(vocab, generator=g), 0)
+    q = torch.softmax(torch.randn(vocab, generator=g) * 2, 0)
+    drafts = torch.multinomial(q, batch, replacement=True, generator=g)
+    rows = torch.stack([p.log()] * 2).repeat(batch, 1)  # per sequence: draft row, bonus row
+    q_rows = q.expand(batch, vocab).contiguous()
+    num_draft = torch.full((batch,), k, dtype=torch.int32)
+    out = verify_sample(rows.cuda(), drafts.cuda(), num_draft, q_rows.cuda(), backend="cuda", seed=2026)
+    first = out.tokens[:, 0].long().cpu()
+    counts = torch.bincount(first, minlength=vocab).double()
+    expected = p.double() * batch
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    dof = vocab - 1
+    # Wilson-Hilferty: chi2 critical value at p = 1e-4
+    z = 3.719
+    critical = dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
+    assert chi2 < critical, f"chi2={chi2:.1f} >= {critical:.1f}: first tokens do not follow p"
+
+
+def test_sample_top_k_not_implemented():
+    w = sampling_workload(4, 2, 100, 0.5, device="cuda", seed=0)
+    with pytest.raises(NotImplementedError, match="top-k / top-p"):
+        verify_sample(w.target_logits, w.draft_tokens, w.num_draft, w.draft_probs, backend="cuda", top_k=5, seed=1)
+
+
+# ---- KV compaction -------------------------------------------------------------------------
+KV_SHAPES = [((8, 128), torch.bfloat16), ((3,), torch.float16), ((5, 7), torch.float32), ((16,), torch.uint8)]
+
+
+def _kv_case(batch, shape, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    num_rows = torch.randint(1, 10, (batch,), generator=g, dtype=torch.int32)
+    num_emitted = (torch.rand(batch, generator=g) * num_rows).floor().to(torch.int32) + 1
+    total = int(num_rows.sum())
+    if dtype == torch.uint8:
+        new_kv = torch.randint(0, 255, (total, *shape), generator=g, dtype=torch.uint8)
+    else:
+        new_kv = torch.randn(total, *shape, generator=g).to(dtype)
+    return new_kv.cuda(), num_rows.cuda(), num_emitted.cuda()
+
+
+@pytest.mark.parametrize("variant", ["naive", "scan"])
+@pytest.mark.parametrize("shape,dtype", KV_SHAPES)
+@pytest.mark.parametrize("batch", [1, 37, 256, 3000])
+def test_compact_kv(variant, shape, dtype, batch):
+    from verispec.cuda import compact_kv_cuda
+
+    new_kv, num_rows, num_emitted = _kv_case(batch, shape, dtype, seed=batch)
+    packed, cu = compact_kv_cuda(new_kv, num_rows, num_emitted, variant=variant)
+    ref = reference_compact_kv(new_kv.cpu(), num_rows.cpu(), num_emitted.cpu())
+    assert cu.cpu().tolist() == [0] + torch.cumsum(num_emitted.cpu(), 0).tolist()
+    assert torch.equal(packed[: ref.shape[0]].cpu(), ref)
+
+
+@pytest.mark.parametrize("variant", ["naive", "scan"])
+@pytest.mark.parametrize("shape,dtype", KV_SHAPES)
+def test_scatter_to_cache(variant, shape, dtype):
+    from verispec.cuda import scatter_to_cache_cuda
+
+    batch, capacity = 64, 40
+    new_kv, num_rows, num_emitted = _kv_case(batch, shape, dtype, seed=1)
+    cache_lens = torch.randint(0, capacity - 10, (batch,)).cuda()
+    cache = torch.zeros(batch, capacity, *shape, dtype=dtype, device="cuda")
+    expected = cache.cpu().clone()
+    ref_lens = reference_scatter_to_cache(expected, cache_lens.cpu(), reference_compact_kv(new_kv.cpu(), num_rows.cpu(), num_emitted.cpu()), num_emitted.cpu())
+    lens = scatter_to_cache_cuda(cache, cache_lens, new_kv, num_rows, num_emitted, variant=variant)
+    assert torch.equal(lens.cpu(), ref_lens)
+    assert torch.equal(cache.cpu(), expected)
+
+
+def test_kv_public_api_and_overflow():
+    new_kv, num_rows, num_emitted = _kv_case(8, (4, 64), torch.bfloat16, seed=3)
+    packed, cu = compact_kv(new_kv, num_rows, num_emitted, backend="cuda")
+    ref = reference_compact_kv(new_kv.cpu(), num_rows.cpu(), num_emitted.cpu())
+    assert torch.equal(packed[: ref.shape[0]].cpu(), ref)
+    cache = torch.zeros(8, 4, 4, 64, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="overflow"):
+        scatter_to_cache(cache, torch.full((8,), 3, device="cuda"), new_kv, num_rows, num_rows, backend="cuda")
