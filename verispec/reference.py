@@ -45,17 +45,14 @@ class VerifyOutput:
     num_emitted: torch.Tensor
 
 
-def _race(weights: torch.Tensor, seed: int, offset: int, row: int) -> int:
-    """Sample from unnormalized ``weights`` [V] by the exponential race: argmax w_v / E_v.
+def _race(weights: torch.Tensor, exponentials: torch.Tensor) -> torch.Tensor:
+    """Sample from unnormalized ``weights`` [..., V] by the exponential race: argmax w_v / E_v.
 
     If E_v ~ Exp(1) iid, P(argmax = v) = w_v / sum(w): no normalizer and no prefix sum are
     needed, which is what lets a kernel sample in the same pass that reads the row.
     Ties (probability ~0) go to the lowest index, like torch.argmax.
     """
-    vocab = weights.shape[0]
-    u = rng.uniform(seed, offset, row, torch.arange(vocab), rng.RACE)
-    keys = weights / -torch.log(u)
-    return int(torch.argmax(keys))
+    return torch.argmax(weights / exponentials, dim=-1)
 
 
 def reference_verify_greedy(
@@ -102,50 +99,69 @@ def reference_verify_sample(
     n-gram mode (draft_probs None): q is the point mass at x, so the accept test is u < p(x)
     and the recovery distribution is p with x removed.
     Temperature 0 rows behave exactly as greedy (no randomness used).
+
+    Three stages: (1) the accept decision of every draft, (2) each sequence's first rejection,
+    (3) one sample per sequence from its stop row (recovery or bonus).
     """
     batch = num_draft.shape[0]
-    tokens = torch.full((batch, max_num_draft + 1), -1, dtype=torch.int32)
-    num_accepted = torch.zeros(batch, dtype=torch.int32)
     logits = target_logits.float().cpu()
-    drafts = draft_tokens.cpu()
-    probs_q = draft_probs.float().cpu() if draft_probs is not None else None
-    draft_start = 0
-    for b, k in enumerate(num_draft.tolist()):
-        row0 = draft_start + b
-        temp, kk, pp = float(temperature[b]), int(top_k[b]), float(top_p[b])
-        emitted = None
+    vocab = logits.shape[1]
+    counts = num_draft.cpu().long()
+    drafts = draft_tokens.cpu().long()
+    num_drafts_total = drafts.shape[0]
+    seq_of_row = torch.repeat_interleave(torch.arange(batch), counts + 1)
+    seq_of_draft = torch.repeat_interleave(torch.arange(batch), counts)
+    cu_num_draft = torch.zeros(batch + 1, dtype=torch.long)
+    cu_num_draft[1:] = torch.cumsum(counts, 0)
+    draft_row = torch.arange(num_drafts_total) + seq_of_draft  # draft j of seq b -> row j + b
+    greedy_seq = temperature.cpu() == 0
+    p_all = filtered_probs(logits, temperature[seq_of_row], top_k[seq_of_row], top_p[seq_of_row])
+
+    # (1) accept decisions, one per draft
+    p_draft = p_all[draft_row]                                            # [N, V]
+    if draft_probs is not None:
+        q_draft = draft_probs.float().cpu()
+    else:
+        q_draft = torch.zeros_like(p_draft)
+        q_draft[torch.arange(num_drafts_total), drafts] = 1.0
+    p_x = p_draft[torch.arange(num_drafts_total), drafts]
+    q_x = q_draft[torch.arange(num_drafts_total), drafts]
+    u = rng.uniform(seed, offset, draft_row, 0, rng.ACCEPT)
+    sampled_accept = u * q_x < p_x
+    greedy_accept = drafts == p_draft.argmax(dim=1)
+    accept = torch.where(greedy_seq[seq_of_draft], greedy_accept, sampled_accept).tolist()
+
+    # (2) first rejection per sequence
+    tokens = torch.full((batch, max_num_draft + 1), -1, dtype=torch.int32)
+    accepted_list = []
+    for start, k in zip(cu_num_draft.tolist(), counts.tolist()):
         accepted = 0
-        for i in range(k + 1):
-            row = row0 + i
-            p = filtered_probs(logits[row], temp, kk, pp)
-            if i == k:  # bonus row
-                emitted = int(p.argmax()) if temp == 0 else _race(p, seed, offset, row)
-                break
-            x = int(drafts[draft_start + i])
-            if temp == 0:
-                target_token = int(p.argmax())
-                if x == target_token:
-                    tokens[b, i] = x
-                    accepted += 1
-                    continue
-                emitted = target_token
-                break
-            if probs_q is not None:
-                q = probs_q[draft_start + i]
-            else:
-                q = torch.zeros_like(p)
-                q[x] = 1.0
-            u = float(rng.uniform(seed, offset, row, 0, rng.ACCEPT))
-            if u * float(q[x]) < float(p[x]):
-                tokens[b, i] = x
-                accepted += 1
-                continue
-            residual = torch.clamp(p - q, min=0.0)
-            # p != q guarantees mass in the residual; float rounding can still empty it.
-            emitted = _race(residual if bool((residual > 0).any()) else p, seed, offset, row)
-            break
-        tokens[b, accepted] = emitted
-        num_accepted[b] = accepted
-        draft_start += k
+        while accepted < k and accept[start + accepted]:
+            accepted += 1
+        accepted_list.append(accepted)
+    num_accepted = torch.tensor(accepted_list, dtype=torch.int32)
+    # accepted drafts, left-aligned: draft i of sequence b is kept iff i < num_accepted[b]
+    if num_drafts_total:
+        pos_in_seq = torch.arange(num_drafts_total) - cu_num_draft[seq_of_draft]
+        kept = pos_in_seq < num_accepted[seq_of_draft]
+        tokens[seq_of_draft[kept], pos_in_seq[kept]] = drafts[kept].to(torch.int32)
+
+    # (3) the emitted token, sampled from each sequence's stop row: the bonus row if every
+    # draft was accepted (weights p), else the first rejected row (weights max(0, p - q)).
+    stop_row = cu_num_draft[:-1] + torch.arange(batch) + num_accepted
+    p_stop = p_all[stop_row]
+    is_bonus = (num_accepted.long() == counts)[:, None]
+    if num_drafts_total:
+        q_stop = q_draft[(cu_num_draft[:-1] + num_accepted).clamp(max=num_drafts_total - 1)]
+        residual = torch.clamp(p_stop - q_stop, min=0.0)
+        # p != q guarantees mass in the residual; float rounding can still empty it.
+        residual = torch.where((residual > 0).any(dim=1, keepdim=True), residual, p_stop)
+        weights = torch.where(is_bonus, p_stop, residual)
+    else:
+        weights = p_stop
+    exponentials = -torch.log(rng.uniform(seed, offset, stop_row[:, None], torch.arange(vocab)[None, :], rng.RACE))
+    sampled = _race(weights, exponentials)
+    emitted = torch.where(greedy_seq, p_stop.argmax(dim=1), sampled)
+    tokens[torch.arange(batch), num_accepted.long()] = emitted.to(torch.int32)
     device = target_logits.device
     return VerifyOutput(tokens.to(device), num_accepted.to(device), (num_accepted + 1).to(device))

@@ -39,14 +39,12 @@ UNIFORM_SCALE = 2.0**-24
 def _mul_hi_lo(const: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(const * x) >> 32 and (const * x) & M32 for uint32 values held in int64.
 
-    The full product needs 64 unsigned bits, which int64 cannot hold, so x is split into
-    16-bit halves: const * x = (const * x_hi) << 16 + const * x_lo, each term < 2**48.
+    The unsigned 64-bit product does not fit int64, but int64 multiplication wraps modulo
+    2**64, so the bit pattern is the unsigned product's: an arithmetic shift plus a mask
+    recovers the high word. tests/test_rng.py checks this against Python integers.
     """
-    lo = const * (x & 0xFFFF)
-    hi = const * (x >> 16)
-    mul_hi = (hi + (lo >> 16)) >> 16
-    mul_lo = (((hi & 0xFFFF) << 16) + lo) & _M32
-    return mul_hi, mul_lo
+    product = x * const
+    return (product >> 32) & _M32, product & _M32
 
 
 def philox4x32(c0, c1, c2, c3, seed: int, n_rounds: int = 10):

@@ -21,30 +21,49 @@ from __future__ import annotations
 import torch
 
 
-def filter_logits(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """Scaled logits ``[..., V]`` (float32) with filtered-out entries at ``-inf``. ``temperature > 0``."""
-    z = logits.float() / temperature
-    vocab = z.shape[-1]
-    if 0 < top_k < vocab:
-        kth = torch.topk(z, top_k, dim=-1).values[..., -1:]
-        z = z.masked_fill(z < kth, float("-inf"))
-    if top_p < 1.0:
+def _per_row(value, rows: int, dtype, device) -> torch.Tensor:
+    return torch.as_tensor(value, dtype=dtype, device=device).reshape(-1).expand(rows)
+
+
+def filter_logits(logits: torch.Tensor, temperature, top_k=0, top_p=1.0) -> torch.Tensor:
+    """Scaled logits ``[R, V]`` (float32) with filtered-out entries at ``-inf``.
+
+    ``temperature`` (> 0), ``top_k`` and ``top_p`` are scalars or per-row ``[R]`` tensors.
+    """
+    rows, vocab = logits.shape
+    temperature = _per_row(temperature, rows, torch.float32, logits.device)
+    top_k = _per_row(top_k, rows, torch.int64, logits.device)
+    top_p = _per_row(top_p, rows, torch.float32, logits.device)
+    z = logits.float() / temperature[:, None]
+    if bool(((top_k > 0) & (top_k < vocab)).any()):
+        sorted_z = torch.sort(z, dim=-1, descending=True).values
+        kth = sorted_z.gather(1, (top_k.clamp(1, vocab) - 1)[:, None])
+        use = ((top_k > 0) & (top_k < vocab))[:, None]
+        z = z.masked_fill(use & (z < kth), float("-inf"))
+    if bool((top_p < 1.0).any()):
         probs = torch.softmax(z, dim=-1)
         sorted_probs = torch.sort(probs, dim=-1, descending=True).values
         cumulative = torch.cumsum(sorted_probs, dim=-1)
-        # n - 1 = number of sorted entries whose running sum is still below top_p
-        num_below = (cumulative < top_p).sum(dim=-1, keepdim=True).clamp(max=vocab - 1)
-        threshold = torch.gather(sorted_probs, -1, num_below)
-        z = z.masked_fill(probs < threshold, float("-inf"))
+        # number of sorted entries whose running sum is still below top_p = index of the cut
+        num_below = (cumulative < top_p[:, None]).sum(dim=-1, keepdim=True).clamp(max=vocab - 1)
+        threshold = sorted_probs.gather(1, num_below)
+        use = (top_p < 1.0)[:, None]
+        z = z.masked_fill(use & (probs < threshold), float("-inf"))
     return z
 
 
-def filtered_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """The distribution p ``[..., V]`` (float32) described in the module docstring.
+def filtered_probs(logits: torch.Tensor, temperature, top_k=0, top_p=1.0) -> torch.Tensor:
+    """The distribution p ``[R, V]`` (float32) described in the module docstring.
 
-    ``temperature == 0`` returns the one-hot of the argmax.
+    Rows with ``temperature == 0`` get the one-hot of their argmax.
     """
-    if temperature == 0:
-        one_hot = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
-        return one_hot.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
-    return torch.softmax(filter_logits(logits, temperature, top_k, top_p), dim=-1)
+    if logits.dim() == 1:
+        return filtered_probs(logits[None], temperature, top_k, top_p)[0]
+    rows = logits.shape[0]
+    temperature = _per_row(temperature, rows, torch.float32, logits.device)
+    greedy = temperature == 0
+    probs = torch.softmax(filter_logits(logits, torch.where(greedy, 1.0, temperature), top_k, top_p), dim=-1)
+    if bool(greedy.any()):
+        one_hot = torch.zeros_like(probs).scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
+        probs = torch.where(greedy[:, None], one_hot, probs)
+    return probs
