@@ -7,9 +7,9 @@ Dimension letters used in shape comments:
   E  hidden size   I  intermediate size
 
 Weights are stored fused, gpt-fast style: ``wqkv`` = [q; k; v] rows and ``w13`` = [gate; up] rows, so one
-decode step is 4 matmuls per layer. ``hf_state_dict`` / ``from_hf_state_dict`` in ``loading.py`` map to and
-from transformers' names (q_proj, gate_proj, ...), and the slices are views, so a transformers model can
-share our storage for reference checks.
+decode step is 4 matmuls per layer. ``hf_state_dict`` / ``to_transformers`` in ``loading.py`` map them
+to transformers' names (q_proj, gate_proj, ...) as views, so a transformers model can share our storage
+for reference checks.
 
 Two attention modes:
   * ``prefill``: right-padded prompts from position 0, causal SDPA (flash on CUDA); K/V go to cache[:, :, :T].
@@ -64,7 +64,7 @@ def rope_table(cfg: ModelConfig, num_positions: int, device) -> Tensor:
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    # x: [B, T, nh, D]; cos/sin: [B, T, 1, D] fp32. Computed in fp32, returned in x's dtype.
+    # x: [N, nh, D]; cos/sin: [N, 1, D] fp32. Computed in fp32, returned in x's dtype.
     xf = x.float()
     x1, x2 = xf.chunk(2, dim=-1)
     rotated = torch.cat([-x2, x1], dim=-1)
@@ -80,6 +80,30 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 # ----------------------------------------------------------------------------------------- modules
 def _empty(*shape, dtype) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+
+
+def pre_attention(x: Tensor, rope: Tensor, attn_norm: Tensor, wqkv: Tensor, bqkv: Tensor | None,
+                  q_norm: Tensor | None, k_norm: Tensor | None, eps: float, H: int, KV: int, D: int):
+    """x [N, E], rope [N, 2, D] -> q [N, H, D], k [N, KV, D], v [N, KV, D] (RMSNorm, fused QKV, qk-norm, RoPE).
+
+    A free function of tensors (no module) so that one ``torch.compile`` serves every layer and both models
+    of a (target, truncated draft) pair.
+    """
+    N = x.shape[0]
+    qkv = F.linear(rms_norm(x, attn_norm, eps), wqkv, bqkv).view(N, H + 2 * KV, D)
+    qk, v = qkv[:, : H + KV], qkv[:, H + KV:]              # q and k heads side by side: one RoPE for both
+    if q_norm is not None:
+        qk = torch.cat([rms_norm(qk[:, :H], q_norm, eps), rms_norm(qk[:, H:], k_norm, eps)], dim=1)
+    qk = apply_rope(qk, rope[:, None, 0], rope[:, None, 1])
+    return qk[:, :H], qk[:, H:], v
+
+
+def post_attention(x: Tensor, o: Tensor, wo: Tensor, bo: Tensor | None, ffn_norm: Tensor, w13: Tensor,
+                   w2: Tensor, eps: float) -> Tensor:
+    """x residual [N, E], o attention output [N, H*D] -> x + o_proj(o) + SwiGLU MLP of that: [N, E]."""
+    x = x + F.linear(o, wo, bo)
+    gate, up = F.linear(rms_norm(x, ffn_norm, eps), w13).chunk(2, dim=-1)
+    return x + F.linear(F.silu(gate) * up, w2)
 
 
 class Block(nn.Module):
@@ -98,28 +122,6 @@ class Block(nn.Module):
         self.w13 = _empty(2 * I, E, dtype=dtype)
         self.w2 = _empty(E, I, dtype=dtype)
 
-    def qkv(self, x: Tensor, rope: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        # x: [B, T, E]; rope: [B, T, 2, D] -> q [B, T, H, D], k/v [B, T, KV, D]
-        cfg = self.cfg
-        B, T, _ = x.shape
-        H, KV, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        h = rms_norm(x, self.attn_norm, cfg.rms_norm_eps)
-        qkv = F.linear(h, self.wqkv, self.bqkv)
-        q, k, v = qkv.split([H * D, KV * D, KV * D], dim=-1)
-        q, k, v = q.view(B, T, H, D), k.view(B, T, KV, D), v.view(B, T, KV, D)
-        if self.q_norm is not None:
-            q = rms_norm(q, self.q_norm, cfg.rms_norm_eps)
-            k = rms_norm(k, self.k_norm, cfg.rms_norm_eps)
-        cos, sin = rope[:, :, None, 0], rope[:, :, None, 1]
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
-
-    def out_and_mlp(self, x: Tensor, attn: Tensor) -> Tensor:
-        # x: residual [B, T, E]; attn: [B, T, H*D]
-        x = x + F.linear(attn, self.wo, self.bo)
-        h = rms_norm(x, self.ffn_norm, self.cfg.rms_norm_eps)
-        gate, up = F.linear(h, self.w13).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, self.w2)
-
 
 class Transformer(nn.Module):
     """The weights plus two pure forward functions; the cache is passed in (see cache.py)."""
@@ -131,6 +133,26 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(Block(cfg, dtype) for _ in range(cfg.num_layers))
         self.norm = _empty(cfg.hidden_size, dtype=dtype)
         self.lm_head = None if cfg.tie_word_embeddings else _empty(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
+        self._pre, self._post = pre_attention, post_attention
+
+    def compile(self, **kwargs) -> None:
+        """torch.compile the per-layer functions (fuses norms / RoPE / SwiGLU; matmuls stay cuBLAS).
+
+        dynamic=True: one graph serves every token count N = B*T (N=1 gets its own). Inductor's own CUDA
+        graphs stay off (default mode); our graphs capture the compiled kernels.
+        """
+        kwargs.setdefault("dynamic", True)
+        self._pre = torch.compile(pre_attention, **kwargs)
+        self._post = torch.compile(post_attention, **kwargs)
+
+    def layer_qkv(self, i: int, x: Tensor, rope: Tensor):
+        L, c = self.layers[i], self.cfg
+        return self._pre(x, rope, L.attn_norm, L.wqkv, L.bqkv, L.q_norm, L.k_norm, c.rms_norm_eps,
+                         c.num_heads, c.num_kv_heads, c.head_dim)
+
+    def layer_out(self, i: int, x: Tensor, o: Tensor) -> Tensor:
+        L = self.layers[i]
+        return self._post(x, o, L.wo, L.bo, L.ffn_norm, L.w13, L.w2, self.cfg.rms_norm_eps)
 
     @property
     def lm_head_weight(self) -> Tensor:
@@ -149,17 +171,16 @@ class Transformer(nn.Module):
         """
         B, T = tokens.shape
         H, KV, D = self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim
-        x = F.embedding(tokens, self.embed)                  # [B, T, E]
-        rope = rope[None].expand(B, T, 2, D)
+        x = F.embedding(tokens, self.embed).view(B * T, -1)   # [N=B*T, E]
+        rope = rope[None].expand(B, T, 2, D).reshape(B * T, 2, D)
         for i in range(num_layers):
-            layer = self.layers[i]
-            q, k, v = layer.qkv(x, rope)                     # [B, T, H|KV, D]
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            q, k, v = self.layer_qkv(i, x, rope)              # [N, H|KV, D]
+            q, k, v = (t.view(B, T, -1, D).transpose(1, 2) for t in (q, k, v))  # [B, H|KV, T, D]
             cache.k[i][:B, :, :T] = k
             cache.v[i][:B, :, :T] = v
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=(H != KV))  # [B, H, T, D]
-            x = layer.out_and_mlp(x, o.transpose(1, 2).reshape(B, T, H * D))
-        x_last = x[torch.arange(B, device=x.device), last]   # [B, E]
+            x = self.layer_out(i, x, o.transpose(1, 2).reshape(B * T, H * D))
+        x_last = x.view(B, T, -1)[torch.arange(B, device=x.device), last]  # [B, E]
         return self.logits(x_last)
 
     def append(self, tokens: Tensor, lengths: Tensor, rope: Tensor, cache, num_layers: int) -> Tensor:
@@ -177,19 +198,18 @@ class Transformer(nn.Module):
         # mask [B, 1, G*T, S]: queries of one KV head are packed as rows (g, i) -> g*T + i
         mask = torch.arange(S, device=tokens.device)[None, None, :] <= pos[:, :, None]  # [B, T, S]
         mask = mask[:, None].expand(B, G, T, S).reshape(B, 1, G * T, S)
-        rope = rope[pos]                                                              # [B, T, 2, D]
+        rope = rope[pos.view(-1)]                                                     # [N=B*T, 2, D]
         batch = torch.arange(B, device=tokens.device)[:, None]                        # [B, 1]
-        x = F.embedding(tokens, self.embed)                                           # [B, T, E]
+        x = F.embedding(tokens.reshape(-1), self.embed)                                 # [N, E]
         for i in range(num_layers):
-            layer = self.layers[i]
-            q, k, v = layer.qkv(x, rope)
+            q, k, v = self.layer_qkv(i, x, rope)                                      # [N, H|KV, D]
             k_cache, v_cache = cache.k[i][:B], cache.v[i][:B]                         # [B, KV, S, D]
             # advanced indices on dims 0 and 2 around a slice: the indexed view is [B, T, KV, D]
-            k_cache[batch, :, pos] = k
-            v_cache[batch, :, pos] = v
+            k_cache[batch, :, pos] = k.view(B, T, KV, D)
+            v_cache[batch, :, pos] = v.view(B, T, KV, D)
             # GQA without repeating K/V: fold the G query heads of each KV head into the query rows
             q = q.view(B, T, KV, G, D).permute(0, 2, 3, 1, 4).reshape(B, KV, G * T, D)
             o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask)    # [B, KV, G*T, D]
-            o = o.view(B, KV, G, T, D).permute(0, 3, 1, 2, 4).reshape(B, T, H * D)
-            x = layer.out_and_mlp(x, o)
-        return self.logits(x)
+            o = o.view(B, KV, G, T, D).permute(0, 3, 1, 2, 4).reshape(B * T, H * D)
+            x = self.layer_out(i, x, o)
+        return self.logits(x).view(B, T, -1)

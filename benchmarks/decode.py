@@ -1,0 +1,288 @@
+"""Decode / verify speed of verispec.runtime against the memory-bandwidth floor and transformers `generate`.
+
+For each model shape (random bf16 weights) and batch size B:
+  * verify(k) pass time for k = 1..8 (k = 1 is decode), median of CUDA-event timings of the public call
+    (graph replay + logits clone), eager+graphs and optionally torch.compile'd layers inside the graphs;
+  * the floor: bytes a pass must read (layer weights + final norm + LM head) / measured copy bandwidth
+    (device-to-device copy, bytes read + written); also shown with the KV-cache bytes our static-cache
+    attention reads (the full capacity S, not just the live lengths);
+  * transformers' greedy `generate` (DynamicCache, SDPA) on the same weights (views of ours), decode tok/s
+    from (time(1 + N new tokens) - time(1 new token)) / N.
+Correctness first: before timing, the graph path is checked against the eager path and against the
+transformers forward (bf16, relative error printed).
+
+  python benchmarks/decode.py                      # GPU: full table -> benchmarks/results/decode.md
+  python benchmarks/decode.py --compile both       # + torch.compile'd layer functions
+  python benchmarks/decode.py                      # CPU: a tiny smoke run (no results file unless --out)
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from verispec.runtime import ModelConfig, load_model, named_shape  # noqa: E402
+from verispec.runtime.loading import to_transformers  # noqa: E402
+
+SMOKE_CFG = ModelConfig(vocab_size=512, num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
+                        intermediate_size=128)
+
+
+def sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def time_calls(fn, iters: int, warmup: int = 3) -> float:
+    """Median seconds of fn() over iters calls (CUDA events per call on GPU, perf_counter on CPU)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    if torch.cuda.is_available():
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+        for s, e in ev:
+            s.record()
+            fn()
+            e.record()
+        torch.cuda.synchronize()
+        times = [s.elapsed_time(e) / 1e3 for s, e in ev]
+    else:
+        for _ in range(iters):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def capacity(args) -> int:
+    # prompt + every timed and warm-up call of the largest k (lengths grow during a timing loop)
+    return args.prompt_len + (args.iters + 4) * max(args.ks)
+
+
+def copy_bandwidth(nbytes: int = 2 << 30) -> float:
+    """Bytes/s of a device-to-device copy, counting bytes read + written."""
+    if not torch.cuda.is_available():
+        return float("nan")
+    a = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
+    b = torch.empty_like(a)
+    t = time_calls(lambda: b.copy_(a), iters=20)
+    del a, b
+    torch.cuda.empty_cache()
+    return 2 * nbytes / t
+
+
+def pass_bytes(model) -> tuple[int, int]:
+    """(weight bytes one pass reads, KV bytes one pass reads per sequence at the cache's capacity)."""
+    net, n = model.net, model.num_active_layers
+    es = model.dtype.itemsize
+    layer = sum(p.numel() for p in net.layers[0].parameters()) * es
+    w = n * layer + net.norm.numel() * es + net.lm_head_weight.numel() * es
+    c = model.config
+    kv = n * 2 * c.num_kv_heads * model.cache.k[0].shape[2] * c.head_dim * es
+    return w, kv
+
+
+def check_correctness(model, hf, B: int, prompt_len: int, log) -> None:
+    """Graph path vs eager path vs transformers forward, on the same random prompt (bf16 tolerances)."""
+    from verispec.runtime.runner import Model
+    eager = Model(model.net, None, use_graphs=False)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (B, prompt_len + 4), generator=g).to(model.device)
+    outs = []
+    for m in (model, eager):
+        m.setup_cache(B, prompt_len + 16)
+        m.prefill(ids[:, :prompt_len].tolist())
+        outs.append(m.verify(ids[:, prompt_len:]).float())
+    with torch.no_grad():
+        ref = hf(ids[:1]).logits[0, prompt_len:].float()
+    rel = lambda a, b: ((a - b).abs().max() / b.abs().max()).item()  # noqa: E731
+    e_ge, e_hf = rel(outs[0], outs[1]), rel(outs[0][0], ref)
+    agree = (outs[0][0].argmax(-1) == ref.argmax(-1)).float().mean().item()
+    log(f"  check: graphs vs eager rel err {e_ge:.2e}; vs transformers rel err {e_hf:.2e}, argmax agree {agree:.2f}")
+    assert e_ge < 2e-2 and e_hf < 5e-2, "correctness check failed"
+    del eager
+    model.cache = None
+
+
+def hf_generate_tok_s(hf, B: int, prompt_len: int, new_tokens: int, vocab: int) -> float:
+    ids = torch.randint(0, vocab, (B, prompt_len), generator=torch.Generator().manual_seed(1)).to(hf.device)
+    kw = dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0, eos_token_id=None)
+
+    def gen(n):
+        sync()
+        t = time.perf_counter()
+        with torch.no_grad():
+            out = hf.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
+        sync()
+        assert out.shape[1] == prompt_len + n
+        return time.perf_counter() - t
+
+    gen(2)  # warm-up
+    t1 = statistics.median(gen(1) for _ in range(2))
+    tn = gen(1 + new_tokens)
+    return B * new_tokens / max(tn - t1, 1e-9)
+
+
+def bench_variant(name, cfg, model, variant, args, bw, log):
+    rows = []
+    for B in args.batches:
+        model.setup_cache(B, capacity(args))
+        g = torch.Generator().manual_seed(B)
+        prompts = torch.randint(0, cfg.vocab_size, (B, args.prompt_len), generator=g).tolist()
+        model.prefill(prompts)
+        base = model.lengths.clone()
+        w_bytes, kv_bytes = pass_bytes(model)
+        floor = w_bytes / bw
+        floor_kv = (w_bytes + B * kv_bytes) / bw
+        times = {}
+        for k in args.ks:
+            tokens = torch.randint(0, cfg.vocab_size, (B, k), generator=g).to(model.device)
+            t0 = time.perf_counter()
+            model.verify(tokens)        # first call of a bucket captures its graph
+            sync()
+            capture_s = time.perf_counter() - t0
+            model.rollback(base)
+            model.cache.max_len_bound = args.prompt_len   # benchmark only: we know the true lengths
+            times[k] = time_calls(lambda: model.verify(tokens), iters=args.iters, warmup=2)
+            model.rollback(base)
+            model.cache.max_len_bound = args.prompt_len
+            rows.append(dict(model=name, variant=variant, B=B, k=k, ms=times[k] * 1e3, capture_s=capture_s,
+                             floor_ms=floor * 1e3, floor_kv_ms=floor_kv * 1e3))
+        t1 = times[min(args.ks)]
+        log(f"  {variant:8s} B={B:3d}: decode {t1 * 1e3:7.3f} ms = {B / t1:9.1f} tok/s; floor {floor * 1e3:.3f} ms "
+            f"({floor / t1:5.1%}), floor+KV {floor_kv * 1e3:.3f} ms ({floor_kv / t1:5.1%}); verify/decode k=1..: "
+            + " ".join(f"{times[k] / t1:.2f}" for k in args.ks))
+    return rows
+
+
+def bench_model(name, cfg, args, bw, log):
+    rows, hf_rows = [], []
+    model = load_model(cfg, device=args.device, dtype=args.dtype)
+    hf = to_transformers(model.net) if args.hf_tokens else None
+    if hf is not None and torch.cuda.is_available():
+        check_correctness(model, hf, B=2, prompt_len=64, log=log)
+    if hf is not None:
+        for B in args.batches:
+            tok_s = hf_generate_tok_s(hf, B, args.prompt_len, args.hf_tokens, cfg.vocab_size)
+            hf_rows.append(dict(model=name, B=B, tok_s=tok_s))
+            log(f"  transformers generate B={B:3d}: {tok_s:9.1f} tok/s")
+    del hf
+    variants = {"off": ["eager"], "on": ["compiled"], "both": ["eager", "compiled"]}[args.compile]
+    for variant in variants:
+        if variant == "compiled":
+            model.net.compile()
+            log("  torch.compile'd layer functions (compiled during the first graph capture of each shape)")
+        try:
+            t = time.perf_counter()
+            rows += bench_variant(name, cfg, model, variant, args, bw, log)
+            log(f"  ({variant}: {time.perf_counter() - t:.1f} s including graph captures / compilation)")
+        except Exception as e:  # keep the other variant's numbers if one fails (e.g. a compile error)
+            log(f"  {variant} FAILED: {type(e).__name__}: {e}")
+        model.cache = None
+        model._graphs.clear()
+    del model
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return rows, hf_rows
+
+
+def write_markdown(path: Path, rows, hf_rows, meta):
+    out = [f"# Decode / verify speed of verispec.runtime\n",
+           f"Device: {meta['device']}; date {meta['date']}; torch {meta['torch']}, transformers {meta['transformers']}, "
+           f"triton {meta['triton']}, python {meta['python']}. Random {meta['dtype']} weights at the named public shapes; "
+           f"prompt length {meta['prompt_len']}, cache capacity {meta['capacity']}; measured copy bandwidth "
+           f"{meta['bw_tb_s']:.2f} TB/s (read + write). Command: `{meta['cmd']}`.\n",
+           "Floor = (layer weights + final norm + LM head bytes) / copy bandwidth. Floor+KV adds the KV bytes the "
+           "static-cache attention reads (full capacity per sequence). `ms` is the median of the public "
+           "`verify` call (graph replay + logits clone), CUDA events.\n",
+           "## Decode (k = 1)\n",
+           "| model | variant | B | ms/step | tok/s | floor ms | % of floor | % of floor+KV | transformers tok/s | speed-up |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    hf = {(r["model"], r["B"]): r["tok_s"] for r in hf_rows}
+    for r in rows:
+        if r["k"] != 1:
+            continue
+        tok_s = r["B"] / (r["ms"] / 1e3)
+        h = hf.get((r["model"], r["B"]))
+        out.append(f"| {r['model']} | {r['variant']} | {r['B']} | {r['ms']:.3f} | {tok_s:.1f} | {r['floor_ms']:.3f} | "
+                   f"{r['floor_ms'] / r['ms']:.1%} | {r['floor_kv_ms'] / r['ms']:.1%} | "
+                   f"{h:.1f} | {tok_s / h:.1f}× |" if h else
+                   f"| {r['model']} | {r['variant']} | {r['B']} | {r['ms']:.3f} | {tok_s:.1f} | {r['floor_ms']:.3f} | "
+                   f"{r['floor_ms'] / r['ms']:.1%} | {r['floor_kv_ms'] / r['ms']:.1%} | – | – |")
+    ks = sorted({r["k"] for r in rows})
+    out += ["\n## Verify pass time (ms) by k, and ratio to decode (k = 1)\n",
+            "| model | variant | B | " + " | ".join(f"k={k}" for k in ks) + " | k=4 / k=1 |",
+            "|---|---|---|" + "---|" * (len(ks) + 1)]
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["model"], r["variant"], r["B"]), {})[r["k"]] = r["ms"]
+    for (m, v, B), t in groups.items():
+        ratio = f"{t[4] / t[1]:.2f}" if 4 in t and 1 in t else "–"
+        out.append(f"| {m} | {v} | {B} | " + " | ".join(f"{t[k]:.3f}" for k in ks) + f" | {ratio} |")
+    out.append("\nRaw rows (JSON):\n\n```json\n" + json.dumps(dict(meta=meta, rows=rows, hf=hf_rows)) + "\n```\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(out))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--models", default="llama-3.1-8b,llama-3.2-1b")
+    p.add_argument("--batches", default="1,8,32")
+    p.add_argument("--ks", default="1,2,3,4,5,6,7,8")
+    p.add_argument("--prompt-len", type=int, default=512)
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--hf-tokens", type=int, default=32, help="new tokens per transformers generate (0: skip)")
+    p.add_argument("--compile", choices=["off", "on", "both"], default="off")
+    p.add_argument("--out", default=None, help="markdown path (GPU default: benchmarks/results/decode.md)")
+    args = p.parse_args(argv)
+    cuda = torch.cuda.is_available()
+    args.device = "cuda" if cuda else "cpu"
+    args.dtype = torch.bfloat16 if cuda else torch.float32
+    args.batches = [int(x) for x in args.batches.split(",")]
+    args.ks = [int(x) for x in args.ks.split(",")]
+    models = [(m, named_shape(m)) for m in args.models.split(",")]
+    if not cuda:  # smoke: a tiny model, tiny sizes, so the script itself is tested on CPU
+        models, args.batches, args.ks = [("smoke-tiny", SMOKE_CFG)], [1, 2], [1, 2]
+        args.prompt_len, args.iters, args.hf_tokens = 16, 3, min(args.hf_tokens, 4)
+    if args.out is None and cuda:
+        args.out = str(Path(__file__).resolve().parent / "results" / "decode.md")
+    log = lambda s: print(s, flush=True)  # noqa: E731
+    try:
+        import transformers
+        tv = transformers.__version__
+    except ImportError:
+        tv, args.hf_tokens = "not installed", 0
+    try:
+        import triton
+        trv = triton.__version__
+    except ImportError:
+        trv = "not installed"
+    bw = copy_bandwidth() if cuda else 1e10
+    meta = dict(device=torch.cuda.get_device_name() if cuda else f"CPU ({platform.processor() or 'cpu'})",
+                date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                torch=torch.__version__, transformers=tv, dtype=str(args.dtype).replace("torch.", ""), triton=trv, python=platform.python_version(),
+                prompt_len=args.prompt_len, capacity=capacity(args),
+                bw_tb_s=bw / 1e12, cmd="python benchmarks/decode.py " + " ".join(argv or sys.argv[1:]))
+    log(f"{meta['device']}: copy bandwidth {bw / 1e12:.2f} TB/s")
+    rows, hf_rows = [], []
+    for name, cfg in models:
+        log(f"{name}: {cfg.num_params / 1e9:.2f} B params")
+        r, h = bench_model(name, cfg, args, bw, log)
+        rows += r
+        hf_rows += h
+        if args.out:  # after every model, so a run cut short still leaves its numbers
+            write_markdown(Path(args.out), rows, hf_rows, meta)
+            log(f"wrote {args.out}")
+    return rows, hf_rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""CUDA-only checks of verispec.runtime: CUDA-graph replay equals eager, graph buckets survive keep(),
+truncated models get their own graphs, and the embedded SmolLM2 decodes like transformers on the GPU."""
+import pytest
+import torch
+
+from verispec.runtime import ModelConfig, load_model
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+CFG = ModelConfig(vocab_size=1000, num_layers=3, hidden_size=256, num_heads=8, num_kv_heads=2, head_dim=32,
+                  intermediate_size=512, rope_theta=10000.0, attention_bias=True, qk_norm=True)
+
+
+def rand_tokens(*shape, seed=0):
+    return torch.randint(0, CFG.vocab_size, shape, generator=torch.Generator().manual_seed(seed)).cuda()
+
+
+def prompts(lens, seed=0):
+    return [rand_tokens(n, seed=seed + i).tolist() for i, n in enumerate(lens)]
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)])
+def test_graphs_match_eager_through_rollback_and_keep(dtype, tol):
+    graphed = load_model(CFG, device="cuda", dtype=dtype, seed=1)
+    eager = load_model(CFG, device="cuda", dtype=dtype, seed=1, use_graphs=False)
+    assert graphed.use_graphs and not eager.use_graphs
+    outs = {}
+    for name, m in (("graphed", graphed), ("eager", eager)):
+        m.setup_cache(4, 96)
+        seq = [m.prefill(prompts([5, 17, 1, 30]))]
+        for step, k in enumerate([1, 4, 4, 1, 8]):
+            seq.append(m.verify(rand_tokens(m.batch_size, k, seed=step)))
+            if step == 1:
+                m.rollback(m.lengths - torch.tensor([0, 1, 2, 3], device="cuda"))
+            if step == 2:
+                m.keep(torch.tensor([2, 0, 3], device="cuda"))
+        outs[name] = (seq, m.lengths.tolist())
+    assert outs["graphed"][1] == outs["eager"][1]
+    for a, b in zip(outs["graphed"][0], outs["eager"][0]):
+        assert ((a.float() - b.float()).abs().max() / b.float().abs().max()).item() < tol
+    assert len(graphed._graphs) == 4  # buckets (B, k): (4, 1), (4, 4), (3, 1), (3, 8)
+
+
+def test_verify_equals_decode_with_graphs():
+    m = load_model(CFG, device="cuda", dtype=torch.float32, seed=2)
+    ps, block = prompts([3, 40], seed=5), rand_tokens(2, 6, seed=6)
+    m.setup_cache(2, 64)
+    m.prefill(ps)
+    packed = m.verify(block)
+    m.rollback(m.lengths - 6)
+    steps = torch.cat([m.decode(block[:, i:i + 1]) for i in range(6)], dim=1)
+    torch.testing.assert_close(packed, steps, rtol=1e-4, atol=1e-4)
+
+
+def test_truncated_has_own_graphs():
+    m = load_model(CFG, device="cuda", dtype=torch.float32, seed=3)
+    d = m.truncated(1)
+    for x in (m, d):
+        x.setup_cache(2, 32)
+        x.prefill(prompts([4, 6]))
+    a, b = m.decode(rand_tokens(2, 1)), d.decode(rand_tokens(2, 1))
+    assert not torch.allclose(a, b) and len(m._graphs) == len(d._graphs) == 1 and m._graphs is not d._graphs
+
+
+def test_smollm2_greedy_on_gpu_matches_transformers():
+    pytest.importorskip("transformers")
+    pytest.importorskip("gguf")
+    from verispec.runtime.loading import to_transformers
+    try:
+        smol = load_model(None, device="cuda", dtype=torch.float32)
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    ids = smol.tokenizer.apply_chat_template([{"role": "user", "content": "Name three colours."}])
+    smol.setup_cache(1, 128)
+    logits, ours = smol.prefill([ids]), []
+    for _ in range(20):
+        nxt = logits.argmax(-1)
+        ours.append(int(nxt))
+        if ours[-1] == 2:
+            break
+        logits = smol.decode(nxt[:, None])[:, 0]
+    ref = to_transformers(smol.net)
+    with torch.no_grad():
+        out = ref.generate(torch.tensor([ids], device="cuda"), max_new_tokens=20, do_sample=False,
+                           eos_token_id=2, pad_token_id=2)
+    assert ours == out[0, len(ids):].tolist()[: len(ours)]
