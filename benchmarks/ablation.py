@@ -8,16 +8,19 @@ logits (greedy_workload: drafts equal the target argmax with probability alpha p
 
 Methods (every one is first checked against the workload's exact answer, then timed):
     full verify (argmax over V + acceptance scan):
-        cuda-naive    warp-shuffle argmax + one thread per sequence (v1 scan)
-        cuda-ballot   warp-shuffle argmax + one warp per sequence, __ballot_sync (Opt A)
+        cuda-naive    warp-shuffle argmax (v3) + one thread per sequence (v1 scan)
+        cuda-ballot   warp-shuffle argmax (v3) + one warp per sequence, __ballot_sync (Opt A)
+        cuda-segment  warp-shuffle argmax (v3) + 32/next_pow2(K) sequences per warp (v3 scan)
         triton        verispec.kernels.greedy (split-V argmax + scan), "n/a" if missing
         torch-vec     logits.argmax(-1) + a padded [B, K] cumprod acceptance (vectorized torch)
         reference     the per-sequence Python loop (small b only)
+    argmax only: cuda v2 (seed 004's V2), cuda v3 (streaming loads), torch.argmax
     scan only (over a precomputed [R] argmax; where the raggedness is):
-        cuda-naive, cuda-ballot, torch-vec
+        cuda-naive, cuda-ballot, cuda-segment, torch-vec
     KV compaction (Opt B; packed layout; rows of one layer's K+V [2, 8, 128] bf16 = 4 KiB and of
     all 32 layers = 128 KiB):
-        cuda-naive (thread per sequence), cuda-scan (Opt B), triton, torch-vec (index_select)
+        cuda-naive (thread per sequence), cuda-scan (Opt B, 2 launches), cuda-fused (Opt B, 1
+        launch), triton, torch-vec (index_select)
 
 Timing: device time per call from CUDA events around a CUDA-graph replay of N calls (so launch
 gaps of the Python wrappers do not count), median of many replays; the full-verify inputs are
@@ -163,6 +166,7 @@ def greedy_methods():
     methods = {
         "cuda-naive": lambda b: vc.verify_greedy_cuda(b, variant="naive"),
         "cuda-ballot": lambda b: vc.verify_greedy_cuda(b, variant="ballot"),
+        "cuda-segment": lambda b: vc.verify_greedy_cuda(b, variant="segment"),
     }
     try:
         from verispec.kernels.greedy import verify_greedy_triton
@@ -209,11 +213,19 @@ def run_greedy(l2_bytes: int, log) -> list[dict]:
                 if bsz <= 4:
                     row["full:reference"] = time_host(
                         lambda: reference_verify_greedy(batch.target_logits, batch.draft_tokens, batch.num_draft, k))
+                # argmax only (auto vocabulary split, as in the full verify)
+                for name, fn in {
+                    "v2": lambda bb: vc.target_argmax_partial_cuda(bb.target_logits, 2),
+                    "v3": lambda bb: vc.target_argmax_partial_cuda(bb.target_logits, 3),
+                    "torch": lambda bb: bb.target_logits.argmax(dim=-1),
+                }.items():
+                    row[f"argmax:{name}"], _ = time_graph([lambda bb=bb, fn=fn: fn(bb) for bb in batches])
                 # scan only, over the precomputed argmax (L2-resident, like right after the argmax)
                 am = vc.target_argmax_cuda(batch.target_logits)
                 for name, fn in {
                     "cuda-naive": lambda: vc.greedy_scan_cuda(am, batch, "naive"),
                     "cuda-ballot": lambda: vc.greedy_scan_cuda(am, batch, "ballot"),
+                    "cuda-segment": lambda: vc.greedy_scan_cuda(am, batch, "segment"),
                     "torch-vec": lambda: torch_scan(am, batch),
                 }.items():
                     out = fn()
@@ -251,6 +263,7 @@ def run_kv(log) -> list[dict]:
                 methods = {
                     "cuda-naive": lambda: vc.compact_kv_cuda(new_kv, num_rows, num_emitted, variant="naive", check_values=False)[0],
                     "cuda-scan": lambda: vc.compact_kv_cuda(new_kv, num_rows, num_emitted, variant="scan", check_values=False)[0],
+                    "cuda-fused": lambda: vc.compact_kv_cuda(new_kv, num_rows, num_emitted, variant="fused", check_values=False)[0],
                     "triton": (lambda: compact_kv_triton(new_kv, num_rows, num_emitted)[0]) if compact_kv_triton else None,
                     "torch-vec": lambda: torch_compact(new_kv, num_rows, num_emitted),
                 }
@@ -288,7 +301,7 @@ def write_report(out_dir: Path, header: list[str], bw: float, greedy: list[dict]
     lines = ["# Ablation: CUDA verification kernels (issue 4)", "", *header, "",
              f"Measured device-to-device copy: **{bw / 1e12:.2f} TB/s** (read + write bytes). "
              "Times are device microseconds per call (CUDA-graph replay, median); 'floor' = logits bytes / copy bandwidth.", ""]
-    names = ["cuda-naive", "cuda-ballot", "triton", "torch-vec"]
+    names = ["cuda-naive", "cuda-ballot", "cuda-segment", "triton", "torch-vec"]
     lines += ["## Full greedy verify (argmax over V = 128256 bf16 + acceptance scan), µs", "",
               "| K | α | b | rows | mean acc | floor | " + " | ".join(names) + " | reference loop | ballot vs naive |",
               "|---|---|---|---|---|---|" + "---|" * (len(names) + 2)]
@@ -299,12 +312,22 @@ def write_report(out_dir: Path, header: list[str], bw: float, greedy: list[dict]
         lines.append(f"| {r['K']} | {r['alpha']} | {r['b']} | {r['rows']} | {r['accepted']:.2f} | {floor * 1e3:.1f} | "
                      + " | ".join(_us(r.get(f"full:{n}")) for n in names)
                      + f" | {'-' if ref is None else f'{ref * 1e3:.0f}'} | {'n/a' if sp is None else f'{sp:.2f}x'} |")
-    lines += ["", "## Acceptance scan only (over a precomputed argmax), µs", "",
-              "| K | α | b | cuda-naive | cuda-ballot | torch-vec | ballot speedup |", "|---|---|---|---|---|---|---|"]
+    lines += ["", "## Argmax only (α does not matter: shown for α = 0.6), µs; % of the byte floor's bandwidth", "",
+              "| K | b | floor | cuda v2 | cuda v3 | torch.argmax | v3 % of floor |", "|---|---|---|---|---|---|---|"]
     for r in greedy:
-        n, bl, tv = r["scan:cuda-naive"], r["scan:cuda-ballot"], r["scan:torch-vec"]
-        lines.append(f"| {r['K']} | {r['alpha']} | {r['b']} | {_us(n)} | {_us(bl)} | {_us(tv)} | {n / bl:.2f}x |")
-    kvn = ["cuda-naive", "cuda-scan", "triton", "torch-vec"]
+        if r["alpha"] != 0.6:
+            continue
+        floor = r["bytes"] / bw * 1e3
+        lines.append(f"| {r['K']} | {r['b']} | {floor * 1e3:.1f} | {_us(r['argmax:v2'])} | {_us(r['argmax:v3'])} | "
+                     f"{_us(r['argmax:torch'])} | {100 * floor / r['argmax:v3']:.0f}% |")
+    lines += ["", "## Acceptance scan only (over a precomputed argmax), µs", "",
+              "| K | α | b | cuda-naive | cuda-ballot | cuda-segment | torch-vec | ballot vs naive | segment vs naive |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for r in greedy:
+        n, bl, sg, tv = r["scan:cuda-naive"], r["scan:cuda-ballot"], r["scan:cuda-segment"], r["scan:torch-vec"]
+        lines.append(f"| {r['K']} | {r['alpha']} | {r['b']} | {_us(n)} | {_us(bl)} | {_us(sg)} | {_us(tv)} | "
+                     f"{n / bl:.2f}x | {n / sg:.2f}x |")
+    kvn = ["cuda-naive", "cuda-scan", "cuda-fused", "triton", "torch-vec"]
     lines += ["", "## KV compaction (packed layout, K = 8), µs", "",
               "| row size | α | b | kept MB | floor | " + " | ".join(kvn) + " | scan vs naive |", "|---|---|---|---|---|" + "---|" * (len(kvn) + 1)]
     for r in kv:
@@ -319,7 +342,7 @@ def write_report(out_dir: Path, header: list[str], bw: float, greedy: list[dict]
             table = [f"(could not parse {ncu_csv.name}: {exc})"]
         lines += ["", "## Nsight Compute (b = 256, K = 8, α = 0.6; `--clock-control none`)", ""] + table
     lines += ["", "Plots: `ablation_latency.png` (full verify latency vs b per α), `ablation_speedup.png` "
-              "(scan and full-verify speedup of ballot over naive), `ablation_kv.png` (KV compaction)."]
+              "(scan and full-verify speedup of ballot / segment over naive), `ablation_kv.png` (KV compaction)."]
     (out_dir / "ablation.md").write_text("\n".join(lines) + "\n")
 
 
@@ -335,7 +358,7 @@ def ncu_table(path: Path) -> list[str]:
     for r in rows[1:]:
         if len(r) <= vi:
             continue
-        name = r[ki].split("(")[0].split("<")[0].replace("void ", "")
+        name = r[ki].split("(")[0].replace("void ", "")
         idx = r[head.index("ID")] if "ID" in head else "0"
         table.setdefault(f"{idx}:{name}", {})[r[mi]] = r[vi]
     metrics = sorted({m for d in table.values() for m in d})
@@ -358,8 +381,9 @@ def plot(out_dir: Path, greedy: list[dict], kv: list[dict]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = ["cuda-naive", "cuda-ballot", "triton", "torch-vec"]
-    fig, axes = plt.subplots(1, len(ALPHAS), figsize=(15, 4.2), sharey=True)
+    names = ["cuda-naive", "cuda-ballot", "cuda-segment", "triton", "torch-vec"]
+    fig, axes = plt.subplots(1, len(ALPHAS), figsize=(15, 4.2), sharey=True, squeeze=False)
+    axes = axes[0]
     for ax, alpha in zip(axes, ALPHAS):
         for name in names:
             for k, style in zip(KS, ["--", "-"]):
@@ -375,15 +399,17 @@ def plot(out_dir: Path, greedy: list[dict], kv: list[dict]) -> None:
     fig.tight_layout()
     fig.savefig(out_dir / "ablation_latency.png", dpi=110)
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for alpha in ALPHAS:
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4))
+    for alpha, color in zip(ALPHAS, ["C0", "C1", "C2"]):
         for k, style in zip(KS, ["--", "-"]):
             rs = [r for r in greedy if r["alpha"] == alpha and r["K"] == k]
-            axes[0].plot([r["b"] for r in rs], [r["scan:cuda-naive"] / r["scan:cuda-ballot"] for r in rs], style, marker="o", label=f"α={alpha} K={k}")
-            pts = [(r["b"], r["full:cuda-naive"] / r["full:cuda-ballot"]) for r in rs if r.get("full:cuda-naive") and r.get("full:cuda-ballot")]
+            for ax, var in zip(axes[:2], ["ballot", "segment"]):
+                ax.plot([r["b"] for r in rs], [r["scan:cuda-naive"] / r[f"scan:cuda-{var}"] for r in rs], style,
+                        color=color, marker="o", label=f"α={alpha} K={k}")
+            pts = [(r["b"], r["full:cuda-naive"] / r["full:cuda-segment"]) for r in rs if r.get("full:cuda-naive") and r.get("full:cuda-segment")]
             if pts:
-                axes[1].plot(*zip(*pts), style, marker="o", label=f"α={alpha} K={k}")
-    for ax, title in zip(axes, ["scan only: naive / ballot", "full verify: naive / ballot"]):
+                axes[2].plot(*zip(*pts), style, color=color, marker="o", label=f"α={alpha} K={k}")
+    for ax, title in zip(axes, ["scan only: naive / ballot", "scan only: naive / segment", "full verify: naive / segment"]):
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set(xscale="log", xlabel="batch b", ylabel="speedup over naive", title=title)
         ax.grid(alpha=0.3)
@@ -393,7 +419,7 @@ def plot(out_dir: Path, greedy: list[dict], kv: list[dict]) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, label in zip(axes, ["4 KiB", "128 KiB"]):
-        for name in ["cuda-naive", "cuda-scan", "triton", "torch-vec"]:
+        for name in ["cuda-naive", "cuda-scan", "cuda-fused", "triton", "torch-vec"]:
             pts = [(r["b"], r[f"kv:{name}"] * 1e3) for r in kv if r["rows"] == label and r["alpha"] == 0.6 and r.get(f"kv:{name}")]
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=name)
@@ -411,13 +437,16 @@ def ncu_only() -> None:
     w = greedy_workload(256, 8, VOCAB, 0.6, dtype=torch.bfloat16, device="cuda", seed=1)
     batch = _canonical(w.target_logits, w.draft_tokens, w.num_draft, 8, False)
     am = vc.target_argmax_cuda(batch.target_logits)
+    vc.target_argmax_cuda(batch.target_logits, 2)
     vc.greedy_scan_cuda(am, batch, "naive")
     vc.greedy_scan_cuda(am, batch, "ballot")
+    vc.greedy_scan_cuda(am, batch, "segment")
     num_rows = (w.num_draft + 1).int()
     num_emitted = w.expected.num_accepted.int() + 1
     new_kv = torch.randn(int(num_rows.sum()), 2, 8, 128, device="cuda").to(torch.bfloat16)
     vc.compact_kv_cuda(new_kv, num_rows, num_emitted, variant="naive", check_values=False)
     vc.compact_kv_cuda(new_kv, num_rows, num_emitted, variant="scan", check_values=False)
+    vc.compact_kv_cuda(new_kv, num_rows, num_emitted, variant="fused", check_values=False)
     torch.cuda.synchronize()
 
 

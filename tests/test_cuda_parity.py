@@ -34,6 +34,8 @@ pytestmark = [
 
 POISON = -123456789
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+GREEDY = ["naive", "ballot", "segment"]
+KV = ["naive", "scan", "fused"]
 
 
 def _poison_allocator() -> None:
@@ -50,14 +52,19 @@ def _assert_written(*tensors: torch.Tensor) -> None:
 
 
 def _cuda_greedy(logits, drafts, num_draft, variant):
+    """Every argmax version with the given scan variant; all must agree."""
     from verispec.cuda import verify_greedy_cuda
 
     batch = _canonical(logits, drafts, num_draft, None, True)
-    _poison_allocator()
-    out = verify_greedy_cuda(batch, variant=variant)
-    torch.cuda.synchronize()
-    _assert_written(out.tokens, out.num_accepted, out.num_emitted)
-    return out
+    outs = []
+    for argmax_version in (2, 3):
+        _poison_allocator()
+        out = verify_greedy_cuda(batch, variant=variant, argmax_version=argmax_version)
+        torch.cuda.synchronize()
+        _assert_written(out.tokens, out.num_accepted, out.num_emitted)
+        outs.append(out)
+    _assert_same(outs[0], outs[1])
+    return outs[1]
 
 
 def _assert_same(out, ref):
@@ -74,7 +81,7 @@ def _random_ragged(batch, max_k, vocab, dtype, alpha, gen_seed):
 
 
 # ---- greedy --------------------------------------------------------------------------------
-@pytest.mark.parametrize("variant", ["naive", "ballot"])
+@pytest.mark.parametrize("variant", GREEDY)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("vocab", [111, 1000, 4097, 32000 + 3])
 def test_greedy_random_ragged(variant, dtype, vocab):
@@ -86,7 +93,7 @@ def test_greedy_random_ragged(variant, dtype, vocab):
         _assert_same(out, w.expected)
 
 
-@pytest.mark.parametrize("variant", ["naive", "ballot"])
+@pytest.mark.parametrize("variant", GREEDY)
 @pytest.mark.parametrize("num_draft", [[0], [0, 0, 0], [32] * 5, [33, 0, 70, 1, 64], [31, 32, 33]])
 @pytest.mark.parametrize("alpha", [0.0, 0.95, 1.0])
 def test_greedy_edges_k(variant, num_draft, alpha):
@@ -97,7 +104,7 @@ def test_greedy_edges_k(variant, num_draft, alpha):
         assert out.num_accepted.cpu().tolist() == num_draft
 
 
-@pytest.mark.parametrize("variant", ["naive", "ballot"])
+@pytest.mark.parametrize("variant", GREEDY)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_greedy_ties_lowest_index(variant, dtype):
     g = torch.Generator().manual_seed(7)
@@ -116,7 +123,7 @@ def test_greedy_ties_lowest_index(variant, dtype):
     _assert_same(out, ref)
 
 
-@pytest.mark.parametrize("variant", ["naive", "ballot"])
+@pytest.mark.parametrize("variant", GREEDY)
 @pytest.mark.parametrize("batch", [1, 256])
 def test_greedy_llama_vocab(variant, batch):
     w = greedy_workload(batch, 8, 128256, 0.6, dtype=torch.bfloat16, device="cuda", seed=batch)
@@ -144,8 +151,28 @@ def test_greedy_scan_only_and_argmax():
     am = target_argmax_cuda(w.target_logits)
     assert torch.equal(am.long().cpu(), w.target_logits.float().argmax(-1).cpu())
     batch = _canonical(w.target_logits, w.draft_tokens, w.num_draft, None, True)
-    for variant in ("naive", "ballot"):
+    for variant in GREEDY:
         _assert_same(greedy_scan_cuda(am, batch, variant), w.expected)
+
+
+@pytest.mark.parametrize("version", [2, 3])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_argmax_versions_ties_and_minus_inf(version, dtype):
+    from verispec.cuda import target_argmax_cuda, target_argmax_partial_cuda
+
+    g = torch.Generator().manual_seed(version)
+    for vocab in [1, 7, 100, 4096 * 3 + 5, 128256]:
+        logits = torch.randint(-2, 2, (9, vocab), generator=g).float()
+        logits[0] = float("-inf")  # all -inf: torch says 0
+        logits[1, : vocab // 2] = float("-inf")
+        logits = logits.to(dtype).cuda()
+        expected = logits.float().argmax(-1).cpu()
+        assert torch.equal(target_argmax_cuda(logits, version).long().cpu(), expected)
+        vals, idx = target_argmax_partial_cuda(logits, version)  # split-V path
+        chunks = idx.numel() // logits.shape[0]
+        vals, idx = vals.view(9, chunks).cpu(), idx.view(9, chunks).cpu()
+        best = torch.tensor([int(idx[r][vals[r] == vals[r].max()].min()) for r in range(9)])
+        assert torch.equal(best, expected)
 
 
 def test_greedy_cuda_graph_replay():
@@ -270,7 +297,7 @@ def _kv_case(batch, shape, dtype, seed):
     return new_kv.cuda(), num_rows.cuda(), num_emitted.cuda()
 
 
-@pytest.mark.parametrize("variant", ["naive", "scan"])
+@pytest.mark.parametrize("variant", KV)
 @pytest.mark.parametrize("shape,dtype", KV_SHAPES)
 @pytest.mark.parametrize("batch", [1, 37, 256, 3000])
 def test_compact_kv(variant, shape, dtype, batch):
@@ -283,7 +310,7 @@ def test_compact_kv(variant, shape, dtype, batch):
     assert torch.equal(packed[: ref.shape[0]].cpu(), ref)
 
 
-@pytest.mark.parametrize("variant", ["naive", "scan"])
+@pytest.mark.parametrize("variant", KV)
 @pytest.mark.parametrize("shape,dtype", KV_SHAPES)
 def test_scatter_to_cache(variant, shape, dtype):
     from verispec.cuda import scatter_to_cache_cuda

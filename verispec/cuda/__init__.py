@@ -2,9 +2,11 @@
 
 Sources, side by side (llm.c style; each file's header says what each version changes):
     common.cuh         16-byte row loads, warp-shuffle argmax / softmax statistics, Philox
-    verify_greedy.cu   argmax (seed 004's V2) + acceptance scan: v1 naive, v2 ballot (Opt A)
+    verify_greedy.cu   argmax v2 (seed 004's V2) / v3 (streaming loads) + acceptance scan:
+                       v1 naive, v2 ballot (Opt A), v3 segmented ballot (several sequences a warp)
     verify_sample.cu   rejection sampling: softmax statistics + ballot accept tests + race
-    kv_compact.cu      KV compaction: v1 naive, v2 prefix sum + coalesced copy (Opt B)
+    kv_compact.cu      KV compaction: v1 naive, v2 prefix sum + coalesced copy (Opt B),
+                       v3 the same fused into one launch
     binding.cpp        torch glue, built only on a CUDA machine
 
 The .cu files are plain CUDA C++ (no torch headers), so CPU CI compiles them with nvcc alone
@@ -13,11 +15,13 @@ The .cu files are plain CUDA C++ (no torch headers), so CPU CI compiles them wit
 ``~/.cache/verispec/torch_extensions``), for the GPU's own architecture (sm_90 on H100/H200).
 
 Entry points (all CUDA-graph safe except where a host check is noted):
-    verify_greedy_cuda(batch, variant="ballot")      variant "naive" | "ballot"
-    verify_sample_cuda(batch)                        top-k / top-p: NotImplementedError
-    compact_kv_cuda(new_kv, num_rows, num_emitted, variant="scan")             "naive" | "scan"
-    scatter_to_cache_cuda(cache, cache_lens, new_kv, num_rows, num_emitted, variant="scan")
-    target_argmax_cuda(logits) / greedy_scan_cuda(target_argmax, batch, variant)   (benchmarks)
+    verify_greedy_cuda(batch, variant=DEFAULT_GREEDY)   "naive" | "ballot" | "segment"
+    verify_sample_cuda(batch)                           top-k / top-p: NotImplementedError
+    compact_kv_cuda(new_kv, num_rows, num_emitted, variant=DEFAULT_KV)   "naive" | "scan" | "fused"
+    scatter_to_cache_cuda(cache, cache_lens, new_kv, num_rows, num_emitted, variant=DEFAULT_KV)
+    target_argmax_cuda(logits, version) / greedy_scan_cuda(target_argmax, batch, variant)  (benchmarks)
+
+The defaults are the fastest versions measured in benchmarks/results/ablation.md.
 """
 
 from __future__ import annotations
@@ -32,8 +36,11 @@ from ..reference import VerifyOutput
 
 _SRC = Path(__file__).resolve().parent
 _SOURCES = ("binding.cpp", "verify_greedy.cu", "verify_sample.cu", "kv_compact.cu")
-GREEDY_VARIANTS = {"naive": 0, "ballot": 1}
-KV_VARIANTS = {"naive": 0, "scan": 1}
+GREEDY_VARIANTS = {"naive": 0, "ballot": 1, "segment": 2}
+KV_VARIANTS = {"naive": 0, "scan": 1, "fused": 2}
+DEFAULT_GREEDY = "ballot"
+DEFAULT_ARGMAX = 3
+DEFAULT_KV = "fused"
 _ext = None
 
 
@@ -85,28 +92,36 @@ def _output(tokens: torch.Tensor, num_accepted: torch.Tensor, num_emitted: torch
 
 
 # ---- verification ------------------------------------------------------------------------
-def verify_greedy_cuda(batch, variant: str = "ballot") -> VerifyOutput:
+def verify_greedy_cuda(batch, variant: str = DEFAULT_GREEDY, argmax_version: int = DEFAULT_ARGMAX) -> VerifyOutput:
     """Greedy verification of a ``verify.VerifyBatch``: row argmax + acceptance scan.
 
-    variant: "ballot" (Opt A, warp per sequence, default) or "naive" (thread per sequence).
+    variant: "naive" (thread per sequence), "ballot" (Opt A, warp per sequence) or "segment"
+    (32 / next_pow2(max_k) sequences per warp). argmax_version: 2 or 3 (see verify_greedy.cu).
     """
     if variant not in GREEDY_VARIANTS:
         raise ValueError(f"variant must be one of {tuple(GREEDY_VARIANTS)}, got {variant!r}")
+    if argmax_version not in (2, 3):
+        raise ValueError(f"argmax_version must be 2 or 3, got {argmax_version!r}")
     ext = load()
     tokens, num_accepted, num_emitted = ext.verify_greedy(
         batch.target_logits, batch.draft_tokens, batch.num_draft, batch.cu_num_draft,
-        batch.max_num_draft + 1, GREEDY_VARIANTS[variant],
+        batch.max_num_draft + 1, GREEDY_VARIANTS[variant], argmax_version,
     )
     return _output(tokens, num_accepted, num_emitted)
 
 
-def target_argmax_cuda(target_logits: torch.Tensor) -> torch.Tensor:
+def target_argmax_cuda(target_logits: torch.Tensor, version: int = DEFAULT_ARGMAX) -> torch.Tensor:
     """[R, V] float -> [R] int32 argmax (lowest index on ties), one block per row (no chunking)."""
-    _, idx = load().argmax_partial(target_logits, 1)
+    _, idx = load().argmax_partial(target_logits, 1, version)
     return idx
 
 
-def greedy_scan_cuda(target_argmax: torch.Tensor, batch, variant: str = "ballot") -> VerifyOutput:
+def target_argmax_partial_cuda(target_logits: torch.Tensor, version: int = DEFAULT_ARGMAX):
+    """(part_val, part_idx) [R * chunks] with the automatic vocabulary split (benchmarks, tests)."""
+    return load().argmax_partial(target_logits, 0, version)
+
+
+def greedy_scan_cuda(target_argmax: torch.Tensor, batch, variant: str = DEFAULT_GREEDY) -> VerifyOutput:
     """The acceptance scan alone, over a precomputed [R] int32 target argmax (benchmarks)."""
     tokens, num_accepted, num_emitted = load().greedy_scan(
         GREEDY_VARIANTS[variant], None, target_argmax, 1, batch.draft_tokens, batch.num_draft,
@@ -147,7 +162,7 @@ def _counts(num_rows: torch.Tensor, num_emitted: torch.Tensor, device) -> tuple[
 
 
 def compact_kv_cuda(
-    new_kv: torch.Tensor, num_rows: torch.Tensor, num_emitted: torch.Tensor, *, variant: str = "scan",
+    new_kv: torch.Tensor, num_rows: torch.Tensor, num_emitted: torch.Tensor, *, variant: str = DEFAULT_KV,
     check_values: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``kv.compact_kv`` on the GPU: (packed [R, ...], cu_num_emitted [B + 1] int32).
@@ -166,7 +181,7 @@ def compact_kv_cuda(
 
 def scatter_to_cache_cuda(
     cache: torch.Tensor, cache_lens: torch.Tensor, new_kv: torch.Tensor, num_rows: torch.Tensor,
-    num_emitted: torch.Tensor, *, variant: str = "scan", check_values: bool = True,
+    num_emitted: torch.Tensor, *, variant: str = DEFAULT_KV, check_values: bool = True,
 ) -> torch.Tensor:
     """``kv.scatter_to_cache`` on the GPU: writes cache in place, returns cache_lens + num_emitted.
 

@@ -9,8 +9,8 @@
 
 extern "C" {
 int vs_argmax_chunks(int rows, int vocab, int num_sms);
-cudaError_t vs_argmax_partial(const void* logits, int dtype, long long row_stride, int rows, int vocab, int chunks,
-                              float* part_val, int* part_idx, cudaStream_t stream);
+cudaError_t vs_argmax_partial(int version, const void* logits, int dtype, long long row_stride, int rows, int vocab,
+                              int chunks, float* part_val, int* part_idx, cudaStream_t stream);
 cudaError_t vs_greedy_scan(int variant, const float* part_val, const int* part_idx, int chunks,
                            const long long* draft_tokens, const int* num_draft, const int* cu_num_draft, int batch,
                            int width, int* tokens, int* num_accepted, int* num_emitted, cudaStream_t stream);
@@ -58,14 +58,14 @@ int num_sms(const at::Tensor& t) { return at::cuda::getDeviceProperties(t.device
 
 // ---- greedy ------------------------------------------------------------------------------
 // logits [R, V] (last dim contiguous) -> (part_val [R * chunks] f32, part_idx [R * chunks] i32)
-std::vector<at::Tensor> argmax_partial(const at::Tensor& logits, int64_t chunks) {
+std::vector<at::Tensor> argmax_partial(const at::Tensor& logits, int64_t chunks, int64_t version) {
     TORCH_CHECK(logits.is_cuda() && logits.dim() == 2 && logits.stride(1) == 1, "logits must be a CUDA [R, V] tensor with a contiguous last dim");
     const c10::cuda::CUDAGuard guard(logits.device());
     const int rows = logits.size(0), vocab = logits.size(1);
     if (chunks <= 0) chunks = vs_argmax_chunks(rows, vocab, num_sms(logits));
     auto part_val = at::empty({rows * chunks}, logits.options().dtype(at::kFloat));
     auto part_idx = at::empty({rows * chunks}, logits.options().dtype(at::kInt));
-    check_launch(vs_argmax_partial(logits.data_ptr(), dtype_code(logits, "logits"), logits.stride(0), rows, vocab,
+    check_launch(vs_argmax_partial((int)version, logits.data_ptr(), dtype_code(logits, "logits"), logits.stride(0), rows, vocab,
                                    (int)chunks, part_val.data_ptr<float>(), part_idx.data_ptr<int>(),
                                    at::cuda::getCurrentCUDAStream()),
                  "argmax");
@@ -102,8 +102,8 @@ std::vector<at::Tensor> greedy_scan(int64_t variant, const std::optional<at::Ten
 
 std::vector<at::Tensor> verify_greedy(const at::Tensor& logits, const at::Tensor& draft_tokens,
                                       const at::Tensor& num_draft, const at::Tensor& cu_num_draft, int64_t width,
-                                      int64_t variant) {
-    auto parts = argmax_partial(logits, 0);
+                                      int64_t variant, int64_t argmax_version) {
+    auto parts = argmax_partial(logits, 0, argmax_version);
     const int64_t chunks = parts[1].numel() / std::max<int64_t>(logits.size(0), 1);
     return greedy_scan(variant, parts[0], parts[1], std::max<int64_t>(chunks, 1), draft_tokens, num_draft,
                        cu_num_draft, width);
@@ -223,9 +223,9 @@ void kv_scatter(int64_t variant, at::Tensor cache, const at::Tensor& cache_lens,
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "verispec CUDA verification kernels (see verispec/cuda/*.cu)";
     m.def("argmax_partial", &argmax_partial, "row argmax partials over vocab chunks (chunks <= 0: auto)");
-    m.def("greedy_scan", &greedy_scan, "greedy acceptance scan (variant 0 naive, 1 ballot)");
+    m.def("greedy_scan", &greedy_scan, "greedy acceptance scan (variant 0 naive, 1 ballot, 2 segment)");
     m.def("verify_greedy", &verify_greedy, "argmax + acceptance scan");
     m.def("verify_sample", &verify_sample, "rejection-sampling verification");
-    m.def("kv_compact", &kv_compact, "pack kept KV rows (variant 0 naive, 1 scan)");
-    m.def("kv_scatter", &kv_scatter, "write kept KV rows into a static cache (variant 0 naive, 1 scan)");
+    m.def("kv_compact", &kv_compact, "pack kept KV rows (variant 0 naive, 1 scan, 2 fused)");
+    m.def("kv_scatter", &kv_scatter, "write kept KV rows into a static cache (variant 0 naive, 1 scan, 2 fused)");
 }

@@ -27,9 +27,17 @@ __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 
 // Calls f(value, index) for each element i in [0, n) of row (index relative to row) that this
 // thread owns, with 16-byte loads for the aligned body. UNROLL vector loads are issued before
-// any is used, so several are in flight per thread.
+// any is used, so several are in flight per thread. Each thread sees its indices in increasing
+// order (head, then body, then tail), which lets a per-thread argmax use a strict '>'.
+// STREAM: evict-first loads (__ldcs) for data read exactly once, instead of __ldg.
 //   e.g. bf16, row at an address = 4 (mod 16): head = 6 scalar elements, then 8 per uint4.
-template <typename T, int UNROLL, typename F>
+template <bool STREAM>
+__device__ __forceinline__ uint4 load16(const uint4* p) {
+    if constexpr (STREAM) return __ldcs(p);
+    else return __ldg(p);
+}
+
+template <typename T, int UNROLL, bool STREAM = false, typename F>
 __device__ __forceinline__ void for_each_element(const T* __restrict__ row, int n, F f) {
     constexpr int PER_VEC = 16 / sizeof(T);
     const int bd = blockDim.x, tid = threadIdx.x;
@@ -43,7 +51,7 @@ __device__ __forceinline__ void for_each_element(const T* __restrict__ row, int 
     for (; j + (UNROLL - 1) * bd < nvec; j += UNROLL * bd) {
         uint4 v[UNROLL];
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) v[u] = __ldg(vrow + j + u * bd);
+        for (int u = 0; u < UNROLL; ++u) v[u] = load16<STREAM>(vrow + j + u * bd);
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const T* e = reinterpret_cast<const T*>(&v[u]);
@@ -53,7 +61,7 @@ __device__ __forceinline__ void for_each_element(const T* __restrict__ row, int 
         }
     }
     for (; j < nvec; j += bd) {
-        uint4 v = __ldg(vrow + j);
+        uint4 v = load16<STREAM>(vrow + j);
         const T* e = reinterpret_cast<const T*>(&v);
         const int base = head + j * PER_VEC;
 #pragma unroll
@@ -78,6 +86,12 @@ __device__ __forceinline__ bool argmax_better(float v, int i, const ArgMax& a) {
 
 __device__ __forceinline__ void argmax_update(ArgMax& a, float v, int i) {
     if (argmax_better(v, i, a)) { a.val = v; a.idx = i; }
+}
+
+// For a thread that sees its indices in increasing order: the first maximum is kept by '>'
+// (the idx test takes the first element when all are -inf, as torch.argmax returns 0).
+__device__ __forceinline__ void argmax_update_ordered(ArgMax& a, float v, int i) {
+    if (v > a.val || a.idx == 0x7fffffff) { a.val = v; a.idx = i; }
 }
 
 __device__ __forceinline__ ArgMax warp_argmax(ArgMax a) {

@@ -21,6 +21,11 @@
 //       addresses or the size are not 16-byte aligned), consecutive threads on consecutive
 //       vectors: coalesced reads and writes. Two launches, no host sync (the output capacity
 //       is R rows, known on the host).
+//   v3 (Opt B, fused) kv_fused_kernel: ONE launch. Block (b, c) computes its own exclusive
+//       prefix sums by a block reduction over num_rows[0:b] and num_emitted[0:b] (b ints each,
+//       L2-resident: O(B^2) reads in all but spread over B blocks, a few hundred ns each for
+//       B <= a few thousand), then copies like v2. Saves v2's second launch and the
+//       dependency between the two, which is most of the time at small B.
 #include "common.cuh"
 
 // ---------------------------------------------------------------------------------------
@@ -153,8 +158,62 @@ kv_copy_kernel(const unsigned char* __restrict__ new_kv, long long row_bytes, co
     else copy_words<unsigned char>(src, dst, nbytes);
 }
 
+// v3 (Opt B, fused): grid = (B, blocks_per_seq); each block finds its own offsets.
+__device__ __forceinline__ void block_sum2(long long& x, long long& y) {
+    __shared__ long long s_x[32], s_y[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        x += __shfl_down_sync(VS_FULL_MASK, x, off);
+        y += __shfl_down_sync(VS_FULL_MASK, y, off);
+    }
+    if (lane == 0) { s_x[warp] = x; s_y[warp] = y; }
+    __syncthreads();
+    x = lane < nwarps ? s_x[lane] : 0;
+    y = lane < nwarps ? s_y[lane] : 0;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        x += __shfl_down_sync(VS_FULL_MASK, x, off);
+        y += __shfl_down_sync(VS_FULL_MASK, y, off);
+    }
+    x = __shfl_sync(VS_FULL_MASK, x, 0);
+    y = __shfl_sync(VS_FULL_MASK, y, 0);
+}
+
+__global__ void __launch_bounds__(KV_COPY_THREADS)
+kv_fused_kernel(const unsigned char* __restrict__ new_kv, long long row_bytes, const int* __restrict__ num_rows,
+                const int* __restrict__ num_emitted, int to_cache, unsigned char* __restrict__ dst_base,
+                const long long* __restrict__ cache_lens, long long cache_seq_len, int* __restrict__ cu_num_emitted) {
+    const int b = blockIdx.x;
+    long long src_row = 0, emit_before = 0;
+    for (int j = threadIdx.x; j < b; j += blockDim.x) {
+        const int rows = num_rows[j];
+        src_row += rows;
+        emit_before += min(max(num_emitted[j], 0), rows);
+    }
+    block_sum2(src_row, emit_before);
+    int n = min(max(num_emitted[b], 0), num_rows[b]);
+    long long dst_row = emit_before;
+    if (to_cache) {
+        const long long len = cache_lens[b];
+        dst_row = (long long)b * cache_seq_len + len;
+        n = (int)max(0LL, min((long long)n, cache_seq_len - len));
+    } else if (blockIdx.y == 0 && threadIdx.x == 0) {
+        if (b == 0) cu_num_emitted[0] = 0;
+        cu_num_emitted[b + 1] = (int)(emit_before + n);
+    }
+    const unsigned char* src = new_kv + src_row * row_bytes;
+    unsigned char* dst = dst_base + dst_row * row_bytes;
+    const long long nbytes = n * row_bytes;
+    const uintptr_t align = reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst) | (uintptr_t)nbytes;
+    if ((align & 15) == 0) copy_words<uint4>(src, dst, nbytes);
+    else if ((align & 7) == 0) copy_words<uint2>(src, dst, nbytes);
+    else if ((align & 3) == 0) copy_words<unsigned>(src, dst, nbytes);
+    else copy_words<unsigned char>(src, dst, nbytes);
+}
+
 // ---------------------------------------------------------------------------------------
-// Host launcher. variant 0 = naive (v1), 1 = scan (v2). to_cache = 0: dst is packed [R, row];
+// Host launcher. variant 0 = naive (v1), 1 = scan (v2), 2 = fused (v3). to_cache = 0: dst is packed [R, row];
 // 1: dst is the cache [B, cache_seq_len, row] and cache_lens [B] int64. cu_num_rows is
 // scratch [B + 1]; cu_num_emitted [B + 1] is written in packed mode (and by v2 always).
 extern "C" cudaError_t vs_kv_compact(int variant, const void* new_kv, long long rows_total, long long row_bytes,
@@ -169,10 +228,7 @@ extern "C" cudaError_t vs_kv_compact(int variant, const void* new_kv, long long 
             cache_lens, cache_seq_len, cu_num_emitted);
         return cudaGetLastError();
     }
-    if (variant != 1) return cudaErrorInvalidValue;
-    kv_scan_kernel<<<1, KV_SCAN_THREADS, 0, stream>>>(num_rows, num_emitted, batch, cu_num_rows, cu_num_emitted);
-    cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
+    if (variant != 1 && variant != 2) return cudaErrorInvalidValue;
     // Blocks per sequence from the average bytes per sequence (host-known: R rows in all), one
     // block per 32 KiB, at most 64; the grid-stride copy handles any per-sequence size.
     const long long avg_bytes = (rows_total * row_bytes + batch - 1) / batch;
@@ -180,6 +236,15 @@ extern "C" cudaError_t vs_kv_compact(int variant, const void* new_kv, long long 
     if (per_seq < 1) per_seq = 1;
     if (per_seq > 64) per_seq = 64;
     dim3 grid(batch, (unsigned)per_seq);
+    if (variant == 2) {
+        kv_fused_kernel<<<grid, KV_COPY_THREADS, 0, stream>>>((const unsigned char*)new_kv, row_bytes, num_rows,
+                                                              num_emitted, to_cache, (unsigned char*)dst, cache_lens,
+                                                              cache_seq_len, cu_num_emitted);
+        return cudaGetLastError();
+    }
+    kv_scan_kernel<<<1, KV_SCAN_THREADS, 0, stream>>>(num_rows, num_emitted, batch, cu_num_rows, cu_num_emitted);
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
     kv_copy_kernel<<<grid, KV_COPY_THREADS, 0, stream>>>((const unsigned char*)new_kv, row_bytes, num_rows,
                                                          num_emitted, cu_num_rows, cu_num_emitted, to_cache,
                                                          (unsigned char*)dst, cache_lens, cache_seq_len);

@@ -23,6 +23,9 @@
 //     v2 scan_ballot_kernel   (Opt A) one warp per sequence: lane i compares position i,
 //         __ballot_sync(mismatch) + __ffs gives the first mismatch in one step (32 positions a
 //         step, loop for k_b > 32); the output row is written by the lanes together.
+//     v3 scan_segment_kernel  one warp holds 32 / S sequences, S = next_pow2(max_k) lanes each
+//         (K = 8: 4 sequences per warp): the same ballot, each segment reading its own bits of
+//         the 32-bit mask. v2 leaves 32 - k_b lanes idle (24 of 32 at K = 8); v3 fills them.
 //
 // Host launchers are extern "C" on raw pointers so that this file compiles with plain nvcc;
 // binding.cpp wraps them for torch.
@@ -33,7 +36,7 @@
 // Writes part_val/part_idx[r * chunks + c] (idx is the absolute vocab id).
 #define ARGMAX_THREADS 256
 
-template <typename T>
+template <typename T, bool V3>
 __global__ void __launch_bounds__(ARGMAX_THREADS)
 argmax_partial_kernel(const T* __restrict__ logits,  // [R, V], row stride row_stride elements
                       long long row_stride, int vocab, int chunk_len, int chunks,
@@ -45,8 +48,12 @@ argmax_partial_kernel(const T* __restrict__ logits,  // [R, V], row stride row_s
     const int n = min(chunk_len, vocab - start);
     ArgMax a = argmax_identity();
     if (n > 0) {
-        for_each_element<T, 4>(logits + r * row_stride + start, n,
-                               [&](float v, int i) { argmax_update(a, v, start + i); });
+        const T* row = logits + r * row_stride + start;
+        if constexpr (V3) {
+            for_each_element<T, 8, true>(row, n, [&](float v, int i) { argmax_update_ordered(a, v, start + i); });
+        } else {
+            for_each_element<T, 4, false>(row, n, [&](float v, int i) { argmax_update(a, v, start + i); });
+        }
     }
     a = block_argmax(a);
     if (threadIdx.x == 0) {
@@ -128,6 +135,49 @@ scan_ballot_kernel(const float* __restrict__ part_val, const int* __restrict__ p
     }
 }
 
+// v3: segments of SEG lanes (a power of two <= 32), one sequence per segment.
+//   e.g. SEG = 8: lanes 0-7 -> sequence 4w, lanes 8-15 -> 4w + 1, ...; the ballot mask m holds
+//   every segment's mismatches, segment s reads (m >> 8s) & 0xff.
+__global__ void __launch_bounds__(128)
+scan_segment_kernel(const float* __restrict__ part_val, const int* __restrict__ part_idx, int chunks,
+                    const long long* __restrict__ draft_tokens, const int* __restrict__ num_draft,
+                    const int* __restrict__ cu_num_draft, int batch, int width, int seg,
+                    int* __restrict__ tokens, int* __restrict__ num_accepted, int* __restrict__ num_emitted) {
+    const int lane = threadIdx.x & 31;
+    const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int seg_lane = lane & (seg - 1);
+    const int seg_base = lane - seg_lane;
+    const unsigned seg_mask = seg == 32 ? VS_FULL_MASK : ((1u << seg) - 1u);
+    const int b = warp * (32 / seg) + lane / seg;
+    const bool valid = b < batch;  // NOT warp-uniform: every lane still takes part in the ballots
+    const int k = valid ? num_draft[b] : 0;
+    const int d0 = valid ? cu_num_draft[b] : 0, row0 = d0 + b;
+    int acc = k;
+    bool done = k == 0;
+    for (int base = 0; __any_sync(VS_FULL_MASK, !done); base += seg) {
+        const int i = base + seg_lane;
+        const bool mismatch =
+            !done && i < k && (int)draft_tokens[d0 + i] != row_argmax(part_val, part_idx, chunks, row0 + i);
+        const unsigned bits = (__ballot_sync(VS_FULL_MASK, mismatch) >> seg_base) & seg_mask;
+        if (!done) {
+            if (bits) { acc = base + __ffs(bits) - 1; done = true; }
+            else if (base + seg >= k) done = true;  // all k accepted
+        }
+    }
+    if (!valid) return;
+    int* out = tokens + (long long)b * width;
+    for (int j = seg_lane; j < width; j += seg) {
+        int t = -1;
+        if (j < acc) t = (int)draft_tokens[d0 + j];
+        else if (j == acc) t = row_argmax(part_val, part_idx, chunks, row0 + acc);
+        out[j] = t;
+    }
+    if (seg_lane == 0) {
+        num_accepted[b] = acc;
+        num_emitted[b] = acc + 1;
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Host launchers.
 
@@ -149,31 +199,34 @@ extern "C" int vs_argmax_chunk_len(int vocab, int chunks) {
     return (len + 63) / 64 * 64;
 }
 
-extern "C" cudaError_t vs_argmax_partial(const void* logits, int dtype, long long row_stride, int rows, int vocab,
-                                         int chunks, float* part_val, int* part_idx, cudaStream_t stream) {
+template <typename T>
+static void launch_argmax(int version, dim3 grid, const void* logits, long long row_stride, int vocab, int chunk_len,
+                          int chunks, float* part_val, int* part_idx, cudaStream_t stream) {
+    if (version == 3)
+        argmax_partial_kernel<T, true><<<grid, ARGMAX_THREADS, 0, stream>>>((const T*)logits, row_stride, vocab,
+                                                                            chunk_len, chunks, part_val, part_idx);
+    else
+        argmax_partial_kernel<T, false><<<grid, ARGMAX_THREADS, 0, stream>>>((const T*)logits, row_stride, vocab,
+                                                                             chunk_len, chunks, part_val, part_idx);
+}
+
+// version: 2 (seed 004's V2) or 3 (streaming loads, strict per-thread compare).
+extern "C" cudaError_t vs_argmax_partial(int version, const void* logits, int dtype, long long row_stride, int rows,
+                                         int vocab, int chunks, float* part_val, int* part_idx, cudaStream_t stream) {
     if (rows == 0) return cudaSuccess;
+    if (version != 2 && version != 3) return cudaErrorInvalidValue;
     const int chunk_len = vs_argmax_chunk_len(vocab, chunks);
     dim3 grid(rows, chunks);
     switch (dtype) {
-        case VS_F32:
-            argmax_partial_kernel<float><<<grid, ARGMAX_THREADS, 0, stream>>>(
-                (const float*)logits, row_stride, vocab, chunk_len, chunks, part_val, part_idx);
-            break;
-        case VS_BF16:
-            argmax_partial_kernel<__nv_bfloat16><<<grid, ARGMAX_THREADS, 0, stream>>>(
-                (const __nv_bfloat16*)logits, row_stride, vocab, chunk_len, chunks, part_val, part_idx);
-            break;
-        case VS_F16:
-            argmax_partial_kernel<__half><<<grid, ARGMAX_THREADS, 0, stream>>>(
-                (const __half*)logits, row_stride, vocab, chunk_len, chunks, part_val, part_idx);
-            break;
-        default:
-            return cudaErrorInvalidValue;
+        case VS_F32: launch_argmax<float>(version, grid, logits, row_stride, vocab, chunk_len, chunks, part_val, part_idx, stream); break;
+        case VS_BF16: launch_argmax<__nv_bfloat16>(version, grid, logits, row_stride, vocab, chunk_len, chunks, part_val, part_idx, stream); break;
+        case VS_F16: launch_argmax<__half>(version, grid, logits, row_stride, vocab, chunk_len, chunks, part_val, part_idx, stream); break;
+        default: return cudaErrorInvalidValue;
     }
     return cudaGetLastError();
 }
 
-// variant: 0 = naive (v1), 1 = ballot (v2).
+// variant: 0 = naive (v1), 1 = ballot (v2), 2 = segment (v3; max_k = width - 1 sets the segment).
 extern "C" cudaError_t vs_greedy_scan(int variant, const float* part_val, const int* part_idx, int chunks,
                                       const long long* draft_tokens, const int* num_draft, const int* cu_num_draft,
                                       int batch, int width, int* tokens, int* num_accepted, int* num_emitted,
@@ -187,6 +240,13 @@ extern "C" cudaError_t vs_greedy_scan(int variant, const float* part_val, const 
     } else if (variant == 1) {
         scan_ballot_kernel<<<(batch + SCAN_WARPS - 1) / SCAN_WARPS, SCAN_WARPS * 32, 0, stream>>>(
             part_val, part_idx, chunks, draft_tokens, num_draft, cu_num_draft, batch, width, tokens, num_accepted,
+            num_emitted);
+    } else if (variant == 2) {
+        int seg = 1;
+        while (seg < width - 1 && seg < 32) seg <<= 1;
+        const int per_block = 4 * (32 / seg);  // 4 warps a block
+        scan_segment_kernel<<<(batch + per_block - 1) / per_block, 128, 0, stream>>>(
+            part_val, part_idx, chunks, draft_tokens, num_draft, cu_num_draft, batch, width, seg, tokens, num_accepted,
             num_emitted);
     } else {
         return cudaErrorInvalidValue;
