@@ -1,0 +1,51 @@
+"""The torch Philox equals an independent Python-integer Philox and Triton's tl.philox."""
+
+import random
+
+import torch
+import triton
+import triton.language as tl
+
+from verispec import rng
+
+M32 = 0xFFFFFFFF
+
+
+def python_philox(c, key, rounds=10):
+    c0, c1, c2, c3 = c
+    k0, k1 = key
+    for _ in range(rounds):
+        p0, p1 = 0xD2511F53 * c0, 0xCD9E8D57 * c2
+        c0, c1, c2, c3 = ((p1 >> 32) ^ c1 ^ k0) & M32, p1 & M32, ((p0 >> 32) ^ c3 ^ k1) & M32, p0 & M32
+        k0, k1 = (k0 + 0x9E3779B9) & M32, (k1 + 0xBB67AE85) & M32
+    return c0, c1, c2, c3
+
+
+def test_torch_philox_equals_python_integers():
+    r = random.Random(0)
+    for _ in range(200):
+        c = [r.getrandbits(32) for _ in range(4)]
+        seed = r.getrandbits(63)
+        got = rng.philox4x32(*(torch.tensor([v]) for v in c), seed)
+        assert [int(w) for w in got] == list(python_philox(c, (seed & M32, seed >> 32)))
+
+
+@triton.jit
+def _uniform_kernel(out_ptr, seed, offset, row, purpose, N: tl.constexpr):
+    col = tl.arange(0, N).to(tl.uint32)
+    zero = col * 0
+    x, _, _, _ = tl.philox(seed, col, zero + row, zero + offset, zero + purpose)
+    tl.store(out_ptr + tl.arange(0, N), ((x >> 9) * 2 + 1).to(tl.float32) * 5.9604644775390625e-08)
+
+
+def test_torch_uniform_equals_triton_philox():
+    for seed, offset, row, purpose in [(0, 0, 0, 0), (12345, 7, 3, 1), (2**40 + 77, 99, 1000, 1), (2**63 - 5, 2**31 - 1, 5, 0)]:
+        out = torch.empty(64)
+        _uniform_kernel[(1,)](out, seed, offset, row, purpose, N=64)
+        assert torch.equal(out, rng.uniform(seed, offset, row, torch.arange(64), purpose))
+
+
+def test_uniforms_are_open_interval_and_uniform():
+    u = rng.uniform(3, 0, torch.arange(200)[:, None], torch.arange(500)[None, :], rng.RACE)
+    assert float(u.min()) > 0 and float(u.max()) < 1
+    assert abs(float(u.mean()) - 0.5) < 0.005

@@ -1,0 +1,75 @@
+"""Bad input raises ValueError naming the argument: never a silent wrong token."""
+
+import pytest
+import torch
+
+from verispec import verify_greedy, verify_sample
+
+LOGITS = torch.randn(5, 8)   # B=2, num_draft=[2, 1] -> 3 drafts + 2 bonus rows
+DRAFTS = torch.tensor([1, 2, 3])
+NUM_DRAFT = [2, 1]
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(target_logits=LOGITS[0]), "target_logits must be a 2-D"),
+        (dict(target_logits=LOGITS.long()), "target_logits must be float"),
+        (dict(target_logits=LOGITS[:4]), "rows"),
+        (dict(draft_tokens=DRAFTS[None]), "draft_tokens must be a 1-D"),
+        (dict(draft_tokens=DRAFTS.float()), "draft_tokens must be an integer"),
+        (dict(draft_tokens=torch.tensor([1, 2, 8])), r"draft_tokens must be in \[0, V=8\)"),
+        (dict(draft_tokens=torch.tensor([1, -1, 2])), "draft_tokens must be in"),
+        (dict(num_draft=[3, 0]), None),  # sums match, valid
+        (dict(num_draft=[1, 1]), "num_draft sums to 2"),
+        (dict(num_draft=[4, -1]), "num_draft must be >= 0"),
+        (dict(num_draft=torch.tensor([[2, 1]])), "num_draft must be a non-empty 1-D"),
+        (dict(num_draft=[]), "num_draft must be a non-empty 1-D"),
+        (dict(target_logits=torch.where(torch.arange(8) == 3, float("nan"), LOGITS)), "NaN"),
+        (dict(target_logits=torch.where(torch.arange(8) == 3, float("inf"), LOGITS)), r"\+inf"),
+        (dict(max_num_draft=1), "max_num_draft"),
+    ],
+)
+@pytest.mark.parametrize("fn", [verify_greedy, verify_sample])
+def test_bad_shapes_and_values(fn, kwargs, match):
+    args = dict(target_logits=LOGITS, draft_tokens=DRAFTS, num_draft=NUM_DRAFT) | kwargs
+    if match is None:
+        fn(**args)
+        return
+    with pytest.raises(ValueError, match=match):
+        fn(**args)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(temperature=-0.5), "temperature"),
+        (dict(temperature=float("nan")), "temperature"),
+        (dict(temperature=torch.tensor([1.0, 1.0, 1.0])), "temperature must be a scalar or a"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(top_k=-1), "top_k"),
+        (dict(draft_probs=torch.rand(3, 7)), "draft vocab must equal the target vocab"),
+        (dict(draft_probs=torch.rand(2, 8)), r"\[sum\(num_draft\), V\]"),
+        (dict(draft_probs=torch.full((3, 8), 0.5)), "sum to 1"),
+        (dict(draft_probs=-torch.softmax(torch.randn(3, 8), 1)), "non-negative"),
+        (dict(draft_probs=torch.eye(8)[[0, 0, 0]]), "probability 0 to a drafted token"),
+        (dict(backend="tpu"), "backend must be one of"),
+    ],
+)
+def test_bad_sampling_arguments(kwargs, match):
+    args = dict(target_logits=LOGITS, draft_tokens=DRAFTS, num_draft=NUM_DRAFT) | kwargs
+    with pytest.raises(ValueError, match=match):
+        verify_sample(**args)
+
+
+def test_cuda_backend_on_cpu_tensors_is_a_clear_error():
+    with pytest.raises(ValueError, match="backend='cuda' needs CUDA tensors"):
+        verify_greedy(LOGITS, DRAFTS, NUM_DRAFT, backend="cuda")
+
+
+def test_minus_inf_logits_are_allowed_and_never_emitted():
+    logits = LOGITS.clone()
+    logits[:, 0] = float("-inf")
+    out = verify_sample(logits, torch.tensor([1, 2, 3]), NUM_DRAFT, seed=1)
+    assert (out.tokens[out.tokens >= 0] != 0).all()
