@@ -84,3 +84,27 @@ def test_smollm2_greedy_on_gpu_matches_transformers():
         out = ref.generate(torch.tensor([ids], device="cuda"), max_new_tokens=20, do_sample=False,
                            eos_token_id=2, pad_token_id=2)
     assert ours == out[0, len(ids):].tolist()[: len(ours)]
+
+
+def test_parity_vs_transformers_on_gpu_fp32(tmp_path):
+    """The CPU parity test's llama-3 RoPE case, on the GPU through CUDA graphs (fp32, 1e-4)."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(
+        vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, rope_parameters={
+            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            p.copy_(1.0 + 0.1 * torch.randn_like(p)) if "norm" in name else p.normal_(0.0, 0.1)
+    hf.save_pretrained(tmp_path)
+    m = load_model(tmp_path, device="cuda", dtype=torch.float32)
+    ids = torch.randint(0, 101, (1, 40), generator=torch.Generator().manual_seed(1)).cuda()
+    with torch.no_grad():
+        ref = hf.cuda()(ids).logits[0, 30:]
+    m.setup_cache(1, 64)
+    got = torch.cat([m.prefill([ids[0, :31].tolist()]), m.verify(ids[:, 31:36])[0]]
+                    + [m.decode(ids[:, t:t + 1])[0] for t in range(36, 40)])
+    assert ((got - ref).abs().max() / ref.abs().max()).item() <= 1e-4
