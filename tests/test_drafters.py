@@ -1,0 +1,104 @@
+"""Drafter units: prompt lookup's matching rules, the oracle's acceptance rate, compatibility checks."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from test_engine_fake import FakeModel, greedy_reference
+from verispec.drafters import DraftModel, OracleDraft, PromptLookup, SamplingParams, SelfSpeculative
+from verispec.engine import generate
+
+GREEDY1 = SamplingParams((0.0,), (0,), (1.0,), seed=0)
+
+
+def lookup(history, k, **kw):
+    d = PromptLookup(**kw)
+    d.begin(None, [history[:-1]], [history[-1]], GREEDY1, 0)
+    p = d.propose(k)
+    return p.draft_tokens[0, : p.num_draft[0]].tolist()
+
+
+def test_prompt_lookup_prefers_the_longest_ngram():
+    # tail (2, 3): the 2-gram matches at 5 -> [9]; the 1-gram (3) alone would match later at 8 -> [7]
+    assert lookup([1, 2, 3, 4, 5, 2, 3, 9, 3, 7, 2, 3], 1, max_ngram=2, min_ngram=1) == [9]
+
+
+def test_prompt_lookup_takes_the_most_recent_occurrence_and_caps_at_k():
+    h = [5, 6, 1, 1, 5, 6, 2, 2, 2, 5, 6]
+    assert lookup(h, 3, max_ngram=2, min_ngram=2) == [2, 2, 2]
+    assert lookup(h, 2, max_ngram=2, min_ngram=2) == [2, 2]
+    assert lookup(h, 3, max_ngram=2, min_ngram=2, num_pred_tokens=1) == [2]
+
+
+def test_prompt_lookup_continuation_can_run_into_the_tail():
+    assert lookup([5, 6, 7, 5, 6], 8, max_ngram=2, min_ngram=2) == [7, 5, 6]
+
+
+def test_prompt_lookup_no_match_means_no_drafts():
+    assert lookup([1, 2, 3, 4], 4, max_ngram=3, min_ngram=1) == []
+    assert lookup([1, 2, 3, 1], 4, max_ngram=3, min_ngram=2) == []       # 1-grams are off
+    assert lookup([1, 2, 3, 1], 4, max_ngram=3, min_ngram=1) == [2, 3, 1]
+    assert lookup([7], 4) == []
+
+
+def test_prompt_lookup_commit_and_keep():
+    d = PromptLookup(max_ngram=2, min_ngram=1)
+    d.begin(None, [[1, 2, 3], [4, 5]], [9, 4], SamplingParams((0.0,) * 2, (0,) * 2, (1.0,) * 2, 0), 0)
+    p = d.propose(2)
+    assert p.num_draft == [0, 2] and p.draft_tokens.shape == (2, 2) and p.draft_probs is None
+    d.commit([0, 0], [[1], [6]])              # h0 = 1 2 3 9 1, h1 = 4 5 4 6
+    d.keep([0])
+    p = d.propose(3)
+    assert p.num_draft == [3] and p.draft_tokens[0].tolist() == [2, 3, 9]
+
+
+def test_prompt_lookup_rejects_bad_ngrams():
+    with pytest.raises(ValueError, match="min_ngram"):
+        PromptLookup(max_ngram=1, min_ngram=2)
+    with pytest.raises(ValueError, match="num_pred_tokens"):
+        PromptLookup(num_pred_tokens=0)
+
+
+def test_draft_model_vocab_and_tokenizer_mismatch():
+    target = FakeModel(vocab_size=40)
+    with pytest.raises(ValueError, match=r"draft model vocab 48 != target vocab 40.*tokenizer"):
+        DraftModel(FakeModel(vocab_size=48)).attach(target)
+
+    class OtherTokenizer(type(target.tokenizer)):
+        def encode(self, text):
+            return [0] + super().encode(text)
+
+    other = FakeModel(vocab_size=40, tokenizer=OtherTokenizer(40))
+    with pytest.raises(ValueError, match="tokenizer"):
+        DraftModel(other).attach(target)
+
+
+def test_self_speculative_shares_weights():
+    target = FakeModel(num_layers=3)
+    d = SelfSpeculative(layers=2)
+    d.attach(target)
+    assert d.model.w is target.w and d.model.config.num_layers == 2
+    with pytest.raises(ValueError, match="1 <= layers < the target's 3"):
+        SelfSpeculative(layers=3).attach(target)
+
+
+@pytest.mark.parametrize("alpha", [0.3, 0.8])
+def test_oracle_acceptance_rate(alpha):
+    target = FakeModel(seed=0, eos_bias=-30.0)
+    prompts = [[1, 2, 3], [4, 5], [6]]
+    refs = [greedy_reference(target, p, 80) for p in prompts]
+    k = 4
+    out = generate(target, prompts, drafter=OracleDraft(refs, alpha, seed=1), k=k, max_new_tokens=80)
+    assert [g.tokens for g in out] == refs
+    accepted = sum(g.stats.accepted for g in out)
+    rounds = sum(g.stats.rounds for g in out)
+    expected = sum(alpha**i for i in range(1, k + 1))          # E[accepted per round]
+    assert abs(accepted / rounds - expected) < 0.35 * expected + 0.1
+
+
+def test_oracle_rejects_mismatched_batches():
+    target = FakeModel(eos_bias=-30.0)
+    with pytest.raises(ValueError, match="2 continuations for 1 prompts"):
+        generate(target, [[1, 2]], drafter=OracleDraft([[1], [2]], 0.5), k=2, max_new_tokens=4)
+    with pytest.raises(ValueError, match="acceptance_rate"):
+        OracleDraft([[1]], 1.5)
