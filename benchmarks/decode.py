@@ -116,6 +116,17 @@ def matmul_only_ms(model, B: int, iters: int = 30) -> float:
     return time_calls(graph.replay, iters=iters) * 1e3
 
 
+def probe(model, B: int = 2, prompt_len: int = 64) -> torch.Tensor:
+    """Logits of a fixed prefill + verify(4) (graph path), to compare variants of the same weights."""
+    ids = torch.randint(0, model.config.vocab_size, (B, prompt_len + 4), generator=torch.Generator().manual_seed(5))
+    model.setup_cache(B, prompt_len + 16)
+    model.prefill(ids[:, :prompt_len].tolist())
+    out = model.verify(ids[:, prompt_len:].to(model.device)).float()
+    model.cache = None
+    model._graphs.clear()
+    return out
+
+
 def check_correctness(model, hf, B: int, prompt_len: int, log) -> None:
     """Graph path == eager path (same kernels), and our bf16 error vs an fp32 copy of the same weights is no
     worse than transformers' bf16 error (random weights give near-flat logits, so argmax agreement means little)."""
@@ -217,11 +228,19 @@ def bench_model(name, cfg, args, bw, log):
     del hf
     variants = {"off": ["eager"], "on": ["compiled"], "both": ["eager", "compiled"]}[args.compile]
     for variant in variants:
+        t = time.perf_counter()
         if variant == "compiled":
+            before = probe(model)
             model.net.compile()
-            log("  torch.compile'd layer functions (compiled during the first graph capture of each shape)")
+            try:
+                after = probe(model)
+                err = ((after - before).abs().max() / before.abs().max()).item()
+                log(f"  torch.compile'd layer functions: rel err vs eager {err:.1e} (probe incl. compile "
+                    f"{time.perf_counter() - t:.1f} s)")
+            except Exception as e:
+                log(f"  compiled probe FAILED: {type(e).__name__}: {e}")
+                continue
         try:
-            t = time.perf_counter()
             rows += bench_variant(name, cfg, model, variant, args, bw, log)
             log(f"  ({variant}: {time.perf_counter() - t:.1f} s including graph captures / compilation)")
         except Exception as e:  # keep the other variant's numbers if one fails (e.g. a compile error)
