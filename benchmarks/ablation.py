@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from verispec.kv import reference_compact_kv  # noqa: E402
 from verispec.reference import reference_verify_greedy  # noqa: E402
 from verispec.verify import _canonical  # noqa: E402
-from verispec.workloads import greedy_workload  # noqa: E402
+from verispec.workloads import greedy_workload, sampling_workload  # noqa: E402
 
 VOCAB = 128256
 BATCHES = [1, 4, 16, 32, 64, 256]
@@ -284,6 +284,46 @@ def run_kv(log) -> list[dict]:
     return results
 
 
+def run_sampling(log) -> list[dict]:
+    """verify_sample at T = 1 with draft_probs (K = 8, alpha = 0.6): cuda vs triton (not swept)."""
+    from verispec import cuda as vc
+
+    try:
+        from verispec.kernels.rejection import verify_sample_triton
+    except Exception:  # noqa: BLE001
+        verify_sample_triton = None
+    results = []
+    for bsz in [1, 16, 256]:
+        w = sampling_workload(bsz, 8, VOCAB, 0.6, dtype=torch.bfloat16, device="cuda", seed=bsz)
+        batch = _canonical(w.target_logits, w.draft_tokens, w.num_draft, 8, False)
+        batch.draft_probs = w.draft_probs
+        batch.temperature = torch.ones(bsz, device="cuda")
+        batch.top_k = torch.zeros(bsz, dtype=torch.int32, device="cuda")
+        batch.top_p = torch.ones(bsz, device="cuda")
+        batch.seed = torch.tensor([1234], device="cuda")
+        batch.offset = torch.tensor([0], device="cuda")
+        rows = batch.target_logits.shape[0]
+        row = {"b": bsz, "bytes": rows * VOCAB * 2}  # draft_probs: only q(x) and one recovered row are needed
+        outs = {}
+        for name, fn in {"cuda": vc.verify_sample_cuda, "triton": verify_sample_triton}.items():
+            if fn is None:
+                row[f"sample:{name}"] = None
+                continue
+            try:
+                outs[name] = fn(batch)
+                row[f"sample:{name}"], _ = time_graph([lambda fn=fn: fn(batch)], reps=20, inner=10)
+            except Exception as exc:  # noqa: BLE001
+                log(f"  sample {name} b={bsz}: FAILED {type(exc).__name__}: {exc}")
+                row[f"sample:{name}"] = None
+        if len(outs) == 2:
+            row["same_tokens"] = float((outs["cuda"].tokens == outs["triton"].tokens).all(dim=1).float().mean())
+        results.append(row)
+        log("  " + ", ".join(f"{key}={_fmt(v)}" for key, v in row.items()))
+        del w, batch, outs
+        torch.cuda.empty_cache()
+    return results
+
+
 # ---- report ----------------------------------------------------------------------------------
 def _fmt(v) -> str:
     if v is None:
@@ -297,7 +337,8 @@ def _us(v) -> str:
     return "n/a" if v is None else f"{v * 1e3:.1f}"
 
 
-def write_report(out_dir: Path, header: list[str], bw: float, greedy: list[dict], kv: list[dict], ncu_csv: Path | None):
+def write_report(out_dir: Path, header: list[str], bw: float, greedy: list[dict], kv: list[dict], ncu_csv: Path | None,
+                 sampling: list[dict] | None = None):
     lines = ["# Ablation: CUDA verification kernels (issue 4)", "", *header, "",
              f"Measured device-to-device copy: **{bw / 1e12:.2f} TB/s** (read + write bytes). "
              "Times are device microseconds per call (CUDA-graph replay, median); 'floor' = logits bytes / copy bandwidth.", ""]
@@ -335,6 +376,15 @@ def write_report(out_dir: Path, header: list[str], bw: float, greedy: list[dict]
         sp = r["kv:cuda-naive"] / r["kv:cuda-scan"] if r.get("kv:cuda-naive") and r.get("kv:cuda-scan") else None
         lines.append(f"| {r['rows']} | {r['alpha']} | {r['b']} | {r['kept_bytes'] / 1e6:.2f} | {floor:.1f} | "
                      + " | ".join(_us(r.get(f"kv:{n}")) for n in kvn) + f" | {'n/a' if sp is None else f'{sp:.1f}x'} |")
+    if sampling:
+        lines += ["", "## Rejection sampling (T = 1, draft_probs fp32, K = 8, α = 0.6; not part of the sweep), µs", "",
+                  "Floor: the bf16 logits read once (of draft_probs only q(x) and the recovered row's q are needed). 'same tokens': fraction of sequences where the two "
+                  "backends emit identical tokens (same Philox stream; differences are float near-ties).", "",
+                  "| b | floor | cuda | triton | same tokens |", "|---|---|---|---|---|"]
+        for r in sampling:
+            same = r.get("same_tokens")
+            lines.append(f"| {r['b']} | {r['bytes'] / bw * 1e6:.1f} | {_us(r.get('sample:cuda'))} | "
+                         f"{_us(r.get('sample:triton'))} | {'n/a' if same is None else f'{same:.3f}'} |")
     if ncu_csv is not None and ncu_csv.exists():
         try:
             table = ncu_table(ncu_csv)
@@ -498,7 +548,8 @@ def main() -> None:
     greedy = run_greedy(props.L2_cache_size, log)
     log(f"greedy sweep {time.time() - t0:.0f} s")
     kv = run_kv(log)
-    write_report(args.out, header, BW, greedy, kv, args.ncu_csv)
+    sampling = run_sampling(log)
+    write_report(args.out, header, BW, greedy, kv, args.ncu_csv, sampling)
     plot(args.out, greedy, kv)
     log(f"done in {time.time() - t0:.0f} s")
 

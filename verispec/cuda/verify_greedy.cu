@@ -63,12 +63,24 @@ argmax_partial_kernel(const T* __restrict__ logits,  // [R, V], row stride row_s
 }
 
 // The target argmax of row r from its chunk partials (chunks == 1: part_idx is the argmax and
-// part_val may be null).
+// part_val may be null). NOTE: the loads are issued 8 chunks at a time before any compare: a
+// plain loop makes `chunks` dependent L2 round trips (32 at V = 128k, B = 1: ~4 us measured).
 __device__ __forceinline__ int row_argmax(const float* __restrict__ part_val, const int* __restrict__ part_idx,
                                           int chunks, int r) {
     if (chunks == 1) return part_idx[r];
+    const float* pv = part_val + (long long)r * chunks;
+    const int* pi = part_idx + (long long)r * chunks;
     ArgMax a = argmax_identity();
-    for (int c = 0; c < chunks; ++c) argmax_update(a, part_val[(long long)r * chunks + c], part_idx[(long long)r * chunks + c]);
+    int c = 0;
+    for (; c + 8 <= chunks; c += 8) {
+        float v[8];
+        int ix[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) { v[u] = pv[c + u]; ix[u] = pi[c + u]; }
+#pragma unroll
+        for (int u = 0; u < 8; ++u) argmax_update(a, v[u], ix[u]);
+    }
+    for (; c < chunks; ++c) argmax_update(a, pv[c], pi[c]);
     return a.idx;
 }
 

@@ -61,12 +61,14 @@ row_stats_partial_kernel(const T* __restrict__ logits, long long row_stride, int
 
 __device__ __forceinline__ SoftmaxStats row_stats(const float* part_a, const float* part_s, int chunks, int r) {
     SoftmaxStats s{-INFINITY, 0.0f};
+#pragma unroll 8
     for (int c = 0; c < chunks; ++c) s = stats_merge(s, {part_a[(long long)r * chunks + c], part_s[(long long)r * chunks + c]});
     return s;
 }
 
 __device__ __forceinline__ int row_argmax_stats(const float* part_a, const int* part_idx, int chunks, int r) {
     ArgMax a = argmax_identity();
+#pragma unroll 8
     for (int c = 0; c < chunks; ++c) argmax_update(a, part_a[(long long)r * chunks + c], part_idx[(long long)r * chunks + c]);
     return a.idx;
 }
