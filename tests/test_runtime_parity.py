@@ -87,3 +87,16 @@ def test_hf_adapter_matches_transformers(tmp_path):
     one = torch.randint(0, 101, (1, 1), generator=g)
     torch.testing.assert_close(ad.decode(one), ours.decode(one), rtol=1e-4, atol=1e-4)
     assert ad.lengths.tolist() == ours.lengths.tolist() == [16]
+
+
+def test_hf_adapter_from_path(tmp_path):
+    hf = make_hf("qwen3-qknorm")
+    hf.save_pretrained(tmp_path)
+    ad = HFModel(tmp_path, device="cpu", dtype=torch.float32)
+    ad.setup_cache(1, 16)
+    ids = [3, 1, 4, 1, 5]
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0, -1]
+    torch.testing.assert_close(ad.prefill([ids])[0], ref, rtol=1e-4, atol=1e-5)
+    with pytest.raises(NotImplementedError, match="load_model"):
+        ad.truncated(1)

@@ -25,7 +25,13 @@ class HFModel:
 
             path = Path(model)
             device, dtype = default_device_dtype(device, dtype)
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+            if not (path / "config.json").exists():
+                raise FileNotFoundError(f"{path / 'config.json'} not found: HFModel needs a transformers checkpoint dir")
+            try:
+                model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+            except TypeError:  # transformers < 4.56 spells it torch_dtype
+                model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=dtype)
+            model = model.to(device)
             if tokenizer is None and (path / "tokenizer.json").exists():
                 import json
 
