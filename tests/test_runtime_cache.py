@@ -60,6 +60,16 @@ def test_rollback_then_redecode_reproduces_logits(model):
     torch.testing.assert_close(redo[0], first[0, 2:5], **TOL)
 
 
+def test_outputs_are_ordinary_tensors(model):
+    """Logits and lengths can be edited in place outside inference mode (no inference tensors leak out)."""
+    model.setup_cache(1, 16)
+    logits = model.prefill(prompts([3]))
+    logits.div_(2.0)
+    model.verify(rand_tokens(1, 2)).add_(1.0)
+    model.lengths.sub_(0)
+    assert not logits.is_inference() and not logits.requires_grad
+
+
 def test_rollback_never_grows(model):
     model.setup_cache(1, 16)
     model.prefill(prompts([4]))

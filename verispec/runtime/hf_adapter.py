@@ -66,7 +66,7 @@ class HFModel:
         self._cache = out.past_key_values
         return out.logits.to(self.dtype)
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def prefill(self, prompts: list[list[int]]) -> Tensor:
         B = self._valid.shape[0]
         if len(prompts) != B:
@@ -86,7 +86,7 @@ class HFModel:
         self._lengths = lens.clone()
         return logits[torch.arange(B, device=self.device), lens - 1]
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def verify(self, tokens: Tensor) -> Tensor:
         B, k = tokens.shape
         if int(self._lengths.max()) + k > self.max_seq_len:
@@ -99,7 +99,7 @@ class HFModel:
     def decode(self, tokens: Tensor) -> Tensor:
         return self.verify(tokens)
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def rollback(self, new_lengths: Tensor) -> None:
         new = torch.minimum(torch.as_tensor(new_lengths, device=self.device).long(), self._lengths)
         logical = self._valid.long().cumsum(1) - 1                       # [B, P]
@@ -111,7 +111,7 @@ class HFModel:
             self._cache.crop(keep_slots - self._valid.shape[1])  # negative = drop that many (4.x and 5.x)
             self._valid = self._valid[:, :keep_slots]
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def keep(self, batch_indices: Tensor) -> None:
         idx = torch.as_tensor(batch_indices, device=self.device).long()
         if hasattr(self._cache, "batch_select_indices"):

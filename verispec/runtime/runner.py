@@ -69,7 +69,7 @@ class Model:
         return self._need_cache().batch_size
 
     # ------------------------------------------------------------------------------- passes
-    @torch.inference_mode()
+    @torch.no_grad()
     def prefill(self, prompts: list[list[int]]) -> Tensor:
         """Fresh start: prompt b fills cache positions [0, len_b). Returns logits [B, V] at each last token."""
         cache = self._need_cache()
@@ -111,7 +111,7 @@ class Model:
             raise ValueError(f"cache full: a sequence has {cache.max_len_bound} tokens and {k} more would exceed "
                              f"max_seq_len {cache.max_seq_len}; keep() finished sequences out or setup_cache larger")
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def verify(self, tokens: Tensor) -> Tensor:
         """Score tokens [B, k] at positions lengths[b] + i in one pass; advance lengths by k. -> [B, k, V]."""
         cache = self._need_cache()
@@ -130,7 +130,7 @@ class Model:
             raise ValueError(f"decode takes tokens [B, 1], got {tuple(tokens.shape)}")
         return self.verify(tokens)
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def rollback(self, new_lengths: Tensor) -> None:
         """Set lengths (no copying). Entries past the new lengths are dead. Lengths can only shrink:
         new values are clamped to the current ones on the device (no sync)."""
@@ -140,7 +140,7 @@ class Model:
             raise ValueError(f"rollback: new_lengths must be [{cache.batch_size}], got {tuple(new.shape)}")
         torch.minimum(new, cache.lengths, out=cache.lengths)
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def keep(self, batch_indices: Tensor) -> None:
         """Compact the cache to sequences ``batch_indices`` (in that order); B becomes len(batch_indices)."""
         self._need_cache().keep(torch.as_tensor(batch_indices))
