@@ -1,0 +1,1 @@
+import os; os.environ.setdefault("TRITON_INTERPRET", "1")
