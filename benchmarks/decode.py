@@ -116,6 +116,33 @@ def matmul_only_ms(model, B: int, iters: int = 30) -> float:
     return time_calls(graph.replay, iters=iters) * 1e3
 
 
+def profile_decode(model, tokens, base, prompt_len: int, log, top: int = 12) -> None:
+    """Kernel-time breakdown of 5 decode passes (torch.profiler): where the time over the floor goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=acts) as prof:
+        for _ in range(5):
+            model.verify(tokens)
+        sync()
+    model.rollback(base)
+    model.cache.max_len_bound = prompt_len
+    cuda = torch.cuda.is_available()
+    evs = [e for e in prof.key_averages() if (e.device_type.name == "CUDA") == cuda] if cuda else prof.key_averages()
+    key = (lambda e: e.device_time_total) if cuda else (lambda e: e.self_cpu_time_total)  # noqa: E731
+    total = sum(key(e) for e in evs) or 1.0
+    groups = {"gemm": 0.0, "attention": 0.0, "other": 0.0}
+    for e in evs:
+        n = e.key.lower()
+        g = "attention" if any(w in n for w in ("attention", "fmha", "flash", "sdpa", "efficient")) else \
+            "gemm" if any(w in n for w in ("gemm", "gemv", "cutlass", "sm90", "matmul", "addmm", "mm")) else "other"
+        groups[g] += key(e)
+    log("  profile (5 passes): " + ", ".join(f"{g} {v / total:.0%}" for g, v in groups.items())
+        + f"; {sum(e.count for e in evs) // 5} kernels/pass")
+    for e in sorted(evs, key=key, reverse=True)[:top]:
+        log(f"    {key(e) / 5 / 1e3:8.3f} ms/pass  x{e.count // 5:4d}  {e.key[:90]}")
+
+
 def probe(model, B: int = 2, prompt_len: int = 64) -> torch.Tensor:
     """Logits of a fixed prefill + verify(4) (graph path), to compare variants of the same weights."""
     ids = torch.randint(0, model.config.vocab_size, (B, prompt_len + 4), generator=torch.Generator().manual_seed(5))
@@ -200,6 +227,8 @@ def bench_variant(name, cfg, model, variant, args, bw, log):
             model.cache.max_len_bound = args.prompt_len
             rows.append(dict(model=name, variant=variant, B=B, k=k, ms=times[k] * 1e3, capture_s=capture_s,
                              floor_ms=floor * 1e3, floor_kv_ms=floor_kv * 1e3))
+            if args.profile and k == 1 and B == min(args.batches):
+                profile_decode(model, tokens, base, args.prompt_len, log)
         t1 = times[min(args.ks)]
         if variant == "eager" and torch.cuda.is_available():
             try:
@@ -299,6 +328,7 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--hf-tokens", type=int, default=32, help="new tokens per transformers generate (0: skip)")
     p.add_argument("--compile", choices=["off", "on", "both"], default="off")
+    p.add_argument("--profile", action="store_true", help="kernel-time breakdown of decode at the smallest B")
     p.add_argument("--out", default=None, help="markdown path (GPU default: benchmarks/results/decode.md)")
     args = p.parse_args(argv)
     cuda = torch.cuda.is_available()

@@ -51,6 +51,12 @@ def model():
     return m
 
 
+def test_dtype_strings():
+    assert load_model(TINY, device="cpu", dtype="bf16").dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="unknown dtype 'int3'"):
+        load_model(TINY, device="cpu", dtype="int3")
+
+
 def test_no_cache_yet():
     with pytest.raises(RuntimeError, match="setup_cache"):
         load_model(TINY, device="cpu").prefill([[1]])

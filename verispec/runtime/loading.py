@@ -209,10 +209,18 @@ def random_net(cfg: ModelConfig, device, dtype, seed: int = 0, std: float = 0.02
 
 
 # ----------------------------------------------------------------------------------- entry point
+_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+           "half": torch.float16, "fp32": torch.float32, "float32": torch.float32, "float": torch.float32}
+
+
 def default_device_dtype(device=None, dtype=None) -> tuple[torch.device, torch.dtype]:
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     if dtype is None:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    elif isinstance(dtype, str):
+        if dtype.lower() not in _DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(_DTYPES)} or a torch.dtype")
+        dtype = _DTYPES[dtype.lower()]
     return device, dtype
 
 
