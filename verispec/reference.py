@@ -93,7 +93,8 @@ def reference_verify_sample(
     """Leviathan et al. rejection sampling, per sequence, with per-sequence T / top-k / top-p.
 
     For draft position i (target row r, draft token x, draft distribution q, filtered target p):
-        accept  iff  u_r * q(x) < p(x)          (u_r from the ACCEPT stream; == u < min(1, p/q))
+        accept  iff  u_r * q(x) < p(x)          (u_r from the ACCEPT stream; == u < min(1, p/q);
+                                                 the product is formed exactly, in float64)
         else emit a sample of norm(max(0, p - q)) and stop.
     If all k drafts are accepted, emit a sample of p from the bonus row.
     n-gram mode (draft_probs None): q is the point mass at x, so the accept test is u < p(x)
@@ -127,7 +128,9 @@ def reference_verify_sample(
     p_x = p_draft[torch.arange(num_drafts_total), drafts]
     q_x = q_draft[torch.arange(num_drafts_total), drafts]
     u = rng.uniform(seed, offset, draft_row, 0, rng.ACCEPT)
-    sampled_accept = u * q_x < p_x
+    # u * q(x) in float64 is exact (two 24-bit mantissas), so the test has one answer on
+    # every backend given the same float32 p(x) and q(x).
+    sampled_accept = u.double() * q_x.double() < p_x.double()
     greedy_accept = drafts == p_draft.argmax(dim=1)
     accept = torch.where(greedy_seq[seq_of_draft], greedy_accept, sampled_accept).tolist()
 
