@@ -128,6 +128,8 @@ class SpeculativeDecoder:
     def _encode(self, prompt, chat: bool) -> list[int]:
         tok = self.target.tokenizer
         if isinstance(prompt, str):
+            if tok is None:
+                raise ValueError("this model has no tokenizer (random weights?): pass the prompt as token ids")
             if chat:
                 ids = list(tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True))
             else:
@@ -192,6 +194,8 @@ class SpeculativeDecoder:
         stops = tuple([stop] if isinstance(stop, str) else (stop or ()))
         if any(not s for s in stops):
             raise ValueError("stop strings must be non-empty")
+        if stops and self.target.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; this model has none")
         # room for the prompt, the new tokens and one round of lookahead (certain token + K drafts)
         needed = max(len(p) for p in prompts) + max_new_tokens + self.k + 1
         if max_seq_len is None:
@@ -210,11 +214,14 @@ class SpeculativeDecoder:
         gens = [self._finish(s) for s in seqs]
         return gens if is_batch else gens[0]
 
+    def _eos(self) -> set[int]:
+        tok = self.target.tokenizer
+        return set(tok.eos_token_ids) if tok is not None else set()
+
     def _finish(self, seq: _Seq) -> Generation:
         tok = self.target.tokenizer
-        eos = set(tok.eos_token_ids)
         body = seq.generated[:-1] if seq.finish_reason == "eos" else seq.generated
-        text = tok.decode([t for t in body if t not in eos])
+        text = tok.decode(body) if tok is not None else ""
         if seq.text_cut is not None:
             text = text[: seq.text_cut]
         return Generation(seq.generated, text, seq.stats, seq.finish_reason or "length", seq.prompt)
@@ -259,7 +266,7 @@ class SpeculativeDecoder:
              on_tokens) -> None:
         target, drafter = self.target, self.drafter
         device = target.device
-        eos = set(target.tokenizer.eos_token_ids)
+        eos = self._eos()
         batch = len(seqs)
         t_start = self._now()
 

@@ -1,0 +1,102 @@
+"""The CLI: argument handling and the --compare report (on the fake runtime), one real smoke run."""
+from __future__ import annotations
+
+import pytest
+
+import verispec.cli as cli
+from test_engine_fake import FakeModel
+
+
+@pytest.fixture
+def fake_load(monkeypatch):
+    loaded = []
+
+    def load(source, device, dtype, what="model"):
+        if source == "nope":
+            cli._die(f"cannot load the {what} nope: 'nope' is neither an existing path nor a known shape name")
+        model = FakeModel(seed=0, eos_bias=-30.0) if source != "other-vocab" else FakeModel(vocab_size=41)
+        loaded.append((source, what))
+        return model
+
+    monkeypatch.setattr(cli, "_load", load)
+    return loaded
+
+
+def test_generate_compare_reports_both_speeds_and_identity(fake_load, capsys):
+    assert cli.main(["generate", "abc abc abc", "--draft-lookup", "--ngram-min", "1", "--compare",
+                     "--max-new-tokens", "12"]) == 0
+    out, err = capsys.readouterr()
+    assert "speculative" in err and "target-only" in err and "tok/s" in err
+    assert "outputs identical: yes" in err
+    assert "speedup:" in err
+
+
+def test_generate_with_draft_model_and_batch_file(fake_load, tmp_path, capsys):
+    batch = tmp_path / "prompts.txt"
+    batch.write_text("hello there\nabc abc\n")
+    assert cli.main(["generate", "--batch-file", str(batch), "--draft", "draft-name", "-k", "3",
+                     "--max-new-tokens", "6", "--compare"]) == 0
+    out, err = capsys.readouterr()
+    assert out.count("--- [") == 2 and "outputs identical: yes" in err
+    assert ("draft-name", "draft model") in fake_load
+
+
+def test_generate_self_speculative_sampling(fake_load, capsys):
+    assert cli.main(["generate", "abc", "--draft-self", "2", "--temperature", "0.8", "--top-k", "5",
+                     "--max-new-tokens", "6", "--compare", "-v"]) == 0
+    err = capsys.readouterr().err
+    assert "outputs identical" in err and "draft" in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["generate", "abc", "--draft-lookup", "-k", "0"], "-k must be >= 1"),
+    (["generate", "abc", "--model", "nope"], "neither an existing path nor a known shape name"),
+    (["generate", "abc", "--draft", "other-vocab"], "draft model vocab 41 != target vocab 40"),
+    (["generate", "abc", "--draft-self", "9"], "layers"),
+    (["generate", ""], "empty prompt"),
+    (["generate", "abc", "--top-p", "1.5", "--temperature", "1"], "top_p"),
+    (["generate"], "give a PROMPT"),
+])
+def test_bad_arguments_exit_with_a_clear_message(fake_load, capsys, argv, message):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_exclusive_drafters(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["generate", "abc", "--draft-lookup", "--draft-self", "2"])
+    assert "not allowed with" in capsys.readouterr().err
+
+
+def test_cuda_device_without_cuda(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    with pytest.raises(SystemExit):
+        cli.main(["generate", "abc", "--device", "cuda"])
+    assert "CUDA is not available" in capsys.readouterr().err
+
+
+def test_verify_demo(capsys):
+    pytest.importorskip("verispec.workloads")
+    assert cli.main(["verify-demo", "--batch-size", "4", "--num-draft", "3", "--vocab-size", "500"]) == 0
+    assert "matches the known answer: yes" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_real_model_compare_smoke(capsys):
+    """The embedded SmolLM2 through the whole CLI (loads the model: ~10 s)."""
+    from verispec.runtime.loading import embedded_gguf_path
+
+    try:
+        embedded_gguf_path()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    assert cli.main(["generate", "Repeat exactly: one two three four five six.", "--draft-lookup", "--compare",
+                     "--max-new-tokens", "16"]) == 0
+    out, err = capsys.readouterr()
+    assert "outputs identical: yes" in err
+    assert "one two three" in out.lower()
