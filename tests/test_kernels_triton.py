@@ -1,0 +1,316 @@
+"""Triton verification kernels vs the reference (CPU under TRITON_INTERPRET=1, or a CUDA GPU).
+
+The same tests run on a GPU when TRITON_INTERPRET=0 and CUDA is available; the GPU-only tests
+at the end add full-size vocabularies.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from verispec import kv
+from verispec.kernels.greedy import verify_greedy_triton
+from verispec.kernels.kv_compact import compact_kv_triton, scatter_to_cache_triton
+from verispec.kernels.rejection import verify_sample_triton
+from verispec.reference import reference_verify_greedy, reference_verify_sample
+from verispec.verify import _canonical, verify_sample
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _speed_up_interpreter() -> None:
+    """Two interpreter-only costs that change no result (about 2x faster tests on 2 CPUs):
+    - integer-overflow sanitizing of every add/mul (compiled kernels skip it unless debug=True);
+    - re-patching triton.language on every nested @jit call (tl.sum, tl.philox, ...): done once
+      per launch instead, as the patches are identical until the launch restores them.
+    """
+    import dataclasses
+    import inspect
+
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    builder = interpreter.interpreter_builder
+    builder.options = dataclasses.replace(builder.options, sanitize_overflow=False)
+    patch, restore, patched = interpreter._patch_lang, interpreter._LangPatchScope.restore, set()
+
+    def patch_once(fn):
+        langs = frozenset(id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core))
+        if langs in patched:
+            return interpreter._LangPatchScope()
+        patched.add(langs)
+        return patch(fn)
+
+    def restore_all(scope):
+        patched.clear()
+        restore(scope)
+
+    interpreter._patch_lang = patch_once
+    interpreter._LangPatchScope.restore = restore_all
+
+
+if INTERPRET:
+    try:
+        _speed_up_interpreter()
+    except (AttributeError, TypeError):  # another triton version: run at normal speed
+        pass
+DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
+needs_gpu = pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU (and TRITON_INTERPRET unset)")
+FEW = settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+# (block, num_splits): the default tiling, several tiles per program, several programs per row
+TILINGS = [(None, None), (16, None), (16, 3)]
+
+
+def _layout(num_draft: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """cu_num_draft and the first target row of each sequence, e.g. [2,0,3] -> [0,2,2,5], [0,3,4]."""
+    counts = torch.tensor(num_draft)
+    cu = torch.zeros(len(num_draft) + 1, dtype=torch.long)
+    cu[1:] = counts.cumsum(0)
+    return cu, cu[:-1] + torch.arange(len(num_draft))
+
+
+def _greedy_case(num_draft, vocab, dtype, ties, accept, gen):
+    rows = sum(num_draft) + len(num_draft)
+    if ties:  # few distinct values: many ties for the max, incl. -inf rows when vocab is small
+        logits = torch.randint(-2, 2, (rows, vocab), generator=gen).float()
+        logits[logits == -2] = float("-inf")
+    else:
+        logits = torch.randn(rows, vocab, generator=gen) * 3
+    logits = logits.to(dtype)
+    argmax = logits.float().argmax(-1)
+    cu, row0 = _layout(num_draft)
+    drafts = torch.randint(0, vocab, (sum(num_draft),), generator=gen)
+    for b, k in enumerate(num_draft):
+        for i in range(k):
+            if torch.rand((), generator=gen) < accept:
+                drafts[cu[b] + i] = argmax[row0[b] + i]
+    return logits, drafts
+
+
+@FEW
+@given(
+    num_draft=st.lists(st.integers(0, 8), min_size=1, max_size=6),
+    vocab=st.integers(2, 300),
+    dtype=st.sampled_from(DTYPES),
+    ties=st.booleans(),
+    tiling=st.sampled_from(TILINGS),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_greedy_matches_reference(num_draft, vocab, dtype, ties, tiling, seed):
+    gen = torch.Generator().manual_seed(seed)
+    logits, drafts = _greedy_case(num_draft, vocab, dtype, ties, 0.8, gen)
+    expected = reference_verify_greedy(logits, drafts, torch.tensor(num_draft), max(num_draft))
+    batch = _canonical(logits.to(DEVICE), drafts.to(DEVICE), torch.tensor(num_draft), None, True)
+    out = verify_greedy_triton(batch, block=tiling[0], num_splits=tiling[1])
+    assert torch.equal(out.tokens.cpu(), expected.tokens)
+    assert torch.equal(out.num_accepted.cpu(), expected.num_accepted)
+    assert torch.equal(out.num_emitted.cpu(), expected.num_accepted + 1)
+
+
+def test_greedy_ties_go_to_lowest_index():
+    logits = torch.full((3, 40), -1.0)
+    logits[0, [7, 3, 30]] = 5.0  # argmax 3
+    logits[1, [39, 20]] = 2.0  # argmax 20 (second split with num_splits=3, block=8)
+    logits[2] = float("-inf")  # all -inf: torch.argmax says 0
+    batch = _canonical(logits.to(DEVICE), torch.tensor([3, 20]).to(DEVICE), [2], None, True)
+    for block, splits in [(None, None), (8, None), (8, 3)]:
+        out = verify_greedy_triton(batch, block=block, num_splits=splits)
+        assert out.tokens.cpu().tolist() == [[3, 20, 0]]
+        assert out.num_accepted.cpu().tolist() == [2]
+
+
+def _sampling_case(num_draft, vocab, dtype, with_q, gen):
+    """Logits close to the drafts' q so that drafts are often accepted."""
+    rows = sum(num_draft) + len(num_draft)
+    n = sum(num_draft)
+    cu, row0 = _layout(num_draft)
+    draft_row = torch.cat([row0[b] + torch.arange(k) for b, k in enumerate(num_draft)]).long()
+    q_logits = torch.randn(rows, vocab, generator=gen) * 2
+    logits = (q_logits + 0.5 * torch.randn(rows, vocab, generator=gen)).to(dtype)
+    q = torch.softmax(q_logits[draft_row], -1)
+    drafts = torch.multinomial(q, 1, generator=gen).squeeze(1) if n else torch.zeros(0, dtype=torch.long)
+    return logits, drafts, (q if with_q else None)
+
+
+@FEW
+@given(
+    num_draft=st.lists(st.integers(0, 8), min_size=1, max_size=6),
+    vocab=st.integers(2, 300),
+    dtype=st.sampled_from(DTYPES),
+    with_q=st.booleans(),
+    params=st.lists(
+        st.tuples(
+            st.sampled_from([0.0, 0.6, 1.0, 1.7]), st.sampled_from([0, 1, 3, 50, 400]), st.sampled_from([1.0, 0.95, 0.5, 0.1])
+        ),
+        min_size=6,
+        max_size=6,
+    ),
+    tiling=st.sampled_from(TILINGS),
+    seed=st.integers(0, 2**31 - 1),
+    offset=st.integers(0, 2**40),
+)
+def test_sample_matches_reference(num_draft, vocab, dtype, with_q, params, tiling, seed, offset):
+    """Exact equality with the reference on the same stream.
+
+    Continuous random logits make every comparison that could flip by float rounding (accept
+    test, race keys, top-p cut) a near-tie of probability ~1e-7, so exact equality is required.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    logits, drafts, q = _sampling_case(num_draft, vocab, dtype, with_q, gen)
+    size = len(num_draft)
+    temperature = torch.tensor([p[0] for p in params[:size]])
+    top_k = torch.tensor([p[1] for p in params[:size]], dtype=torch.int32)
+    top_p = torch.tensor([p[2] for p in params[:size]])
+    args = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, offset=offset)
+    expected = verify_sample(logits, drafts, num_draft, q, backend="torch", **args)
+    # same validation path, then the kernel with the forced tiling
+    dev = lambda t: None if t is None else t.to(DEVICE)  # noqa: E731
+    batch = _canonical(logits.to(DEVICE), drafts.to(DEVICE), torch.tensor(num_draft), None, True)
+    batch.draft_probs = dev(q)
+    batch.temperature, batch.top_k, batch.top_p = dev(temperature), dev(top_k), dev(top_p.float())
+    batch.seed = torch.tensor([seed], device=DEVICE)
+    batch.offset = torch.tensor([offset], device=DEVICE)
+    out = verify_sample_triton(batch, block=tiling[0], num_splits=tiling[1], num_race_splits=tiling[1])
+    assert torch.equal(out.tokens.cpu(), expected.tokens)
+    assert torch.equal(out.num_accepted.cpu(), expected.num_accepted)
+    assert torch.equal(out.num_emitted.cpu(), expected.num_accepted + 1)
+
+
+def _chi2(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    expected = probs * counts.sum()
+    keep = expected > 0
+    assert counts[~keep].sum() == 0, "emitted a token of probability 0"
+    return float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())
+
+
+@pytest.mark.parametrize("with_q", [True, False])
+def test_first_token_distribution_is_target(with_q):
+    """Whatever the drafts, the first emitted token is distributed as the filtered target p.
+
+    One batched call: N identical sequences (k = 1), drafts drawn from q; each sequence has
+    its own target rows, hence its own Philox draws. chi^2 with 5 dof, 99.9% quantile 20.5.
+    N = 300 on the interpreter (~0.1 s per sequence), 50000 on a GPU.
+    """
+    size, vocab = (50000 if DEVICE == "cuda" else 300), 8
+    gen = torch.Generator().manual_seed(1)
+    target = torch.tensor([2.0, 1.0, 0.5, 0.0, -0.5, -1.0, 1.5, -3.0])
+    q_row = torch.softmax(torch.tensor([0.0, 2.0, 0.0, 1.0, 0.0, 0.5, -1.0, 0.0]), 0)
+    temperature, top_k = 0.8, 6  # p over 6 tokens: 7 (lowest) and 5 cut by top-k
+    probs = torch.softmax(target / temperature, 0)
+    probs[[5, 7]] = 0
+    probs /= probs.sum()
+    logits = target.repeat(2 * size, 1)
+    if with_q:
+        q = q_row.repeat(size, 1)
+        drafts = torch.multinomial(q, 1, generator=gen).squeeze(1)
+    else:
+        q, drafts = None, torch.full((size,), 1)
+    out = verify_sample(
+        logits.to(DEVICE), drafts.to(DEVICE), [1] * size, None if q is None else q.to(DEVICE),
+        temperature=temperature, top_k=top_k, seed=1234, offset=5, backend="triton",
+    )
+    first = out.tokens[:, 0].cpu().long()
+    assert _chi2(torch.bincount(first, minlength=vocab).float(), probs) < 20.5
+
+
+def test_sampling_is_reproducible_per_seed_and_offset():
+    gen = torch.Generator().manual_seed(3)
+    logits, drafts, q = _sampling_case([4, 2, 5, 0], 97, torch.float32, True, gen)
+    args = (logits.to(DEVICE), drafts.to(DEVICE), [4, 2, 5, 0], q.to(DEVICE))
+    runs = [verify_sample(*args, seed=s, offset=o, backend="triton").tokens.cpu() for s, o in [(9, 1), (9, 1), (9, 2), (10, 1)]]
+    assert torch.equal(runs[0], runs[1])
+    assert not torch.equal(runs[0], runs[2]) or not torch.equal(runs[0], runs[3])
+    seed_t = torch.tensor([9], device=DEVICE)  # device-tensor seed/offset give the same stream
+    again = verify_sample(*args, seed=seed_t, offset=torch.tensor([1], device=DEVICE), backend="triton")
+    assert torch.equal(again.tokens.cpu(), runs[0])
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    num_rows=st.lists(st.integers(1, 9), min_size=1, max_size=6),
+    trailing=st.sampled_from([(3,), (2, 8), (4, 5), (1,)]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16, torch.int8]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_kv_compaction_matches_reference(num_rows, trailing, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    rows = torch.tensor(num_rows, dtype=torch.int32)
+    emitted = (torch.rand(len(num_rows), generator=gen) * (rows + 1)).long().clamp(1).int()
+    emitted = torch.minimum(emitted, rows)
+    new_kv = (torch.randn(int(rows.sum()), *trailing, generator=gen) * 50).to(dtype)
+    expected = kv.reference_compact_kv(new_kv, rows, emitted)
+    packed, cu = compact_kv_triton(new_kv.to(DEVICE), rows.to(DEVICE), emitted.to(DEVICE))
+    assert torch.equal(packed[: expected.shape[0]].cpu(), expected)
+    assert torch.equal(cu.cpu(), kv.exclusive_cumsum(emitted))
+
+    max_len = 20
+    lens = (torch.rand(len(num_rows), generator=gen) * (max_len - 9)).long()
+    cache = (torch.randn(len(num_rows), max_len, *trailing, generator=gen) * 50).to(dtype)
+    want = cache.clone()
+    want_lens = kv.reference_scatter_to_cache(want, lens, expected, emitted)
+    got = cache.to(DEVICE)
+    got_lens = scatter_to_cache_triton(got, lens.to(DEVICE), new_kv.to(DEVICE), rows.to(DEVICE), emitted.to(DEVICE))
+    assert torch.equal(got.cpu(), want)  # kept rows written, everything else untouched
+    assert torch.equal(got_lens.cpu(), want_lens)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_greedy_full_vocab(dtype):
+    from verispec.workloads import greedy_workload
+
+    for size, k in [(1, 4), (8, [0, 3, 8, 1, 5, 2, 7, 4]), (64, 8)]:
+        w = greedy_workload(size, k, 128256, 0.7, dtype=dtype, device="cuda", seed=size)
+        batch = _canonical(w.target_logits, w.draft_tokens, w.num_draft, None, True)
+        out = verify_greedy_triton(batch)
+        ref = reference_verify_greedy(w.target_logits, w.draft_tokens, w.num_draft, batch.max_num_draft)
+        assert torch.equal(out.tokens, ref.tokens) and torch.equal(out.num_accepted, ref.num_accepted)
+
+
+@needs_gpu
+@pytest.mark.parametrize("with_q", [True, False])
+def test_gpu_sample_full_vocab(with_q):
+    """GPU exp/log differ from the CPU reference by ulps: a flip needs a near-tie (~1e-6)."""
+    gen = torch.Generator().manual_seed(0)
+    num_draft = [4, 0, 8, 3, 1, 6, 2, 5] * 4
+    logits, drafts, q = _sampling_case(num_draft, 128256, torch.bfloat16, with_q, gen)
+    size = len(num_draft)
+    temperature = torch.tensor([0.0, 0.7, 1.0, 1.3] * (size // 4))
+    top_k = torch.tensor([0, 0, 50, 0, 0, 1000, 0, 0] * (size // 8), dtype=torch.int32)
+    top_p = torch.tensor([1.0, 0.9, 1.0, 1.0, 0.8, 1.0, 1.0, 1.0] * (size // 8))
+    args = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=77, offset=3)
+    ref = verify_sample(logits, drafts, num_draft, q, backend="torch", **args)
+    cuda_q = None if q is None else q.cuda()
+    out = verify_sample(logits.cuda(), drafts.cuda(), num_draft, cuda_q, backend="triton", **args)
+    assert torch.equal(out.num_accepted.cpu(), ref.num_accepted)
+    assert torch.equal(out.tokens.cpu(), ref.tokens)
+
+
+@needs_gpu
+def test_gpu_sample_is_graph_capturable():
+    from verispec.workloads import sampling_workload
+
+    w = sampling_workload(4, 4, 32000, 0.6, dtype=torch.float32, device="cuda", seed=0)
+    seed = torch.tensor([5], device="cuda")
+    offset = torch.tensor([0], device="cuda")
+    call = lambda: verify_sample(  # noqa: E731
+        w.target_logits, w.draft_tokens, w.num_draft, w.draft_probs, seed=seed, offset=offset,
+        max_num_draft=4, backend="triton", check_values=False,
+    )
+    eager = call().tokens.clone()
+    call()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    graph.replay()
+    assert torch.equal(out.tokens, eager)
+    offset += 1
+    graph.replay()
+    other = call().tokens
+    assert torch.equal(out.tokens, other)
