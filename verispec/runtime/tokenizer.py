@@ -95,6 +95,13 @@ def tokenizer_from_hf_dir(path: Path, hf_config: dict) -> Tokenizer:
                      add_bos=add_bos)
 
 
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# llama.cpp's tokenizer.ggml.pre -> the Split regex of the model's own tokenizer.json
+_SPLIT_REGEX = {"llama-bpe": _LLAMA3_SPLIT, "llama3": _LLAMA3_SPLIT,
+                "qwen2": _LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")}
+
+
 def tokenizer_from_gguf(meta: dict) -> Tokenizer:
     """Byte-level BPE ("gpt2" GGUF tokenizer model) from GGUF metadata ``meta`` (field name -> value)."""
     from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
@@ -109,14 +116,17 @@ def tokenizer_from_gguf(meta: dict) -> Tokenizer:
     merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
     vocab = {t: i for i, t in enumerate(tokens)}
     tok = HFTok(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-    pre = [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
-    if meta.get("tokenizer.ggml.pre") in ("smollm", "starcoder", "refact", "qwen2", "llama-bpe", "llama3"):
-        # these pre-tokenizers split digits one by one (smollm/starcoder) or in groups of up to 3 (llama3/qwen2)
-        if meta.get("tokenizer.ggml.pre") in ("smollm", "starcoder", "refact"):
-            pre = [pre_tokenizers.Digits(individual_digits=True)] + pre
-        else:
-            pre = [pre_tokenizers.Split(Regex(r"\p{N}{1,3}"), behavior="isolated")] + pre
-    tok.pre_tokenizer = pre_tokenizers.Sequence(pre) if len(pre) > 1 else pre[0]
+    pre_type = meta.get("tokenizer.ggml.pre", "default")
+    if pre_type in _SPLIT_REGEX:   # the same Split + ByteLevel pair as these models' tokenizer.json
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(_SPLIT_REGEX[pre_type]), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    elif pre_type in ("smollm", "starcoder", "refact"):  # GPT-2 regex with one token per digit
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    else:  # "gpt2" / "default": GPT-2's regex; other llama.cpp pre-tokenizers are approximated by it
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     # CONTROL (3) and USER_DEFINED (4) tokens are matched whole in the text, like HF's added tokens
     # (the strings are already in the vocab, so their ids do not change)
