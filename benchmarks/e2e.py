@@ -1,0 +1,195 @@
+"""End-to-end speculative decoding benchmarks: speedup over verispec's own autoregressive decoding.
+
+    python benchmarks/e2e.py gpu [--quick]     random-weight llama-3.1-8b target + llama-3.2-1b OracleDraft,
+                                               alpha x K x B grid, with the analytical bound from measured times
+    python benchmarks/e2e.py cpu [--threads N] the embedded SmolLM2-135M + PromptLookup on echo-heavy and
+                                               free-form prompts, side by side with HF transformers generate()
+
+Method (both): every configuration runs once to warm up (CUDA graphs for every batch shape it will
+see; the oracle and greedy decoding are deterministic, so the timed run sees the same shapes) and
+once timed. Throughput = tokens generated after the first one / decode wall time (prefill excluded).
+The GPU warm-up run uses ``timing=True`` (a synchronize around each phase) to measure the draft step
+and verify pass times that feed ``verispec.analysis.speedup_from_times``; the timed run does not sync.
+Results go to stdout as markdown tables (paste into benchmarks/results/e2e*.md).
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+from datetime import datetime, timezone
+
+import torch
+
+from verispec.analysis import expected_tokens_per_round, speedup_from_times
+from verispec.drafters import OracleDraft, PromptLookup
+from verispec.engine import SpeculativeDecoder
+from verispec.runtime import load_model
+
+
+def _throughput(decoder: SpeculativeDecoder, batch: int) -> float:
+    s = decoder.last_stats
+    return (s.new_tokens - batch) / s.decode_s
+
+
+def _run(decoder, prompts, max_new, timing=False):
+    decoder.timing = timing
+    out = decoder.generate(prompts, max_new_tokens=max_new)
+    return out, decoder.last_stats
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+def gpu(args) -> None:
+    dev = torch.device(args.device)
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.machine()
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    print(f"# GPU end-to-end: {args.target} target, {args.draft} OracleDraft (random weights, bf16)\n")
+    print(f"{name}, torch {torch.__version__}, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; "
+          f"prompt {args.prompt_len} tokens, {args.max_new} new tokens per sequence, greedy\n", flush=True)
+    t0 = time.perf_counter()
+    target = load_model(args.target, device=dev, dtype=dtype, seed=0)
+    draft = load_model(args.draft, device=dev, dtype=dtype, seed=1)
+    print(f"(models built in {time.perf_counter() - t0:.0f}s)\n", flush=True)
+    gen = torch.Generator().manual_seed(0)
+    alphas = [float(a) for a in args.alphas.split(",")]
+    ks = [int(k) for k in args.ks.split(",")]
+    rows = []
+    header = ("| B | alpha | K | accepted/proposed | tok/round (E_SD) | tok/s | AR tok/s | speedup | bound | "
+              "draft step ms | verify ms | AR step ms |")
+    print(header)
+    print("|" + "---|" * 12, flush=True)
+    for batch in [int(b) for b in args.batches.split(",")]:
+        prompts = [torch.randint(0, target.config.vocab_size, (args.prompt_len,), generator=gen).tolist()
+                   for _ in range(batch)]
+        ar = SpeculativeDecoder(target, None)
+        _run(ar, prompts, args.max_new)                              # warm-up (graphs)
+        out, st = _run(ar, prompts, args.max_new, timing=True)
+        ar_step = st.verify_s / st.rounds
+        out, st = _run(ar, prompts, args.max_new)
+        ar_tps = _throughput(ar, batch)
+        refs = [g.tokens for g in out]
+        for alpha in alphas:
+            for k in ks:
+                if time.perf_counter() - t0 > args.budget_s:
+                    print(f"\n(time budget {args.budget_s}s reached: the rest of the grid was skipped)")
+                    return
+                dec = SpeculativeDecoder(target, OracleDraft(refs, alpha, cost_model=draft, seed=0), k=k)
+                out, st = _run(dec, prompts, args.max_new, timing=True)   # warm-up + phase times
+                exact = [g.tokens for g in out] == refs
+                draft_step = st.draft_s / (st.rounds * k)
+                verify = st.verify_s / st.rounds
+                _run(dec, prompts, args.max_new)
+                tps = _throughput(dec, batch)
+                bound = speedup_from_times(alpha, k, draft_step, verify, ar_step)
+                acc = st.accepted / st.proposed
+                row = (f"| {batch} | {alpha} | {k} | {acc:.2f} | {(st.new_tokens - batch) / st.rounds / batch:.2f} "
+                       f"(E={expected_tokens_per_round(alpha, k):.2f}) | {tps:.0f} | {ar_tps:.0f} | "
+                       f"**{tps / ar_tps:.2f}x** | {bound:.2f}x | {1e3 * draft_step:.2f} | {1e3 * verify:.2f} | "
+                       f"{1e3 * ar_step:.2f} |" + ("" if exact else " output differs from AR!"))
+                print(row, flush=True)
+                rows.append(row)
+    print(f"\n(total {time.perf_counter() - t0:.0f}s)")
+
+
+# ---------------------------------------------------------------------------------------------- CPU
+ECHO = [
+    "Repeat this text exactly: The committee met on Tuesday to review the budget. After a long discussion, "
+    "they agreed to postpone the vote until the next meeting, when the final figures will be available.",
+    "Fix the spelling mistakes and copy the rest unchanged: Teh quick brown fox jumpd over the lazy dog. "
+    "The dog did not notise, because it was sleeping in the warm afternoon sun next to the old barn.",
+    "Copy this list and add a period at the end of each line:\n- buy milk and eggs\n- call the plumber about "
+    "the kitchen sink\n- send the quarterly report to Maria\n- book the train tickets for Friday",
+    "Rewrite this Python function exactly, but rename the variable x to value:\n"
+    "def scale(x, factor):\n    if x is None:\n        return None\n    result = x * factor\n"
+    "    print('scaled', x, 'by', factor)\n    return result",
+    "Repeat the following sentence three times: Speculative decoding drafts several tokens and verifies "
+    "them in a single pass of the large model.",
+    "Translate nothing; just copy this paragraph exactly: Our store opens at nine in the morning and closes "
+    "at six in the evening. On Sundays we are closed. Please bring your receipt for any returns.",
+]
+FREE = [
+    "Write a short poem about the sea.",
+    "Give me three tips for learning a new language.",
+    "What is the capital of France, and why is it famous?",
+    "Explain in simple words how a rainbow forms.",
+]
+
+
+def cpu(args) -> None:
+    from verispec.runtime.loading import to_transformers
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = load_model(device="cpu", dtype=torch.float32)
+    tok = model.tokenizer
+    hf = to_transformers(model.net).eval()
+    print(f"# CPU end-to-end: SmolLM2-135M-Instruct (embedded GGUF, fp32), greedy, chat template\n")
+    print(f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, torch "
+          f"{torch.__version__}, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; max_new_tokens={args.max_new}, "
+          f"PromptLookup(max_ngram={args.ngram_max}, min_ngram={args.ngram_min}), k={args.k}; HF: "
+          f"generate(prompt_lookup_num_tokens={args.k}, max_matching_ngram_size={args.ngram_max})\n")
+    print("| set | prompt | tokens | AR tok/s | lookup tok/s | speedup | accept | tok/round | HF plain tok/s | "
+          "HF lookup tok/s | ours / HF lookup | identical |")
+    print("|" + "---|" * 12, flush=True)
+    ar = SpeculativeDecoder(model, None)
+    spec = SpeculativeDecoder(model, PromptLookup(max_ngram=args.ngram_max, min_ngram=args.ngram_min), k=args.k)
+    ar.generate([1, 2, 3], max_new_tokens=4)
+    for label, prompts in (("echo", ECHO), ("free", FREE)):
+        for i, text in enumerate(prompts):
+            ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+            a = ar.generate(ids, max_new_tokens=args.max_new)
+            s = spec.generate(ids, max_new_tokens=args.max_new)
+            n = len(a.tokens)
+            hf_plain, hf_plain_out = _hf_generate(hf, ids, n, None)
+            hf_look, hf_look_out = _hf_generate(hf, ids, n, args)
+            same = a.tokens == s.tokens
+            hf_same = hf_plain_out == a.tokens[: len(hf_plain_out)]
+            print(f"| {label} | {i} | {n} | {a.stats.tokens_per_s:.1f} | {s.stats.tokens_per_s:.1f} | "
+                  f"**{s.stats.tokens_per_s / a.stats.tokens_per_s:.2f}x** | {100 * s.stats.acceptance_rate:.0f}% | "
+                  f"{s.stats.tokens_per_round:.2f} | {hf_plain:.1f} | {hf_look:.1f} | "
+                  f"{s.stats.tokens_per_s / hf_look:.2f}x | {'yes' if same else 'NO'}"
+                  f"{'' if hf_same else ' (HF differs)'} |", flush=True)
+
+
+def _hf_generate(hf, ids, n, lookup_args):
+    """HF generate() for exactly n new tokens; tok/s over the decode phase (a 1-token run's time is subtracted)."""
+    x = torch.tensor([ids])
+    kw = dict(do_sample=False, pad_token_id=0)
+    if lookup_args is not None:
+        kw.update(prompt_lookup_num_tokens=lookup_args.k, max_matching_ngram_size=lookup_args.ngram_max)
+    with torch.inference_mode():
+        t = time.perf_counter()
+        hf.generate(x, max_new_tokens=1, min_new_tokens=1, **kw)
+        first = time.perf_counter() - t
+        t = time.perf_counter()
+        out = hf.generate(x, max_new_tokens=n, min_new_tokens=n, **kw)
+        total = time.perf_counter() - t
+    return (n - 1) / max(total - first, 1e-9), out[0, len(ids):].tolist()
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="mode", required=True)
+    g = sub.add_parser("gpu")
+    g.add_argument("--target", default="llama-3.1-8b")
+    g.add_argument("--draft", default="llama-3.2-1b")
+    g.add_argument("--alphas", default="0.5,0.7,0.9")
+    g.add_argument("--ks", default="2,4,6,8")
+    g.add_argument("--batches", default="1,8,32")
+    g.add_argument("--prompt-len", type=int, default=64)
+    g.add_argument("--max-new", type=int, default=128)
+    g.add_argument("--device", default="cuda")
+    g.add_argument("--budget-s", type=float, default=420.0, help="stop the grid after this many seconds")
+    c = sub.add_parser("cpu")
+    c.add_argument("--threads", type=int, default=None)
+    c.add_argument("--max-new", type=int, default=128)
+    c.add_argument("-k", type=int, default=6)
+    c.add_argument("--ngram-max", type=int, default=3)
+    c.add_argument("--ngram-min", type=int, default=2)
+    args = p.parse_args(argv)
+    gpu(args) if args.mode == "gpu" else cpu(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
