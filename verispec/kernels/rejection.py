@@ -4,18 +4,24 @@ Semantics: ``verispec.reference.reference_verify_sample`` (the oracle) with the 
 ``verispec.sampling`` and the random stream of ``verispec.rng``. Vocabulary: accepted drafts,
 then one recovered (first rejection) or bonus (all accepted) token.
 
-Per target row r of sequence b (temperature T, z = logits[r] / T) the kernels need only three
-numbers, never a materialized softmax:
-    M_r    max_v z_v
-    thr_r  the top-k / top-p cut as a value threshold on z (-inf when both are off)
-    Z_r    sum_{z_v >= thr_r} exp(z_v - M_r)            so p_v = [z_v >= thr_r] exp(z_v - M_r) / Z_r
+Per target row r of sequence b the kernels need only three numbers, never a materialized
+softmax. They work in base 2, y = logits[r] * (log2(e) / T), so that every exponential is one
+ex2 instruction (exp(z - M) = 2**(y - M2)):
+    M_r    max_v y_v
+    thr_r  the top-k / top-p cut as a value threshold on y (-inf when both are off)
+    Z_r    sum_{y_v >= thr_r} 2**(y_v - M_r)            so p_v = [y_v >= thr_r] 2**(y_v - M_r) / Z_r
+These equal the reference's float32 values up to rounding (a few ulps: y is a product, not the
+reference's quotient z = l / T, and the GPU's ex2 / lg2 are approximate), so a token can differ
+from the reference only where two candidates tie to within those ulps (see the tests).
 
 Three launches (two when one program per sequence already fills the GPU), all CUDA-graph
 capturable: seed / offset are read from device tensors, grids depend on host ints only.
 
   1. ``_row_stats_kernel``  grid (B, max_k + 1, S)
      Program (b, i, s) streams V-chunk s of row i of sequence b with an online max / sum-exp
-     (plus the argmax, for T = 0 rows) and writes one partial to [R, S] buffers. Rows with
+     (the argmax instead, for T = 0 rows) and writes one partial to [R, S] buffers. The max is
+     kept per group of G = 8 neighbouring elements, so there are 1 + 1/G exponentials per
+     element instead of 2. Rows with
      top-k / top-p are done whole by split 0: the cut is found without sorting, by a 16-way
      bisection over the float32 order (8 passes of 4 bits each, re-reading the row from L2),
      counting (top-k) or summing exp (top-p) above 16 candidate thresholds per pass.
@@ -45,6 +51,7 @@ from .greedy import default_block, device_programs, split_vocab
 _INT32_MAX = 2**31 - 1
 _KEY_NEG_INF = -2139095041  # order key of float32 -inf (see _key_to_float)
 _KEY_POS_INF = 2139095040  # order key of float32 +inf
+_LOG2E = 1.4426950408889634
 
 
 @triton.jit
@@ -71,10 +78,10 @@ def _key_to_float(key):
 
 
 @triton.jit
-def _bisect_cut(row_ptr, vocab, divisor, z_max, z_floor, goal, USE_MASS: tl.constexpr, BLOCK: tl.constexpr):
-    """Largest float32 t with f(t) >= goal, where over the row's z = logits / divisor
+def _bisect_cut(row_ptr, vocab, scale, z_max, z_floor, goal, USE_MASS: tl.constexpr, BLOCK: tl.constexpr):
+    """Largest float32 t with f(t) >= goal, where over the row's z = logits * scale
         f(t) = #{v : z_v >= t}                                   (USE_MASS False: top-k)
-        f(t) = sum over {v : z_v >= t, z_v >= z_floor} of exp(z_v - z_max)    (top-p)
+        f(t) = sum over {v : z_v >= t, z_v >= z_floor} of 2**(z_v - z_max)    (top-p)
     f falls as t rises, so the answer is a value of z (or -inf). Searched over the 2**32 float
     order keys, 4 bits per pass: pass j tests 16 candidates prefix + d * 2**(28 - 4j) at once.
     """
@@ -88,10 +95,10 @@ def _bisect_cut(row_ptr, vocab, divisor, z_max, z_floor, goal, USE_MASS: tl.cons
         acc = tl.zeros([16], tl.float32)
         for start in range(0, vocab, BLOCK):
             idx = start + offs
-            z = tl.load(row_ptr + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32) / divisor
+            z = tl.load(row_ptr + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32) * scale
             above = z[None, :] >= cut[:, None]  # [16, BLOCK]
             if USE_MASS:
-                e = tl.where(z >= z_floor, tl.exp(z - z_max), 0.0)
+                e = tl.where(z >= z_floor, tl.exp2(z - z_max), 0.0)
                 acc += tl.sum(tl.where(above, e[None, :], 0.0), axis=1)
             else:
                 acc += tl.sum(above.to(tl.float32), axis=1)
@@ -102,14 +109,14 @@ def _bisect_cut(row_ptr, vocab, divisor, z_max, z_floor, goal, USE_MASS: tl.cons
 
 
 @triton.jit
-def _sum_exp_above(row_ptr, vocab, divisor, z_max, cut, BLOCK: tl.constexpr):
-    """sum over {v : z_v >= cut} of exp(z_v - z_max)."""
+def _sum_exp_above(row_ptr, vocab, scale, z_max, cut, BLOCK: tl.constexpr):
+    """sum over {v : z_v >= cut} of 2**(z_v - z_max), z = logits * scale."""
     offs = tl.arange(0, BLOCK)
     acc = tl.zeros([BLOCK], tl.float32)
     for start in range(0, vocab, BLOCK):
         idx = start + offs
-        z = tl.load(row_ptr + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32) / divisor
-        acc += tl.where(z >= cut, tl.exp(z - z_max), 0.0)
+        z = tl.load(row_ptr + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32) * scale
+        acc += tl.where(z >= cut, tl.exp2(z - z_max), 0.0)
     return tl.sum(acc, axis=0)
 
 
@@ -130,6 +137,7 @@ def _row_stats_kernel(
     chunk,
     num_splits,
     BLOCK: tl.constexpr,
+    G: tl.constexpr,  # elements per group sharing one running max
 ):
     b = tl.program_id(0)
     pos = tl.program_id(1)
@@ -142,54 +150,68 @@ def _row_stats_kernel(
         top_k = tl.load(top_k_ptr + b)
         top_p = tl.load(top_p_ptr + b)
         sampled = temp > 0
-        divisor = tl.where(sampled, temp, 1.0)
+        scale = _LOG2E / tl.where(sampled, temp, 1.0)
         use_top_k = sampled & (top_k > 0) & (top_k < vocab)
         use_top_p = sampled & (top_p < 1.0)
         out = row * num_splits + split
         if use_top_k | use_top_p:
             # whole row in split 0; the other splits report an empty chunk
             if split == 0:
-                z_max = -float("inf")
                 offs = tl.arange(0, BLOCK)
                 run_max = tl.full([BLOCK], float("-inf"), tl.float32)
                 for start in range(0, vocab, BLOCK):
                     idx = start + offs
-                    z = tl.load(row_ptr + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32) / divisor
+                    z = tl.load(row_ptr + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32) * scale
                     run_max = tl.maximum(run_max, z)
                 z_max = tl.max(run_max, axis=0)
-                cut = -float("inf")
+                cut = tl.full([], float("-inf"), tl.float32)
                 if use_top_k:
-                    cut = _bisect_cut(row_ptr, vocab, divisor, z_max, cut, top_k.to(tl.float32), False, BLOCK)
+                    cut = _bisect_cut(row_ptr, vocab, scale, z_max, cut, top_k.to(tl.float32), False, BLOCK)
                 if use_top_p:
-                    kept_sum = _sum_exp_above(row_ptr, vocab, divisor, z_max, cut, BLOCK)
-                    cut = _bisect_cut(row_ptr, vocab, divisor, z_max, cut, top_p * kept_sum, True, BLOCK)
+                    kept_sum = _sum_exp_above(row_ptr, vocab, scale, z_max, cut, BLOCK)
+                    cut = _bisect_cut(row_ptr, vocab, scale, z_max, cut, top_p * kept_sum, True, BLOCK)
                 tl.store(part_max_ptr + out, z_max)
-                tl.store(part_sum_ptr + out, _sum_exp_above(row_ptr, vocab, divisor, z_max, cut, BLOCK))
+                tl.store(part_sum_ptr + out, _sum_exp_above(row_ptr, vocab, scale, z_max, cut, BLOCK))
                 tl.store(part_idx_ptr + out, 0)
                 tl.store(row_cut_ptr + row, cut)
             else:
                 tl.store(part_max_ptr + out, -float("inf"))
                 tl.store(part_sum_ptr + out, 0.0)
                 tl.store(part_idx_ptr + out, _INT32_MAX)
-        else:
+        elif sampled:
+            # online max / sum of 2**(y - max), the max kept per group of G neighbours
             start = split * chunk
-            offs = tl.arange(0, BLOCK)
-            run_max = tl.full([BLOCK], float("-inf"), tl.float32)
-            run_sum = tl.zeros([BLOCK], tl.float32)
-            run_idx = start + offs
+            offs = tl.arange(0, BLOCK // G)[:, None] * G + tl.arange(0, G)[None, :]  # [BLOCK / G, G]
+            run_max = tl.full([BLOCK // G], float("-inf"), tl.float32)
+            run_sum = tl.zeros([BLOCK // G], tl.float32)
             for t in range(0, chunk, BLOCK):
                 idx = start + t + offs
-                x = tl.load(row_ptr + idx, mask=idx < vocab, other=float("-inf"), eviction_policy="evict_last")
-                z = x.to(tl.float32) / divisor
-                run_idx = tl.where(z > run_max, idx, run_idx)
-                new_max = tl.maximum(run_max, z)
+                y = tl.load(row_ptr + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32) * scale
+                new_max = tl.maximum(run_max, tl.max(y, axis=1))
                 shift = tl.where(new_max == -float("inf"), 0.0, new_max)  # all -inf so far: keep 0
-                run_sum = run_sum * tl.exp(run_max - shift) + tl.exp(z - shift)
+                run_sum = run_sum * tl.exp2(run_max - shift) + tl.sum(tl.exp2(y - shift[:, None]), axis=1)
                 run_max = new_max
             z_max = tl.max(run_max, axis=0)
             shift = tl.where(z_max == -float("inf"), 0.0, z_max)
             tl.store(part_max_ptr + out, z_max)
-            tl.store(part_sum_ptr + out, tl.sum(run_sum * tl.exp(run_max - shift), axis=0))
+            tl.store(part_sum_ptr + out, tl.sum(run_sum * tl.exp2(run_max - shift), axis=0))
+            tl.store(part_idx_ptr + out, 0)
+            if split == 0:
+                tl.store(row_cut_ptr + row, -float("inf"))
+        else:
+            # T = 0: the argmax of the raw logits (lowest index on ties, as torch.argmax)
+            start = split * chunk
+            offs = tl.arange(0, BLOCK)
+            run_max = tl.full([BLOCK], float("-inf"), tl.float32)
+            run_idx = start + offs
+            for t in range(0, chunk, BLOCK):
+                idx = start + t + offs
+                x = tl.load(row_ptr + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32)
+                run_idx = tl.where(x > run_max, idx, run_idx)
+                run_max = tl.maximum(run_max, x)
+            z_max = tl.max(run_max, axis=0)
+            tl.store(part_max_ptr + out, z_max)
+            tl.store(part_sum_ptr + out, 1.0)
             tl.store(part_idx_ptr + out, tl.min(tl.where(run_max == z_max, run_idx, _INT32_MAX), axis=0))
             if split == 0:
                 tl.store(row_cut_ptr + row, -float("inf"))
@@ -241,7 +263,7 @@ def _accept_race_kernel(
     row0 = draft0 + b
     temp = tl.load(temperature_ptr + b)
     sampled = temp > 0
-    divisor = tl.where(sampled, temp, 1.0)
+    scale = _LOG2E / tl.where(sampled, temp, 1.0)
     seed = tl.load(seed_ptr)
     offset = tl.load(offset_ptr)
 
@@ -264,8 +286,8 @@ def _accept_race_kernel(
     is_draft = pos < k
     draft = tl.load(draft_tokens_ptr + draft0 + pos, mask=is_draft, other=0).to(tl.int32)
     z_x = tl.load(logits_ptr + rows.to(tl.int64) * stride_row + draft, mask=is_draft, other=0.0)
-    z_x = z_x.to(tl.float32) / divisor
-    p_x = tl.where(z_x >= row_cut, tl.exp(z_x - row_max) / row_sum, 0.0)
+    z_x = z_x.to(tl.float32) * scale
+    p_x = tl.where(z_x >= row_cut, tl.exp2(z_x - row_max) / row_sum, 0.0)
     if HAS_DRAFT_PROBS:
         q_ptrs = draft_probs_ptr + (draft0 + pos).to(tl.int64) * stride_q + draft
         q_x = tl.load(q_ptrs, mask=is_draft, other=1.0).to(tl.float32)
@@ -290,29 +312,41 @@ def _accept_race_kernel(
     best_idx = start + lane
     fall_key = tl.full([BLOCK], -1.0, tl.float32)
     fall_idx = start + lane
+    stop_ptr = logits_ptr + stop_row.to(tl.int64) * stride_row
+    inv_sum = 1.0 / stop_sum
     if sampled:
-        stop_ptr = logits_ptr + stop_row.to(tl.int64) * stride_row
         q_row_ptr = draft_probs_ptr + (draft0 + num_accepted).to(tl.int64) * stride_q
         for t in range(0, chunk, BLOCK):
             idx = start + t + lane
             in_row = idx < vocab
-            z = tl.load(stop_ptr + idx, mask=in_row, other=-float("inf")).to(tl.float32) / divisor
-            p = tl.where(z >= stop_cut, tl.exp(z - stop_max) / stop_sum, 0.0)
+            y = tl.load(stop_ptr + idx, mask=in_row, other=-float("inf")).to(tl.float32) * scale
+            p = tl.where(y >= stop_cut, tl.exp2(y - stop_max) * inv_sum, 0.0)
             if HAS_DRAFT_PROBS:
                 q = tl.load(q_row_ptr + idx, mask=in_row & is_recovery, other=0.0).to(tl.float32)
             else:
                 q = tl.where((idx == stop_draft) & is_recovery, 1.0, 0.0)
             exponential = -tl.log(_uniform(seed, offset, stop_row + tl.zeros_like(idx), idx, 1))  # rng.RACE
-            key = tl.where(in_row, tl.maximum(p - q, 0.0) / exponential, -1.0)
+            key = tl.where(in_row, tl.fdiv(tl.maximum(p - q, 0.0), exponential), -1.0)
             better = key > best_key
             best_key = tl.where(better, key, best_key)
             best_idx = tl.where(better, idx, best_idx)
-            key = tl.where(in_row, p / exponential, -1.0)
+    res_key, res_idx = _pick(best_key, best_idx, 0)
+    p_key = tl.full([], -1.0, tl.float32)
+    p_idx = tl.full([], _INT32_MAX, tl.int32)
+    if sampled & (res_key <= 0):
+        # rounding emptied the residual in this chunk: also race over p here (the reference
+        # falls back to p when the whole residual is empty; finalize decides)
+        for t in range(0, chunk, BLOCK):
+            idx = start + t + lane
+            in_row = idx < vocab
+            y = tl.load(stop_ptr + idx, mask=in_row, other=-float("inf")).to(tl.float32) * scale
+            p = tl.where(y >= stop_cut, tl.exp2(y - stop_max) * inv_sum, 0.0)
+            exponential = -tl.log(_uniform(seed, offset, stop_row + tl.zeros_like(idx), idx, 1))
+            key = tl.where(in_row, tl.fdiv(p, exponential), -1.0)
             better = key > fall_key
             fall_key = tl.where(better, key, fall_key)
             fall_idx = tl.where(better, idx, fall_idx)
-    res_key, res_idx = _pick(best_key, best_idx, 0)
-    p_key, p_idx = _pick(fall_key, fall_idx, 0)
+        p_key, p_idx = _pick(fall_key, fall_idx, 0)
     if FUSED:
         # p != q leaves mass in the residual; if rounding emptied it, sample p (as the reference)
         emitted = tl.where(sampled, tl.where(res_key > 0, res_idx, p_idx), stop_argmax)
@@ -393,7 +427,7 @@ def verify_sample_triton(
     _row_stats_kernel[(size, width, splits)](
         logits, batch.num_draft, batch.cu_num_draft, batch.temperature, batch.top_k, batch.top_p,
         part_max, part_sum, part_idx, row_cut, logits.stride(0), vocab, chunk, splits,
-        BLOCK=block, num_warps=8,
+        BLOCK=block, G=min(8, block), num_warps=8,
     )
     _accept_race_kernel[(size, race_splits)](
         logits, q, batch.draft_tokens, batch.num_draft, batch.cu_num_draft, batch.temperature,
