@@ -71,17 +71,10 @@ def _check(batch_size: int, vocab_size: int, acceptance_rate: float) -> None:
         raise ValueError(f"acceptance_rate must be in [0, 1], got {acceptance_rate}")
 
 
-def _row_layout(counts: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """For the ragged layout: per draft its target row, and per row whether it is a bonus row."""
-    batch = counts.shape[0]
-    num_rows = counts + 1
-    seq_of_row = torch.repeat_interleave(torch.arange(batch), num_rows)
-    cu_rows = torch.zeros(batch + 1, dtype=torch.int64)
-    cu_rows[1:] = torch.cumsum(num_rows, 0)
-    pos_in_seq = torch.arange(int(num_rows.sum())) - cu_rows[seq_of_row]
-    is_bonus = pos_in_seq == counts[seq_of_row]
-    draft_row = torch.nonzero(~is_bonus).squeeze(1)
-    return draft_row.to(device), seq_of_row.to(device), pos_in_seq.to(device)
+def _draft_rows(counts: torch.Tensor, device) -> torch.Tensor:
+    """Target row index of every draft in the ragged layout: draft j of sequence b -> row j + b."""
+    seq_of_draft = torch.repeat_interleave(torch.arange(counts.shape[0]), counts.long())
+    return (torch.arange(seq_of_draft.shape[0]) + seq_of_draft).to(device)
 
 
 def greedy_workload(
@@ -104,7 +97,7 @@ def greedy_workload(
     # A margin of 2 keeps the argmax unique after rounding to bf16/fp16.
     top = logits.max(dim=1).values + 2.0
     logits[torch.arange(num_rows, device=device), target_token] = top
-    draft_row, _, _ = _row_layout(counts, device)
+    draft_row = _draft_rows(counts, device)
     match = torch.rand(draft_row.shape[0], generator=gen, device=device) < acceptance_rate
     shift = torch.randint(1, vocab_size, draft_row.shape, generator=gen, device=device)
     wrong = (target_token[draft_row] + shift) % vocab_size
@@ -158,7 +151,7 @@ def sampling_workload(
     q_full = q_full / q_full.sum(dim=1, keepdim=True)
     r_full = torch.where(in_first, 0.0, weights_r)
     r_full = r_full / r_full.sum(dim=1, keepdim=True)
-    draft_row, _, _ = _row_layout(counts, device)
+    draft_row = _draft_rows(counts, device)
     if draft_probs:
         p = alpha * q_full + (1 - alpha) * r_full
         q = q_full[draft_row]
