@@ -52,6 +52,24 @@ def test_prompt_lookup_commit_and_keep():
     assert p.num_draft == [3] and p.draft_tokens[0].tolist() == [2, 3, 9]
 
 
+def test_prompt_lookup_adaptive_length():
+    d = PromptLookup(max_ngram=1, min_ngram=1)
+    d.begin(None, [[1, 2, 3, 4, 5, 6, 7, 8, 9, 1]], [2], GREEDY1, 0)     # tail (2) -> 3 4 5 ...
+    assert d.propose(4).num_draft == [4]
+    d.commit([1], [[3, 0]])                                              # 1 of 4 accepted: cap 2
+    d._hist[0].extend([1, 2])
+    assert d.propose(4).num_draft == [2]
+    d.commit([2], [[3, 4, 5]])                                           # all accepted: cap 4
+    d._hist[0].extend([1, 2])
+    assert d.propose(8).num_draft == [4]
+    fixed = PromptLookup(max_ngram=1, min_ngram=1, adaptive=False)
+    fixed.begin(None, [[1, 2, 3, 4, 5, 6, 7, 8, 9, 1]], [2], GREEDY1, 0)
+    fixed.propose(4)
+    fixed.commit([0], [[0]])
+    fixed._hist[0].extend([1, 2])
+    assert fixed.propose(4).num_draft == [3]          # only the history limits it (the cap would be 1)
+
+
 def test_prompt_lookup_rejects_bad_ngrams():
     with pytest.raises(ValueError, match="min_ngram"):
         PromptLookup(max_ngram=1, min_ngram=2)

@@ -110,9 +110,11 @@ class SpeculativeDecoder:
 
     ``timing=True`` synchronizes the device around each phase so that the per-phase times in
     ``Stats`` are exact on GPUs (CPU timings are always exact); it costs a little throughput.
+    ``verify_backend`` is passed to ``verify_greedy`` / ``verify_sample`` (None = fastest available).
     """
 
-    def __init__(self, target, drafter: Drafter | None = None, *, k: int = 4, timing: bool = False):
+    def __init__(self, target, drafter: Drafter | None = None, *, k: int = 4, timing: bool = False,
+                 verify_backend: str | None = None):
         if drafter is not None:
             if not isinstance(k, int) or k < 1:
                 raise ValueError(f"k must be an integer >= 1 (drafts per round), got {k!r}")
@@ -121,6 +123,7 @@ class SpeculativeDecoder:
         self.drafter = drafter
         self.k = k if drafter is not None else 0
         self.timing = timing
+        self.verify_backend = verify_backend
         self.last_stats: Stats | None = None   # the whole batch's counts of the last generate()
         self._debug_round_hook: Callable[["SpeculativeDecoder", list[_Seq]], None] | None = None  # tests
 
@@ -402,19 +405,20 @@ class SpeculativeDecoder:
         num_draft_t = torch.tensor(num_draft, dtype=torch.int32)
         # check_values=False: the inputs come from our own passes; the value checks would sync
         if sampling.all_greedy:
-            return verify_greedy(target_logits, draft_tokens, num_draft_t, max_num_draft=width, check_values=False)
+            return verify_greedy(target_logits, draft_tokens, num_draft_t, max_num_draft=width, check_values=False,
+                                 backend=self.verify_backend)
         device = target_logits.device
         return verify_sample(
             target_logits, draft_tokens, num_draft_t, draft_probs,
             temperature=torch.tensor(sampling.temperature, dtype=torch.float32).to(device),
             top_k=torch.tensor(sampling.top_k, dtype=torch.int32).to(device),
             top_p=torch.tensor(sampling.top_p, dtype=torch.float32).to(device),
-            seed=sampling.seed, offset=offset, max_num_draft=width, check_values=False)
+            seed=sampling.seed, offset=offset, max_num_draft=width, check_values=False, backend=self.verify_backend)
 
 
 def generate(target, prompt, *, drafter: Drafter | None = None, k: int = 4, max_new_tokens: int = 128,
              temperature=0.0, top_k=None, top_p=None, seed: int | None = None, stop=None, chat: bool = False,
-             max_seq_len: int | None = None, on_tokens=None, timing: bool = False):
+             max_seq_len: int | None = None, on_tokens=None, timing: bool = False, verify_backend: str | None = None):
     """One-call speculative generation; see ``SpeculativeDecoder.generate``.
 
     Example (the embedded SmolLM2; greedy output equals plain decoding's token for token)::
@@ -425,7 +429,7 @@ def generate(target, prompt, *, drafter: Drafter | None = None, k: int = 4, max_
         out = generate(model, "Repeat exactly: the cat sat on the mat.", drafter=PromptLookup(), k=8, chat=True)
         print(out.text, out.stats.summary())
     """
-    decoder = SpeculativeDecoder(target, drafter, k=k, timing=timing)
+    decoder = SpeculativeDecoder(target, drafter, k=k, timing=timing, verify_backend=verify_backend)
     return decoder.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                             top_p=top_p, seed=seed, stop=stop, chat=chat, max_seq_len=max_seq_len,
                             on_tokens=on_tokens)

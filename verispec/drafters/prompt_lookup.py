@@ -6,6 +6,11 @@ has at least one token after it. Appending token h[i] registers the n-grams endi
 (their continuation h[i] now exists), so a lookup of the tail never finds the tail itself.
 e.g. h = [5 6 7 5 6], n=2: tail (5, 6) -> start 0 -> drafts h[2:2+k] = [7, 5, 6][:k].
 No match -> 0 drafts: that sequence's round is a plain decode step (floor ~ the baseline).
+
+Adaptive length (``adaptive=True``): a verify pass costs more with more tokens (a lot more on CPUs,
+a little on GPUs), so each sequence proposes at most ``cap_b`` drafts: after a round that accepted
+a of its drafts, cap_b = a + 1 if some were rejected, else min(k, 2 * cap_b). A copy run grows the
+cap quickly; a junk match costs one wasted draft, not k.
 """
 from __future__ import annotations
 
@@ -40,30 +45,43 @@ class _History:
 
 
 class PromptLookup(Drafter):
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 2, num_pred_tokens: int | None = None):
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 2, num_pred_tokens: int | None = None,
+                 adaptive: bool = True):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"PromptLookup: need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         if num_pred_tokens is not None and num_pred_tokens < 1:
             raise ValueError(f"PromptLookup: num_pred_tokens must be >= 1, got {num_pred_tokens}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.num_pred_tokens = num_pred_tokens   # cap on drafts per round (None = the engine's k)
+        self.adaptive = adaptive
         self._hist: list[_History] = []
+        self._cap: list[int] = []                # adaptive per-sequence cap (see the module docstring)
+        self._last: list[int] = []               # drafts proposed to each sequence in the last round
 
     def begin(self, target, prompts, first_tokens, sampling, max_seq_len) -> None:
         self._hist = [_History(p + [t], self.min_ngram, self.max_ngram) for p, t in zip(prompts, first_tokens)]
+        self._cap = [1 << 30] * len(prompts)
+        self._last = [0] * len(prompts)
 
     def propose(self, k: int) -> Proposal:
         if self.num_pred_tokens is not None:
             k = min(k, self.num_pred_tokens)
-        drafts = [h.lookup(k, self.max_ngram, self.min_ngram) for h in self._hist]
+        caps = self._cap if self.adaptive else [k] * len(self._hist)
+        drafts = [h.lookup(min(k, cap), self.max_ngram, self.min_ngram) for h, cap in zip(self._hist, caps)]
         num_draft = [len(d) for d in drafts]
+        self._last = num_draft
         width = max(num_draft)
         padded = [d + [0] * (width - len(d)) for d in drafts]
         return Proposal(torch.tensor(padded, dtype=torch.long).reshape(len(drafts), width), num_draft, None)
 
     def commit(self, num_accepted, emitted) -> None:
-        for h, e in zip(self._hist, emitted):
+        for b, (h, e) in enumerate(zip(self._hist, emitted)):
             h.extend(e)
+            proposed, accepted = self._last[b], num_accepted[b]
+            if proposed:
+                self._cap[b] = min(2 * self._cap[b], 1 << 30) if accepted == proposed else accepted + 1
 
     def keep(self, batch_indices) -> None:
         self._hist = [self._hist[i] for i in batch_indices]
+        self._cap = [self._cap[i] for i in batch_indices]
+        self._last = [self._last[i] for i in batch_indices]
