@@ -196,7 +196,7 @@ def main():
     head = [
         "# verispec verification kernels: benchmark",
         "",
-        f"device: {props.name} ({props.multi_processor_count} SMs) · date: {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC · "
+        f"device: {props.name} ({props.multi_processor_count} SMs) · date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC · "
         f"torch {torch.__version__} · triton {triton.__version__}",
         f"measured device-to-device copy bandwidth: {bw:.0f} GB/s (read + write)",
         "",

@@ -28,7 +28,7 @@ import triton.language as tl
 
 from ..reference import VerifyOutput
 
-_INT32_MAX = 2**31 - 1
+_INT32_MAX = tl.constexpr(2**31 - 1)
 
 
 def device_programs(device: torch.device) -> int:
@@ -50,6 +50,11 @@ def split_vocab(vocab: int, num_rows: int, block: int, target_programs: int, num
     num_splits = max(1, min(num_splits, num_tiles))
     chunk = triton.cdiv(num_tiles, num_splits) * block
     return chunk, triton.cdiv(vocab, chunk)
+
+
+def small_block(n: int) -> int:
+    """A power of two >= n, at least 16: few compiled variants across K and split counts."""
+    return max(16, triton.next_power_of_2(n))
 
 
 def default_block(vocab: int, dtype: torch.dtype, device: torch.device) -> int:
@@ -152,6 +157,6 @@ def verify_greedy_triton(batch, *, block: int | None = None, num_splits: int | N
     _greedy_scan_kernel[(size,)](
         part_val, part_idx, batch.draft_tokens, batch.num_draft, batch.cu_num_draft,
         tokens, num_accepted, num_emitted, splits, width,
-        BLOCK_K=triton.next_power_of_2(width), BLOCK_S=triton.next_power_of_2(splits), num_warps=4,
+        BLOCK_K=small_block(width), BLOCK_S=small_block(splits), num_warps=4,
     )
     return VerifyOutput(tokens, num_accepted, num_emitted)

@@ -46,12 +46,12 @@ import triton.language as tl
 
 from .. import rng
 from ..reference import VerifyOutput
-from .greedy import default_block, device_programs, split_vocab
+from .greedy import default_block, device_programs, small_block, split_vocab
 
-_INT32_MAX = 2**31 - 1
-_KEY_NEG_INF = -2139095041  # order key of float32 -inf (see _key_to_float)
-_KEY_POS_INF = 2139095040  # order key of float32 +inf
-_LOG2E = 1.4426950408889634
+_INT32_MAX = tl.constexpr(2**31 - 1)
+_KEY_NEG_INF = tl.constexpr(-2139095041)  # order key of float32 -inf (see _key_to_float)
+_KEY_POS_INF = tl.constexpr(2139095040)  # order key of float32 +inf
+_LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
@@ -157,21 +157,9 @@ def _row_stats_kernel(
         if use_top_k | use_top_p:
             # whole row in split 0; the other splits report an empty chunk
             if split == 0:
-                offs = tl.arange(0, BLOCK)
-                run_max = tl.full([BLOCK], float("-inf"), tl.float32)
-                for start in range(0, vocab, BLOCK):
-                    idx = start + offs
-                    z = tl.load(row_ptr + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32) * scale
-                    run_max = tl.maximum(run_max, z)
-                z_max = tl.max(run_max, axis=0)
-                cut = tl.full([], float("-inf"), tl.float32)
-                if use_top_k:
-                    cut = _bisect_cut(row_ptr, vocab, scale, z_max, cut, top_k.to(tl.float32), False, BLOCK)
-                if use_top_p:
-                    kept_sum = _sum_exp_above(row_ptr, vocab, scale, z_max, cut, BLOCK)
-                    cut = _bisect_cut(row_ptr, vocab, scale, z_max, cut, top_p * kept_sum, True, BLOCK)
+                z_max, z_sum, cut = _filtered_stats(row_ptr, vocab, scale, top_k, top_p, use_top_k, use_top_p, BLOCK)
                 tl.store(part_max_ptr + out, z_max)
-                tl.store(part_sum_ptr + out, _sum_exp_above(row_ptr, vocab, scale, z_max, cut, BLOCK))
+                tl.store(part_sum_ptr + out, z_sum)
                 tl.store(part_idx_ptr + out, 0)
                 tl.store(row_cut_ptr + row, cut)
             else:
@@ -179,42 +167,72 @@ def _row_stats_kernel(
                 tl.store(part_sum_ptr + out, 0.0)
                 tl.store(part_idx_ptr + out, _INT32_MAX)
         elif sampled:
-            # online max / sum of 2**(y - max), the max kept per group of G neighbours
-            start = split * chunk
-            offs = tl.arange(0, BLOCK // G)[:, None] * G + tl.arange(0, G)[None, :]  # [BLOCK / G, G]
-            run_max = tl.full([BLOCK // G], float("-inf"), tl.float32)
-            run_sum = tl.zeros([BLOCK // G], tl.float32)
-            for t in range(0, chunk, BLOCK):
-                idx = start + t + offs
-                y = tl.load(row_ptr + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32) * scale
-                new_max = tl.maximum(run_max, tl.max(y, axis=1))
-                shift = tl.where(new_max == -float("inf"), 0.0, new_max)  # all -inf so far: keep 0
-                run_sum = run_sum * tl.exp2(run_max - shift) + tl.sum(tl.exp2(y - shift[:, None]), axis=1)
-                run_max = new_max
-            z_max = tl.max(run_max, axis=0)
-            shift = tl.where(z_max == -float("inf"), 0.0, z_max)
+            z_max, z_sum = _online_stats(row_ptr, vocab, scale, split * chunk, chunk, BLOCK, G)
             tl.store(part_max_ptr + out, z_max)
-            tl.store(part_sum_ptr + out, tl.sum(run_sum * tl.exp2(run_max - shift), axis=0))
+            tl.store(part_sum_ptr + out, z_sum)
             tl.store(part_idx_ptr + out, 0)
             if split == 0:
                 tl.store(row_cut_ptr + row, -float("inf"))
         else:
-            # T = 0: the argmax of the raw logits (lowest index on ties, as torch.argmax)
-            start = split * chunk
-            offs = tl.arange(0, BLOCK)
-            run_max = tl.full([BLOCK], float("-inf"), tl.float32)
-            run_idx = start + offs
-            for t in range(0, chunk, BLOCK):
-                idx = start + t + offs
-                x = tl.load(row_ptr + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32)
-                run_idx = tl.where(x > run_max, idx, run_idx)
-                run_max = tl.maximum(run_max, x)
-            z_max = tl.max(run_max, axis=0)
-            tl.store(part_max_ptr + out, z_max)
+            x_max, x_idx = _chunk_argmax(row_ptr, vocab, split * chunk, chunk, BLOCK)
+            tl.store(part_max_ptr + out, x_max)
             tl.store(part_sum_ptr + out, 1.0)
-            tl.store(part_idx_ptr + out, tl.min(tl.where(run_max == z_max, run_idx, _INT32_MAX), axis=0))
+            tl.store(part_idx_ptr + out, x_idx)
             if split == 0:
                 tl.store(row_cut_ptr + row, -float("inf"))
+
+
+@triton.jit
+def _filtered_stats(row_ptr, vocab, scale, top_k, top_p, use_top_k, use_top_p, BLOCK: tl.constexpr):
+    """(M, Z, cut) of a whole row with top-k and/or top-p, y = logits * scale."""
+    offs = tl.arange(0, BLOCK)
+    run_max = tl.full([BLOCK], float("-inf"), tl.float32)
+    for start in range(0, vocab, BLOCK):
+        idx = start + offs
+        y = tl.load(row_ptr + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32) * scale
+        run_max = tl.maximum(run_max, y)
+    z_max = tl.max(run_max, axis=0)
+    cut = tl.full([], float("-inf"), tl.float32)
+    if use_top_k:
+        cut = _bisect_cut(row_ptr, vocab, scale, z_max, cut, top_k.to(tl.float32), False, BLOCK)
+    if use_top_p:
+        kept_sum = _sum_exp_above(row_ptr, vocab, scale, z_max, cut, BLOCK)
+        cut = _bisect_cut(row_ptr, vocab, scale, z_max, cut, top_p * kept_sum, True, BLOCK)
+    return z_max, _sum_exp_above(row_ptr, vocab, scale, z_max, cut, BLOCK), cut
+
+
+@triton.jit
+def _online_stats(row_ptr, vocab, scale, start, chunk, BLOCK: tl.constexpr, G: tl.constexpr):
+    """(max, sum of 2**(y - max)) over one chunk, y = logits * scale; one running max per
+    group of G neighbours, so 1 + 1/G exponentials per element."""
+    offs = tl.arange(0, BLOCK // G)[:, None] * G + tl.arange(0, G)[None, :]  # [BLOCK / G, G]
+    run_max = tl.full([BLOCK // G], float("-inf"), tl.float32)
+    run_sum = tl.zeros([BLOCK // G], tl.float32)
+    for t in range(0, chunk, BLOCK):
+        idx = start + t + offs
+        y = tl.load(row_ptr + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32) * scale
+        new_max = tl.maximum(run_max, tl.max(y, axis=1))
+        shift = tl.where(new_max == -float("inf"), 0.0, new_max)  # all -inf so far: keep 0
+        run_sum = run_sum * tl.exp2(run_max - shift) + tl.sum(tl.exp2(y - shift[:, None]), axis=1)
+        run_max = new_max
+    z_max = tl.max(run_max, axis=0)
+    shift = tl.where(z_max == -float("inf"), 0.0, z_max)
+    return z_max, tl.sum(run_sum * tl.exp2(run_max - shift), axis=0)
+
+
+@triton.jit
+def _chunk_argmax(row_ptr, vocab, start, chunk, BLOCK: tl.constexpr):
+    """(max, lowest index attaining it) of the raw logits over one chunk (T = 0 rows)."""
+    offs = tl.arange(0, BLOCK)
+    run_max = tl.full([BLOCK], float("-inf"), tl.float32)
+    run_idx = start + offs
+    for t in range(0, chunk, BLOCK):
+        idx = start + t + offs
+        x = tl.load(row_ptr + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32)
+        run_idx = tl.where(x > run_max, idx, run_idx)
+        run_max = tl.maximum(run_max, x)
+    x_max = tl.max(run_max, axis=0)
+    return x_max, tl.min(tl.where(run_max == x_max, run_idx, _INT32_MAX), axis=0)
 
 
 @triton.jit
@@ -434,12 +452,12 @@ def verify_sample_triton(
         batch.seed, batch.offset, part_max, part_sum, part_idx, row_cut, race_key, race_idx,
         tokens, num_accepted, num_emitted, logits.stride(0), q.stride(0), splits, vocab,
         race_chunk, race_splits, width,
-        HAS_DRAFT_PROBS=has_q, FUSED=race_splits == 1, BLOCK_K=triton.next_power_of_2(width),
-        BLOCK_S=triton.next_power_of_2(splits), BLOCK=block, num_warps=8,
+        HAS_DRAFT_PROBS=has_q, FUSED=race_splits == 1, BLOCK_K=small_block(width),
+        BLOCK_S=small_block(splits), BLOCK=block, num_warps=8,
     )
     if race_splits > 1:
         _finalize_kernel[(size,)](
             race_key, race_idx, batch.temperature, num_accepted, tokens, race_splits, width,
-            BLOCK_S=triton.next_power_of_2(race_splits), num_warps=1,
+            BLOCK_S=small_block(race_splits), num_warps=1,
         )
     return VerifyOutput(tokens, num_accepted, num_emitted)
