@@ -2,7 +2,8 @@
 
 For each model shape (random bf16 weights) and batch size B:
   * verify(k) pass time for k = 1..8 (k = 1 is decode), median of CUDA-event timings of the public call
-    (graph replay + logits clone), eager+graphs and optionally torch.compile'd layers inside the graphs;
+    (graph replay + logits clone); variants: `kernels` (the Triton decode kernels, default on CUDA), `eager`
+    (the plain torch path) and `compiled` (torch path with torch.compile'd layer functions), all graphed;
   * the floor: bytes a pass must read (layer weights + final norm + LM head) / measured copy bandwidth
     (device-to-device copy, bytes read + written); also shown with the KV-cache bytes our static-cache
     attention reads (the full capacity S, not just the live lengths);
@@ -12,7 +13,7 @@ Correctness first: before timing, the graph path is checked against the eager pa
 transformers forward (bf16, relative error printed).
 
   python benchmarks/decode.py                      # GPU: full table -> benchmarks/results/decode.md
-  python benchmarks/decode.py --compile both       # + torch.compile'd layer functions
+  python benchmarks/decode.py --variants kernels,eager,compiled   # + the torch path, eager and compiled
   python benchmarks/decode.py                      # CPU: a tiny smoke run (no results file unless --out)
 """
 from __future__ import annotations
@@ -116,7 +117,7 @@ def matmul_only_ms(model, B: int, iters: int = 30) -> float:
     return time_calls(graph.replay, iters=iters) * 1e3
 
 
-def profile_decode(model, tokens, base, prompt_len: int, log, top: int = 12) -> None:
+def profile_decode(model, tokens, base, prompt_len: int, log, top: int = 20) -> None:
     """Kernel-time breakdown of 5 decode passes (torch.profiler): where the time over the floor goes."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -139,8 +140,9 @@ def profile_decode(model, tokens, base, prompt_len: int, log, top: int = 12) -> 
         groups[g] += key(e)
     log("  profile (5 passes): " + ", ".join(f"{g} {v / total:.0%}" for g, v in groups.items())
         + f"; {sum(e.count for e in evs) // 5} kernels/pass")
+    nl = model.num_active_layers
     for e in sorted(evs, key=key, reverse=True)[:top]:
-        log(f"    {key(e) / 5 / 1e3:8.3f} ms/pass  x{e.count // 5:4d}  {e.key[:90]}")
+        log(f"    {key(e) / 5 / 1e3:8.3f} ms/pass {key(e) / 5 / nl:7.2f} us/layer x{e.count / 5:5.1f}  {e.key[:90]}")
 
 
 def probe(model, B: int = 2, prompt_len: int = 64) -> torch.Tensor:
@@ -172,15 +174,21 @@ def check_correctness(model, hf, B: int, prompt_len: int, log) -> None:
 
     rel = lambda a, b: ((a - b).abs().max() / b.abs().max()).item()  # noqa: E731
     ours, eager = run(model), run(Model(model.net, None, use_graphs=False))
+    use_kernels = model.net.use_kernels
+    model.net.use_kernels = not use_kernels          # the other decode path (Triton kernels <-> torch)
+    other = run(model)
+    model.net.use_kernels = use_kernels
     with torch.no_grad():
         theirs = hf(ids).logits[:, prompt_len:].float()
-    msg = f"  check: graphs vs eager rel err {rel(ours, eager):.1e}; ours vs transformers (both bf16) {rel(ours, theirs):.1e}"
+    msg = (f"  check: graphs vs eager rel err {rel(ours, eager):.1e}; kernels vs torch path {rel(ours, other):.1e}; "
+           f"ours vs transformers (both bf16) {rel(ours, theirs):.1e}")
     if model.config.num_params < 3e9:  # an fp32 copy fits easily: measure both against it
         ref = run(Model(copy.deepcopy(model.net).float(), None, use_graphs=False))
         msg += f"; vs fp32 copy: ours {rel(ours, ref):.1e}, transformers {rel(theirs, ref):.1e}"
         torch.cuda.empty_cache()
     log(msg)
     assert rel(ours, eager) < 1e-2, "graph replay differs from the eager pass"
+    assert rel(ours, other) < 2e-2, "Triton kernel path differs from the torch path"
 
 
 def hf_generate_tok_s(hf, B: int, prompt_len: int, new_tokens: int, vocab: int) -> float:
@@ -230,7 +238,7 @@ def bench_variant(name, cfg, model, variant, args, bw, log):
             if args.profile and k == 1 and B == min(args.batches):
                 profile_decode(model, tokens, base, args.prompt_len, log)
         t1 = times[min(args.ks)]
-        if variant == "eager" and torch.cuda.is_available():
+        if variant == args.variants[0] and torch.cuda.is_available():
             try:
                 mm = matmul_only_ms(model, B)
                 rows[-len(args.ks)]["matmul_only_ms"] = mm
@@ -255,9 +263,9 @@ def bench_model(name, cfg, args, bw, log):
             hf_rows.append(dict(model=name, B=B, tok_s=tok_s))
             log(f"  transformers generate B={B:3d}: {tok_s:9.1f} tok/s")
     del hf
-    variants = {"off": ["eager"], "on": ["compiled"], "both": ["eager", "compiled"]}[args.compile]
-    for variant in variants:
+    for variant in args.variants:
         t = time.perf_counter()
+        model.net.use_kernels = variant == "kernels"
         if variant == "compiled":
             before = probe(model)
             model.net.compile()
@@ -327,13 +335,21 @@ def main(argv=None):
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--hf-tokens", type=int, default=32, help="new tokens per transformers generate (0: skip)")
-    p.add_argument("--compile", choices=["off", "on", "both"], default="off")
+    p.add_argument("--variants", default="kernels",
+                   help="comma list of: kernels (Triton decode kernels, the default path on CUDA), eager (the "
+                        "plain torch path: use_kernels=False), compiled (torch path with torch.compile'd layers)")
+    p.add_argument("--compile", choices=["off", "on", "both"], default=None,
+                   help="old spelling: off = eager, on = compiled, both = eager,compiled (torch path)")
     p.add_argument("--profile", action="store_true", help="kernel-time breakdown of decode at the smallest B")
     p.add_argument("--out", default=None, help="markdown path (GPU default: benchmarks/results/decode.md)")
     args = p.parse_args(argv)
     cuda = torch.cuda.is_available()
     args.device = "cuda" if cuda else "cpu"
     args.dtype = torch.bfloat16 if cuda else torch.float32
+    args.variants = ({"off": ["eager"], "on": ["compiled"], "both": ["eager", "compiled"]}[args.compile]
+                     if args.compile else args.variants.split(","))
+    if not cuda:  # the Triton kernels are CUDA-only in the model
+        args.variants = [v for v in args.variants if v != "kernels"] or ["eager"]
     args.batches = [int(x) for x in args.batches.split(",")]
     args.ks = [int(x) for x in args.ks.split(",")]
     models = [(m, named_shape(m)) for m in args.models.split(",")]

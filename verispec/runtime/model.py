@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import kernels
 from .config import ModelConfig
 
 
@@ -134,6 +135,8 @@ class Transformer(nn.Module):
         self.norm = _empty(cfg.hidden_size, dtype=dtype)
         self.lm_head = None if cfg.tie_word_embeddings else _empty(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
         self._pre, self._post = pre_attention, post_attention
+        # decode/verify on CUDA through the Triton kernels of kernels.py (False: the torch path, as on the CPU)
+        self.use_kernels = kernels.supports(cfg)
 
     def compile(self, **kwargs) -> None:
         """torch.compile the per-layer functions (fuses norms / RoPE / SwiGLU; matmuls stay cuBLAS).
@@ -191,6 +194,13 @@ class Transformer(nn.Module):
         [[5, 6], [2, 3]]; it sees cache slots j <= its position (older tokens + itself + earlier block tokens).
         Returns logits [B, T, V]. Does not advance ``lengths`` (the caller does, inside the same graph).
         """
+        if self.use_kernels and tokens.is_cuda:
+            return self.append_kernels(tokens, lengths, rope, cache, num_layers)
+        return self._append_torch(tokens, lengths, rope, cache, num_layers)
+
+    def _append_torch(self, tokens: Tensor, lengths: Tensor, rope: Tensor, cache, num_layers: int) -> Tensor:
+        """``append`` in plain torch (CPU; CUDA with ``use_kernels = False``): SDPA over the whole static cache
+        with a boolean mask, K/V written by index_put."""
         B, T = tokens.shape
         H, KV, D = self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim
         G, S = H // KV, cache.k[0].shape[2]
@@ -213,3 +223,30 @@ class Transformer(nn.Module):
             o = o.view(B, KV, G, T, D).permute(0, 3, 1, 2, 4).reshape(B * T, H * D)
             x = self.layer_out(i, x, o)
         return self.logits(x).view(B, T, -1)
+
+    def append_kernels(self, tokens: Tensor, lengths: Tensor, rope: Tensor, cache, num_layers: int) -> Tensor:
+        """``append`` through the Triton kernels (kernels.py): per layer RMSNorm(+residual add), QKV matmul,
+        RoPE + KV write, split-KV attention (+ combine), o matmul, add + RMSNorm, gate/up matmul, SwiGLU,
+        down matmul; the down matmul's output is added by the next layer's norm kernel. Same semantics as
+        ``append`` (the GPU tests compare the two); on the CPU only under TRITON_INTERPRET=1 (tests)."""
+        B, T = tokens.shape
+        c = self.cfg
+        H, KV, D, eps = c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps
+        pos = (lengths[:, None] + torch.arange(T, device=tokens.device)).view(-1)          # [N]
+        x = F.embedding(tokens.reshape(-1), self.embed)                                   # [N, E]
+        delta = None
+        scale = 1.0 / math.sqrt(D)
+        for i in range(num_layers):
+            L = self.layers[i]
+            x, h = kernels.add_rmsnorm(x, delta, L.attn_norm, eps)
+            qkv = F.linear(h, L.wqkv, L.bqkv)                                             # [N, (H+2KV)*D]
+            if L.q_norm is not None:
+                q_, k_, v_ = qkv.view(-1, H + 2 * KV, D).split([H, KV, KV], dim=1)
+                qkv = torch.cat([rms_norm(q_, L.q_norm, eps), rms_norm(k_, L.k_norm, eps), v_], dim=1)
+                qkv = qkv.view(-1, (H + 2 * KV) * D)
+            q = kernels.rope_kv_write(qkv, rope, pos, cache.k[i], cache.v[i], T, H, KV, D)  # [N, H, D]
+            o = kernels.decode_attention(q, cache.k[i], cache.v[i], lengths, T, scale)      # [N, H*D]
+            x, h = kernels.add_rmsnorm(x, F.linear(o, L.wo, L.bo), L.ffn_norm, eps)
+            delta = F.linear(kernels.silu_mul(F.linear(h, L.w13)), L.w2)
+        _, h = kernels.add_rmsnorm(x, delta, self.norm, eps)
+        return F.linear(h, self.lm_head_weight).view(B, T, -1)

@@ -1,0 +1,247 @@
+"""Triton kernels for the decode / verify pass (CUDA only in the model; the tests also run them on the CPU
+under ``TRITON_INTERPRET=1``).
+
+A B=1 decode step of an 8B model spent ~76 us per layer outside the weight matmuls in ~22 small PyTorch
+kernels (profile in benchmarks/results/decode.md). These replace them with five launches per layer:
+
+  * ``add_rmsnorm``   x += delta (the previous sublayer's output) and h = RMSNorm(x) * w, one pass;
+  * ``rope_kv_write`` RoPE on the q and k heads of the fused QKV output, q to a buffer, k and v straight into
+                      the cache slot ``pos`` (no index_put, no cat / neg / copies);
+  * ``decode_attention`` split-KV ("flash-decoding") attention of q [N=B*T, H, D] against the cache:
+                      grid (B*KV, splits), each program holds the G*T query rows of one KV head (GQA without
+                      repeating K/V), reads only slots < lengths[b] + T, causal within the T-block; then a
+                      combine kernel merges the splits and writes o as [N, H*D] (no permute copies);
+  * ``silu_mul``      SwiGLU activation of the fused [gate; up] output.
+All arithmetic in fp32; dots of fp32 inputs in IEEE precision (so fp32 models stay within 1e-4 of the torch
+path).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+try:
+    import triton
+    import triton.language as tl
+    AVAILABLE = True
+except ImportError:  # pragma: no cover - triton ships with CUDA torch
+    AVAILABLE = False
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+_SM_COUNT: dict = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 8
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _SM_COUNT:
+        _SM_COUNT[key] = torch.cuda.get_device_properties(key).multi_processor_count
+    return _SM_COUNT[key]
+
+
+if AVAILABLE:
+    @triton.jit
+    def _add_rmsnorm_kernel(x_ptr, d_ptr, xo_ptr, h_ptr, w_ptr, E, eps,
+                            HAS_ADD: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        offs = tl.arange(0, BLOCK)
+        msk = offs < E
+        x = tl.load(x_ptr + row * E + offs, mask=msk, other=0.0).to(tl.float32)
+        if HAS_ADD:
+            x = x + tl.load(d_ptr + row * E + offs, mask=msk, other=0.0).to(tl.float32)
+            xr = x.to(xo_ptr.dtype.element_ty)
+            tl.store(xo_ptr + row * E + offs, xr, mask=msk)
+            x = xr.to(tl.float32)                      # normalize the stored (rounded) residual
+        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / E + eps)
+        w = tl.load(w_ptr + offs, mask=msk, other=0.0).to(tl.float32)
+        tl.store(h_ptr + row * E + offs, (x * rstd * w).to(h_ptr.dtype.element_ty), mask=msk)
+
+    @triton.jit
+    def _rope_kv_kernel(qkv_ptr, rope_ptr, pos_ptr, q_ptr, k_ptr, v_ptr, T, H, KV,
+                        s_qkv, s_cb, s_ch, s_cs, D: tl.constexpr, HALF: tl.constexpr):
+        n = tl.program_id(0)                           # token b*T + i
+        h = tl.program_id(1)                           # head: [0, H) q, [H, H+KV) k, [H+KV, H+2KV) v
+        b = (n // T).to(tl.int64)
+        p = tl.load(pos_ptr + n).to(tl.int64)
+        offs = tl.arange(0, HALF)
+        src = qkv_ptr + n.to(tl.int64) * s_qkv + h * D
+        if h < H + KV:
+            x1 = tl.load(src + offs).to(tl.float32)
+            x2 = tl.load(src + HALF + offs).to(tl.float32)
+            r = rope_ptr + p * (2 * D)                 # rope table [P, 2, D]: cos row then sin row
+            c1 = tl.load(r + offs)
+            c2 = tl.load(r + HALF + offs)
+            s1 = tl.load(r + D + offs)
+            s2 = tl.load(r + D + HALF + offs)
+            o1 = x1 * c1 - x2 * s1                     # rotate_half: [x1, x2] -> [-x2, x1]
+            o2 = x2 * c2 + x1 * s2
+            if h < H:
+                dst = q_ptr + (n.to(tl.int64) * H + h) * D
+            else:
+                dst = k_ptr + b * s_cb + (h - H) * s_ch + p * s_cs
+            tl.store(dst + offs, o1.to(k_ptr.dtype.element_ty))
+            tl.store(dst + HALF + offs, o2.to(k_ptr.dtype.element_ty))
+        else:
+            offs_d = tl.arange(0, D)
+            dst = v_ptr + b * s_cb + (h - H - KV) * s_ch + p * s_cs
+            tl.store(dst + offs_d, tl.load(src + offs_d))
+
+    @triton.jit
+    def _attn_split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, acc_ptr, ml_ptr, T, H, KV, G, SPLIT, NSPLIT,
+                           s_cb, s_ch, s_cs, scale_log2,
+                           D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                           PREC: tl.constexpr):
+        bk = tl.program_id(0)                          # b * KV + kv head
+        sp = tl.program_id(1)                          # split of the cache slots
+        b = bk // KV
+        kvh = bk % KV
+        rows = tl.arange(0, BLOCK_M)                   # row r = g * T + i (query head kvh*G + g, token i)
+        g = rows // T
+        i = rows % T
+        row_ok = rows < G * T
+        L = tl.load(len_ptr + b).to(tl.int32)          # tokens cached before this pass
+        qpos = L + i                                   # [BLOCK_M] position of each row's token
+        offs_d = tl.arange(0, D)
+        n_tok = (b * T + i).to(tl.int64)
+        q = tl.load(q_ptr + ((n_tok * H + kvh * G + g) * D)[:, None] + offs_d[None, :],
+                    mask=row_ok[:, None], other=0.0)
+        kbase = k_ptr + b.to(tl.int64) * s_cb + kvh.to(tl.int64) * s_ch
+        vbase = v_ptr + b.to(tl.int64) * s_cb + kvh.to(tl.int64) * s_ch
+        start = sp * SPLIT
+        end = tl.minimum(start + SPLIT, L + T)         # live slots only
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, D], tl.float32)
+        for j0 in range(start, end, BLOCK_N):
+            slots = j0 + tl.arange(0, BLOCK_N)
+            smask = slots < end
+            koff = slots.to(tl.int64)[:, None] * s_cs + offs_d[None, :]
+            k = tl.load(kbase + koff, mask=smask[:, None], other=0.0)
+            v = tl.load(vbase + koff, mask=smask[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale_log2
+            ok = (slots[None, :] <= qpos[:, None]) & smask[None, :]
+            s = tl.where(ok, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_safe)
+            pr = tl.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(pr, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(pr.to(v.dtype), v, input_precision=PREC)
+            m_i = m_new
+        part = (bk * NSPLIT + sp).to(tl.int64) * BLOCK_M + rows
+        tl.store(acc_ptr + part[:, None] * D + offs_d[None, :], acc)
+        tl.store(ml_ptr + part * 2, m_i)
+        tl.store(ml_ptr + part * 2 + 1, l_i)
+
+    @triton.jit
+    def _attn_combine_kernel(acc_ptr, ml_ptr, o_ptr, T, H, KV, G, NSPLIT,
+                             D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr):
+        bk = tl.program_id(0)
+        r = tl.program_id(1)                           # row g * T + i, < G * T
+        b = bk // KV
+        kvh = bk % KV
+        g = r // T
+        i = r % T
+        sp = tl.arange(0, BLOCK_S)
+        smask = sp < NSPLIT
+        part = (bk * NSPLIT + sp).to(tl.int64) * BLOCK_M + r
+        m = tl.load(ml_ptr + part * 2, mask=smask, other=float("-inf"))
+        l = tl.load(ml_ptr + part * 2 + 1, mask=smask, other=0.0)
+        m_max = tl.max(m, axis=0)                      # split 0 always holds slot 0: finite
+        w = tl.where(m == float("-inf"), 0.0, tl.exp2(m - m_max))
+        offs_d = tl.arange(0, D)
+        acc = tl.load(acc_ptr + part[:, None] * D + offs_d[None, :], mask=smask[:, None], other=0.0)
+        out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
+        n = (b * T + i).to(tl.int64)
+        tl.store(o_ptr + (n * H + kvh * G + g) * D + offs_d, out.to(o_ptr.dtype.element_ty))
+
+    @triton.jit
+    def _silu_mul_kernel(gu_ptr, o_ptr, I, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        msk = offs < I
+        gate = tl.load(gu_ptr + row * 2 * I + offs, mask=msk, other=0.0).to(tl.float32)
+        up = tl.load(gu_ptr + row * 2 * I + I + offs, mask=msk, other=0.0).to(tl.float32)
+        y = gate / (1.0 + tl.exp(-gate)) * up
+        tl.store(o_ptr + row * I + offs, y.to(o_ptr.dtype.element_ty), mask=msk)
+
+
+# --------------------------------------------------------------------------------------------- wrappers
+def supports(cfg) -> bool:
+    """Whether the kernels cover this model: head_dim a power of two in [16, 256]."""
+    D = cfg.head_dim
+    return AVAILABLE and 16 <= D <= 256 and D == _pow2(D) and cfg.num_heads % cfg.num_kv_heads == 0
+
+
+def add_rmsnorm(x: Tensor, delta: Tensor | None, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """x [N, E] (+ delta [N, E]) -> (x + delta, RMSNorm(x + delta) * weight); with delta None, (x, RMSNorm(x))."""
+    N, E = x.shape
+    h = torch.empty_like(x)
+    xo = torch.empty_like(x) if delta is not None else x
+    BLOCK = _pow2(E)
+    _add_rmsnorm_kernel[(N,)](x, delta if delta is not None else x, xo, h, weight, E, eps,
+                              HAS_ADD=delta is not None, BLOCK=BLOCK, num_warps=8 if BLOCK >= 4096 else 4)
+    return xo, h
+
+
+def rope_kv_write(qkv: Tensor, rope: Tensor, pos: Tensor, k_cache: Tensor, v_cache: Tensor, T: int,
+                  H: int, KV: int, D: int) -> Tensor:
+    """qkv [N, (H+2KV)*D] (rows [q; k; v] heads), rope [P, 2, D] fp32, pos [N] -> q [N, H, D] with RoPE;
+    k (with RoPE) and v written to k_cache/v_cache [B_max, KV, S, D] at [n // T, :, pos[n]]."""
+    N = qkv.shape[0]
+    assert qkv.stride(1) == 1 and k_cache.stride(3) == 1 and k_cache.stride() == v_cache.stride()
+    assert rope.is_contiguous() and rope.dtype == torch.float32 and D % 2 == 0
+    q = torch.empty(N, H, D, device=qkv.device, dtype=k_cache.dtype)
+    _rope_kv_kernel[(N, H + 2 * KV)](qkv, rope, pos, q, k_cache, v_cache, T, H, KV, qkv.stride(0),
+                                     k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+                                     D=D, HALF=D // 2, num_warps=1)
+    return q
+
+
+def attention_splits(B: int, KV: int, S: int, block_n: int, device) -> tuple[int, int]:
+    """(split size, number of splits) for a static capacity S: about two programs per SM over B*KV heads."""
+    want = max(1, -(-2 * _sm_count(device) // (B * KV)))
+    nblocks = -(-S // block_n)
+    split = block_n * -(-nblocks // min(want, nblocks))
+    return split, -(-S // split)
+
+
+def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, lengths: Tensor, T: int, scale: float) -> Tensor:
+    """q [N=B*T, H, D] (token i of sequence b at position lengths[b] + i, already in the cache) ->
+    o [N, H*D]: softmax(q K^T * scale) V over cache slots j <= lengths[b] + i."""
+    N, H, D = q.shape
+    B = N // T
+    KV, S = k_cache.shape[1], k_cache.shape[2]
+    G = H // KV
+    assert q.is_contiguous() and k_cache.stride(3) == 1 and k_cache.stride() == v_cache.stride()
+    assert D == _pow2(D) and D >= 16, "head_dim must be a power of two >= 16"
+    BLOCK_M = max(16, _pow2(G * T))
+    fp32 = q.dtype == torch.float32
+    BLOCK_N = 32 if (fp32 or D > 128 or BLOCK_M > 32) else 64
+    split, nsplit = attention_splits(B, KV, S, BLOCK_N, q.device)
+    acc = torch.empty(B * KV * nsplit * BLOCK_M, D, device=q.device, dtype=torch.float32)
+    ml = torch.empty(B * KV * nsplit * BLOCK_M, 2, device=q.device, dtype=torch.float32)
+    _attn_split_kernel[(B * KV, nsplit)](
+        q, k_cache, v_cache, lengths, acc, ml, T, H, KV, G, split, nsplit,
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), scale * 1.4426950408889634,
+        D=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, PREC="ieee" if fp32 else "tf32", num_warps=4)
+    o = torch.empty(N, H * D, device=q.device, dtype=q.dtype)
+    _attn_combine_kernel[(B * KV, G * T)](acc, ml, o, T, H, KV, G, nsplit, D=D, BLOCK_M=BLOCK_M,
+                                          BLOCK_S=max(2, _pow2(nsplit)), num_warps=4)
+    return o
+
+
+def silu_mul(gu: Tensor) -> Tensor:
+    """gu [N, 2I] = [gate | up] -> silu(gate) * up [N, I]."""
+    N, I2 = gu.shape
+    I = I2 // 2
+    assert gu.is_contiguous()
+    o = torch.empty(N, I, device=gu.device, dtype=gu.dtype)
+    BLOCK = 1024
+    _silu_mul_kernel[(N, -(-I // BLOCK))](gu, o, I, BLOCK=BLOCK, num_warps=4)
+    return o
