@@ -112,20 +112,25 @@ def gpu(args) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- CPU
-ECHO = [
-    "Repeat this text exactly: The committee met on Tuesday to review the budget. After a long discussion, "
-    "they agreed to postpone the vote until the next meeting, when the final figures will be available.",
-    "Fix the spelling mistakes and copy the rest unchanged: Teh quick brown fox jumpd over the lazy dog. "
-    "The dog did not notise, because it was sleeping in the warm afternoon sun next to the old barn.",
-    "Copy this list and add a period at the end of each line:\n- buy milk and eggs\n- call the plumber about "
-    "the kitchen sink\n- send the quarterly report to Maria\n- book the train tickets for Friday",
-    "Rewrite this Python function exactly, but rename the variable x to value:\n"
-    "def scale(x, factor):\n    if x is None:\n        return None\n    result = x * factor\n"
-    "    print('scaled', x, 'by', factor)\n    return result",
-    "Repeat the following sentence three times: Speculative decoding drafts several tokens and verifies "
-    "them in a single pass of the large model.",
-    "Translate nothing; just copy this paragraph exactly: Our store opens at nine in the morning and closes "
-    "at six in the evening. On Sundays we are closed. Please bring your receipt for any returns.",
+ECHO = [   # copy / fix / edit given text: the output mostly repeats the prompt
+    "Repeat this text exactly:\n\nThe committee met on Tuesday to review the budget for the coming year. After a "
+    "long discussion about rising costs, the members agreed to postpone the final vote until the next meeting, "
+    "when the updated figures from the finance office will be available. In the meantime, each department "
+    "will prepare a short report describing its most important needs and the savings it could make.",
+    "Fix the spelling mistakes and copy the rest unchanged:\n\nTeh quick brown fox jumpd over the lazy dog. The "
+    "dog did not notise, because it was sleeping in the warm afternoon sun next to the old red barn. Later "
+    "that evening the farmer came home, fed the animals, and sat on the porch to watch the sun go down.",
+    "Copy this shopping list exactly, one item per line:\n- two liters of milk\n- a dozen eggs\n- fresh bread "
+    "from the bakery\n- three green apples\n- a bag of rice\n- olive oil\n- tomatoes and onions\n- coffee beans"
+    "\n- dish soap\n- batteries for the remote control",
+    "Rewrite this Python function exactly, but rename the variable x to value:\n\ndef scale(x, factor):\n"
+    "    if x is None:\n        return None\n    result = x * factor\n    print('scaled', x, 'by', factor)\n"
+    "    return result",
+    "Copy this paragraph exactly:\n\nOur store opens at nine in the morning and closes at six in the evening "
+    "from Monday to Saturday. On Sundays and public holidays we are closed. Please bring your receipt for any "
+    "returns or exchanges, which are accepted within thirty days of purchase. Thank you for shopping with us.",
+    "Repeat the following sentence exactly three times, on separate lines: Speculative decoding drafts several "
+    "tokens cheaply and verifies all of them in a single pass of the large model.",
 ]
 FREE = [
     "Write a short poem about the sea.",
@@ -163,7 +168,8 @@ def cpu(args) -> None:
             hf_plain, hf_plain_out = _hf_generate(hf, ids, n, None)
             hf_look, hf_look_out = _hf_generate(hf, ids, n, args)
             same = a.tokens == s.tokens
-            hf_same = hf_plain_out == a.tokens[: len(hf_plain_out)]
+            # HF's min_new_tokens masks EOS, so compare all but the last token
+            hf_same = hf_plain_out[: n - 1] == a.tokens[: n - 1]
             print(f"| {label} | {i} | {n} | {a.stats.tokens_per_s:.1f} | {s.stats.tokens_per_s:.1f} | "
                   f"**{s.stats.tokens_per_s / a.stats.tokens_per_s:.2f}x** | {100 * s.stats.acceptance_rate:.0f}% | "
                   f"{s.stats.tokens_per_round:.2f} | {hf_plain:.1f} | {hf_look:.1f} | "
