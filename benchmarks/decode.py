@@ -182,13 +182,19 @@ def check_correctness(model, hf, B: int, prompt_len: int, log) -> None:
         theirs = hf(ids).logits[:, prompt_len:].float()
     msg = (f"  check: graphs vs eager rel err {rel(ours, eager):.1e}; kernels vs torch path {rel(ours, other):.1e}; "
            f"ours vs transformers (both bf16) {rel(ours, theirs):.1e}")
-    if model.config.num_params < 3e9:  # an fp32 copy fits easily: measure both against it
-        ref = run(Model(copy.deepcopy(model.net).float(), None, use_graphs=False))
-        msg += f"; vs fp32 copy: ours {rel(ours, ref):.1e}, transformers {rel(theirs, ref):.1e}"
+    ref = None
+    if 6 * model.config.num_params < 0.9 * torch.cuda.mem_get_info()[0]:  # an fp32 copy fits: measure all against it
+        try:
+            ref = run(Model(copy.deepcopy(model.net).float(), None, use_graphs=False))
+            msg += (f"; vs fp32 copy: ours {rel(ours, ref):.1e}, other path {rel(other, ref):.1e}, "
+                    f"transformers {rel(theirs, ref):.1e}")
+        except torch.OutOfMemoryError:
+            msg += "; fp32 copy: out of memory"
         torch.cuda.empty_cache()
     log(msg)
     assert rel(ours, eager) < 1e-2, "graph replay differs from the eager pass"
-    assert rel(ours, other) < 2e-2, "Triton kernel path differs from the torch path"
+    if ref is not None:  # bf16 paths differ by rounding noise; neither may be much further from fp32
+        assert rel(ours, ref) < 2 * rel(other, ref) + 1e-3, "one decode path is much less accurate than the other"
 
 
 def hf_generate_tok_s(hf, B: int, prompt_len: int, new_tokens: int, vocab: int) -> float:
@@ -279,6 +285,10 @@ def bench_model(name, cfg, args, bw, log):
                 continue
         try:
             rows += bench_variant(name, cfg, model, variant, args, bw, log)
+            if variant == "kernels" and torch.cuda.is_available():
+                from verispec.runtime import kernels
+                log("  one-token matmuls (N x K: gemv block_n, 0 = cuBLAS): " + ", ".join(
+                    f"{k[0]}x{k[1]}: {v}" for k, v in kernels._LINEAR_CHOICE.items() if k[2] == model.dtype))
             log(f"  ({variant}: {time.perf_counter() - t:.1f} s including graph captures / compilation)")
         except Exception as e:  # keep the other variant's numbers if one fails (e.g. a compile error)
             log(f"  {variant} FAILED: {type(e).__name__}: {e}")

@@ -99,3 +99,32 @@ def test_decode_attention_vs_sdpa_gpu(D):
             mask = torch.arange(n, device="cuda")[None, :] <= (n - T + torch.arange(T, device="cuda"))[:, None]
             ref = torch.nn.functional.scaled_dot_product_attention(qb, k, v, attn_mask=mask)
             assert rel(o[b].transpose(0, 1).float(), ref) <= tol
+
+
+@pytest.mark.parametrize("device", _devices())
+@pytest.mark.parametrize("bias", [False, True])
+def test_gemv_matches_linear(device, bias):
+    """The one-token GEMV (used for weight shapes where it beats cuBLAS) on ragged N and K."""
+    g = torch.Generator().manual_seed(3)
+    N, K = 75, 200
+    dtypes = [torch.float32] + ([torch.bfloat16] if device == "cuda" else [])
+    for dtype in dtypes:
+        w = torch.randn(N, K, generator=g).to(device, dtype)
+        x = torch.randn(1, K, generator=g).to(device, dtype)
+        b = torch.randn(N, generator=g).to(device, dtype) if bias else None
+        ref = torch.nn.functional.linear(x.double(), w.double(), None if b is None else b.double())
+        for bn in (4, 16, 64):
+            y = kernels.gemv(x, w, b, bn)
+            assert y.shape == (1, N) and y.dtype == dtype
+            assert rel(y.double(), ref) <= (1e-6 if dtype == torch.float32 else 1e-2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_linear_dispatch_gpu():
+    """kernels.linear = F.linear at one token (whichever of cuBLAS / GEMV it measured faster) and above."""
+    w = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16) * 0.02
+    for M in (1, 3):
+        x = torch.randn(M, 2048, device="cuda", dtype=torch.bfloat16)
+        ref = torch.nn.functional.linear(x.float(), w.float())
+        assert rel(kernels.linear(x, w).float(), ref) <= 1e-2
+    assert (2048, 2048, torch.bfloat16, False, x.device) in kernels._LINEAR_CHOICE
