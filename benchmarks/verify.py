@@ -10,6 +10,7 @@ against the expected answer (greedy) or a second run (sampling: determinism), th
   api+graph   the public ``verify_*`` call (validation metadata + dispatch) under graph replay
   torch-vec   a vectorized plain-PyTorch baseline (argmax / softmax over every row + gather)
   reference   the per-sequence reference backend (a Python loop; a few small configs only)
+Sampling also times the other row-statistics schedule (waves on/off, see kernels/rejection.py).
 Bytes: ``floor`` = target_logits read once (+ the draft_probs rows needed for recovery);
 ``need`` (sampling) = only the rows up to each sequence's stop row. GB/s = floor / time.
 ``%copy`` = achieved floor GB/s over the measured device-to-device copy bandwidth.
@@ -30,7 +31,7 @@ import triton.testing
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from verispec.kernels.greedy import verify_greedy_triton  # noqa: E402
-from verispec.kernels.rejection import verify_sample_triton  # noqa: E402
+from verispec.kernels.rejection import WAVE_MIN_BYTES, verify_sample_triton  # noqa: E402
 from verispec.reference import reference_verify_greedy, reference_verify_sample  # noqa: E402
 from verispec.verify import _canonical, _per_sequence, verify_greedy, verify_sample  # noqa: E402
 from verispec.workloads import greedy_workload, sampling_workload  # noqa: E402
@@ -151,7 +152,9 @@ def run_sample(size, k, vocab, dtype, alpha, bw, with_reference):
     batch.offset = torch.tensor([0], device=dev)
     out = verify_sample_triton(batch)
     again = verify_sample_triton(batch)
-    ok = torch.equal(out.tokens, again.tokens) and bool((out.tokens[torch.arange(size), out.num_accepted] >= 0).all())
+    other = verify_sample_triton(batch, waves=batch.target_logits.numel() * batch.target_logits.element_size() < WAVE_MIN_BYTES)
+    ok = torch.equal(out.tokens, again.tokens) and torch.equal(out.tokens, other.tokens)
+    ok = ok and bool((out.tokens[torch.arange(size, device=dev), out.num_accepted.long()] >= 0).all())
     row_bytes = vocab * w.target_logits.element_size()
     q_row_bytes = vocab * w.draft_probs.element_size()
     rejected = int((out.num_accepted < w.num_draft).sum())
@@ -160,6 +163,9 @@ def run_sample(size, k, vocab, dtype, alpha, bw, with_reference):
     res = dict(ok=ok, floor=floor, need=need, acc=float(out.num_accepted.float().mean()))
     res["triton"] = bench(lambda: verify_sample_triton(batch))
     res["graph"] = bench_graph(lambda: verify_sample_triton(batch))
+    # ablation: the other stats schedule (waves on <-> off) than the default picked
+    res["waves"] = batch.target_logits.numel() * batch.target_logits.element_size() >= WAVE_MIN_BYTES
+    res["other"] = bench_graph(lambda: verify_sample_triton(batch, waves=not res["waves"]))
     res["api+graph"] = bench_graph(
         lambda: verify_sample(
             w.target_logits, w.draft_tokens, w.num_draft, w.draft_probs, seed=batch.seed, offset=batch.offset,
@@ -235,8 +241,8 @@ def main():
         torch.cuda.empty_cache()
 
     lines += ["", "## Sampling (T = 1, draft_probs; floor = logits once + q rows of rejected sequences; need = rows up to each stop row)", "",
-              "| B | K | V | dtype | α | mean acc | ok | floor MB | need MB | triton | graph | api+graph | torch-vec | reference | GB/s | %copy | graph/floor-time | x vec |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| B | K | V | dtype | α | mean acc | ok | floor MB | need MB | triton | graph | waves | graph, other schedule | api+graph | torch-vec | reference | GB/s | %copy | graph / floor time | x vec |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for b, k, v, d, a in sample_cfgs:
         if time.time() - t0 > args.budget:
             skipped += 1
@@ -244,7 +250,8 @@ def main():
         r = run_sample(b, k, v, DTYPES[d], a, bw, with_reference=(v == 128256 and b <= 8 and a == 0.6))
         floor_ms = r["floor"] / (bw * 1e6)
         line = (f"| {b} | {k} | {v} | {d} | {a} | {r['acc']:.2f} | {'yes' if r['ok'] else 'NO'} | {r['floor'] / 1e6:.1f} | "
-                f"{r['need'] / 1e6:.1f} | {fmt_us(r['triton'])} | {fmt_us(r['graph'])} | {fmt_us(r['api+graph'])} | "
+                f"{r['need'] / 1e6:.1f} | {fmt_us(r['triton'])} | {fmt_us(r['graph'])} | {'on' if r['waves'] else 'off'} | "
+                f"{fmt_us(r['other'])} | {fmt_us(r['api+graph'])} | "
                 f"{fmt_us(r['torch-vec'])} | {fmt_us(r.get('reference'))} | {r['gbps']:.0f} | {100 * r['copy']:.0f}% | "
                 f"{r['graph'] / floor_ms:.2f} | {r['torch-vec'] / r['graph']:.1f} |")
         print(line, flush=True)

@@ -132,9 +132,13 @@ def _sampling_case(num_draft, vocab, dtype, with_q, gen):
     cu, row0 = _layout(num_draft)
     draft_row = torch.cat([row0[b] + torch.arange(k) for b, k in enumerate(num_draft)]).long()
     q_logits = torch.randn(rows, vocab, generator=gen) * 2
-    logits = (q_logits + 0.5 * torch.randn(rows, vocab, generator=gen)).to(dtype)
     q = torch.softmax(q_logits[draft_row], -1)
+    logits = (q_logits + 0.5 * torch.randn(rows, vocab, generator=gen)).to(dtype)
     drafts = torch.multinomial(q, 1, generator=gen).squeeze(1) if n else torch.zeros(0, dtype=torch.long)
+    if not with_q:  # point-mass drafts are accepted with probability p(x): make p(x) large
+        logits = logits.float()
+        logits[draft_row, drafts] += 6.0
+        logits = logits.to(dtype)
     return logits, drafts, (q if with_q else None)
 
 
@@ -152,10 +156,11 @@ def _sampling_case(num_draft, vocab, dtype, with_q, gen):
         max_size=6,
     ),
     tiling=st.sampled_from(TILINGS),
+    waves=st.booleans(),
     seed=st.integers(0, 2**31 - 1),
     offset=st.integers(0, 2**40),
 )
-def test_sample_matches_reference(num_draft, vocab, dtype, with_q, params, tiling, seed, offset):
+def test_sample_matches_reference(num_draft, vocab, dtype, with_q, params, tiling, waves, seed, offset):
     """Exact equality with the reference on the same stream.
 
     Continuous random logits make every comparison that could flip by float rounding (accept
@@ -176,10 +181,31 @@ def test_sample_matches_reference(num_draft, vocab, dtype, with_q, params, tilin
     batch.temperature, batch.top_k, batch.top_p = dev(temperature), dev(top_k), dev(top_p.float())
     batch.seed = torch.tensor([seed], device=DEVICE)
     batch.offset = torch.tensor([offset], device=DEVICE)
-    out = verify_sample_triton(batch, block=tiling[0], num_splits=tiling[1], num_race_splits=tiling[1])
+    out = verify_sample_triton(batch, block=tiling[0], num_splits=tiling[1], num_race_splits=tiling[1], waves=waves)
     assert torch.equal(out.tokens.cpu(), expected.tokens)
     assert torch.equal(out.num_accepted.cpu(), expected.num_accepted)
     assert torch.equal(out.num_emitted.cpu(), expected.num_accepted + 1)
+
+
+@pytest.mark.parametrize("waves", [False, True])
+@pytest.mark.parametrize("with_q", [True, False])
+def test_sample_split_paths_match_reference(with_q, waves):
+    """Every row cut into 4 chunks (stats and race), T > 0 and T = 0, with and without waves."""
+    gen = torch.Generator().manual_seed(11)
+    num_draft = [3, 0, 6, 2, 8]
+    logits, drafts, q = _sampling_case(num_draft, 200, torch.float32, with_q, gen)
+    temperature = torch.tensor([1.0, 0.7, 1.3, 0.0, 0.9])
+    expected = verify_sample(logits, drafts, num_draft, q, temperature=temperature, seed=5, offset=9, backend="torch")
+    batch = _canonical(logits.to(DEVICE), drafts.to(DEVICE), torch.tensor(num_draft), None, True)
+    batch.draft_probs = None if q is None else q.to(DEVICE)
+    batch.temperature = temperature.to(DEVICE)
+    batch.top_k = torch.zeros(5, dtype=torch.int32, device=DEVICE)
+    batch.top_p = torch.ones(5, device=DEVICE)
+    batch.seed, batch.offset = torch.tensor([5], device=DEVICE), torch.tensor([9], device=DEVICE)
+    out = verify_sample_triton(batch, block=16, num_splits=4, num_race_splits=4, waves=waves)
+    assert expected.num_accepted.sum() > 3  # the test must see accepted drafts
+    assert torch.equal(out.tokens.cpu(), expected.tokens)
+    assert torch.equal(out.num_accepted.cpu(), expected.num_accepted)
 
 
 def _chi2(counts: torch.Tensor, probs: torch.Tensor) -> float:

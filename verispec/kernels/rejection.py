@@ -123,6 +123,10 @@ def _sum_exp_above(row_ptr, vocab, scale, z_max, cut, BLOCK: tl.constexpr):
 @triton.jit
 def _row_stats_kernel(
     logits_ptr,  # [R, V] float
+    draft_probs_ptr,  # [N, V] float (read only by the wave check)
+    draft_tokens_ptr,  # [N] int64
+    seed_ptr,  # [1] int64
+    offset_ptr,  # [1] int64
     num_draft_ptr,  # [B] int32
     cu_num_draft_ptr,  # [B + 1] int32
     temperature_ptr,  # [B] float32
@@ -133,24 +137,42 @@ def _row_stats_kernel(
     part_idx_ptr,  # [R, S] int32 out: lowest argmax in chunk s (used by T = 0 rows)
     row_cut_ptr,  # [R] float32 out: thr_r
     stride_row,
+    stride_q,
     vocab,
     chunk,
     num_splits,
+    first_pos,  # this launch covers positions first_pos .. first_pos + grid[1] - 1
+    HAS_DRAFT_PROBS: tl.constexpr,
+    CHECK_PREFIX: tl.constexpr,  # wave mode: skip sequences that stopped before first_pos
     BLOCK: tl.constexpr,
     G: tl.constexpr,  # elements per group sharing one running max
+    BLOCK_K: tl.constexpr,
+    BLOCK_S: tl.constexpr,
 ):
     b = tl.program_id(0)
-    pos = tl.program_id(1)
+    pos = first_pos + tl.program_id(1)
     split = tl.program_id(2)
     k = tl.load(num_draft_ptr + b)
-    if pos <= k:
-        row = tl.load(cu_num_draft_ptr + b) + b + pos
+    draft0 = tl.load(cu_num_draft_ptr + b)
+    temp = tl.load(temperature_ptr + b)
+    sampled = temp > 0
+    scale = _LOG2E / tl.where(sampled, temp, 1.0)
+    needed = pos <= k
+    if CHECK_PREFIX:
+        # rows first_pos.. are needed only if drafts 0..first_pos-1 were all accepted; their
+        # stats are complete (earlier waves), so re-run those accept tests here (cheap)
+        if needed:
+            num_accepted, _, _, _, _, _ = _first_rejection(
+                logits_ptr, draft_probs_ptr, draft_tokens_ptr, part_max_ptr, part_sum_ptr, part_idx_ptr,
+                row_cut_ptr, stride_row, stride_q, num_splits, draft0 + b, draft0, k, first_pos, scale, sampled,
+                tl.load(seed_ptr), tl.load(offset_ptr), HAS_DRAFT_PROBS, BLOCK_K, BLOCK_S,
+            )
+            needed = num_accepted >= first_pos
+    if needed:
+        row = draft0 + b + pos
         row_ptr = logits_ptr + row.to(tl.int64) * stride_row
-        temp = tl.load(temperature_ptr + b)
         top_k = tl.load(top_k_ptr + b)
         top_p = tl.load(top_p_ptr + b)
-        sampled = temp > 0
-        scale = _LOG2E / tl.where(sampled, temp, 1.0)
         use_top_k = sampled & (top_k > 0) & (top_k < vocab)
         use_top_p = sampled & (top_p < 1.0)
         out = row * num_splits + split
@@ -243,6 +265,49 @@ def _pick(key, idx, axis: tl.constexpr):
 
 
 @triton.jit
+def _first_rejection(
+    logits_ptr, draft_probs_ptr, draft_tokens_ptr, part_max_ptr, part_sum_ptr, part_idx_ptr, row_cut_ptr,
+    stride_row, stride_q, num_splits, row0, draft0, k, limit, scale, sampled, seed, offset,
+    HAS_DRAFT_PROBS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    """Merge the row partials of one sequence and run its accept tests at positions < limit.
+
+    Returns num_accepted (the first rejected position, or limit) and, per position i, the
+    merged (M_i, Z_i, thr_i, argmax_i) and the draft token. Partials of rows past the first
+    rejection may be unwritten (wave mode): they can only produce more rejections after it,
+    which the min ignores.
+    """
+    pos = tl.arange(0, BLOCK_K)
+    col = tl.arange(0, BLOCK_S)
+    rows = row0 + pos
+    in_seq = pos <= tl.minimum(k, limit)
+    mask = in_seq[:, None] & (col[None, :] < num_splits)
+    offs = rows[:, None] * num_splits + col[None, :]
+    pmax = tl.load(part_max_ptr + offs, mask=mask, other=-float("inf"))
+    psum = tl.load(part_sum_ptr + offs, mask=mask, other=0.0)
+    pidx = tl.load(part_idx_ptr + offs, mask=mask, other=_INT32_MAX)
+    row_max, row_argmax = _pick(pmax, pidx, 1)
+    shift = tl.where(row_max == -float("inf"), 0.0, row_max)
+    row_sum = tl.sum(psum * tl.exp2(pmax - shift[:, None]), axis=1)  # partials are base 2
+    row_cut = tl.load(row_cut_ptr + rows, mask=in_seq, other=-float("inf"))
+
+    is_draft = (pos < k) & (pos < limit)
+    draft = tl.load(draft_tokens_ptr + draft0 + pos, mask=is_draft, other=0).to(tl.int32)
+    y_x = tl.load(logits_ptr + rows.to(tl.int64) * stride_row + draft, mask=is_draft, other=0.0)
+    y_x = y_x.to(tl.float32) * scale
+    p_x = tl.where(y_x >= row_cut, tl.exp2(y_x - row_max) / row_sum, 0.0)
+    if HAS_DRAFT_PROBS:
+        q_ptrs = draft_probs_ptr + (draft0 + pos).to(tl.int64) * stride_q + draft
+        q_x = tl.load(q_ptrs, mask=is_draft, other=1.0).to(tl.float32)
+    else:
+        q_x = tl.full([BLOCK_K], 1.0, tl.float32)
+    u = _uniform(seed, offset, rows, tl.zeros_like(rows), 0)  # rng.ACCEPT
+    accepted = tl.where(sampled, u * q_x < p_x, draft == row_argmax)
+    num_accepted = tl.min(tl.where(is_draft & ~accepted, pos, tl.minimum(k, limit)), axis=0)
+    return num_accepted, row_max, row_sum, row_cut, row_argmax, draft
+
+
+@triton.jit
 def _accept_race_kernel(
     logits_ptr,  # [R, V] float
     draft_probs_ptr,  # [N, V] float (unused without HAS_DRAFT_PROBS)
@@ -285,35 +350,14 @@ def _accept_race_kernel(
     seed = tl.load(seed_ptr)
     offset = tl.load(offset_ptr)
 
-    # merge the row partials of this sequence: M_i, Z_i, argmax_i for i = 0..k
     pos = tl.arange(0, BLOCK_K)
-    col = tl.arange(0, BLOCK_S)
     rows = row0 + pos
-    in_seq = pos <= k
-    mask = in_seq[:, None] & (col[None, :] < num_splits)
-    offs = rows[:, None] * num_splits + col[None, :]
-    pmax = tl.load(part_max_ptr + offs, mask=mask, other=-float("inf"))
-    psum = tl.load(part_sum_ptr + offs, mask=mask, other=0.0)
-    pidx = tl.load(part_idx_ptr + offs, mask=mask, other=_INT32_MAX)
-    row_max, row_argmax = _pick(pmax, pidx, 1)
-    shift = tl.where(row_max == -float("inf"), 0.0, row_max)
-    row_sum = tl.sum(psum * tl.exp(pmax - shift[:, None]), axis=1)
-    row_cut = tl.load(row_cut_ptr + rows, mask=in_seq, other=-float("inf"))
-
-    # every accept test at once; the first rejection stops the sequence
     is_draft = pos < k
-    draft = tl.load(draft_tokens_ptr + draft0 + pos, mask=is_draft, other=0).to(tl.int32)
-    z_x = tl.load(logits_ptr + rows.to(tl.int64) * stride_row + draft, mask=is_draft, other=0.0)
-    z_x = z_x.to(tl.float32) * scale
-    p_x = tl.where(z_x >= row_cut, tl.exp2(z_x - row_max) / row_sum, 0.0)
-    if HAS_DRAFT_PROBS:
-        q_ptrs = draft_probs_ptr + (draft0 + pos).to(tl.int64) * stride_q + draft
-        q_x = tl.load(q_ptrs, mask=is_draft, other=1.0).to(tl.float32)
-    else:
-        q_x = tl.full([BLOCK_K], 1.0, tl.float32)
-    u = _uniform(seed, offset, rows, tl.zeros_like(rows), 0)  # rng.ACCEPT
-    accepted = tl.where(sampled, u * q_x < p_x, draft == row_argmax)
-    num_accepted = tl.min(tl.where(is_draft & ~accepted, pos, k), axis=0)
+    num_accepted, row_max, row_sum, row_cut, row_argmax, draft = _first_rejection(
+        logits_ptr, draft_probs_ptr, draft_tokens_ptr, part_max_ptr, part_sum_ptr, part_idx_ptr, row_cut_ptr,
+        stride_row, stride_q, num_splits, row0, draft0, k, k, scale, sampled, seed, offset,
+        HAS_DRAFT_PROBS, BLOCK_K, BLOCK_S,
+    )
     stop = pos == num_accepted
     stop_row = row0 + num_accepted
     stop_max = tl.max(tl.where(stop, row_max, -float("inf")), axis=0)
@@ -409,14 +453,40 @@ def _finalize_kernel(
         tl.store(tokens_ptr + b * out_width + num_accepted, tl.where(res_key > 0, res_idx, p_idx))
 
 
+def _waves(max_num_draft: int, waves: bool) -> list[tuple[int, int]]:
+    """(first position, count) of each stats launch: one launch for all positions, or waves
+    that double, e.g. K = 8 -> [(0, 1), (1, 1), (2, 2), (4, 4), (8, 1)]."""
+    if not waves:
+        return [(0, max_num_draft + 1)]
+    out, first = [(0, 1)], 1
+    while first <= max_num_draft:
+        count = min(first, max_num_draft + 1 - first)
+        out.append((first, count))
+        first += count
+    return out
+
+
+# Waves cost a few extra launches (~2-3 us each); they pay off once the logits are large.
+WAVE_MIN_BYTES = 64 << 20
+
+
 def verify_sample_triton(
-    batch, *, block: int | None = None, num_splits: int | None = None, num_race_splits: int | None = None
+    batch,
+    *,
+    block: int | None = None,
+    num_splits: int | None = None,
+    num_race_splits: int | None = None,
+    waves: bool | None = None,
 ) -> VerifyOutput:
     """Rejection-sampling verification of a validated ``verispec.verify.VerifyBatch``.
 
     ``batch.temperature`` / ``top_k`` / ``top_p`` are [B] device tensors, ``batch.seed`` /
     ``batch.offset`` [1] int64 device tensors. ``block`` / ``num_splits`` / ``num_race_splits``
     override the tiling (tests use them to force the split paths).
+
+    ``waves``: compute the row statistics position by position in doubling waves, each skipping
+    the sequences that already stopped, so rows after a sequence's first rejection are mostly
+    never read; None = on when target_logits holds at least WAVE_MIN_BYTES.
     """
     assert rng.ACCEPT == 0 and rng.RACE == 1  # hard-coded in the kernels
     logits = batch.target_logits  # [R, V]
@@ -426,7 +496,10 @@ def verify_sample_triton(
     width = batch.max_num_draft + 1
     block = block or default_block(vocab, logits.dtype, device)
     programs = device_programs(device)
-    chunk, splits = split_vocab(vocab, num_rows, block, programs, num_splits)
+    if waves is None:
+        waves = logits.numel() * logits.element_size() >= WAVE_MIN_BYTES
+    # waves launch B x (positions in the wave) x S programs: size S for the smallest wave (B rows)
+    chunk, splits = split_vocab(vocab, size if waves else num_rows, block, programs, num_splits)
     race_chunk, race_splits = split_vocab(vocab, size, block, programs, num_race_splits)
     f32, i32 = torch.float32, torch.int32
     part_max = torch.empty((num_rows, splits), dtype=f32, device=device)
@@ -442,18 +515,20 @@ def verify_sample_triton(
     has_q = draft_probs is not None
     q = draft_probs if has_q else logits  # any valid pointer; never read without HAS_DRAFT_PROBS
 
-    _row_stats_kernel[(size, width, splits)](
-        logits, batch.num_draft, batch.cu_num_draft, batch.temperature, batch.top_k, batch.top_p,
-        part_max, part_sum, part_idx, row_cut, logits.stride(0), vocab, chunk, splits,
-        BLOCK=block, G=min(8, block), num_warps=8,
-    )
+    common = dict(HAS_DRAFT_PROBS=has_q, BLOCK_K=small_block(width), BLOCK_S=small_block(splits))
+    for first, count in _waves(batch.max_num_draft, waves):
+        _row_stats_kernel[(size, count, splits)](
+            logits, q, batch.draft_tokens, batch.seed, batch.offset, batch.num_draft, batch.cu_num_draft,
+            batch.temperature, batch.top_k, batch.top_p, part_max, part_sum, part_idx, row_cut,
+            logits.stride(0), q.stride(0), vocab, chunk, splits, first,
+            CHECK_PREFIX=first > 0, BLOCK=block, G=min(8, block), num_warps=8, **common,
+        )
     _accept_race_kernel[(size, race_splits)](
         logits, q, batch.draft_tokens, batch.num_draft, batch.cu_num_draft, batch.temperature,
         batch.seed, batch.offset, part_max, part_sum, part_idx, row_cut, race_key, race_idx,
         tokens, num_accepted, num_emitted, logits.stride(0), q.stride(0), splits, vocab,
         race_chunk, race_splits, width,
-        HAS_DRAFT_PROBS=has_q, FUSED=race_splits == 1, BLOCK_K=small_block(width),
-        BLOCK_S=small_block(splits), BLOCK=block, num_warps=8,
+        FUSED=race_splits == 1, BLOCK=block, num_warps=8, **common,
     )
     if race_splits > 1:
         _finalize_kernel[(size,)](
