@@ -48,7 +48,7 @@ def _drafter(name, model, refs):
 @pytest.mark.slow
 @pytest.mark.parametrize("name, k, batch", [
     ("lookup", 1, 1), ("lookup", 3, 3), ("lookup", 8, 3),
-    ("self", 3, 3), ("self", 8, 1),
+    ("self", 3, 1), ("self", 8, 1),
     ("draft", 1, 3), ("draft", 8, 1),
     ("oracle", 3, 3),
 ])

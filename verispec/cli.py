@@ -153,7 +153,7 @@ def _run_generate(args, *, banner: str | None = None) -> int:
     results = []
     for i, (name, decoder) in enumerate(runs):
         stream = i == 0 and not batch and tok is not None and not args.quiet
-        progress = _Progress(args.max_new_tokens * len(prompts), enabled=not stream)
+        progress = _Progress(args.max_new_tokens * len(prompts), enabled=not stream and sys.stderr.isatty())
         streamer = _Streamer(tok) if stream else None
         if i == 1:
             print(f"[verispec] running {name} decoding for comparison ...", file=sys.stderr)
