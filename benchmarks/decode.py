@@ -37,6 +37,11 @@ SMOKE_CFG = ModelConfig(vocab_size=512, num_layers=2, hidden_size=64, num_heads=
                         intermediate_size=128)
 
 
+def kernels_mod():
+    from verispec.runtime import kernels
+    return kernels
+
+
 def sync():
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -285,7 +290,7 @@ def bench_model(name, cfg, args, bw, log):
                 continue
         try:
             rows += bench_variant(name, cfg, model, variant, args, bw, log)
-            if variant == "kernels" and torch.cuda.is_available():
+            if variant == "kernels" and torch.cuda.is_available() and kernels_mod().AUTOTUNE_GEMV:
                 from verispec.runtime import kernels
                 log("  one-token matmuls (N x K: gemv block_n, 0 = cuBLAS): " + ", ".join(
                     f"{k[0]}x{k[1]}: {v}" for k, v in kernels._LINEAR_CHOICE.items() if k[2] == model.dtype))
@@ -351,6 +356,8 @@ def main(argv=None):
     p.add_argument("--compile", choices=["off", "on", "both"], default=None,
                    help="old spelling: off = eager, on = compiled, both = eager,compiled (torch path)")
     p.add_argument("--profile", action="store_true", help="kernel-time breakdown of decode at the smallest B")
+    p.add_argument("--gemv", action="store_true", help="kernels variant: time cuBLAS vs the Triton one-token GEMV "
+                                                       "per weight shape and use the faster (kernels.AUTOTUNE_GEMV)")
     p.add_argument("--out", default=None, help="markdown path (GPU default: benchmarks/results/decode.md)")
     args = p.parse_args(argv)
     cuda = torch.cuda.is_available()
@@ -363,6 +370,7 @@ def main(argv=None):
     args.batches = [int(x) for x in args.batches.split(",")]
     args.ks = [int(x) for x in args.ks.split(",")]
     models = [(m, named_shape(m)) for m in args.models.split(",")]
+    kernels_mod().AUTOTUNE_GEMV = args.gemv
     if not cuda:  # smoke: a tiny model, tiny sizes, so the script itself is tested on CPU
         models, args.batches, args.ks = [("smoke-tiny", SMOKE_CFG)], [1, 2], [1, 2]
         args.prompt_len, args.iters, args.hf_tokens = 16, 3, min(args.hf_tokens, 4)

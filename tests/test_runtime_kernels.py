@@ -120,8 +120,9 @@ def test_gemv_matches_linear(device, bias):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_linear_dispatch_gpu():
+def test_linear_dispatch_gpu(monkeypatch):
     """kernels.linear = F.linear at one token (whichever of cuBLAS / GEMV it measured faster) and above."""
+    monkeypatch.setattr(kernels, "AUTOTUNE_GEMV", True)
     w = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16) * 0.02
     for M in (1, 3):
         x = torch.randn(M, 2048, device="cuda", dtype=torch.bfloat16)

@@ -279,6 +279,10 @@ def gemv(x: Tensor, w: Tensor, b: Tensor | None = None, block_n: int = 16) -> Te
     return y
 
 
+# Off by default: on an H100 (2026-11-23) the timing picked cuBLAS for every llama-3.1-8b shape and the GEMV
+# only for llama-3.2-1b's gate/up matrix, with no measurable end-to-end gain; while on, the first decode
+# allocates up to 192 MB of scratch weights for the timing and the choice can differ between runs.
+AUTOTUNE_GEMV = False
 # (N, K, dtype, has_bias, device) -> block_n of the GEMV, or 0 for cuBLAS; measured once per shape
 _LINEAR_CHOICE: dict = {}
 
@@ -320,9 +324,10 @@ def _choose(x: Tensor, w: Tensor, b: Tensor | None) -> int:
 
 
 def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
-    """F.linear, except at one token on CUDA: the faster of cuBLAS and ``gemv`` for this weight shape, measured
-    the first time the shape is seen outside CUDA-graph capture (graph warm-up passes run first)."""
-    if x.shape[0] != 1 or not x.is_cuda or not x.is_contiguous() or w.stride(1) != 1:
+    """F.linear; with ``AUTOTUNE_GEMV`` on, at one token on CUDA: the faster of cuBLAS and ``gemv`` for this
+    weight shape, measured the first time the shape is seen outside CUDA-graph capture (graph warm-up passes
+    run first)."""
+    if not AUTOTUNE_GEMV or x.shape[0] != 1 or not x.is_cuda or not x.is_contiguous() or w.stride(1) != 1:
         return torch.nn.functional.linear(x, w, b)
     key = (*w.shape, w.dtype, b is not None, x.device)
     choice = _LINEAR_CHOICE.get(key)
