@@ -15,7 +15,10 @@ Two attention modes:
   * ``prefill``: right-padded prompts from position 0, causal SDPA (flash on CUDA); K/V go to cache[:, :, :T].
   * ``append`` (decode / verify): token i of sequence b sits at position lengths[b] + i; its K/V are written
     there and it attends to every cache slot j with j <= lengths[b] + i. Positions and the mask are computed
-    on the device from ``lengths``, so the pass can be captured in a CUDA graph (no host sync).
+    on the device from ``lengths``, so the pass can be captured in a CUDA graph (no host sync). On CUDA it
+    runs through the Triton kernels of kernels.py (``append_kernels``: fused add+RMSNorm, RoPE + KV write,
+    split-KV attention over the live slots only, SwiGLU); elsewhere, or with ``use_kernels = False``, in plain
+    torch (``_append_torch``: index_put + SDPA with a mask over the whole cache).
 
 References: HF transformers modeling_llama.py / modeling_qwen2.py / modeling_qwen3.py (the semantics we
 match to 1e-4 in fp32), gpt-fast model.py (layout), Meta's Llama 3 RoPE scaling.
