@@ -61,7 +61,8 @@ def _compact_kernel(
         tl.store(cu_num_emitted_ptr, 0)
     src_row0 = _exclusive_cumsum_at(num_rows_ptr, num_seqs, b, BLOCK_B)
     dst_row0 = _exclusive_cumsum_at(num_emitted_ptr, num_seqs, b, BLOCK_B)
-    kept = tl.load(num_emitted_ptr + b).to(tl.int32)
+    # NOTE: clamped to num_rows so a bad count cannot read past the sequence (no sync to raise)
+    kept = tl.minimum(tl.load(num_emitted_ptr + b), tl.load(num_rows_ptr + b)).to(tl.int32)
     col = c * BLOCK_W + tl.arange(0, BLOCK_W)
     mask = col < row_words
     for j in range(0, kept):
@@ -87,7 +88,7 @@ def _scatter_kernel(
     b = tl.program_id(0)
     c = tl.program_id(1)
     src_row0 = _exclusive_cumsum_at(num_rows_ptr, num_seqs, b, BLOCK_B)
-    kept = tl.load(num_emitted_ptr + b).to(tl.int32)
+    kept = tl.minimum(tl.load(num_emitted_ptr + b), tl.load(num_rows_ptr + b)).to(tl.int32)
     start = tl.load(cache_lens_ptr + b).to(tl.int64)
     col = c * BLOCK_W + tl.arange(0, BLOCK_W)
     mask = col < row_words

@@ -179,7 +179,10 @@ def _row_stats_kernel(
         if use_top_k | use_top_p:
             # whole row in split 0; the other splits report an empty chunk
             if split == 0:
-                z_max, z_sum, cut = _filtered_stats(row_ptr, vocab, scale, top_k, top_p, use_top_k, use_top_p, BLOCK)
+                # 16 candidate cuts x BLOCK / 16 elements per step keeps registers as in the fast path
+                z_max, z_sum, cut = _filtered_stats(
+                    row_ptr, vocab, scale, top_k, top_p, use_top_k, use_top_p, max(BLOCK // 16, 16)
+                )
                 tl.store(part_max_ptr + out, z_max)
                 tl.store(part_sum_ptr + out, z_sum)
                 tl.store(part_idx_ptr + out, 0)
@@ -494,13 +497,18 @@ def verify_sample_triton(
     size = batch.batch_size
     device = logits.device
     width = batch.max_num_draft + 1
-    block = block or default_block(vocab, logits.dtype, device)
+    # NOTE: 4096 / 2048 elements per tile keep both kernels near 100 registers with no spills
+    # (ptxas, sm_90): two 8-warp programs per SM. The race tile is smaller because every
+    # element carries a Philox-4x32 state.
+    on_gpu = device.type == "cuda"
+    race_block = block or (2048 if on_gpu else default_block(vocab, logits.dtype, device))
+    block = block or (4096 if on_gpu else default_block(vocab, logits.dtype, device))
     programs = device_programs(device)
     if waves is None:
         waves = logits.numel() * logits.element_size() >= WAVE_MIN_BYTES
     # waves launch B x (positions in the wave) x S programs: size S for the smallest wave (B rows)
     chunk, splits = split_vocab(vocab, size if waves else num_rows, block, programs, num_splits)
-    race_chunk, race_splits = split_vocab(vocab, size, block, programs, num_race_splits)
+    race_chunk, race_splits = split_vocab(vocab, size, race_block, programs, num_race_splits)
     f32, i32 = torch.float32, torch.int32
     part_max = torch.empty((num_rows, splits), dtype=f32, device=device)
     part_sum = torch.empty((num_rows, splits), dtype=f32, device=device)
@@ -528,7 +536,7 @@ def verify_sample_triton(
         batch.seed, batch.offset, part_max, part_sum, part_idx, row_cut, race_key, race_idx,
         tokens, num_accepted, num_emitted, logits.stride(0), q.stride(0), splits, vocab,
         race_chunk, race_splits, width,
-        FUSED=race_splits == 1, BLOCK=block, num_warps=8, **common,
+        FUSED=race_splits == 1, BLOCK=race_block, num_warps=8, **common,
     )
     if race_splits > 1:
         _finalize_kernel[(size,)](
