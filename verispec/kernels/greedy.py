@@ -7,7 +7,7 @@ Two launches, both CUDA-graph capturable (no host sync; grid sizes come from hos
   1. ``_partial_argmax_kernel``  grid (R, S)
      Program (r, s) streams V-chunk s of row r once and writes its (max, lowest argmax) to a
      small [R, S] buffer. S > 1 only when R rows alone would leave the GPU idle (small B·K):
-     e.g. R = 5, V = 128256 on 132 SMs -> S = 32 chunks of 4096 -> 160 programs instead of 5.
+     e.g. R = 5, V = 128256 fp32 on 132 SMs -> S = 32 chunks of 4096 -> 160 programs instead of 5.
   2. ``_greedy_scan_kernel``  grid (B,)
      Program b reduces its k_b + 1 rows' partials (ties -> lowest split = lowest index),
      finds the first draft that differs from its row's argmax, and writes tokens /
@@ -32,9 +32,14 @@ _INT32_MAX = tl.constexpr(2**31 - 1)
 
 
 def device_programs(device: torch.device) -> int:
-    """Programs that fill the device about four times over (a small fixed number on CPU)."""
+    """Programs that fill the device about eight times over (a small fixed number on CPU).
+
+    NOTE: 4x left a half-empty last wave at mid sizes: B = 64, K = 8, bf16 V = 128256 (576
+    row programs, ~3 resident per SM) measured 66 us against a 50 us floor (H100, 04:48 UTC,
+    benchmarks/results/ablation.md); 8x splits those rows in two.
+    """
     if device.type == "cuda":
-        return 4 * torch.cuda.get_device_properties(device).multi_processor_count
+        return 8 * torch.cuda.get_device_properties(device).multi_processor_count
     return 8  # interpreter: small, but enough to exercise the split path in tests
 
 
