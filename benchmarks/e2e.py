@@ -183,22 +183,31 @@ def cpu(args) -> None:
     ar = SpeculativeDecoder(model, None)
     spec = SpeculativeDecoder(model, PromptLookup(max_ngram=args.ngram_max, min_ngram=args.ngram_min), k=args.k)
     ar.generate([1, 2, 3], max_new_tokens=4)
+    ratios = {"echo": [], "free": []}
     for label, prompts in (("echo", ECHO), ("free", FREE)):
         for i, text in enumerate(prompts):
             ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
-            a = ar.generate(ids, max_new_tokens=args.max_new)
-            s = spec.generate(ids, max_new_tokens=args.max_new)
-            n = len(a.tokens)
-            hf_plain, hf_plain_out = _hf_generate(hf, ids, n, None)
-            hf_look, hf_look_out = _hf_generate(hf, ids, n, args)
+            best = {}
+            for _ in range(args.repeats):   # interleaved, best of N: this machine is shared and noisy
+                a = ar.generate(ids, max_new_tokens=args.max_new)
+                s = spec.generate(ids, max_new_tokens=args.max_new)
+                n = len(a.tokens)
+                hp, hf_plain_out = _hf_generate(hf, ids, n, None)
+                hl, _ = _hf_generate(hf, ids, n, args)
+                for key, v in (("ar", a.stats.tokens_per_s), ("spec", s.stats.tokens_per_s), ("hp", hp), ("hl", hl)):
+                    best[key] = max(best.get(key, 0.0), v)
             same = a.tokens == s.tokens
             # HF's min_new_tokens masks EOS, so compare all but the last token
             hf_same = hf_plain_out[: n - 1] == a.tokens[: n - 1]
-            print(f"| {label} | {i} | {n} | {a.stats.tokens_per_s:.1f} | {s.stats.tokens_per_s:.1f} | "
-                  f"**{s.stats.tokens_per_s / a.stats.tokens_per_s:.2f}x** | {100 * s.stats.acceptance_rate:.0f}% | "
-                  f"{s.stats.tokens_per_round:.2f} | {hf_plain:.1f} | {hf_look:.1f} | "
-                  f"{s.stats.tokens_per_s / hf_look:.2f}x | {'yes' if same else 'NO'}"
+            ratios[label].append(best["spec"] / best["ar"])
+            print(f"| {label} | {i} | {n} | {best['ar']:.1f} | {best['spec']:.1f} | **{best['spec'] / best['ar']:.2f}x** | "
+                  f"{100 * s.stats.acceptance_rate:.0f}% | {s.stats.tokens_per_round:.2f} | {best['hp']:.1f} | "
+                  f"{best['hl']:.1f} | {best['spec'] / best['hl']:.2f}x | {'yes' if same else 'NO'}"
                   f"{'' if hf_same else ' (HF differs)'} |", flush=True)
+    for label, r in ratios.items():
+        print(f"\n{label}: speedup over own AR min {min(r):.2f}x, geomean "
+              f"{torch.tensor(r).log().mean().exp():.2f}x, max {max(r):.2f}x", end="")
+    print()
 
 
 def _hf_generate(hf, ids, n, lookup_args):
@@ -234,7 +243,8 @@ def main(argv=None) -> None:
     c = sub.add_parser("cpu")
     c.add_argument("--threads", type=int, default=None)
     c.add_argument("--max-new", type=int, default=128)
-    c.add_argument("-k", type=int, default=6)
+    c.add_argument("-k", type=int, default=8)
+    c.add_argument("--repeats", type=int, default=2, help="interleaved runs per prompt; the best is kept")
     c.add_argument("--ngram-max", type=int, default=3)
     c.add_argument("--ngram-min", type=int, default=2)
     args = p.parse_args(argv)
