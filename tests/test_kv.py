@@ -37,3 +37,16 @@ def test_scatter_overflow_is_an_error():
     cache = torch.zeros(1, 4, 2)
     with pytest.raises(ValueError, match="cache overflow"):
         scatter_to_cache(cache, torch.tensor([3]), torch.zeros(3, 2), torch.tensor([3]), torch.tensor([2]), backend="torch")
+
+
+def test_public_kv_functions_check_values_on_every_backend():
+    import pytest
+
+    for backend in ("torch", "triton"):
+        with pytest.raises(ValueError, match="num_rows sums to"):
+            compact_kv(torch.zeros(5, 2), torch.tensor([2, 2]), torch.tensor([1, 1]), backend=backend)
+        with pytest.raises(ValueError, match="num_emitted must satisfy"):
+            compact_kv(torch.zeros(4, 2), torch.tensor([2, 2]), torch.tensor([3, 1]), backend=backend)
+        with pytest.raises(ValueError, match="cache overflow"):
+            scatter_to_cache(torch.zeros(1, 4, 2), torch.tensor([3]), torch.zeros(3, 2), torch.tensor([3]),
+                             torch.tensor([2]), backend=backend)

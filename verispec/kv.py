@@ -76,10 +76,17 @@ def _kv_backend(backend: str | None, device: torch.device) -> str:
 
 
 def _check_counts(new_kv: torch.Tensor, num_rows: torch.Tensor, num_emitted: torch.Tensor) -> None:
+    """Shape checks always; value checks (a host sync) only when no CUDA graph is being captured."""
     if new_kv.dim() < 1:
         raise ValueError("new_kv must have a leading [R] row dimension")
     if num_rows.dim() != 1 or num_emitted.shape != num_rows.shape:
         raise ValueError(f"num_rows and num_emitted must both be [B], got {tuple(num_rows.shape)} and {tuple(num_emitted.shape)}")
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return
+    if int(num_rows.sum()) != new_kv.shape[0]:
+        raise ValueError(f"num_rows sums to {int(num_rows.sum())} but new_kv has {new_kv.shape[0]} rows")
+    if bool(((num_emitted < 0) | (num_emitted > num_rows)).any()):
+        raise ValueError("num_emitted must satisfy 0 <= num_emitted <= num_rows for every sequence")
 
 
 def compact_kv(
@@ -130,6 +137,9 @@ def scatter_to_cache(
     _check_counts(new_kv, num_rows, num_emitted)
     if cache.dim() != new_kv.dim() + 1 or cache.shape[2:] != new_kv.shape[1:]:
         raise ValueError(f"cache {tuple(cache.shape)} must be [B, S_max, ...] with trailing dims of new_kv {tuple(new_kv.shape)}")
+    if not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+        if bool((cache_lens + num_emitted > cache.shape[1]).any()):
+            raise ValueError(f"cache overflow: lengths {(cache_lens + num_emitted).tolist()} exceed capacity {cache.shape[1]}")
     chosen = _kv_backend(backend, new_kv.device)
     if chosen == "torch":
         packed = reference_compact_kv(new_kv, num_rows, num_emitted)

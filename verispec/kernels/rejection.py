@@ -305,7 +305,9 @@ def _first_rejection(
     else:
         q_x = tl.full([BLOCK_K], 1.0, tl.float32)
     u = _uniform(seed, offset, rows, tl.zeros_like(rows), 0)  # rng.ACCEPT
-    accepted = tl.where(sampled, u * q_x < p_x, draft == row_argmax)
+    # u * q(x) formed exactly in float64, as the reference does (two 24-bit mantissas)
+    exact_uq = u.to(tl.float64) * q_x.to(tl.float64)
+    accepted = tl.where(sampled, exact_uq < p_x.to(tl.float64), draft == row_argmax)
     num_accepted = tl.min(tl.where(is_draft & ~accepted, pos, tl.minimum(k, limit)), axis=0)
     return num_accepted, row_max, row_sum, row_cut, row_argmax, draft
 
