@@ -70,6 +70,21 @@ def test_prompt_lookup_adaptive_length():
     assert fixed.propose(4).num_draft == [3]          # only the history limits it (the cap would be 1)
 
 
+def test_prompt_lookup_backs_off_after_two_misses():
+    d = PromptLookup(max_ngram=1, min_ngram=1)
+    d.begin(None, [[1, 2, 3, 1, 2, 3, 1]], [2], GREEDY1, 0)
+    assert d.propose(2).num_draft == [2]
+    d.commit([0], [[9]])                       # miss 1: no pause
+    d._hist[0].extend([1])
+    assert d.propose(2).num_draft == [1]       # cap = accepted + 1
+    d.commit([0], [[9]])                       # miss 2: pause one round
+    d._hist[0].extend([1])
+    assert d.propose(2).num_draft == [0]
+    d.commit([0], [[5]])
+    d._hist[0].extend([1])
+    assert d.propose(2).num_draft == [1]       # drafting again
+
+
 def test_prompt_lookup_rejects_bad_ngrams():
     with pytest.raises(ValueError, match="min_ngram"):
         PromptLookup(max_ngram=1, min_ngram=2)

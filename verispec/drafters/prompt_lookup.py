@@ -10,9 +10,11 @@ No match -> 0 drafts: that sequence's round is a plain decode step (floor ~ the 
 Adaptive length (``adaptive=True``): a verify pass costs more with more tokens (a lot more on CPUs,
 a little on GPUs), so each sequence proposes at most ``cap_b`` drafts: after a round that accepted
 a of its drafts, cap_b = a + 1 if some were rejected, else min(k, 2 * cap_b). A copy run grows the
-cap quickly; a junk match costs one wasted draft, not k. After a round with no draft accepted the
-sequence also pauses drafting for 1, 2, 4, .. (at most 8) rounds, so free-form text, where tail
-n-grams match often but predict badly, falls back to plain decode steps (the floor is the baseline).
+cap quickly; a junk match costs one wasted draft, not k. After two rounds in a row with no draft
+accepted the sequence also pauses drafting for 1, 2, 4, .. (at most 8) rounds, so free-form text,
+where tail n-grams match often but predict badly, falls back to plain decode steps (the floor is the
+baseline); one miss alone does not pause (in a list, "\n- " predicts the previous item once, then
+the longer tail matches).
 """
 from __future__ import annotations
 
@@ -60,14 +62,14 @@ class PromptLookup(Drafter):
         self._cap: list[int] = []                # adaptive per-sequence cap (see the module docstring)
         self._last: list[int] = []               # drafts proposed to each sequence in the last round
         self._pause: list[int] = []              # rounds left without drafting (adaptive back-off)
-        self._backoff: list[int] = []            # length of the next pause
+        self._misses: list[int] = []             # rounds in a row with nothing accepted
 
     def begin(self, target, prompts, first_tokens, sampling, max_seq_len) -> None:
         self._hist = [_History(p + [t], self.min_ngram, self.max_ngram) for p, t in zip(prompts, first_tokens)]
         self._cap = [1 << 30] * len(prompts)
         self._last = [0] * len(prompts)
         self._pause = [0] * len(prompts)
-        self._backoff = [1] * len(prompts)
+        self._misses = [0] * len(prompts)
 
     def propose(self, k: int) -> Proposal:
         if self.num_pred_tokens is not None:
@@ -87,14 +89,13 @@ class PromptLookup(Drafter):
             proposed, accepted = self._last[b], num_accepted[b]
             if proposed:
                 self._cap[b] = min(2 * self._cap[b], 1 << 30) if accepted == proposed else accepted + 1
-                if accepted == 0:
-                    self._pause[b], self._backoff[b] = self._backoff[b], min(2 * self._backoff[b], 8)
-                else:
-                    self._backoff[b] = 1
+                self._misses[b] = self._misses[b] + 1 if accepted == 0 else 0
+                if self._misses[b] >= 2:
+                    self._pause[b] = min(1 << (self._misses[b] - 2), 8)
 
     def keep(self, batch_indices) -> None:
         self._hist = [self._hist[i] for i in batch_indices]
         self._cap = [self._cap[i] for i in batch_indices]
         self._last = [self._last[i] for i in batch_indices]
         self._pause = [self._pause[i] for i in batch_indices]
-        self._backoff = [self._backoff[i] for i in batch_indices]
+        self._misses = [self._misses[i] for i in batch_indices]
