@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -125,6 +126,12 @@ def _run_generate(args, *, banner: str | None = None) -> int:
 
     if args.k < 1:
         _die(f"-k must be >= 1, got {args.k}")
+    if args.threads is not None:
+        import torch
+
+        if args.threads < 1:
+            _die(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
     target = _load(args.model, args.device, args.dtype)
     tok = target.tokenizer
     prompts = _prompts(args, tok)
@@ -266,6 +273,7 @@ def _generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cpu | cuda[:i] (default: cuda if available)")
     p.add_argument("--draft-device", default=None, help="device of the --draft model (default: the target's)")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bf16 on cuda, fp32 on cpu)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("-q", "--quiet", action="store_true", help="no generated text, only the summary")
     p.add_argument("-v", "--verbose", action="store_true", help="per-phase timings")
 
@@ -279,6 +287,8 @@ def main(argv=None) -> int:
     dm = sub.add_parser("demo", help="prompt lookup vs plain decoding on the embedded model (< 1 min on 2 CPUs)")
     dm.add_argument("--max-new-tokens", type=int, default=120)
     dm.add_argument("--device", default=None)
+    dm.add_argument("--threads", type=int, default=None,
+                    help="torch CPU threads (default: all, or 1 when this small machine is already busy)")
     v = sub.add_parser("verify-demo", help="verify a synthetic batch with known answers")
     v.add_argument("--batch-size", type=int, default=8)
     v.add_argument("--num-draft", type=int, default=4)
@@ -292,9 +302,17 @@ def main(argv=None) -> int:
     if args.command == "verify-demo":
         return _run_verify_demo(args)
     if args.command == "demo":
+        threads = args.threads
+        if threads is None and (os.cpu_count() or 1) <= 4 and os.getloadavg()[0] >= 0.75:
+            # NOTE: with every core's OpenMP thread and another process on one of the cores, torch's CPU
+            # kernels stall on the preempted thread (measured 3-4x slower here); one thread does not.
+            threads = 1
+            print(f"[verispec] this machine is busy (load {os.getloadavg()[0]:.1f}): using 1 CPU thread",
+                  file=sys.stderr)
         demo = parser.parse_args(["generate", DEMO_PROMPT, "--draft-lookup", "--compare", "-k", "8",
                                   "--max-new-tokens", str(args.max_new_tokens)]
-                                 + (["--device", args.device] if args.device else []))
+                                 + (["--device", args.device] if args.device else [])
+                                 + (["--threads", str(threads)] if threads else []))
         print("[verispec] demo: the embedded SmolLM2-135M-Instruct, prompt-lookup drafting (k=8), greedy; "
               "then the same request with plain decoding", file=sys.stderr)
         print(f"[verispec] prompt: {DEMO_PROMPT[:90]!r}...", file=sys.stderr)
