@@ -25,5 +25,9 @@ demo: setup
 test: setup
 	TRITON_INTERPRET=1 $(PY) -m pytest -q
 
+# CPU end-to-end benchmark: SmolLM2 + prompt lookup vs plain decoding vs HF transformers
+bench-cpu: setup
+	$(PY) benchmarks/e2e.py cpu --threads 1
+
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -6,7 +6,8 @@
 """
 
 from . import analysis, workloads
-from .engine import Generation, SpeculativeDecoder, generate
+from .drafters import DraftModel, OracleDraft, PromptLookup, SelfSpeculative
+from .engine import Generation, SpeculativeDecoder, Stats, generate
 from .reference import VerifyOutput
 from .runtime import HFModel, Model, ModelConfig, load_model
 from .verify import verify_greedy, verify_sample
@@ -14,6 +15,7 @@ from .verify import verify_greedy, verify_sample
 __all__ = [
     "VerifyOutput", "verify_greedy", "verify_sample",
     "load_model", "Model", "HFModel", "ModelConfig",
-    "generate", "SpeculativeDecoder", "Generation",
+    "generate", "SpeculativeDecoder", "Generation", "Stats",
+    "DraftModel", "PromptLookup", "SelfSpeculative", "OracleDraft",
     "analysis", "workloads",
 ]
