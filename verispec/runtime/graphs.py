@@ -10,6 +10,7 @@ intermediates may overlap; each graph's output buffer stays alive because the gr
 """
 from __future__ import annotations
 
+import gc
 from typing import Callable
 
 import torch
@@ -57,7 +58,16 @@ class GraphCache:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            static_logits = self._step(static_tokens)
+        # No cyclic GC inside the capture: a collected cycle (e.g. an old Model and its GraphCache, which
+        # hold each other) can free CUDA graphs or memory mid-capture, which invalidates the capture
+        # ("operation failed due to a previous error during capture"). torch.cuda.graph collects first.
+        gc_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            with torch.cuda.graph(graph, pool=self._pool):
+                static_logits = self._step(static_tokens)
+        finally:
+            if gc_enabled:
+                gc.enable()
         lengths.copy_(saved)  # capture does not execute, but be explicit: replay advances lengths
         return graph, static_tokens, static_logits
