@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import torch
 
+from .verify import _capturing, _pick_backend
+
 
 def exclusive_cumsum(counts: torch.Tensor) -> torch.Tensor:
     """[B] -> [B + 1] int32 with out[0] = 0 and out[b+1] = counts[0] + ... + counts[b]."""
@@ -67,21 +69,13 @@ def rollback_lengths(cache_lens_before: torch.Tensor, num_emitted: torch.Tensor)
     return cache_lens_before + num_emitted.to(cache_lens_before.dtype)
 
 
-def _kv_backend(backend: str | None, device: torch.device) -> str:
-    if backend is None:
-        return "triton" if device.type == "cuda" else "torch"
-    if backend not in ("torch", "triton", "cuda"):
-        raise ValueError(f"backend must be 'torch', 'triton', 'cuda' or None, got {backend!r}")
-    return backend
-
-
 def _check_counts(new_kv: torch.Tensor, num_rows: torch.Tensor, num_emitted: torch.Tensor) -> None:
     """Shape checks always; value checks (a host sync) only when no CUDA graph is being captured."""
     if new_kv.dim() < 1:
         raise ValueError("new_kv must have a leading [R] row dimension")
     if num_rows.dim() != 1 or num_emitted.shape != num_rows.shape:
         raise ValueError(f"num_rows and num_emitted must both be [B], got {tuple(num_rows.shape)} and {tuple(num_emitted.shape)}")
-    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+    if _capturing():
         return
     if int(num_rows.sum()) != new_kv.shape[0]:
         raise ValueError(f"num_rows sums to {int(num_rows.sum())} but new_kv has {new_kv.shape[0]} rows")
@@ -105,7 +99,7 @@ def compact_kv(
         no host sync is needed to size the output (CUDA-graph safe on the GPU backends).
     """
     _check_counts(new_kv, num_rows, num_emitted)
-    chosen = _kv_backend(backend, new_kv.device)
+    chosen = _pick_backend(backend, new_kv.device)
     if chosen == "torch":
         compacted = reference_compact_kv(new_kv, num_rows, num_emitted)
         packed = torch.empty_like(new_kv)
@@ -137,10 +131,10 @@ def scatter_to_cache(
     _check_counts(new_kv, num_rows, num_emitted)
     if cache.dim() != new_kv.dim() + 1 or cache.shape[2:] != new_kv.shape[1:]:
         raise ValueError(f"cache {tuple(cache.shape)} must be [B, S_max, ...] with trailing dims of new_kv {tuple(new_kv.shape)}")
-    if not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+    if not _capturing():
         if bool((cache_lens + num_emitted > cache.shape[1]).any()):
             raise ValueError(f"cache overflow: lengths {(cache_lens + num_emitted).tolist()} exceed capacity {cache.shape[1]}")
-    chosen = _kv_backend(backend, new_kv.device)
+    chosen = _pick_backend(backend, new_kv.device)
     if chosen == "torch":
         packed = reference_compact_kv(new_kv, num_rows, num_emitted)
         return reference_scatter_to_cache(cache, cache_lens, packed, num_emitted)
