@@ -106,6 +106,57 @@ def test_keep_preserves_continuations(model):
     torch.testing.assert_close(kept, full[[3, 1]], **TOL)
 
 
+def test_graph_rows_buckets(model):
+    model.setup_cache(40, 16)
+    assert [model.graph_rows(b) for b in (1, 2, 3, 5, 8, 9, 17, 33, 40)] == [1, 2, 4, 8, 8, 16, 24, 40, 40]
+    model.setup_cache(3, 2000)                                     # too long for the old buffers: 3 rows now
+    assert [model.graph_rows(b) for b in (1, 2, 3)] == [1, 2, 3]   # never more rows than allocated
+
+
+def test_setup_cache_reuses_buffers_that_fit(model):
+    model.setup_cache(4, 100)
+    cache = model.cache
+    model.prefill(prompts([5, 6, 7, 8]))
+    model.setup_cache(2, 90)                                       # fewer rows, same 128-slot capacity
+    assert model.cache is cache and model.batch_size == 2 and model.max_seq_len == 90
+    assert cache.lengths_for(4).tolist() == [0, 0, 0, 0] and cache.live.tolist() == [1, 1, 0, 0]
+    model.setup_cache(5, 90)                                       # more rows than allocated: new buffers
+    assert model.cache is not cache
+    cache = model.cache
+    model.setup_cache(5, 2000)                                     # much longer: new buffers
+    assert model.cache is not cache and model.cache.capacity == 2048
+    cache = model.cache
+    model.setup_cache(5, 100)                                      # 2048 slots for 128 needed: too wasteful
+    assert model.cache is not cache
+
+
+def test_padded_graph_buckets_equal_plain_passes(model, monkeypatch):
+    """The GPU path runs a batch of B live sequences through the graph of a larger bucket, with padding
+    rows. Emulated on the CPU (the 'graph' is the step itself): same logits and lengths as unpadded passes,
+    through keep(), and padding rows stay at length 0."""
+    ps, cont = prompts([5, 9, 3, 7, 4], seed=50), rand_tokens(5, 4, seed=51)
+    results = {}
+    for padded in (False, True):
+        model.setup_cache(5, 40)
+        if padded:
+            monkeypatch.setattr(model, "use_graphs", True)
+            monkeypatch.setattr(model._graphs, "run", lambda tokens, out_rows=None: model._step(tokens)[:out_rows])
+        model.prefill(ps)
+        outs = [model.verify(cont)]                                # B=5 -> 5 (capped at the allocation)
+        model.keep(torch.tensor([4, 1, 2]))                        # B=3 -> bucket 4: one padding row
+        outs.append(model.verify(cont[[4, 1, 2], :3]))
+        model.rollback(model.lengths - torch.tensor([1, 0, 2]))
+        outs.append(model.decode(cont[[4, 1, 2], :1]))
+        outs.append(model.verify(cont[[0, 3, 2], :2]))
+        results[padded] = (outs, model.cache.lengths_for(5).tolist())
+        monkeypatch.undo()
+    # seq 4, 1, 2 in rows 0-2: prompt + 4 + 3 - rollback + 1 + 2; padding rows 3-4 at 0
+    assert results[True][1] == results[False][1] == [4 + 10 - 1, 9 + 10, 3 + 10 - 2, 0, 0]
+    for a, b in zip(results[True][0], results[False][0]):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b, **TOL)
+
+
 def test_truncated_shares_weights_and_owns_its_cache(model):
     draft = model.truncated(1)
     assert draft.config.num_layers == 1 and draft.net is model.net

@@ -38,7 +38,35 @@ def test_graphs_match_eager_through_rollback_and_keep(dtype, tol):
     assert outs["graphed"][1] == outs["eager"][1]
     for a, b in zip(outs["graphed"][0], outs["eager"][0]):
         assert ((a.float() - b.float()).abs().max() / b.float().abs().max()).item() < tol
-    assert len(graphed._graphs) == 4  # buckets (B, k): (4, 1), (4, 4), (3, 1), (3, 8)
+    # graphs per (rows, k): B=3 after keep() runs the B=4 bucket with one padding row
+    assert len(graphed._graphs) == 3  # (4, 1), (4, 4), (4, 8)
+    assert graphed.cache.lengths_for(4)[3].item() == 0
+
+
+def test_graphs_survive_setup_cache_and_shrinking_batches():
+    """A second generation on the same model reuses the cache and every captured graph; batches that
+    shrink through keep() run in padded buckets and still match the eager model."""
+    graphed = load_model(CFG, device="cuda", dtype=torch.float32, seed=4)
+    eager = load_model(CFG, device="cuda", dtype=torch.float32, seed=4, use_graphs=False)
+    ps = prompts([5, 9, 3, 7, 4, 8, 2, 6, 11], seed=7)
+    counts = []
+    for run in range(2):
+        outs = {}
+        for name, m in (("graphed", graphed), ("eager", eager)):
+            m.setup_cache(9, 64)
+            seq = [m.prefill(ps)]
+            keep = list(range(9))
+            for step in range(6):
+                seq.append(m.verify(rand_tokens(m.batch_size, 3, seed=10 * run + step)))
+                keep = keep[:-2] if len(keep) > 2 else keep[:1]
+                m.keep(torch.tensor(list(range(len(keep))), device="cuda"))
+            outs[name] = (seq, m.lengths.tolist())
+        assert outs["graphed"][1] == outs["eager"][1]
+        for a, b in zip(outs["graphed"][0], outs["eager"][0]):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+        counts.append(len(graphed._graphs))
+    # B = 9, 7, 5, 3, 1, 1 -> rows 9 (capped), 8, 8, 4, 1: four graphs, none captured again in run 2
+    assert counts == [4, 4]
 
 
 def test_verify_equals_decode_with_graphs():

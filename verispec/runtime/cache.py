@@ -6,6 +6,10 @@ valid for the life of the cache. Slots at or past ``lengths[b]`` are dead: rollb
 
 S_cap is ``max_seq_len`` rounded up to a multiple of 64 (aligned rows for the attention kernels); the
 extra slots are never written, because writes past ``max_seq_len`` are refused on the host side.
+
+Rows [B:B_max] are *padding rows*: a CUDA graph captured for a larger batch bucket (see runner.py) runs
+them along with the live rows. Their length stays 0 (``live`` is 0 there, so a pass advances them by
+nothing) and they only ever write slots [0, k) of their own dead row.
 """
 from __future__ import annotations
 
@@ -15,18 +19,43 @@ from torch import Tensor
 from .config import ModelConfig
 
 
+def capacity(max_seq_len: int) -> int:
+    """Slots per sequence for ``max_seq_len`` tokens: rounded up to a multiple of 64."""
+    return -(-max_seq_len // 64) * 64
+
+
 class StaticKVCache:
     def __init__(self, cfg: ModelConfig, batch_size: int, max_seq_len: int, device, dtype):
         if batch_size < 1 or max_seq_len < 1:
             raise ValueError(f"batch_size and max_seq_len must be >= 1, got {batch_size}, {max_seq_len}")
-        cap = -(-max_seq_len // 64) * 64
-        shape = (batch_size, cfg.num_kv_heads, cap, cfg.head_dim)
+        shape = (batch_size, cfg.num_kv_heads, capacity(max_seq_len), cfg.head_dim)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
         self.max_batch_size = batch_size
-        self.max_seq_len = max_seq_len
         self._lengths = torch.zeros(batch_size, device=device, dtype=torch.long)
+        self.live = torch.zeros(batch_size, device=device, dtype=torch.long)   # 1 for rows < B, else 0
+        self.reset(batch_size, max_seq_len)
+
+    @property
+    def capacity(self) -> int:
+        return self.k[0].shape[2]
+
+    def fits(self, batch_size: int, max_seq_len: int) -> bool:
+        """Whether ``reset(batch_size, max_seq_len)`` can reuse these buffers without wasting much memory:
+        enough rows, enough slots, and not more than twice (or 512 more than) the slots needed."""
+        need = capacity(max_seq_len)
+        return batch_size <= self.max_batch_size and need <= self.capacity <= max(2 * need, need + 512)
+
+    def reset(self, batch_size: int, max_seq_len: int) -> None:
+        """Start over with ``batch_size`` empty sequences of up to ``max_seq_len`` tokens (same buffers)."""
+        if not 1 <= batch_size <= self.max_batch_size or capacity(max_seq_len) > self.capacity:
+            raise ValueError(f"reset({batch_size}, {max_seq_len}) does not fit a cache of {self.max_batch_size} x "
+                             f"{self.capacity} slots")
         self.batch_size = batch_size
+        self.max_seq_len = max_seq_len
+        self._lengths.zero_()
+        self.live.zero_()
+        self.live[:batch_size] = 1
         # Host-side upper bound of max(lengths), kept without syncing: exact after prefill, +k after each
         # append, unchanged by rollback (which can only shorten). Used to refuse writes past max_seq_len.
         self.max_len_bound = 0
@@ -34,6 +63,10 @@ class StaticKVCache:
     @property
     def lengths(self) -> Tensor:
         return self._lengths[: self.batch_size]           # [B] view of a fixed buffer
+
+    def lengths_for(self, rows: int) -> Tensor:
+        """[rows] view of the lengths buffer (rows >= B includes padding rows, whose length is 0)."""
+        return self._lengths[:rows]
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
@@ -47,4 +80,6 @@ class StaticKVCache:
         for buf in self.k + self.v:
             buf[:n] = buf[idx]                                # gather first (a copy), then write the prefix
         self._lengths[:n] = self._lengths[idx]
+        self._lengths[n:] = 0
+        self.live[n:] = 0
         self.batch_size = n

@@ -1,4 +1,6 @@
-"""CUDA graphs for the decode / verify pass, one per (B, k) bucket, captured lazily on first use.
+"""CUDA graphs for the decode / verify pass, captured lazily on first use.
+
+One graph per (rows, k) bucket: runner.Model pads a batch up to its bucket (see ``Model.graph_rows``).
 
 A captured pass reads ``tokens`` from a static input buffer and ``lengths`` from the cache's fixed
 lengths buffer, computes positions and the attention mask on the device, writes K/V, advances
@@ -18,9 +20,9 @@ from torch import Tensor
 
 
 class GraphCache:
-    def __init__(self, step: Callable[[Tensor], Tensor], lengths: Callable[[], Tensor]):
-        self._step = step              # tokens [B, k] -> logits [B, k, V]; advances lengths by k
-        self._lengths = lengths        # current lengths view (restored after warm-up)
+    def __init__(self, step: Callable[[Tensor], Tensor], lengths: Callable[[int], Tensor]):
+        self._step = step              # tokens [R, k] -> logits [R, k, V]; advances lengths by k
+        self._lengths = lengths        # rows -> the [rows] lengths view the step uses (restored after warm-up)
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, Tensor, Tensor]] = {}
         self._pool = None
 
@@ -31,7 +33,9 @@ class GraphCache:
         self._graphs.clear()
         self._pool = None
 
-    def run(self, tokens: Tensor) -> Tensor:
+    def run(self, tokens: Tensor, out_rows: int | None = None) -> Tensor:
+        """Replay the graph of tokens' shape (capturing it the first time); logits of the first
+        ``out_rows`` rows (default all), cloned out of the static buffer."""
         key = tuple(tokens.shape)
         entry = self._graphs.get(key)
         if entry is None:
@@ -40,11 +44,11 @@ class GraphCache:
         graph, static_tokens, static_logits = entry
         static_tokens.copy_(tokens)
         graph.replay()
-        return static_logits.clone()
+        return static_logits[:out_rows].clone()
 
     def _capture(self, tokens: Tensor):
         static_tokens = tokens.clone()
-        lengths = self._lengths()
+        lengths = self._lengths(tokens.shape[0])
         saved = lengths.clone()
         # Warm up on a side stream (cuBLAS handles, SDPA kernel choice); the warm-up writes the same K/V the
         # real pass will write, then lengths are put back so the replay below is the one that counts.

@@ -30,7 +30,7 @@ class Model:
         self.cache: StaticKVCache | None = None
         self._rope: Tensor | None = None
         self.use_graphs = use_graphs and self.device.type == "cuda"
-        self._graphs = GraphCache(self._step, lambda: self.cache.lengths)
+        self._graphs = GraphCache(self._step, lambda rows: self.cache.lengths_for(rows))
 
     def __repr__(self) -> str:
         c = self.config
@@ -39,11 +39,17 @@ class Model:
 
     # ------------------------------------------------------------------------------- cache
     def setup_cache(self, batch_size: int, max_seq_len: int) -> None:
-        """(Re)allocate the static cache for ``batch_size`` sequences of up to ``max_seq_len`` tokens."""
+        """Make the static cache hold ``batch_size`` empty sequences of up to ``max_seq_len`` tokens.
+
+        The buffers of the previous cache are reused when they fit (``StaticKVCache.fits``), and with them
+        every CUDA graph captured so far: repeated ``generate`` calls pay for graph capture once."""
         sw = self.config.sliding_window
         if sw is not None and max_seq_len > sw:
             raise ValueError(f"max_seq_len {max_seq_len} > sliding_window {sw}: sliding-window attention is not "
                              f"implemented; use max_seq_len <= {sw}")
+        if self.cache is not None and self.cache.fits(batch_size, max_seq_len):
+            self.cache.reset(batch_size, max_seq_len)
+            return
         self.cache = None
         self._graphs.clear()
         self.cache = StaticKVCache(self.config, batch_size, max_seq_len, self.device, self.dtype)
@@ -94,11 +100,25 @@ class Model:
         return logits
 
     def _step(self, tokens: Tensor) -> Tensor:
-        # tokens [B, k] -> logits [B, k, V]; the body captured in CUDA graphs
-        lengths = self.cache.lengths
+        # tokens [R, k] -> logits [R, k, V]; the body captured in CUDA graphs. R >= B when a graph runs a
+        # larger batch bucket: rows [B:R] are padding rows, which ``live`` keeps at length 0.
+        rows = tokens.shape[0]
+        lengths = self.cache.lengths_for(rows)
         logits = self.net.append(tokens, lengths, self._rope, self.cache, self.num_active_layers)
-        lengths.add_(tokens.shape[1])
+        lengths.add_(self.cache.live[:rows], alpha=tokens.shape[1])
         return logits
+
+    def graph_rows(self, batch_size: int) -> int:
+        """The batch bucket whose CUDA graph serves ``batch_size`` live sequences: 1, 2, 4, 8, then multiples
+        of 8 up to 64, then of 32; at most the cache's allocated rows. Sequences that finish shrink the
+        batch; buckets bound the number of graphs to capture (each costs ~0.1-1 s) at the price of running a
+        few padding rows, which cost little in a weight-bandwidth-bound pass."""
+        if batch_size <= 8:
+            rows = 1 << (batch_size - 1).bit_length()
+        else:
+            step = 8 if batch_size <= 64 else 32
+            rows = -(-batch_size // step) * step
+        return min(rows, self._need_cache().max_batch_size)
 
     def _check_room(self, cache: StaticKVCache, k: int) -> None:
         if cache.max_len_bound + k <= cache.max_seq_len:
@@ -120,7 +140,13 @@ class Model:
         k = tokens.shape[1]
         self._check_room(cache, k)
         tokens = tokens.to(device=self.device, dtype=torch.long)
-        logits = self._graphs.run(tokens) if self.use_graphs else self._step(tokens)
+        if self.use_graphs:
+            rows = self.graph_rows(cache.batch_size)
+            if rows > cache.batch_size:
+                tokens = torch.cat([tokens, tokens.new_zeros(rows - cache.batch_size, k)])
+            logits = self._graphs.run(tokens, out_rows=cache.batch_size)
+        else:
+            logits = self._step(tokens)
         cache.max_len_bound += k
         return logits
 
