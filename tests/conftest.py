@@ -1,1 +1,11 @@
-import os; os.environ.setdefault("TRITON_INTERPRET", "1")
+"""Runs before any test module imports triton: without a CUDA GPU, the Triton kernels run in the interpreter.
+
+TRITON_INTERPRET must be set before the first ``@triton.jit`` executes. An explicit setting wins
+(``TRITON_INTERPRET=0`` on a GPU machine runs the compiled kernels; that is also the default there).
+"""
+import os
+
+if "TRITON_INTERPRET" not in os.environ:
+    import torch
+
+    os.environ["TRITON_INTERPRET"] = "0" if torch.cuda.is_available() else "1"
