@@ -1,7 +1,10 @@
 """End-to-end speculative decoding benchmarks: speedup over verispec's own autoregressive decoding.
 
-    python benchmarks/e2e.py gpu [--quick]     random-weight llama-3.1-8b target + llama-3.2-1b OracleDraft,
-                                               alpha x K x B grid, with the analytical bound from measured times
+    python benchmarks/e2e.py gpu [--peaked]    random-weight llama-3.1-8b target + llama-3.2-1b OracleDraft,
+                                               alpha x K x B grid, with the analytical bound from measured times;
+                                               then (unless --no-hf) the same target with a self-speculative draft
+                                               (its first --hf-layers layers) side by side with HF transformers
+                                               generate(assistant_model=<the same truncated target>)
     python benchmarks/e2e.py cpu [--threads N] the embedded SmolLM2-135M + PromptLookup on echo-heavy and
                                                free-form prompts, side by side with HF transformers generate()
 
@@ -78,6 +81,13 @@ def _pick_verify_backend(dev):
     return "torch"
 
 
+def _over_budget(args, t0, what: str) -> bool:
+    if time.perf_counter() - t0 <= args.budget_s:
+        return False
+    print(f"\n(time budget {args.budget_s}s reached: {what} skipped)", flush=True)
+    return True
+
+
 def gpu(args) -> None:
     dev = torch.device(args.device)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.machine()
@@ -92,10 +102,20 @@ def gpu(args) -> None:
         make_peaked(target)
     print(f"(models built in {time.perf_counter() - t0:.0f}s)\n", flush=True)
     backend = _pick_verify_backend(dev)
+    sections = [lambda: _grid(args, target, draft, backend, t0)]
+    if not args.no_hf:
+        sections.insert(0 if args.hf_first else 1, lambda: _hf_side_by_side(args, target, backend, t0))
+    for i, section in enumerate(sections):
+        if i:
+            print()                                       # a blank line between the two tables
+        section()
+    print(f"\n(total {time.perf_counter() - t0:.0f}s)")
+
+
+def _grid(args, target, draft, backend, t0) -> None:
     gen = torch.Generator().manual_seed(0)
     alphas = [float(a) for a in args.alphas.split(",")]
     ks = [int(k) for k in args.ks.split(",")]
-    rows = []
     header = ("| B | alpha | K | accepted/proposed | tok/round (E_SD) | tok/s | AR tok/s | speedup | bound | "
               "draft step ms | verify ms | AR step ms |")
     print(header)
@@ -112,8 +132,7 @@ def gpu(args) -> None:
         refs = [g.tokens for g in out]
         for alpha in alphas:
             for k in ks:
-                if time.perf_counter() - t0 > args.budget_s:
-                    print(f"\n(time budget {args.budget_s}s reached: the rest of the grid was skipped)")
+                if _over_budget(args, t0, "the rest of the grid was"):
                     return
                 dec = SpeculativeDecoder(target, OracleDraft(refs, alpha, cost_model=draft, seed=0), k=k,
                                          verify_backend=backend)
@@ -126,13 +145,79 @@ def gpu(args) -> None:
                 tps = _throughput(dec, batch)
                 bound = speedup_from_times(alpha, k, draft_step, verify, ar_step)
                 acc = st.accepted / st.proposed
-                row = (f"| {batch} | {alpha} | {k} | {acc:.2f} | {(st.new_tokens - batch) / st.rounds / batch:.2f} "
-                       f"(E={expected_tokens_per_round(alpha, k):.2f}) | {tps:.0f} | {ar_tps:.0f} | "
-                       f"**{tps / ar_tps:.2f}x** | {bound:.2f}x | {1e3 * draft_step:.2f} | {1e3 * verify:.2f} | "
-                       f"{1e3 * ar_step:.2f} |" + ("" if exact else " output differs from AR!"))
-                print(row, flush=True)
-                rows.append(row)
-    print(f"\n(total {time.perf_counter() - t0:.0f}s)")
+                print(f"| {batch} | {alpha} | {k} | {acc:.2f} | {(st.new_tokens - batch) / st.rounds / batch:.2f} "
+                      f"(E={expected_tokens_per_round(alpha, k):.2f}) | {tps:.0f} | {ar_tps:.0f} | "
+                      f"**{tps / ar_tps:.2f}x** | {bound:.2f}x | {1e3 * draft_step:.2f} | {1e3 * verify:.2f} | "
+                      f"{1e3 * ar_step:.2f} |" + ("" if exact else " output differs from AR!"), flush=True)
+
+
+def _hf_side_by_side(args, target, backend, t0) -> None:
+    """verispec SelfSpeculative(L) vs HF generate(assistant_model=the same first L layers), same K, greedy.
+
+    Both drafts are the target's own first L layers + final norm + LM head (the HF assistant shares the
+    runtime's tensors), so with equal greedy outputs both accept exactly the same drafts: the comparison
+    is of the engines, not of the drafts. HF assisted generation is batch-1 only (B > 1: ours only).
+    """
+    import transformers
+
+    from verispec.drafters import SelfSpeculative
+    from verispec.runtime.loading import to_transformers
+
+    if _over_budget(args, t0, "the HF transformers side-by-side was"):
+        return
+    L, n = args.hf_layers, args.hf_max_new
+    hf = to_transformers(target.net)
+    assistant = to_transformers(target.net, num_layers=L)
+    for m in (hf, assistant):
+        p = next(m.parameters())
+        assert p.device == target.device and p.dtype == target.net.embed.dtype and not m.training, (p.device, p.dtype)
+    cfg = assistant.generation_config
+    cfg.num_assistant_tokens_schedule = "constant"
+    if hasattr(cfg, "assistant_confidence_threshold"):
+        cfg.assistant_confidence_threshold = 0.0          # 0 (not None, which means the default 0.4) = off
+    print(f"\n## Self-speculative (first {L} of {target.config.num_layers} layers as the draft): verispec vs "
+          f"HF transformers {transformers.__version__}\n")
+    print(f"Prompt {args.prompt_len} random tokens, {n} new tokens, greedy, {target.net.embed.dtype}; warm-up run "
+          f"first. HF: `generate(assistant_model=..., max_new_tokens={n}, min_new_tokens={n}, do_sample=False)` with "
+          f"`num_assistant_tokens=K`, schedule constant, confidence threshold off; HF tok/s subtracts a 1-token "
+          f"generate (prefill). passes = target forward passes incl. prefill (ours / HF). identical: ours spec = "
+          f"ours AR / HF plain = ours AR / HF assisted = ours spec (HF: all but the last token).\n")
+    print("| B | K | accepted/proposed | tok/round | passes (ours / HF) | ours AR tok/s | ours spec tok/s | "
+          "ours speedup | HF plain tok/s | HF assisted tok/s | HF speedup | ours spec / HF assisted | identical |")
+    print("|" + "---|" * 13, flush=True)
+    yn = lambda v: "n/a" if v is None else ("yes" if v else "NO")  # noqa: E731
+    gen = torch.Generator().manual_seed(1)
+    for batch in [int(b) for b in args.hf_batches.split(",")]:
+        if _over_budget(args, t0, "the rest of the HF side-by-side was"):
+            return
+        prompts = [torch.randint(0, target.config.vocab_size, (args.prompt_len,), generator=gen).tolist()
+                   for _ in range(batch)]
+        ar = SpeculativeDecoder(target, None, verify_backend=backend)
+        _run(ar, prompts, n)                                                  # warm-up
+        out, _ = _run(ar, prompts, n)
+        ar_tps = _throughput(ar, batch)
+        refs = [g.tokens for g in out]
+        hp, hp_out, _ = _hf_generate(hf, prompts, n, warmup=True)
+        hp_same = all(h[: n - 1] == r[: n - 1] for h, r in zip(hp_out, refs))
+        for k in [int(k) for k in args.hf_ks.split(",")]:
+            if _over_budget(args, t0, "the rest of the HF side-by-side was"):
+                return
+            dec = SpeculativeDecoder(target, SelfSpeculative(L), k=k, verify_backend=backend)
+            _run(dec, prompts, n)                                             # warm-up (graphs)
+            out, st = _run(dec, prompts, n)
+            tps = _throughput(dec, batch)
+            mine = [g.tokens for g in out]
+            ha, ha_same, passes = None, None, "-"
+            if batch == 1:
+                cfg.num_assistant_tokens = k
+                ha, ha_out, calls = _hf_generate(hf, prompts, n, warmup=True, assistant_model=assistant)
+                ha_same = ha_out[0][: n - 1] == mine[0][: n - 1]
+                passes = f"{st.rounds + 1} / {calls}"
+            print(f"| {batch} | {k} | {st.acceptance_rate:.2f} | {(st.new_tokens - batch) / st.rounds / batch:.2f} | "
+                  f"{passes} | {ar_tps:.0f} | {tps:.0f} | **{tps / ar_tps:.2f}x** | {hp:.0f} | "
+                  + ("n/a (batch-1 only) | n/a | n/a" if ha is None else
+                     f"{ha:.0f} | {ha / hp:.2f}x | **{tps / ha:.2f}x**")
+                  + f" | {yn(mine == refs)} / {yn(hp_same)} / {yn(ha_same)} |", flush=True)
 
 
 # ---------------------------------------------------------------------------------------------- CPU
@@ -192,8 +277,9 @@ def cpu(args) -> None:
                 a = ar.generate(ids, max_new_tokens=args.max_new)
                 s = spec.generate(ids, max_new_tokens=args.max_new)
                 n = len(a.tokens)
-                hp, hf_plain_out = _hf_generate(hf, ids, n, None)
-                hl, _ = _hf_generate(hf, ids, n, args)
+                hp, (hf_plain_out,), _ = _hf_generate(hf, [ids], n)
+                hl, _, _ = _hf_generate(hf, [ids], n, prompt_lookup_num_tokens=args.k,
+                                        max_matching_ngram_size=args.ngram_max)
                 for key, v in (("ar", a.stats.tokens_per_s), ("spec", s.stats.tokens_per_s), ("hp", hp), ("hl", hl)):
                     best[key] = max(best.get(key, 0.0), v)
             same = a.tokens == s.tokens
@@ -210,20 +296,33 @@ def cpu(args) -> None:
     print()
 
 
-def _hf_generate(hf, ids, n, lookup_args):
-    """HF generate() for exactly n new tokens; tok/s over the decode phase (a 1-token run's time is subtracted)."""
-    x = torch.tensor([ids])
-    kw = dict(do_sample=False, pad_token_id=0)
-    if lookup_args is not None:
-        kw.update(prompt_lookup_num_tokens=lookup_args.k, max_matching_ngram_size=lookup_args.ngram_max)
+def _hf_generate(hf, prompts, n, warmup=False, **kw):
+    """HF generate() for exactly n new tokens per prompt (equal-length prompts, no padding).
+
+    Returns (tok/s over the decode phase: a 1-token run's time is subtracted, the new tokens of each row,
+    the target's forward calls in the n-token run). ``warmup``: one untimed n-token run first.
+    """
+    x = torch.tensor(prompts, device=hf.device)
+    kw = dict(do_sample=False, pad_token_id=0, **kw)
+    sync = torch.cuda.synchronize if x.device.type == "cuda" else (lambda: None)
+    calls = []
     with torch.inference_mode():
+        if warmup:
+            hf.generate(x, max_new_tokens=n, min_new_tokens=n, **kw)
+        sync()
         t = time.perf_counter()
         hf.generate(x, max_new_tokens=1, min_new_tokens=1, **kw)
+        sync()
         first = time.perf_counter() - t
-        t = time.perf_counter()
-        out = hf.generate(x, max_new_tokens=n, min_new_tokens=n, **kw)
-        total = time.perf_counter() - t
-    return (n - 1) / max(total - first, 1e-9), out[0, len(ids):].tolist()
+        hook = hf.register_forward_pre_hook(lambda *_: calls.append(1))
+        try:
+            t = time.perf_counter()
+            out = hf.generate(x, max_new_tokens=n, min_new_tokens=n, **kw)
+            sync()
+            total = time.perf_counter() - t
+        finally:
+            hook.remove()
+    return len(prompts) * (n - 1) / max(total - first, 1e-9), out[:, x.shape[1]:].tolist(), len(calls)
 
 
 def main(argv=None) -> None:
@@ -232,14 +331,21 @@ def main(argv=None) -> None:
     g = sub.add_parser("gpu")
     g.add_argument("--target", default="llama-3.1-8b")
     g.add_argument("--draft", default="llama-3.2-1b")
-    g.add_argument("--alphas", default="0.5,0.7,0.9")
+    g.add_argument("--alphas", default="0.5,0.7,0.8,0.9")
     g.add_argument("--ks", default="2,4,6,8")
     g.add_argument("--batches", default="1,8,32")
     g.add_argument("--prompt-len", type=int, default=64)
     g.add_argument("--max-new", type=int, default=128)
     g.add_argument("--device", default="cuda")
     g.add_argument("--peaked", action="store_true", help="well-separated greedy argmax (see make_peaked)")
-    g.add_argument("--budget-s", type=float, default=420.0, help="stop the grid after this many seconds")
+    g.add_argument("--budget-s", type=float, default=420.0,
+                   help="skip what is left of the grid / HF side-by-side after this many seconds")
+    g.add_argument("--no-hf", action="store_true", help="skip the HF transformers side-by-side")
+    g.add_argument("--hf-first", action="store_true", help="run the HF side-by-side before the grid")
+    g.add_argument("--hf-layers", type=int, default=4, help="self-speculative draft depth (target layers)")
+    g.add_argument("--hf-ks", default="4")
+    g.add_argument("--hf-max-new", type=int, default=64)
+    g.add_argument("--hf-batches", default="1", help="B > 1: ours only (HF assisted generation is batch-1 only)")
     c = sub.add_parser("cpu")
     c.add_argument("--threads", type=int, default=None)
     c.add_argument("--max-new", type=int, default=128)

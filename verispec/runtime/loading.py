@@ -264,18 +264,25 @@ _HF_CLASSES = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "mistral": ("Mistra
                "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM")}
 
 
-def to_transformers(net: Transformer):
+def to_transformers(net: Transformer, num_layers: int | None = None):
     """A transformers model (LlamaForCausalLM, ...) sharing ``net``'s storage (views; no copy) — the reference
-    for tests and the baseline for benchmarks. Needs ``transformers``."""
+    for tests and the baseline for benchmarks. Needs ``transformers``.
+
+    ``num_layers``: keep only the first ``num_layers`` decoder layers (+ final norm, embedding and LM head,
+    all still shared): the transformers twin of ``Model.truncated(num_layers)``, e.g. a self-speculative
+    ``assistant_model`` for ``generate``."""
     import transformers
 
     c = net.cfg
+    n = c.num_layers if num_layers is None else num_layers
+    if not 1 <= n <= c.num_layers:
+        raise ValueError(f"num_layers={num_layers}: need 1 <= num_layers <= {c.num_layers}")
     cfg_name, model_name = _HF_CLASSES[c.model_type]
     rope = {"rope_type": "default", "rope_theta": c.rope_theta}
     if c.rope_scaling:
         rope = {**c.rope_scaling, "rope_theta": c.rope_theta}
     kw = dict(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-              num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
+              num_hidden_layers=n, num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
               head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps, max_position_embeddings=c.max_position_embeddings,
               tie_word_embeddings=c.tie_word_embeddings)
     if int(transformers.__version__.split(".")[0]) >= 5:
@@ -287,7 +294,8 @@ def to_transformers(net: Transformer):
     hf_cfg = getattr(transformers, cfg_name)(**kw)
     with torch.device("meta"):
         ref = getattr(transformers, model_name)(hf_cfg)
-    sd = hf_state_dict(net)
+    sd = {k: v for k, v in hf_state_dict(net).items()
+          if not k.startswith("model.layers.") or int(k.split(".")[2]) < n}
     if c.tie_word_embeddings:
         sd.pop("lm_head.weight")
     ref.load_state_dict(sd, assign=True, strict=False)
