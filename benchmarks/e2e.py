@@ -11,9 +11,11 @@
 Method (both): every configuration runs once to warm up (CUDA graphs for every batch shape it will
 see; the oracle and greedy decoding are deterministic, so later runs see the same shapes), then
 (GPU) once with ``timing=True`` (a synchronize around each phase) to measure the draft step and
-verify pass times that feed ``verispec.analysis.speedup_from_times``, then once for throughput
-without any extra sync. Throughput = tokens generated after the first one / decode wall time
-(prefill excluded).
+verify pass times that feed ``verispec.analysis.speedup_from_times``, then ``--repeats`` times for
+throughput without any extra sync (median). Throughput = tokens generated after the first one / decode
+wall time (prefill excluded). "steady speedup" = the same ratio measured only until the first sequence
+of the batch finishes (what a server that refills finished slots would see; a static batch then runs a
+tail of nearly full-cost rounds for its slowest sequences).
 Results go to stdout as markdown tables (paste into benchmarks/results/e2e*.md).
 """
 from __future__ import annotations
@@ -41,6 +43,15 @@ def _run(decoder, prompts, max_new, timing=False):
     decoder.timing = timing
     out = decoder.generate(prompts, max_new_tokens=max_new)
     return out, decoder.last_stats
+
+
+def _median_throughput(decoder, prompts, args):
+    """Median decode tok/s of ``args.repeats`` untimed runs (no extra syncs), and the last run's outputs."""
+    rates = []
+    for _ in range(args.repeats):
+        out, _ = _run(decoder, prompts, args.max_new)
+        rates.append(_throughput(decoder, len(prompts)))
+    return sorted(rates)[len(rates) // 2], out
 
 
 def _steady_throughput(decoder, prompts, max_new) -> float:
@@ -151,8 +162,7 @@ def _grid(args, target, draft, backend, t0) -> None:
         _run(ar, prompts, args.max_new)                              # warm-up (CUDA graphs for every shape)
         out, st = _run(ar, prompts, args.max_new, timing=True)
         ar_step = st.verify_s / st.rounds
-        out, st = _run(ar, prompts, args.max_new)
-        ar_tps = _throughput(ar, batch)
+        ar_tps, out = _median_throughput(ar, prompts, args)
         ar_steady = _steady_throughput(ar, prompts, args.max_new)
         refs = [g.tokens for g in out]
         for alpha in alphas:
@@ -169,8 +179,7 @@ def _grid(args, target, draft, backend, t0) -> None:
                 # per round, what is neither a draft step nor the target pass: acceptance, the host sync,
                 # commit/rollback bookkeeping and Python (phases are synchronized in the timed run)
                 other = (st.decode_s - st.draft_s - st.verify_s) / st.rounds
-                _run(dec, prompts, args.max_new)
-                tps = _throughput(dec, batch)
+                tps, _ = _median_throughput(dec, prompts, args)
                 steady = _steady_throughput(dec, prompts, args.max_new) / ar_steady
                 bound = speedup_from_times(alpha, k, draft_step, verify, ar_step)
                 acc = st.accepted / st.proposed
@@ -366,6 +375,7 @@ def main(argv=None) -> None:
     g.add_argument("--batches", default="1,8,32")
     g.add_argument("--prompt-len", type=int, default=64)
     g.add_argument("--max-new", type=int, default=128)
+    g.add_argument("--repeats", type=int, default=3, help="throughput runs per cell; the median is reported")
     g.add_argument("--device", default="cuda")
     g.add_argument("--peaked", action="store_true", help="well-separated greedy argmax (see make_peaked)")
     g.add_argument("--budget-s", type=float, default=420.0,
