@@ -34,7 +34,7 @@ def _compile(source: Path, out_dir: Path) -> subprocess.CompletedProcess:
 
 
 def test_sources_exist():
-    assert {p.name for p in SOURCES} >= {"verify_greedy.cu", "verify_sample.cu", "kv_compact.cu"}
+    assert {p.name for p in SOURCES} >= {"verify_greedy.cu", "verify_sample.cu", "kv_compact.cu", "gemv.cu"}
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found on PATH: cannot compile the CUDA sources")

@@ -7,6 +7,9 @@ Sources, side by side (llm.c style; each file's header says what each version ch
     verify_sample.cu   rejection sampling: softmax statistics + ballot accept tests + race
     kv_compact.cu      KV compaction: v1 naive, v2 prefix sum + coalesced copy (Opt B),
                        v3 the same fused into one launch
+    gemv.cu            decode-step weight matmul y = x @ W^T (+ b) for M <= 8 tokens: v1 fp32 FMAs,
+                       v2 tensor-core MMAs (bf16/fp16); split-K inside the block, streaming
+                       16-byte loads, deterministic reduction
     binding.cpp        torch glue, built only on a CUDA machine
 
 The .cu files are plain CUDA C++ (no torch headers), so CPU CI compiles them with nvcc alone
@@ -20,6 +23,7 @@ Entry points (all CUDA-graph safe except where a host check is noted):
     compact_kv_cuda(new_kv, num_rows, num_emitted, variant=DEFAULT_KV)   "naive" | "scan" | "fused"
     scatter_to_cache_cuda(cache, cache_lens, new_kv, num_rows, num_emitted, variant=DEFAULT_KV)
     target_argmax_cuda(logits, version) / greedy_scan_cuda(target_argmax, batch, variant)  (benchmarks)
+    gemv_cuda(x, w, b=None, out=None)                   F.linear for M <= 8 rows (falls back otherwise)
 
 The defaults are the fastest versions measured in benchmarks/results/ablation.md.
 """
@@ -35,7 +39,7 @@ import torch
 from ..reference import VerifyOutput
 
 _SRC = Path(__file__).resolve().parent
-_SOURCES = ("binding.cpp", "verify_greedy.cu", "verify_sample.cu", "kv_compact.cu")
+_SOURCES = ("binding.cpp", "verify_greedy.cu", "verify_sample.cu", "kv_compact.cu", "gemv.cu")
 GREEDY_VARIANTS = {"naive": 0, "ballot": 1, "segment": 2}
 KV_VARIANTS = {"naive": 0, "scan": 1, "fused": 2}
 DEFAULT_GREEDY = "ballot"
@@ -199,3 +203,80 @@ def scatter_to_cache_cuda(
     lens64 = cache_lens.to(device=new_kv.device, dtype=torch.int64).contiguous()
     load().kv_scatter(KV_VARIANTS[variant], cache, lens64, new_kv.contiguous(), rows32, emit32)
     return new_lens
+
+
+# ---- decode GEMV -------------------------------------------------------------------------
+GEMV_MAX_M = 8
+GEMV_VERSIONS = (1, 2)  # 1: fp32 FMAs (every dtype), 2: tensor-core MMAs (bf16 / fp16)
+GEMV_ROWS = (1, 2, 4)
+GEMV_SPLITS = (1, 2, 4, 8)
+_GEMV_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def gemv_supported(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether gemv.cu takes (x, w) itself rather than falling back to F.linear: 1 <= M <= 8 rows of
+    x (M = x.numel() / K), K * element size a multiple of 16 bytes (bf16/fp16: K % 8 == 0, fp32:
+    K % 4 == 0), w contiguous and 16-byte aligned. (x is copied when it is not contiguous or not
+    16-byte aligned: it is small.)"""
+    K = w.shape[1]
+    M = x.numel() // K if K else 0
+    return 1 <= M <= GEMV_MAX_M and (K * w.element_size()) % 16 == 0 and w.is_contiguous() and w.data_ptr() % 16 == 0
+
+
+def gemv_cuda(
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
+    version: int = 0, rows: int = 0, split: int = 0,
+) -> torch.Tensor:
+    """``F.linear(x, w, b)`` for the decode step's few tokens: x [..., K], w [N, K], b [N] -> [..., N].
+
+    One launch of gemv.cu (fp32 accumulation, deterministic: bit-identical run to run), on the
+    current stream, no host sync: CUDA-graph capturable. Where ``gemv_supported`` is false (more
+    than 8 rows, K not a multiple of 16 bytes, misaligned or non-contiguous w) it returns
+    ``F.linear(x, w, b)`` instead (written into ``out`` when given).
+
+    out: optional contiguous [..., N] tensor of x's dtype, written in place and returned.
+    version: 1 (fp32 FMAs) or 2 (tensor cores, bf16/fp16 only); rows (v1): rows per warp group
+    (1, 2, 4); split: warps per row group (1, 2, 4, 8). 0 = the launcher's choice for the shape
+    and dtype (see ``gemv_config``); benchmarks/gemv.py sweeps them.
+
+    Example: ``gemv_cuda(torch.ones(1, 8, device="cuda"), torch.ones(3, 8, device="cuda"))``
+    -> ``tensor([[8., 8., 8.]], device='cuda:0')``.
+    """
+    if not (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor)):
+        raise TypeError("gemv_cuda: x and w must be tensors")
+    if w.dim() != 2 or x.dim() < 1 or x.shape[-1] != w.shape[1]:
+        raise ValueError(f"gemv_cuda: x {tuple(x.shape)} @ w {tuple(w.shape)}^T: w must be [N, K] and x [..., K]")
+    if not (x.is_cuda and w.device == x.device):
+        raise ValueError(f"gemv_cuda: x and w must be on one CUDA device, got x on {x.device}, w on {w.device}")
+    if x.dtype not in _GEMV_DTYPES or w.dtype != x.dtype:
+        raise ValueError(f"gemv_cuda: x and w must share one dtype of float32/bfloat16/float16, got x {x.dtype}, "
+                         f"w {w.dtype}")
+    N, K = w.shape
+    out_shape = (*x.shape[:-1], N)
+    if b is not None and (b.shape != (N,) or b.dtype != x.dtype or b.device != x.device):
+        raise ValueError(f"gemv_cuda: b must be [{N}] {x.dtype} on {x.device}, got {tuple(b.shape)} {b.dtype} on {b.device}")
+    if out is not None and (tuple(out.shape) != out_shape or out.dtype != x.dtype or out.device != x.device
+                            or not out.is_contiguous()):
+        raise ValueError(f"gemv_cuda: out must be a contiguous {out_shape} {x.dtype} tensor on {x.device}, got "
+                         f"{tuple(out.shape)} {out.dtype} on {out.device}")
+    if version not in (0, *GEMV_VERSIONS) or rows not in (0, *GEMV_ROWS) or split not in (0, *GEMV_SPLITS):
+        raise ValueError(f"gemv_cuda: version must be 0 or one of {GEMV_VERSIONS}, rows 0 or one of {GEMV_ROWS}, "
+                         f"split 0 or one of {GEMV_SPLITS}; got version={version}, rows={rows}, split={split}")
+    if version == 2 and x.dtype == torch.float32:
+        raise ValueError("gemv_cuda: version 2 (tensor cores) needs bfloat16 or float16, got float32")
+    if not gemv_supported(x, w):
+        y = torch.nn.functional.linear(x, w, b)
+        return y if out is None else out.copy_(y)
+    x2 = x.reshape(-1, K).contiguous()  # [M, K]
+    if x2.data_ptr() % 16:  # a fresh copy is 16-byte aligned
+        x2 = x2.clone()
+    y = load().gemv(x2, w, None if b is None else b.contiguous(), None if out is None else out.view(-1, N),
+                    version, rows, split)
+    return y.view(out_shape) if out is None else out
+
+
+def gemv_config(w: torch.Tensor, M: int) -> tuple[int, int, int]:
+    """(version, rows, split) that gemv_cuda picks for w [N, K] (its dtype) and M rows of x on this GPU;
+    rows is 16 (the MMA tile) for version 2."""
+    version, rows, split = load().gemv_config(w, M)
+    return version, rows, split

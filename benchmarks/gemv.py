@@ -1,0 +1,240 @@
+"""Decode-step weight matmuls: cuBLAS (F.linear) vs verispec's CUDA GEMV (verispec/cuda/gemv.cu).
+
+For every llama-3.1-8b / llama-3.2-1b weight shape W [N, K] (bf16) and M tokens in {1, 2, 4, 8}:
+  1. builds the extension, then checks gemv_cuda against F.linear in fp32 (x.float() @ w.float()^T)
+     on that shape and M, and checks that two calls are bit-identical;
+  2. times F.linear and gemv_cuda: a CUDA graph of --calls back-to-back calls, each on a DIFFERENT
+     copy of W (copies rotate; together they exceed the 50 MB L2, so every call reads W from HBM),
+     replayed --reps times; time per call = median replay time (CUDA events) / --calls;
+  3. the floor: W bytes / device copy bandwidth (a 2 GiB device-to-device copy, bytes read + written);
+  4. --sweep: the same timing for every (rows, split) configuration of the kernel, to check (and tune)
+     the launcher's automatic choice.
+Prints a markdown table and writes it (with the device, versions, command and a short reading) to
+benchmarks/results/gemv.md, or to --out.
+
+  python benchmarks/gemv.py                   # GPU only
+  python benchmarks/gemv.py --sweep --out $OUT/gemv.md
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import verispec.cuda as vc  # noqa: E402
+
+# model -> [(matrix, N, K)]: W is [N, K] (out features, in features)
+SHAPES = {
+    "llama-3.1-8b": [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate/up", 28672, 4096), ("down", 4096, 14336),
+                     ("lm_head", 128256, 4096)],
+    "llama-3.2-1b": [("qkv", 3072, 2048), ("o", 2048, 2048), ("gate/up", 16384, 2048), ("down", 2048, 8192),
+                     ("lm_head", 128256, 2048)],
+}
+ROTATE_BYTES = 256 << 20  # copies of W per shape: enough to cover this, at least 2
+
+
+def copy_bandwidth(nbytes: int = 2 << 30, iters: int = 20) -> float:
+    """Bytes/s of a device-to-device copy, counting bytes read + written (median of iters)."""
+    a = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    for s, e in ev:
+        s.record()
+        b.copy_(a)
+        e.record()
+    torch.cuda.synchronize()
+    t = statistics.median(s.elapsed_time(e) / 1e3 for s, e in ev)
+    del a, b
+    torch.cuda.empty_cache()
+    return 2 * nbytes / t
+
+
+def graph_us_per_call(call, calls: int, reps: int) -> float:
+    """Median over reps replays of a graph of `calls` calls call(0..calls-1), per call, in us."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm up (cuBLAS workspace, extension) outside capture
+        for i in range(calls):
+            call(i)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            call(i)
+    for _ in range(3):
+        graph.replay()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for s, e in ev:
+        s.record()
+        graph.replay()
+        e.record()
+    torch.cuda.synchronize()
+    us = statistics.median(s.elapsed_time(e) * 1e3 for s, e in ev) / calls
+    del graph
+    return us
+
+
+def check_parity(x, w) -> tuple[float, bool]:
+    """(max |gemv - ref| / max |ref|, bit-identical on a second call); ref = F.linear in fp32."""
+    y = vc.gemv_cuda(x, w)
+    ref = F.linear(x.float(), w.float())
+    err = ((y.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+    same = torch.equal(y, vc.gemv_cuda(x, w))
+    del ref
+    return err, same
+
+
+def bench_shape(model, name, N, K, args, bw, log) -> list[dict]:
+    dtype = args.dtype
+    elem = torch.empty((), dtype=dtype).element_size()
+    w_bytes = N * K * elem
+    copies = max(2, min(args.calls, math.ceil(ROTATE_BYTES / w_bytes)))
+    ws = [torch.empty(N, K, dtype=dtype, device="cuda").normal_(0, K ** -0.5) for _ in range(copies)]
+    floor_us = w_bytes / bw * 1e6
+    tol = {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 1e-4}[dtype]
+    rows = []
+    for M in args.ms:
+        x = torch.randn(M, K, dtype=dtype, device="cuda")
+        err, same = check_parity(x, ws[0])
+        ok = err <= tol and same
+        out = torch.empty(M, N, dtype=dtype, device="cuda")
+        cublas = graph_us_per_call(lambda i: F.linear(x, ws[i % copies]), args.calls, args.reps)
+        ours = graph_us_per_call(lambda i: vc.gemv_cuda(x, ws[i % copies], out=out), args.calls, args.reps)
+        cfg = vc.gemv_config(ws[0], M)
+        row = dict(model=model, matrix=name, N=N, K=K, M=M, mb=w_bytes / 1e6, copies=copies, floor_us=floor_us,
+                   cublas_us=cublas, gemv_us=ours, version=cfg[0], rows=cfg[1], split=cfg[2], max_rel_err=err,
+                   deterministic=same, parity_ok=ok)
+        if args.sweep:
+            sweep = {}
+            configs = [(1, r, s) for r in vc.GEMV_ROWS for s in vc.GEMV_SPLITS]
+            if dtype != torch.float32:
+                configs += [(2, 0, s) for s in vc.GEMV_SPLITS]
+            for v, r, s in configs:
+                if v == 2:  # parity of every tensor-core split too
+                    y2 = vc.gemv_cuda(x, ws[0], version=2, split=s)
+                    e2 = ((y2.float() - F.linear(x.float(), ws[0].float())).abs().max()).item()
+                    row.setdefault("v2_abs_err", {})[s] = e2
+                sweep[f"v{v} {r}x{s}" if v == 1 else f"v2 x{s}"] = graph_us_per_call(
+                    lambda i, v=v, r=r, s=s: vc.gemv_cuda(x, ws[i % copies], out=out, version=v, rows=r, split=s),
+                    args.calls, args.sweep_reps)
+            row["sweep"] = sweep
+            best = min(sweep, key=sweep.get)
+            row["best_cfg"], row["best_us"] = best, sweep[best]
+        rows.append(row)
+        log(f"{model:13s} {name:8s} {N:6d}x{K:<5d} M={M}: floor {floor_us:7.2f} us | cuBLAS {cublas:7.2f} us "
+            f"({floor_us / cublas:5.1%}) | gemv {ours:7.2f} us ({floor_us / ours:5.1%}) v{cfg[0]} {cfg[1]}x{cfg[2]}"
+            f" | x{cublas / ours:.2f} | err {err:.1e}{'' if ok else ' PARITY FAIL'}"
+            + (f" | best {row['best_cfg']} {row['best_us']:.2f} us" if args.sweep else ""))
+    del ws
+    torch.cuda.empty_cache()
+    return rows
+
+
+def reading(rows) -> list[str]:
+    wins = [r for r in rows if r["gemv_us"] < r["cublas_us"]]
+    speedups = [r["cublas_us"] / r["gemv_us"] for r in rows]
+    geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
+    losses = [f"{r['model']} {r['matrix']} M={r['M']} ({r['cublas_us']:.1f} vs {r['gemv_us']:.1f} us)"
+              for r in rows if r["gemv_us"] >= r["cublas_us"]]
+    out = [f"- gemv is faster than cuBLAS in {len(wins)} of {len(rows)} (shape, M) cases; geometric-mean speed-up "
+           f"x{geo:.2f} (range x{min(speedups):.2f} .. x{max(speedups):.2f})."]
+    if losses:
+        out.append("- cuBLAS is as fast or faster on: " + "; ".join(losses) + ".")
+    for M in sorted({r["M"] for r in rows}):
+        sel = [r for r in rows if r["M"] == M]
+        out.append(f"- M={M}: gemv {statistics.median(r['floor_us'] / r['gemv_us'] for r in sel):.0%} of the floor "
+                   f"(median over shapes), cuBLAS {statistics.median(r['floor_us'] / r['cublas_us'] for r in sel):.0%}.")
+    bad = [r for r in rows if not r["parity_ok"]]
+    out.append("- parity: " + ("every shape within tolerance and bit-identical run to run." if not bad else
+                               "FAILED on " + ", ".join(f"{r['model']} {r['matrix']} M={r['M']}" for r in bad)))
+    return out
+
+
+def write_markdown(path: Path, rows, meta):
+    out = ["# Decode GEMV: cuBLAS vs verispec/cuda/gemv.cu\n",
+           f"Device: {meta['device']}; date {meta['date']}; torch {meta['torch']} (CUDA {meta['cuda']}), triton "
+           f"{meta['triton']}, python {meta['python']}; dtype {meta['dtype']}. Measured copy bandwidth "
+           f"{meta['bw_tb_s']:.2f} TB/s (2 GiB device-to-device copy, read + write). Command: `{meta['cmd']}`.\n",
+           f"y[M, N] = x[M, K] @ W[N, K]^T. Time per call = median over {meta['reps']} replays of a CUDA graph of "
+           f"{meta['calls']} back-to-back calls / {meta['calls']}; the calls rotate over copies of W that together "
+           f"exceed {ROTATE_BYTES >> 20} MB (at least 2), so W comes from HBM. Floor = W bytes / copy bandwidth. "
+           "gemv config = version (v1 fp32 FMA, v2 tensor-core MMA) rows x split (rows per warp group x warps per "
+           "row group, i.e. split-K), chosen by the launcher.\n",
+           "| model | matrix | N x K | W MB | M | floor us | cuBLAS us | cuBLAS % floor | gemv us | gemv % floor | "
+           "speed-up | gemv config |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['model']} | {r['matrix']} | {r['N']} x {r['K']} | {r['mb']:.1f} | {r['M']} | "
+                   f"{r['floor_us']:.2f} | {r['cublas_us']:.2f} | {r['floor_us'] / r['cublas_us']:.0%} | "
+                   f"{r['gemv_us']:.2f} | {r['floor_us'] / r['gemv_us']:.0%} | x{r['cublas_us'] / r['gemv_us']:.2f} | "
+                   f"v{r['version']} {r['rows']}x{r['split']} |")
+    out += ["\n## Reading\n", *reading(rows)]
+    if any("sweep" in r for r in rows):
+        cfgs = list(rows[0]["sweep"])
+        out += ["\n## Sweep: us per call for every (rows x split)\n",
+                "| model | matrix | M | auto | " + " | ".join(cfgs) + " |",
+                "|---|---|---|---|" + "---|" * len(cfgs)]
+        for r in rows:
+            out.append(f"| {r['model']} | {r['matrix']} | {r['M']} | v{r['version']} {r['rows']}x{r['split']} {r['gemv_us']:.2f} | "
+                       + " | ".join(f"**{v:.2f}**" if k == r["best_cfg"] else f"{v:.2f}" for k, v in r["sweep"].items())
+                       + " |")
+    out.append("\nRaw rows (JSON):\n\n```json\n" + json.dumps(dict(meta=meta, rows=rows)) + "\n```\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(out))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--models", default=",".join(SHAPES))
+    p.add_argument("--ms", default="1,2,4,8", help="tokens per call (rows of x), each <= 8")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--calls", type=int, default=20, help="calls per CUDA graph (each on another copy of W)")
+    p.add_argument("--reps", type=int, default=50, help="graph replays timed (median)")
+    p.add_argument("--sweep", action="store_true", help="also time every (rows, split) configuration")
+    p.add_argument("--sweep-reps", type=int, default=20)
+    p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "gemv.md"))
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("benchmarks/gemv.py needs a CUDA GPU (it times cuBLAS against verispec/cuda/gemv.cu)")
+        return []
+    args.ms = [int(m) for m in args.ms.split(",")]
+    args.dtype = getattr(torch, args.dtype)
+    log = lambda s: print(s, flush=True)  # noqa: E731
+    t0 = time.perf_counter()
+    vc.load()
+    log(f"extension built/loaded in {time.perf_counter() - t0:.0f} s")
+    try:
+        import triton
+        trv = triton.__version__
+    except ImportError:
+        trv = "not installed"
+    bw = copy_bandwidth()
+    meta = dict(device=torch.cuda.get_device_name(), date=datetime.datetime.now(datetime.timezone.utc).strftime(
+        "%Y-%m-%d %H:%M UTC"), torch=torch.__version__, cuda=torch.version.cuda, triton=trv,
+        python=platform.python_version(), dtype=str(args.dtype).replace("torch.", ""), bw_tb_s=bw / 1e12,
+        calls=args.calls, reps=args.reps, cmd="python benchmarks/gemv.py " + " ".join(argv or sys.argv[1:]))
+    log(f"{meta['device']}: copy bandwidth {bw / 1e12:.2f} TB/s")
+    rows = []
+    for model in args.models.split(","):
+        for name, N, K in SHAPES[model]:
+            rows += bench_shape(model, name, N, K, args, bw, log)
+    write_markdown(Path(args.out), rows, meta)
+    log("\n".join(reading(rows)))
+    log(f"wrote {args.out}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
