@@ -96,20 +96,21 @@ def pass_bytes(model) -> tuple[int, int]:
     return w, kv
 
 
-def matmul_only_ms(model, B: int, iters: int = 30) -> float:
-    """Median ms of just the pass's weight matmuls (4 per layer + LM head, cuBLAS) for B tokens, replayed as
-    one CUDA graph: what the runtime would cost if everything but the GEMVs/GEMMs were free."""
+def matmul_only_ms(model, B: int, iters: int = 30, linear=None) -> float:
+    """Median ms of just the pass's weight matmuls (4 per layer + LM head) for B tokens, replayed as one CUDA
+    graph: what the runtime would cost if everything but the GEMVs/GEMMs were free. ``linear``: the matmul
+    (default cuBLAS's F.linear; the runtime's ``kernels.linear`` for its own dispatch)."""
     net, c = model.net, model.config
     dev, dt = model.device, model.dtype
     xe = torch.randn(B, c.hidden_size, device=dev, dtype=dt)
     xo = torch.randn(B, c.num_heads * c.head_dim, device=dev, dtype=dt)
     xi = torch.randn(B, c.intermediate_size, device=dev, dtype=dt)
-    F = torch.nn.functional
+    lin = linear or torch.nn.functional.linear
 
     def body():
         for L in net.layers[: model.num_active_layers]:
-            F.linear(xe, L.wqkv), F.linear(xo, L.wo), F.linear(xe, L.w13), F.linear(xi, L.w2)
-        F.linear(xe, net.lm_head_weight)
+            lin(xe, L.wqkv), lin(xo, L.wo), lin(xe, L.w13), lin(xi, L.w2)
+        lin(xe, net.lm_head_weight)
 
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -251,9 +252,13 @@ def bench_variant(name, cfg, model, variant, args, bw, log):
         t1 = times[min(args.ks)]
         if variant == args.variants[0] and torch.cuda.is_available():
             try:
+                from verispec.runtime import kernels
                 mm = matmul_only_ms(model, B)
+                ours = matmul_only_ms(model, B, linear=kernels.linear)
                 rows[-len(args.ks)]["matmul_only_ms"] = mm
-                log(f"  matmuls alone B={B:3d}: {mm:.3f} ms ({floor * 1e3 / mm:.1%} of floor)")
+                rows[-len(args.ks)]["matmul_ours_ms"] = ours
+                log(f"  matmuls alone B={B:3d}: cuBLAS {mm:.3f} ms ({floor * 1e3 / mm:.1%} of floor), runtime's "
+                    f"dispatch (gemv.cu / cuBLAS) {ours:.3f} ms ({floor * 1e3 / ours:.1%})")
             except Exception as e:  # diagnostic only
                 log(f"  matmuls alone B={B:3d}: failed ({type(e).__name__}: {e})")
         log(f"  {variant:8s} B={B:3d}: decode {t1 * 1e3:7.3f} ms = {B / t1:9.1f} tok/s; floor {floor * 1e3:.3f} ms "
@@ -276,7 +281,8 @@ def bench_model(name, cfg, args, bw, log):
     del hf
     for variant in args.variants:
         t = time.perf_counter()
-        model.net.use_kernels = variant == "kernels"
+        model.net.use_kernels = variant in ("kernels", "kernels-cublas")
+        kernels_mod().CUDA_GEMV = variant == "kernels" and not args.no_gemv
         if variant == "compiled":
             before = probe(model)
             model.net.compile()
@@ -290,10 +296,6 @@ def bench_model(name, cfg, args, bw, log):
                 continue
         try:
             rows += bench_variant(name, cfg, model, variant, args, bw, log)
-            if variant == "kernels" and torch.cuda.is_available() and kernels_mod().AUTOTUNE_GEMV:
-                from verispec.runtime import kernels
-                log("  one-token matmuls (N x K: gemv block_n, 0 = cuBLAS): " + ", ".join(
-                    f"{k[0]}x{k[1]}: {v}" for k, v in kernels._LINEAR_CHOICE.items() if k[2] == model.dtype))
             log(f"  ({variant}: {time.perf_counter() - t:.1f} s including graph captures / compilation)")
         except Exception as e:  # keep the other variant's numbers if one fails (e.g. a compile error)
             log(f"  {variant} FAILED: {type(e).__name__}: {e}")
@@ -315,7 +317,7 @@ def write_markdown(path: Path, rows, hf_rows, meta):
            "static-cache attention reads (full capacity per sequence). `ms` is the median of the public "
            "`verify` call (graph replay + logits clone), CUDA events.\n",
            "## Decode (k = 1)\n",
-           "| model | variant | B | ms/step | tok/s | floor ms | % of floor | % of floor+KV | matmuls alone ms | transformers tok/s | speed-up |",
+           "| model | variant | B | ms/step | tok/s | floor ms | % of floor | % of floor+KV | matmuls alone ms (cuBLAS / ours) | transformers tok/s | speed-up |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
     hf = {(r["model"], r["B"]): r["tok_s"] for r in hf_rows}
     for r in rows:
@@ -323,7 +325,7 @@ def write_markdown(path: Path, rows, hf_rows, meta):
             continue
         tok_s = r["B"] / (r["ms"] / 1e3)
         h = hf.get((r["model"], r["B"]))
-        mm = f"{r['matmul_only_ms']:.3f}" if "matmul_only_ms" in r else "–"
+        mm = f"{r['matmul_only_ms']:.3f} / {r['matmul_ours_ms']:.3f}" if "matmul_only_ms" in r else "–"
         hf_cells = f"{h:.1f} | {tok_s / h:.1f}×" if h else "– | –"
         out.append(f"| {r['model']} | {r['variant']} | {r['B']} | {r['ms']:.3f} | {tok_s:.1f} | {r['floor_ms']:.3f} | "
                    f"{r['floor_ms'] / r['ms']:.1%} | {r['floor_kv_ms'] / r['ms']:.1%} | {mm} | {hf_cells} |")
@@ -351,13 +353,13 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--hf-tokens", type=int, default=32, help="new tokens per transformers generate (0: skip)")
     p.add_argument("--variants", default="kernels",
-                   help="comma list of: kernels (Triton decode kernels, the default path on CUDA), eager (the "
-                        "plain torch path: use_kernels=False), compiled (torch path with torch.compile'd layers)")
+                   help="comma list of: kernels (the default path on CUDA: Triton decode kernels, gemv.cu / cuBLAS "
+                        "matmuls), kernels-cublas (the same with cuBLAS for every matmul), eager (the plain torch "
+                        "path: use_kernels=False), compiled (torch path with torch.compile'd layers)")
     p.add_argument("--compile", choices=["off", "on", "both"], default=None,
                    help="old spelling: off = eager, on = compiled, both = eager,compiled (torch path)")
     p.add_argument("--profile", action="store_true", help="kernel-time breakdown of decode at the smallest B")
-    p.add_argument("--gemv", action="store_true", help="kernels variant: time cuBLAS vs the Triton one-token GEMV "
-                                                       "per weight shape and use the faster (kernels.AUTOTUNE_GEMV)")
+    p.add_argument("--no-gemv", action="store_true", help="kernels variant: cuBLAS for every matmul (no gemv.cu)")
     p.add_argument("--out", default=None, help="markdown path (GPU default: benchmarks/results/decode.md)")
     args = p.parse_args(argv)
     cuda = torch.cuda.is_available()
@@ -366,11 +368,11 @@ def main(argv=None):
     args.variants = ({"off": ["eager"], "on": ["compiled"], "both": ["eager", "compiled"]}[args.compile]
                      if args.compile else args.variants.split(","))
     if not cuda:  # the Triton kernels are CUDA-only in the model
-        args.variants = [v for v in args.variants if v != "kernels"] or ["eager"]
+        args.variants = [v for v in args.variants if not v.startswith("kernels")] or ["eager"]
     args.batches = [int(x) for x in args.batches.split(",")]
     args.ks = [int(x) for x in args.ks.split(",")]
     models = [(m, named_shape(m)) for m in args.models.split(",")]
-    kernels_mod().AUTOTUNE_GEMV = args.gemv
+    kernels_mod().CUDA_GEMV = not args.no_gemv
     if not cuda:  # smoke: a tiny model, tiny sizes, so the script itself is tested on CPU
         models, args.batches, args.ks = [("smoke-tiny", SMOKE_CFG)], [1, 2], [1, 2]
         args.prompt_len, args.iters, args.hf_tokens = 16, 3, min(args.hf_tokens, 4)

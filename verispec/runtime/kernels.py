@@ -13,9 +13,14 @@ kernels (profile in benchmarks/results/decode.md). These replace them with five 
                       combine kernel merges the splits and writes o as [N, H*D] (no permute copies);
   * ``silu_mul``      SwiGLU activation of the fused [gate; up] output.
 All arithmetic in fp32; dots of fp32 inputs in IEEE precision (so fp32 models stay within 1e-4 of the torch
-path).
+path). The weight matmuls go through ``linear``: verispec/cuda/gemv.cu for few tokens where it beats
+cuBLAS, cuBLAS otherwise.
 """
 from __future__ import annotations
+
+import os
+import sys
+import warnings
 
 import torch
 from torch import Tensor
@@ -171,26 +176,6 @@ if AVAILABLE:
         tl.store(o_ptr + row * I + offs, y.to(o_ptr.dtype.element_ty), mask=msk)
 
 
-    @triton.jit
-    def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, s_wn,
-                     HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        # y[0, n] = sum_k x[0, k] * w[n, k] (+ b[n]); one program per BLOCK_N rows of w, fp32 accumulation
-        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        nmask = rn < N
-        wrow = w_ptr + rn.to(tl.int64)[:, None] * s_wn
-        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            rk = k0 + tl.arange(0, BLOCK_K)
-            kmask = rk < K
-            w = tl.load(wrow + rk[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
-            x = tl.load(x_ptr + rk, mask=kmask, other=0.0)
-            acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
-        y = tl.sum(acc, axis=1)
-        if HAS_BIAS:
-            y += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
-        tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=nmask)
-
-
 # --------------------------------------------------------------------------------------------- wrappers
 def supports(cfg) -> bool:
     """Whether the kernels cover this model: head_dim a power of two in [16, 256]."""
@@ -267,72 +252,45 @@ def silu_mul(gu: Tensor) -> Tensor:
     return o
 
 
-def gemv(x: Tensor, w: Tensor, b: Tensor | None = None, block_n: int = 16) -> Tensor:
-    """x [1, K] @ w[N, K]^T (+ b) -> [1, N]: a plain split-N GEMV, for the small matrices where cuBLAS's
-    choice reads far under the copy bandwidth at one token (see ``linear``)."""
-    N, K = w.shape
-    assert x.shape == (1, K) and x.is_contiguous() and w.stride(1) == 1
-    y = torch.empty(1, N, device=x.device, dtype=x.dtype)
-    block_k = max(64, min(1024, 8192 // block_n, _pow2(K)))
-    _gemv_kernel[(-(-N // block_n),)](x, w, b if b is not None else w, y, N, K, w.stride(0),
-                                      HAS_BIAS=b is not None, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=8)
-    return y
+# The weight matmuls of the pass: verispec/cuda/gemv.cu where it beat cuBLAS on an H100 for every llama-3.1-8b /
+# llama-3.2-1b weight shape (benchmarks/results/gemv.md, 2026-11-23: M <= 2 tokens on every shape, and any
+# M <= 8 when N <= K (o, down) or N is a vocabulary (LM head)); cuBLAS otherwise (qkv and gate/up at M >= 3
+# tie or win). Set VERISPEC_GEMV=0 (or CUDA_GEMV = False) for cuBLAS everywhere.
+CUDA_GEMV = os.environ.get("VERISPEC_GEMV", "1") != "0"
+_gemv_ready: bool | None = None   # None: not tried yet; False: unavailable (no nvcc / build failed)
 
 
-# Off by default: on an H100 (2026-11-23) the timing picked cuBLAS for every llama-3.1-8b shape and the GEMV
-# only for llama-3.2-1b's gate/up matrix, with no measurable end-to-end gain; while on, the first decode
-# allocates up to 192 MB of scratch weights for the timing and the choice can differ between runs.
-AUTOTUNE_GEMV = False
-# (N, K, dtype, has_bias, device) -> block_n of the GEMV, or 0 for cuBLAS; measured once per shape
-_LINEAR_CHOICE: dict = {}
+def _gemv_available() -> bool:
+    """Load (building on first use, ~1-2 min, cached on disk) the CUDA extension once; False if it fails."""
+    global _gemv_ready
+    if _gemv_ready is None:
+        if torch.cuda.is_current_stream_capturing():   # never build inside a capture (warm-ups run first)
+            return False
+        from .. import cuda as vcuda
+        try:
+            if not (vcuda.build_dir() / "verispec_cuda.so").exists():
+                print("verispec: building the CUDA kernels (first use only; 1-2 minutes) ...", file=sys.stderr, flush=True)
+            vcuda.load()
+            _gemv_ready = True
+        except Exception as e:  # noqa: BLE001 - any build problem: fall back to cuBLAS, say so once
+            warnings.warn(f"verispec: the CUDA GEMV is unavailable ({type(e).__name__}: {str(e)[:200]}); the decode "
+                          f"matmuls use cuBLAS")
+            _gemv_ready = False
+    return _gemv_ready
 
 
-def _gemv_candidates(N: int) -> list[int]:
-    base = 4
-    while base < 64 and -(-N // (base * 2)) >= 264:   # about two programs per SM on an H100
-        base *= 2
-    return [base, base * 2]
-
-
-def _time_us(fn, reps: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    best = float("inf")
-    for _ in range(3):
-        start.record()
-        for r in range(reps):
-            fn(r)
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) * 1e3 / reps)
-    return best
-
-
-def _choose(x: Tensor, w: Tensor, b: Tensor | None) -> int:
-    """Time cuBLAS and the GEMV candidates at one token on copies of w that together exceed the L2 cache
-    (so each call reads its weights from HBM, as in a real pass); keep the fastest."""
-    N, K = w.shape
-    copies = max(1, -(-(192 << 20) // (w.numel() * w.element_size())))
-    ws = [w] + [torch.empty_like(w).normal_(0, 0.02) for _ in range(copies - 1)]
-    fns = {0: lambda r: torch.nn.functional.linear(x, ws[r % copies], b)}
-    for bn in _gemv_candidates(N):
-        fns[bn] = lambda r, bn=bn: gemv(x, ws[r % copies], b, bn)
-    for f in fns.values():   # compile / warm up
-        f(0)
-    times = {k: _time_us(f, 2 * copies) for k, f in fns.items()}
-    del ws
-    return min(times, key=times.get)
+def use_gemv(M: int, N: int, K: int) -> bool:
+    """Whether ``linear`` sends an [M, K] x [N, K]^T product to gemv.cu (the measured winners, see above)."""
+    return M <= 2 or (M <= 8 and (N <= K or N >= 65536))
 
 
 def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
-    """F.linear; with ``AUTOTUNE_GEMV`` on, at one token on CUDA: the faster of cuBLAS and ``gemv`` for this
-    weight shape, measured the first time the shape is seen outside CUDA-graph capture (graph warm-up passes
-    run first)."""
-    if not AUTOTUNE_GEMV or x.shape[0] != 1 or not x.is_cuda or not x.is_contiguous() or w.stride(1) != 1:
-        return torch.nn.functional.linear(x, w, b)
-    key = (*w.shape, w.dtype, b is not None, x.device)
-    choice = _LINEAR_CHOICE.get(key)
-    if choice is None:
-        if torch.cuda.is_current_stream_capturing():
-            return torch.nn.functional.linear(x, w, b)
-        choice = _LINEAR_CHOICE[key] = _choose(x, w, b)
-    return torch.nn.functional.linear(x, w, b) if choice == 0 else gemv(x, w, b, choice)
+    """F.linear(x [M, K], w [N, K], b) for the decode / verify pass: gemv.cu for few tokens where it is faster
+    (``use_gemv``), cuBLAS otherwise. Both accumulate in fp32; they round differently (bf16 outputs can
+    differ in the last bit), so a given (M, N, K) always takes the same path."""
+    if CUDA_GEMV and x.is_cuda and use_gemv(x.shape[0], *w.shape) and _gemv_available():
+        from ..cuda import gemv_cuda, gemv_supported
+
+        if gemv_supported(x, w):
+            return gemv_cuda(x, w, b)
+    return torch.nn.functional.linear(x, w, b)
