@@ -130,6 +130,34 @@ def test_setup_cache_reuses_buffers_that_fit(model):
     assert model.cache is not cache
 
 
+def test_fill_order_moves_fewest_rows():
+    from verispec.runtime.cache import fill_order
+    assert fill_order(5, [0, 2, 3, 4]) == [0, 4, 2, 3]
+    assert fill_order(6, [1, 5]) == [5, 1]                       # row 1 stays, 5 moves to 0
+    assert fill_order(4, [0, 1, 2]) == [0, 1, 2]
+    assert sorted(fill_order(8, [7, 6, 0, 3])) == [0, 3, 6, 7]
+
+
+def test_keep_with_host_order_equals_keep_on_device(model):
+    """keep() with host indices copies only moved rows; same cache contents as a full gather."""
+    ps, cont = prompts([5, 9, 3, 7, 4], seed=60), rand_tokens(5, 2, seed=61)
+    outs = []
+    for order in ([0, 4, 2, 3], torch.tensor([0, 4, 2, 3]), [3, 2, 0]):
+        model.setup_cache(5, 40)
+        model.prefill(ps)
+        model.verify(cont)
+        model.keep(order)
+        idx = list(order.tolist() if isinstance(order, torch.Tensor) else order)
+        outs.append(model.verify(cont[idx]))
+        full = load_model(CFG, device="cpu", seed=3)
+        full.setup_cache(len(idx), 40)
+        full.prefill([ps[i] for i in idx])
+        full.verify(cont[idx])
+        torch.testing.assert_close(outs[-1], full.verify(cont[idx]), **TOL)
+    with pytest.raises(ValueError, match="distinct"):
+        model.keep([0, 0])
+
+
 def test_padded_graph_buckets_equal_plain_passes(model, monkeypatch):
     """The GPU path runs a batch of B live sequences through the graph of a larger bucket, with padding
     rows. Emulated on the CPU (the 'graph' is the step itself): same logits and lengths as unpadded passes,

@@ -33,6 +33,7 @@ from torch import Tensor
 
 from . import rng
 from .drafters.base import Drafter, SamplingParams
+from .runtime.cache import fill_order
 from .verify import verify_greedy, verify_sample
 
 
@@ -295,8 +296,9 @@ class SpeculativeDecoder:
         if active and drafter is not None:
             drafter.begin(target, [s.prompt for s in seqs], first_host, sampling, max_seq_len)
         if active and len(active) < batch:
-            idx = [s.index for s in active]
-            target.keep(torch.tensor(idx, dtype=torch.long, device=device))
+            idx = fill_order(batch, [s.index for s in active])
+            active = [seqs[i] for i in idx]
+            target.keep(idx)
             if drafter is not None:
                 drafter.keep(idx)
             certain = certain[torch.tensor(idx, device=device)]
@@ -368,7 +370,9 @@ class SpeculativeDecoder:
                     if j not in still:
                         s.stats.total_s = t_done - t_start
                 if still:
-                    target.keep(torch.tensor(still, dtype=torch.long, device=device))
+                    # rows stay put where they can; the tail fills the holes (keep copies only moved rows)
+                    still = fill_order(len(active), still)
+                    target.keep(still)
                     if drafter is not None:
                         drafter.keep(still)
                     certain = certain[torch.tensor(still, device=device)]

@@ -71,15 +71,44 @@ class StaticKVCache:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
-    def keep(self, batch_indices: Tensor) -> None:
-        """Move sequences ``batch_indices`` (in that order) to the prefix [:B'] and make B = B'."""
-        idx = batch_indices.to(device=self._lengths.device, dtype=torch.long)
+    def keep(self, batch_indices) -> None:
+        """Move sequences ``batch_indices`` (in that order) to the prefix [:B'] and make B = B'.
+
+        Only rows whose position changes are copied (all K/V buffers of every layer: at B=32 a full
+        compaction moves ~1 GB for an 8B model), so an order that leaves kept rows in place and fills the
+        holes from the tail (``fill_order``) costs a few row copies. Host indices (a list or a CPU tensor)
+        let that be decided without a device sync; indices on the device are copied in full."""
+        idx = torch.as_tensor(batch_indices)
         n = idx.shape[0]
         if n < 1 or n > self.batch_size:
             raise ValueError(f"keep: need 1 <= len(batch_indices) <= batch size {self.batch_size}, got {n}")
-        for buf in self.k + self.v:
-            buf[:n] = buf[idx]                                # gather first (a copy), then write the prefix
+        device = self._lengths.device
+        if idx.device.type == "cpu":
+            src_host = idx.tolist()
+            if len(set(src_host)) != n or not all(0 <= i < self.batch_size for i in src_host):
+                raise ValueError(f"keep: batch_indices must be distinct rows in [0, {self.batch_size}), got {src_host}")
+            moves = [(dst, src) for dst, src in enumerate(src_host) if dst != src]
+            if moves:
+                dst = torch.tensor([m[0] for m in moves], device=device)
+                src = torch.tensor([m[1] for m in moves], device=device)
+                for buf in self.k + self.v:
+                    buf[dst] = buf[src]                   # gather first (a copy), then write
+        else:
+            idx = idx.to(device=device, dtype=torch.long)
+            for buf in self.k + self.v:
+                buf[:n] = buf[idx]
+        idx = idx.to(device=device, dtype=torch.long)
         self._lengths[:n] = self._lengths[idx]
         self._lengths[n:] = 0
         self.live[n:] = 0
         self.batch_size = n
+
+
+def fill_order(batch_size: int, kept: list[int]) -> list[int]:
+    """An order of the ``kept`` rows (of ``batch_size``) for ``keep`` that moves the fewest rows: kept rows
+    below len(kept) stay where they are, rows from the tail fill the holes left by the others.
+    e.g. batch_size=5, kept=[0, 2, 3, 4] -> [0, 4, 2, 3] (only row 4 moves, to row 1)."""
+    n = len(kept)
+    tail = iter(sorted(r for r in kept if r >= n))
+    stay = set(r for r in kept if r < n)
+    return [r if r in stay else next(tail) for r in range(n)]

@@ -167,9 +167,10 @@ class Model:
         torch.minimum(new, cache.lengths, out=cache.lengths)
 
     @torch.no_grad()
-    def keep(self, batch_indices: Tensor) -> None:
-        """Compact the cache to sequences ``batch_indices`` (in that order); B becomes len(batch_indices)."""
-        self._need_cache().keep(torch.as_tensor(batch_indices))
+    def keep(self, batch_indices) -> None:
+        """Compact the cache to sequences ``batch_indices`` (in that order); B becomes len(batch_indices).
+        Host indices (list / CPU tensor) copy only the rows that move (see ``cache.fill_order``)."""
+        self._need_cache().keep(batch_indices)
 
     def truncated(self, num_layers: int) -> "Model":
         """A model sharing these weights that runs the first ``num_layers`` layers + final norm + LM head,
