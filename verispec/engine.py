@@ -33,6 +33,7 @@ from torch import Tensor
 
 from . import rng
 from .drafters.base import Drafter, SamplingParams
+from .hostcopy import to_device
 from .runtime.cache import fill_order
 from .verify import verify_greedy, verify_sample
 
@@ -301,7 +302,7 @@ class SpeculativeDecoder:
             target.keep(idx)
             if drafter is not None:
                 drafter.keep(idx)
-            certain = certain[torch.tensor(idx, device=device)]
+            certain = certain[to_device(idx, device, torch.long)]
             sampling = sampling.select(idx)
         if active and drafter is not None:
             t_now = self._now()
@@ -318,7 +319,7 @@ class SpeculativeDecoder:
             if drafter is not None:
                 proposal = drafter.propose(self.k)
                 num_draft = proposal.num_draft                                           # host [B]
-                draft_tokens = proposal.draft_tokens.to(device)                          # [B, K]
+                draft_tokens = to_device(proposal.draft_tokens, device)                  # [B, K]
                 draft_probs = proposal.draft_probs
             else:
                 num_draft, draft_probs = [0] * len(active), None
@@ -337,10 +338,10 @@ class SpeculativeDecoder:
                 # rows [0,1,2, 3, 6,7], drafts [0,1, 4]
                 rows = [b * (width + 1) + i for b, n in enumerate(num_draft) for i in range(n + 1)]
                 cols = [b * width + i for b, n in enumerate(num_draft) for i in range(n)]
-                flat_logits = logits.flatten(0, 1)[torch.tensor(rows, device=device)]
-                flat_drafts = draft_tokens.flatten()[torch.tensor(cols, dtype=torch.long, device=device)]
+                flat_logits = logits.flatten(0, 1)[to_device(rows, device, torch.long)]
+                flat_drafts = draft_tokens.flatten()[to_device(cols, device, torch.long)]
             if draft_probs is not None:
-                draft_probs = draft_probs.to(device)
+                draft_probs = to_device(draft_probs, device)
             out = self._accept(flat_logits, flat_drafts, num_draft, width, draft_probs, sampling, round_index)
             # lengths after the pass = before + K + 1; keep the certain token + the accepted drafts
             target.rollback(target.lengths - width + out.num_accepted.to(torch.long))
@@ -375,7 +376,7 @@ class SpeculativeDecoder:
                     target.keep(still)
                     if drafter is not None:
                         drafter.keep(still)
-                    certain = certain[torch.tensor(still, device=device)]
+                    certain = certain[to_device(still, device, torch.long)]
                     sampling = sampling.select(still)
                 active = [active[j] for j in still]
             t4 = self._now()
@@ -414,9 +415,9 @@ class SpeculativeDecoder:
         device = target_logits.device
         return verify_sample(
             target_logits, draft_tokens, num_draft_t, draft_probs,
-            temperature=torch.tensor(sampling.temperature, dtype=torch.float32).to(device),
-            top_k=torch.tensor(sampling.top_k, dtype=torch.int32).to(device),
-            top_p=torch.tensor(sampling.top_p, dtype=torch.float32).to(device),
+            temperature=to_device(sampling.temperature, device, torch.float32),
+            top_k=to_device(sampling.top_k, device, torch.int32),
+            top_p=to_device(sampling.top_p, device, torch.float32),
             seed=sampling.seed, offset=offset, max_num_draft=width, check_values=False, backend=self.verify_backend)
 
 

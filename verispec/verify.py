@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from . import rng
+from .hostcopy import to_device
 from .reference import VerifyOutput, reference_verify_greedy, reference_verify_sample
 
 BACKENDS = ("torch", "triton", "cuda")
@@ -76,7 +77,7 @@ def _per_sequence(value, batch: int, dtype: torch.dtype, device, name: str, defa
             value = value.reshape(1)
         if value.dim() != 1 or value.shape[0] not in (1, batch):
             raise ValueError(f"{name} must be a scalar or a [B]={batch} tensor, got shape {tuple(value.shape)}")
-        return value.to(device=device, dtype=dtype).expand(batch).contiguous()
+        return to_device(value, device, dtype).expand(batch).contiguous()
     return torch.full((batch,), value, dtype=dtype, device=device)
 
 
@@ -132,14 +133,14 @@ def _canonical(target_logits, draft_tokens, num_draft, max_num_draft, check_valu
             raise ValueError("target_logits contains NaN")
         if bool(torch.isposinf(target_logits).any()):
             raise ValueError("target_logits contains +inf")
-    num_draft = num_draft.to(device=device, dtype=torch.int32)
+    num_draft = to_device(num_draft, device, torch.int32)
     cu_num_draft = torch.zeros(batch + 1, dtype=torch.int32, device=device)
     torch.cumsum(num_draft, 0, out=cu_num_draft[1:])
     if target_logits.stride(1) != 1:
         target_logits = target_logits.contiguous()
     return VerifyBatch(
         target_logits=target_logits,
-        draft_tokens=draft_tokens.to(device=device, dtype=torch.int64),
+        draft_tokens=to_device(draft_tokens, device, torch.int64),
         num_draft=num_draft,
         cu_num_draft=cu_num_draft,
         max_num_draft=int(max_num_draft),
@@ -282,8 +283,8 @@ def verify_sample(
                 raise ValueError("draft_probs gives probability 0 to a drafted token: q must be the distribution the draft was sampled from")
     if seed is None:
         seed = rng.seed_from(generator)
-    batch.seed = torch.as_tensor(seed, dtype=torch.int64).reshape(1).to(device)
-    batch.offset = torch.as_tensor(offset, dtype=torch.int64).reshape(1).to(device)
+    batch.seed = to_device(torch.as_tensor(seed, dtype=torch.int64).reshape(1), device)
+    batch.offset = to_device(torch.as_tensor(offset, dtype=torch.int64).reshape(1), device)
     chosen = _pick_backend(backend, device)
     if chosen == "torch":
         return reference_verify_sample(

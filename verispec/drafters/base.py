@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..hostcopy import to_device
 from ..sampling import filtered_probs
 
 
@@ -103,7 +104,7 @@ def draw(logits: Tensor, sampling: SamplingParams, generator: torch.Generator | 
     for b, key in enumerate(zip(sampling.temperature, sampling.top_k, sampling.top_p)):
         groups.setdefault(key, []).append(b)
     for (temp, top_k, top_p), rows in groups.items():  # one call per distinct setting, usually one
-        idx = torch.tensor(rows, device=logits.device)
+        idx = to_device(rows, logits.device, torch.long)
         q[idx] = filtered_probs(logits[idx], temp, top_k, top_p)
     # exponential race: argmax q / E with E ~ Exp(1) samples q (one-hot rows give their argmax)
     e = torch.empty_like(q).exponential_(generator=generator)

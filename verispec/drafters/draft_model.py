@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from ..hostcopy import to_device
 from .base import Drafter, Proposal, SamplingParams, check_same_vocab, draw
 
 
@@ -49,7 +50,7 @@ class DraftModel(Drafter):
 
     def _set_last2(self, rows: list[list[int]]) -> None:
         self._last2_host = rows
-        self._last2 = torch.tensor(rows, dtype=torch.long).to(self.model.device, non_blocking=True)
+        self._last2 = to_device(rows, self.model.device, torch.long)
 
     def _run(self, k: int, choose: Callable[[int, Tensor], tuple[Tensor, Tensor | None]]):
         """k draft passes; ``choose(i, logits [B, V]) -> (d_i [B], q_i [B, V] | None)``."""
@@ -62,7 +63,7 @@ class DraftModel(Drafter):
             tokens.append(d)
             probs.append(q)
             if i < k - 1:
-                logits = model.decode(d[:, None].to(model.device))[:, 0]
+                logits = model.decode(to_device(d[:, None], model.device))[:, 0]
         return tokens, probs
 
     def propose(self, k: int) -> Proposal:

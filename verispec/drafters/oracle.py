@@ -14,6 +14,7 @@ import random
 
 import torch
 
+from ..hostcopy import to_device
 from .base import Drafter, Proposal
 from .draft_model import DraftModel
 
@@ -57,7 +58,7 @@ class OracleDraft(Drafter):
     def propose(self, k: int) -> Proposal:
         drafts = torch.tensor([self._oracle(b, k) for b in range(len(self._rows))], dtype=torch.long)  # [B, k]
         if self._runner is not None:
-            forced = drafts.to(self._runner.model.device)
+            forced = to_device(drafts, self._runner.model.device)
             self._runner._run(k, lambda i, logits: (forced[:, i], None))
         return Proposal(drafts, [k] * len(self._rows), None)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..hostcopy import to_device
 from .cache import StaticKVCache
 from .config import ModelConfig
 from .graphs import GraphCache
@@ -139,7 +140,7 @@ class Model:
             raise ValueError(f"tokens must be [B={cache.batch_size}, k], got {tuple(tokens.shape)}")
         k = tokens.shape[1]
         self._check_room(cache, k)
-        tokens = tokens.to(device=self.device, dtype=torch.long)
+        tokens = to_device(tokens, self.device, torch.long)
         if self.use_graphs:
             rows = self.graph_rows(cache.batch_size)
             if rows > cache.batch_size:
@@ -161,7 +162,7 @@ class Model:
         """Set lengths (no copying). Entries past the new lengths are dead. Lengths can only shrink:
         new values are clamped to the current ones on the device (no sync)."""
         cache = self._need_cache()
-        new = torch.as_tensor(new_lengths).to(device=self.device, dtype=torch.long)
+        new = to_device(new_lengths, self.device, torch.long)
         if new.shape != cache.lengths.shape:
             raise ValueError(f"rollback: new_lengths must be [{cache.batch_size}], got {tuple(new.shape)}")
         torch.minimum(new, cache.lengths, out=cache.lengths)
