@@ -9,11 +9,17 @@ For every llama-3.1-8b / llama-3.2-1b weight shape W [N, K] (bf16) and M tokens 
   3. the floor: W bytes / device copy bandwidth (a 2 GiB device-to-device copy, bytes read + written);
   4. --sweep: the same timing for every (rows, split) configuration of the kernel, to check (and tune)
      the launcher's automatic choice.
+  5. --fused (instead of 1-4): the fused prologues of gemv.cu against the unfused composition, for the
+     norm-fed matrices (qkv, gate/up, LM head: kernels.add_rmsnorm + gemv_cuda vs gemv_rmsnorm_cuda, with
+     the residual add) and the SwiGLU-fed one (down: kernels.silu_mul + gemv_cuda vs gemv_swiglu_cuda),
+     both timed the same way (a graph of --calls pairs / fused calls), at M in --fused-ms; plus the fused
+     kernel at tiles = 1, 2, 4 row tiles per block (auto: one wave of blocks).
 Prints a markdown table and writes it (with the device, versions, command and a short reading) to
 benchmarks/results/gemv.md, or to --out.
 
   python benchmarks/gemv.py                   # GPU only
   python benchmarks/gemv.py --sweep --out $OUT/gemv.md
+  python benchmarks/gemv.py --fused --out $OUT/gemv_fused.md   # the fused section of results/gemv.md
 """
 from __future__ import annotations
 
@@ -195,6 +201,77 @@ def write_markdown(path: Path, rows, meta):
     path.write_text("\n".join(out))
 
 
+FUSED_OPS = {"qkv": "norm", "gate/up": "norm", "lm_head": "norm", "down": "swiglu"}
+
+
+def bench_fused(model, name, N, K, args, bw, log) -> list[dict]:
+    from verispec.runtime import kernels
+
+    dtype, eps = args.dtype, 1e-5
+    op = FUSED_OPS[name]
+    w_bytes = N * K * torch.empty((), dtype=dtype).element_size()
+    copies = max(2, min(args.calls, math.ceil(ROTATE_BYTES / w_bytes)))
+    ws = [torch.empty(N, K, dtype=dtype, device="cuda").normal_(0, K ** -0.5) for _ in range(copies)]
+    floor_us = w_bytes / bw * 1e6
+    rows = []
+    for M in args.fused_ms:
+        if op == "norm":
+            x = torch.randn(M, K, dtype=dtype, device="cuda")
+            delta = torch.randn(M, K, dtype=dtype, device="cuda")
+            g = 1 + 0.1 * torch.randn(K, dtype=dtype, device="cuda")
+
+            def unfused(i):
+                r, h = kernels.add_rmsnorm(x, delta, g, eps)
+                return vc.gemv_cuda(h, ws[i % copies]), r
+
+            def fused(i, tiles=0):
+                return vc.gemv_rmsnorm_cuda(x, ws[i % copies], g, eps, delta, tiles=tiles)
+        else:
+            gu = torch.randn(M, 2 * K, dtype=dtype, device="cuda")
+
+            def unfused(i):
+                return vc.gemv_cuda(kernels.silu_mul(gu), ws[i % copies]), None
+
+            def fused(i, tiles=0):
+                return vc.gemv_swiglu_cuda(gu, ws[i % copies], tiles=tiles), None
+        (yu, ru), (yf, rf) = unfused(0), fused(0)
+        err = ((yf.float() - yu.float()).abs().max() / yu.float().abs().max().clamp_min(1e-30)).item()
+        ok = err <= {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 1e-4}[dtype] and (
+            ru is None or torch.equal(ru, rf)) and torch.equal(yf, fused(0)[0])
+        t_unf = graph_us_per_call(unfused, args.calls, args.reps)
+        t_fus = graph_us_per_call(fused, args.calls, args.reps)
+        sweep = {t: graph_us_per_call(lambda i, t=t: fused(i, t), args.calls, args.sweep_reps) for t in (1, 2, 4)}
+        row = dict(model=model, matrix=name, op=op, N=N, K=K, M=M, floor_us=floor_us, unfused_us=t_unf, fused_us=t_fus,
+                   tiles_sweep=sweep, max_rel_diff=err, parity_ok=ok)
+        rows.append(row)
+        log(f"{model:13s} {op:6s}+{name:8s} {N:6d}x{K:<5d} M={M}: floor {floor_us:7.2f} | unfused {t_unf:7.2f} us | "
+            f"fused {t_fus:7.2f} us (saves {t_unf - t_fus:5.2f} us, {floor_us / t_fus:5.1%} of floor) | tiles 1/2/4 "
+            + "/".join(f"{v:.2f}" for v in sweep.values()) + f" | diff {err:.1e}{'' if ok else ' PARITY FAIL'}")
+    del ws
+    torch.cuda.empty_cache()
+    return rows
+
+
+def write_fused_markdown(path: Path, rows, meta):
+    out = ["## Fused prologues: add + RMSNorm / SwiGLU inside the GEMV\n",
+           f"Device: {meta['device']}; date {meta['date']}; torch {meta['torch']}; dtype {meta['dtype']}; copy bandwidth "
+           f"{meta['bw_tb_s']:.2f} TB/s. Command: `{meta['cmd']}`. Unfused = kernels.add_rmsnorm (with the residual "
+           "add) + gemv_cuda, or kernels.silu_mul + gemv_cuda; fused = gemv_rmsnorm_cuda / gemv_swiglu_cuda (one "
+           "launch). Same timing as above (graph of back-to-back calls, W rotating through HBM).\n",
+           "| model | op | N x K | M | floor us | unfused us | fused us | saved us | fused % floor | fused tiles=1 / 2 / 4 us | "
+           "max rel diff |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['model']} | {r['op']} + {r['matrix']} | {r['N']} x {r['K']} | {r['M']} | {r['floor_us']:.2f} | "
+                   f"{r['unfused_us']:.2f} | {r['fused_us']:.2f} | {r['unfused_us'] - r['fused_us']:.2f} | "
+                   f"{r['floor_us'] / r['fused_us']:.0%} | "
+                   + " / ".join(f"{v:.2f}" for v in r["tiles_sweep"].values())
+                   + f" | {r['max_rel_diff']:.1e}{'' if r['parity_ok'] else ' FAIL'} |")
+    out.append("\nRaw rows (JSON):\n\n```json\n" + json.dumps(dict(meta=meta, rows=rows)) + "\n```\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(out))
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--models", default=",".join(SHAPES))
@@ -204,12 +281,17 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=50, help="graph replays timed (median)")
     p.add_argument("--sweep", action="store_true", help="also time every (rows, split) configuration")
     p.add_argument("--sweep-reps", type=int, default=20)
-    p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "gemv.md"))
+    p.add_argument("--fused", action="store_true", help="time the fused prologues against the unfused composition")
+    p.add_argument("--fused-ms", default="1,2", help="--fused: tokens per call, each <= 2")
+    p.add_argument("--out", default=None, help="markdown output (default: results/gemv.md; --fused: print only)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("benchmarks/gemv.py needs a CUDA GPU (it times cuBLAS against verispec/cuda/gemv.cu)")
         return []
     args.ms = [int(m) for m in args.ms.split(",")]
+    args.fused_ms = [int(m) for m in args.fused_ms.split(",")]
+    if args.out is None and not args.fused:
+        args.out = str(Path(__file__).resolve().parent / "results" / "gemv.md")
     args.dtype = getattr(torch, args.dtype)
     log = lambda s: print(s, flush=True)  # noqa: E731
     t0 = time.perf_counter()
@@ -227,6 +309,15 @@ def main(argv=None):
         calls=args.calls, reps=args.reps, cmd="python benchmarks/gemv.py " + " ".join(argv or sys.argv[1:]))
     log(f"{meta['device']}: copy bandwidth {bw / 1e12:.2f} TB/s")
     rows = []
+    if args.fused:
+        for model in args.models.split(","):
+            for name, N, K in SHAPES[model]:
+                if name in FUSED_OPS:  # o has no prologue to fuse
+                    rows += bench_fused(model, name, N, K, args, bw, log)
+        if args.out:
+            write_fused_markdown(Path(args.out), rows, meta)
+            log(f"wrote {args.out}")
+        return rows
     for model in args.models.split(","):
         for name, N, K in SHAPES[model]:
             rows += bench_shape(model, name, N, K, args, bw, log)

@@ -9,7 +9,8 @@ Sources, side by side (llm.c style; each file's header says what each version ch
                        v3 the same fused into one launch
     gemv.cu            decode-step weight matmul y = x @ W^T (+ b) for M <= 8 tokens: v1 fp32 FMAs,
                        v2 tensor-core MMAs (bf16/fp16); split-K inside the block, streaming
-                       16-byte loads, deterministic reduction
+                       16-byte loads, deterministic reduction; v1 with a fused RMSNorm or SwiGLU
+                       prologue (M <= 2)
     binding.cpp        torch glue, built only on a CUDA machine
 
 The .cu files are plain CUDA C++ (no torch headers), so CPU CI compiles them with nvcc alone
@@ -24,6 +25,8 @@ Entry points (all CUDA-graph safe except where a host check is noted):
     scatter_to_cache_cuda(cache, cache_lens, new_kv, num_rows, num_emitted, variant=DEFAULT_KV)
     target_argmax_cuda(logits, version) / greedy_scan_cuda(target_argmax, batch, variant)  (benchmarks)
     gemv_cuda(x, w, b=None, out=None)                   F.linear for M <= 8 rows (falls back otherwise)
+    gemv_rmsnorm_cuda(x, w, norm_weight, eps, delta, b) (y, residual): add + RMSNorm fused into the GEMV (M <= 2)
+    gemv_swiglu_cuda(gu, w, b)                          SwiGLU activation fused into the GEMV (M <= 2)
 
 The defaults are the fastest versions measured in benchmarks/results/ablation.md.
 """
@@ -280,3 +283,118 @@ def gemv_config(w: torch.Tensor, M: int) -> tuple[int, int, int]:
     rows is 16 (the MMA tile) for version 2."""
     version, rows, split = load().gemv_config(w, M)
     return version, rows, split
+
+
+# ---- decode GEMV with a fused prologue ----------------------------------------------------
+# gemv.cu's gemv_fused_kernel: v1 (fp32 FMAs) with the RMSNorm (+ residual add) or the SwiGLU
+# activation computed in the same launch, into shared memory, before the weight stream. Measured slower
+# than the separate kernels on an H100 (benchmarks/results/gemv.md), so verispec.runtime does not call it.
+GEMV_FUSED_MAX_M = 2
+GEMV_FUSED_MAX_SMEM = 192 << 10  # bytes of h = [M, K] in shared memory (H100 / H200: 227 KB a block)
+
+
+def _fused_shape_ok(M: int, K: int, w: torch.Tensor, dtype: torch.dtype) -> bool:
+    elem = w.element_size()
+    return (dtype in _GEMV_DTYPES and w.dtype == dtype and w.dim() == 2 and w.shape[1] == K and w.shape[0] >= 1
+            and 1 <= M <= GEMV_FUSED_MAX_M and K >= 1 and (K * elem) % 16 == 0 and M * K * elem <= GEMV_FUSED_MAX_SMEM
+            and w.is_contiguous() and w.data_ptr() % 16 == 0)
+
+
+def gemv_rmsnorm_supported(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether ``gemv_rmsnorm_cuda`` runs for x [..., K] and w [N, K]: x and w CUDA tensors of one dtype
+    (float32/bfloat16/float16), 1 <= M <= 2 rows (M = x.numel() / K), N >= 1, K * element size a multiple of
+    16 bytes, M * K * element size <= 192 KB (h is staged in shared memory), w contiguous and 16-byte aligned."""
+    if not (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and x.is_cuda and w.device == x.device):
+        return False
+    K = x.shape[-1] if x.dim() else 0
+    return K > 0 and _fused_shape_ok(x.numel() // K, K, w, x.dtype)
+
+
+def gemv_swiglu_supported(gu: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether ``gemv_swiglu_cuda`` runs for gu [..., 2I] and w [N, I]: the conditions of
+    ``gemv_rmsnorm_supported`` with K = I."""
+    if not (isinstance(gu, torch.Tensor) and isinstance(w, torch.Tensor) and gu.is_cuda and w.device == gu.device):
+        return False
+    I2 = gu.shape[-1] if gu.dim() else 0
+    return I2 > 0 and I2 % 2 == 0 and _fused_shape_ok(gu.numel() // I2, I2 // 2, w, gu.dtype)
+
+
+def _aligned_rows(t: torch.Tensor, K: int) -> torch.Tensor:
+    """t as a contiguous, 16-byte aligned [M, K] tensor (a copy only where needed)."""
+    t2 = t.reshape(-1, K).contiguous()
+    return t2 if t2.data_ptr() % 16 == 0 else t2.clone()
+
+
+def _check_fused(name: str, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, K: int, tiles: int) -> None:
+    if not (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor)):
+        raise TypeError(f"{name}: inputs must be tensors")
+    if w.dim() != 2 or w.shape[1] != K:
+        raise ValueError(f"{name}: w must be [N, {K}], got {tuple(w.shape)}")
+    if not (x.is_cuda and w.device == x.device):
+        raise ValueError(f"{name}: inputs must be on one CUDA device, got {x.device} and w on {w.device}")
+    if x.dtype not in _GEMV_DTYPES or w.dtype != x.dtype:
+        raise ValueError(f"{name}: inputs and w must share one dtype of float32/bfloat16/float16, got {x.dtype} and "
+                         f"w {w.dtype}")
+    N = w.shape[0]
+    if b is not None and (b.shape != (N,) or b.dtype != x.dtype or b.device != x.device):
+        raise ValueError(f"{name}: b must be [{N}] {x.dtype} on {x.device}, got {tuple(b.shape)} {b.dtype} on {b.device}")
+    if not isinstance(tiles, int) or tiles < 0:
+        raise ValueError(f"{name}: tiles must be an int >= 0 (0 = automatic), got {tiles!r}")
+
+
+def gemv_rmsnorm_cuda(
+    x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor, eps: float, delta: torch.Tensor | None = None,
+    b: torch.Tensor | None = None, *, tiles: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, residual) = (F.linear(RMSNorm(r) * norm_weight, w, b), r) with r = x + delta (or x), in one launch.
+
+    x, delta: [..., K] (M = 1..2 rows), norm_weight [K], w [N, K], b [N], one dtype. Matches
+    ``runtime.kernels.add_rmsnorm`` followed by a linear: r = x + delta in fp32 rounded to the dtype,
+    rstd = 1 / sqrt(mean(r^2) + eps) in fp32, h = round(r * rstd * norm_weight), y = h @ w^T with fp32
+    accumulation (gemv.cu v1; deterministic). residual: a new tensor with delta, x itself without.
+    tiles: row tiles per block (0 = automatic). Raises ValueError where ``gemv_rmsnorm_supported`` is false.
+    CUDA-graph capturable once warmed up (the first call per shape caches occupancy and attributes).
+    """
+    K = x.shape[-1] if isinstance(x, torch.Tensor) and x.dim() else 0
+    _check_fused("gemv_rmsnorm_cuda", x, w, b, K, tiles)
+    if not (isinstance(norm_weight, torch.Tensor) and norm_weight.shape == (K,) and norm_weight.dtype == x.dtype
+            and norm_weight.device == x.device):
+        raise ValueError(f"gemv_rmsnorm_cuda: norm_weight must be [{K}] {x.dtype} on {x.device}, got "
+                         f"{getattr(norm_weight, 'shape', None)} {getattr(norm_weight, 'dtype', None)}")
+    if delta is not None and (not isinstance(delta, torch.Tensor) or delta.shape != x.shape or delta.dtype != x.dtype
+                              or delta.device != x.device):
+        raise ValueError(f"gemv_rmsnorm_cuda: delta must match x {tuple(x.shape)} {x.dtype} on {x.device}, got "
+                         f"{getattr(delta, 'shape', None)} {getattr(delta, 'dtype', None)}")
+    if not gemv_rmsnorm_supported(x, w):
+        raise ValueError(f"gemv_rmsnorm_cuda: x {tuple(x.shape)} @ w {tuple(w.shape)} {x.dtype} is outside the fused "
+                         f"kernel (1 <= M <= {GEMV_FUSED_MAX_M} rows, K * elem % 16 == 0, M * K * elem <= "
+                         f"{GEMV_FUSED_MAX_SMEM} bytes, N >= 1, w contiguous and 16-byte aligned): check "
+                         "gemv_rmsnorm_supported first")
+    N = w.shape[0]
+    x2 = _aligned_rows(x, K)
+    d2 = None if delta is None else _aligned_rows(delta, K)
+    y, res = load().gemv_rmsnorm(x2, w, _aligned_rows(norm_weight, K).view(K), float(eps), d2,
+                                 None if b is None else b.contiguous(), tiles)
+    y = y.view(*x.shape[:-1], N)
+    return y, (x if delta is None else res.view(x.shape))
+
+
+def gemv_swiglu_cuda(gu: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, *,
+                     tiles: int = 0) -> torch.Tensor:
+    """F.linear(silu(gate) * up, w, b) in one launch, gu [..., 2I] = [gate | up] (M = 1..2 rows), w [N, I].
+
+    Matches ``runtime.kernels.silu_mul`` followed by a linear: silu(gate) = gate / (1 + exp(-gate)) in fp32,
+    h = round(silu(gate) * up), y = h @ w^T with fp32 accumulation (gemv.cu v1; deterministic).
+    tiles: row tiles per block (0 = automatic). Raises ValueError where ``gemv_swiglu_supported`` is false.
+    """
+    I2 = gu.shape[-1] if isinstance(gu, torch.Tensor) and gu.dim() else 0
+    if I2 % 2:
+        raise ValueError(f"gemv_swiglu_cuda: gu must be [..., 2I] ([gate | up]), got {tuple(gu.shape)}")
+    _check_fused("gemv_swiglu_cuda", gu, w, b, I2 // 2, tiles)
+    if not gemv_swiglu_supported(gu, w):
+        raise ValueError(f"gemv_swiglu_cuda: gu {tuple(gu.shape)} with w {tuple(w.shape)} {gu.dtype} is outside the "
+                         f"fused kernel (1 <= M <= {GEMV_FUSED_MAX_M} rows, I * elem % 16 == 0, M * I * elem <= "
+                         f"{GEMV_FUSED_MAX_SMEM} bytes, N >= 1, w contiguous and 16-byte aligned): check "
+                         "gemv_swiglu_supported first")
+    y = load().gemv_swiglu(_aligned_rows(gu, I2), w, None if b is None else b.contiguous(), tiles)
+    return y.view(*gu.shape[:-1], w.shape[0])

@@ -30,6 +30,9 @@ cudaError_t vs_kv_compact(int variant, const void* new_kv, long long rows_total,
 void vs_gemv_config(int dtype, int M, int N, int K, int num_sms, int* version, int* rows, int* split);
 cudaError_t vs_gemv(const void* x, const void* w, const void* b, void* y, int dtype, int M, int N, int K, int version,
                     int rows, int split, int num_sms, cudaStream_t stream);
+cudaError_t vs_gemv_fused(int mode, const void* x, const void* delta, const void* g, float eps, void* res_out,
+                          const void* w, const void* b, void* y, int dtype, int M, int N, int K, int split, int tiles,
+                          int num_sms, cudaStream_t stream);
 }
 
 namespace {
@@ -264,6 +267,64 @@ std::vector<int64_t> gemv_config(const at::Tensor& w, int64_t M) {
     return {version, rows, split};
 }
 
+// ---- decode GEMV with a fused prologue (gemv.cu, gemv_fused_kernel) ----------------------
+// Shared checks: w [N, K] contiguous of x's dtype on x's device, optional bias [N]; returns the bias pointer.
+const void* check_gemv_weight(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b, int64_t K) {
+    TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.size(1) == K, "w must be a contiguous [N, ", K, "] tensor, got ",
+                w.sizes());
+    check_cuda(w, x, "w");
+    TORCH_CHECK(w.scalar_type() == x.scalar_type(), "w dtype ", w.scalar_type(), " != x dtype ", x.scalar_type());
+    if (!b.has_value()) return nullptr;
+    check_cuda(*b, x, "b");
+    TORCH_CHECK(b->scalar_type() == x.scalar_type() && b->is_contiguous() && b->numel() == w.size(0),
+                "b must be a contiguous [N] tensor of x's dtype");
+    return b->data_ptr();
+}
+
+// (y [M, N], residual [M, K]): y = (RMSNorm(x + delta) * g) @ w^T (+ b); residual = x + delta rounded
+// (a new tensor), or x itself without delta. M <= 2 (verispec/cuda/__init__.py checks first).
+std::vector<at::Tensor> gemv_rmsnorm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& g, double eps,
+                                     const std::optional<at::Tensor>& delta, const std::optional<at::Tensor>& b,
+                                     int64_t tiles) {
+    TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.is_contiguous(), "x must be a contiguous CUDA [M, K] tensor");
+    const int M = x.size(0), K = x.size(1);
+    const void* bp = check_gemv_weight(x, w, b, K);
+    check_cuda(g, x, "norm_weight");
+    TORCH_CHECK(g.scalar_type() == x.scalar_type() && g.is_contiguous() && g.numel() == K,
+                "norm_weight must be a contiguous [K] tensor of x's dtype");
+    const void* dp = nullptr;
+    at::Tensor res = x;
+    if (delta.has_value()) {
+        check_cuda(*delta, x, "delta");
+        TORCH_CHECK(delta->scalar_type() == x.scalar_type() && delta->is_contiguous() && delta->sizes() == x.sizes(),
+                    "delta must be a contiguous [M, K] tensor of x's dtype");
+        dp = delta->data_ptr();
+        res = at::empty_like(x);
+    }
+    auto y = at::empty({M, w.size(0)}, x.options());
+    const c10::cuda::CUDAGuard guard(x.device());
+    check_launch(vs_gemv_fused(1, x.data_ptr(), dp, g.data_ptr(), (float)eps, dp ? res.data_ptr() : nullptr,
+                               w.data_ptr(), bp, y.data_ptr(), dtype_code(x, "x"), M, w.size(0), K, 0, (int)tiles,
+                               num_sms(x), at::cuda::getCurrentCUDAStream()),
+                 "gemv_rmsnorm");
+    return {y, res};
+}
+
+// y [M, N] = (silu(gate) * up) @ w^T (+ b), gu [M, 2K] = [gate | up]; M <= 2.
+at::Tensor gemv_swiglu(const at::Tensor& gu, const at::Tensor& w, const std::optional<at::Tensor>& b, int64_t tiles) {
+    TORCH_CHECK(gu.is_cuda() && gu.dim() == 2 && gu.is_contiguous() && gu.size(1) % 2 == 0,
+                "gu must be a contiguous CUDA [M, 2K] tensor");
+    const int M = gu.size(0), K = gu.size(1) / 2;
+    const void* bp = check_gemv_weight(gu, w, b, K);
+    auto y = at::empty({M, w.size(0)}, gu.options());
+    const c10::cuda::CUDAGuard guard(gu.device());
+    check_launch(vs_gemv_fused(2, gu.data_ptr(), nullptr, nullptr, 0.0f, nullptr, w.data_ptr(), bp, y.data_ptr(),
+                               dtype_code(gu, "gu"), M, w.size(0), K, 0, (int)tiles, num_sms(gu),
+                               at::cuda::getCurrentCUDAStream()),
+                 "gemv_swiglu");
+    return y;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -275,5 +336,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("kv_compact", &kv_compact, "pack kept KV rows (variant 0 naive, 1 scan, 2 fused)");
     m.def("kv_scatter", &kv_scatter, "write kept KV rows into a static cache (variant 0 naive, 1 scan, 2 fused)");
     m.def("gemv", &gemv, "y = x @ w^T (+ b) for M <= 8 rows of x (version, rows, split: 0 = auto)");
+    m.def("gemv_rmsnorm", &gemv_rmsnorm, "(y, residual): RMSNorm(x + delta) * g @ w^T (+ b), M <= 2 (tiles: 0 = auto)");
+    m.def("gemv_swiglu", &gemv_swiglu, "y = (silu(gate) * up) @ w^T (+ b), gu = [gate | up], M <= 2 (tiles: 0 = auto)");
     m.def("gemv_config", &gemv_config, "the automatic (version, rows, split) of vs_gemv for w [N, K] and M rows");
 }
