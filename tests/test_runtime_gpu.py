@@ -136,3 +136,19 @@ def test_parity_vs_transformers_on_gpu_fp32(tmp_path):
     got = torch.cat([m.prefill([ids[0, :31].tolist()]), m.verify(ids[:, 31:36])[0]]
                     + [m.decode(ids[:, t:t + 1])[0] for t in range(36, 40)])
     assert ((got - ref).abs().max() / ref.abs().max()).item() <= 1e-4
+
+
+def test_bf16_verify_equals_decode_bit_for_bit_at_batch_one():
+    """B = 1: a verify pass of k <= 8 tokens gives bit-for-bit the logits of k single-token decode steps in
+    bf16 (batch-invariant matmuls and attention), so greedy speculative output equals AR output exactly."""
+    cfg = CFG.replace(vocab_size=32000, hidden_size=512, intermediate_size=1024, num_heads=8, num_kv_heads=2,
+                      head_dim=64, qk_norm=False, attention_bias=False)
+    m = load_model(cfg, device="cuda", dtype=torch.bfloat16, seed=5)
+    for k in (2, 5, 8):
+        m.setup_cache(1, 128)
+        m.prefill(prompts([37], seed=k))
+        block = torch.randint(0, cfg.vocab_size, (1, k), generator=torch.Generator().manual_seed(k)).cuda()
+        packed = m.verify(block)
+        m.rollback(m.lengths - k)
+        steps = torch.cat([m.decode(block[:, i:i + 1]) for i in range(k)], dim=1)
+        assert torch.equal(packed, steps), (k, (packed.float() - steps.float()).abs().max().item())

@@ -252,10 +252,15 @@ def silu_mul(gu: Tensor) -> Tensor:
     return o
 
 
-# The weight matmuls of the pass: verispec/cuda/gemv.cu where it beat cuBLAS on an H100 for every llama-3.1-8b /
-# llama-3.2-1b weight shape (benchmarks/results/gemv.md, 2026-11-23: M <= 2 tokens on every shape, and any
-# M <= 8 when N <= K (o, down) or N is a vocabulary (LM head)); cuBLAS otherwise (qkv and gate/up at M >= 3
-# tie or win). Set VERISPEC_GEMV=0 (or CUDA_GEMV = False) for cuBLAS everywhere.
+# The weight matmuls of the pass. A single sequence's decode step and its verify pass of up to 8 tokens go
+# to verispec/cuda/gemv.cu with ONE fixed configuration (v1, 4 rows x split 8: the fastest at M <= 2 on every
+# llama-3.1-8b / llama-3.2-1b shape, benchmarks/results/gemv.md), which makes them batch-invariant: each
+# token's row is computed by the same lanes in the same order whatever M is, so a B=1 verify pass gives
+# bit-for-bit the logits of the decode steps it replaces and bf16 greedy speculative output stays equal to
+# AR output. (Choosing per M between gemv.cu and cuBLAS was ~1% faster at M = 3-8 but broke that: 98% of
+# bf16 sequences of a near-tie random model diverged, benchmarks/results/divergence.md.) Batches of several
+# sequences use cuBLAS throughout (its kernel choice is the same for the decode and verify shapes seen).
+# VERISPEC_GEMV=0 (or CUDA_GEMV = False): cuBLAS everywhere.
 CUDA_GEMV = os.environ.get("VERISPEC_GEMV", "1") != "0"
 _gemv_ready: bool | None = None   # None: not tried yet; False: unavailable (no nvcc / build failed)
 
@@ -279,18 +284,18 @@ def _gemv_available() -> bool:
     return _gemv_ready
 
 
-def use_gemv(M: int, N: int, K: int) -> bool:
-    """Whether ``linear`` sends an [M, K] x [N, K]^T product to gemv.cu (the measured winners, see above)."""
-    return M <= 2 or (M <= 8 and (N <= K or N >= 65536))
+def use_gemv(batch_size: int, tokens_per_sequence: int) -> bool:
+    """Whether the pass of ``batch_size`` sequences x ``tokens_per_sequence`` tokens runs its matmuls on gemv.cu
+    (see above): one sequence, at most 8 tokens."""
+    return CUDA_GEMV and batch_size == 1 and tokens_per_sequence <= 8
 
 
-def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
-    """F.linear(x [M, K], w [N, K], b) for the decode / verify pass: gemv.cu for few tokens where it is faster
-    (``use_gemv``), cuBLAS otherwise. Both accumulate in fp32; they round differently (bf16 outputs can
-    differ in the last bit), so a given (M, N, K) always takes the same path."""
-    if CUDA_GEMV and x.is_cuda and use_gemv(x.shape[0], *w.shape) and _gemv_available():
+def linear(x: Tensor, w: Tensor, b: Tensor | None = None, gemv: bool = False) -> Tensor:
+    """F.linear(x [M, K], w [N, K], b) for the decode / verify pass; ``gemv=True`` (from ``use_gemv``): gemv.cu
+    in its one batch-invariant configuration, where the extension is available and supports the shape."""
+    if gemv and x.is_cuda and _gemv_available():
         from ..cuda import gemv_cuda, gemv_supported
 
         if gemv_supported(x, w):
-            return gemv_cuda(x, w, b)
+            return gemv_cuda(x, w, b, version=1, rows=4, split=8)
     return torch.nn.functional.linear(x, w, b)

@@ -239,17 +239,18 @@ class Transformer(nn.Module):
         x = F.embedding(tokens.reshape(-1), self.embed)                                   # [N, E]
         delta = None
         scale = 1.0 / math.sqrt(D)
+        gemv = kernels.use_gemv(B, T)                  # one batch-invariant matmul path per pass
         for i in range(num_layers):
             L = self.layers[i]
             x, h = kernels.add_rmsnorm(x, delta, L.attn_norm, eps)
-            qkv = kernels.linear(h, L.wqkv, L.bqkv)                                       # [N, (H+2KV)*D]
+            qkv = kernels.linear(h, L.wqkv, L.bqkv, gemv)                                 # [N, (H+2KV)*D]
             if L.q_norm is not None:
                 q_, k_, v_ = qkv.view(-1, H + 2 * KV, D).split([H, KV, KV], dim=1)
                 qkv = torch.cat([rms_norm(q_, L.q_norm, eps), rms_norm(k_, L.k_norm, eps), v_], dim=1)
                 qkv = qkv.view(-1, (H + 2 * KV) * D)
             q = kernels.rope_kv_write(qkv, rope, pos, cache.k[i], cache.v[i], T, H, KV, D)  # [N, H, D]
             o = kernels.decode_attention(q, cache.k[i], cache.v[i], lengths, T, scale)      # [N, H*D]
-            x, h = kernels.add_rmsnorm(x, kernels.linear(o, L.wo, L.bo), L.ffn_norm, eps)
-            delta = kernels.linear(kernels.silu_mul(kernels.linear(h, L.w13)), L.w2)
+            x, h = kernels.add_rmsnorm(x, kernels.linear(o, L.wo, L.bo, gemv), L.ffn_norm, eps)
+            delta = kernels.linear(kernels.silu_mul(kernels.linear(h, L.w13, None, gemv)), L.w2, None, gemv)
         _, h = kernels.add_rmsnorm(x, delta, self.norm, eps)
-        return kernels.linear(h, self.lm_head_weight).view(B, T, -1)
+        return kernels.linear(h, self.lm_head_weight, None, gemv).view(B, T, -1)
