@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..hostcopy import to_device
 from .config import ModelConfig
 
 
@@ -89,15 +90,15 @@ class StaticKVCache:
                 raise ValueError(f"keep: batch_indices must be distinct rows in [0, {self.batch_size}), got {src_host}")
             moves = [(dst, src) for dst, src in enumerate(src_host) if dst != src]
             if moves:
-                dst = torch.tensor([m[0] for m in moves], device=device)
-                src = torch.tensor([m[1] for m in moves], device=device)
+                dst = to_device([m[0] for m in moves], device, torch.long)
+                src = to_device([m[1] for m in moves], device, torch.long)
                 for buf in self.k + self.v:
                     buf[dst] = buf[src]                   # gather first (a copy), then write
         else:
             idx = idx.to(device=device, dtype=torch.long)
             for buf in self.k + self.v:
                 buf[:n] = buf[idx]
-        idx = idx.to(device=device, dtype=torch.long)
+        idx = to_device(idx, device, torch.long)
         self._lengths[:n] = self._lengths[idx]
         self._lengths[n:] = 0
         self.live[n:] = 0

@@ -13,8 +13,8 @@ kernels (profile in benchmarks/results/decode.md). These replace them with five 
                       combine kernel merges the splits and writes o as [N, H*D] (no permute copies);
   * ``silu_mul``      SwiGLU activation of the fused [gate; up] output.
 All arithmetic in fp32; dots of fp32 inputs in IEEE precision (so fp32 models stay within 1e-4 of the torch
-path). The weight matmuls go through ``linear``: verispec/cuda/gemv.cu for few tokens where it beats
-cuBLAS, cuBLAS otherwise.
+path). The weight matmuls go through ``linear``: verispec/cuda/gemv.cu in one fixed (batch-invariant)
+configuration for a single sequence's passes of <= 8 tokens, cuBLAS otherwise (see ``use_gemv``).
 """
 from __future__ import annotations
 
