@@ -11,7 +11,7 @@ Methods (every one is first checked against the workload's exact answer, then ti
         cuda-naive    warp-shuffle argmax (v3) + one thread per sequence (v1 scan)
         cuda-ballot   warp-shuffle argmax (v3) + one warp per sequence, __ballot_sync (Opt A)
         cuda-segment  warp-shuffle argmax (v3) + 32/next_pow2(K) sequences per warp (v3 scan)
-        triton        verispec.kernels.greedy (split-V argmax + scan), "n/a" if missing
+        triton        verispec.verify.triton.greedy (split-V argmax + scan), "n/a" if missing
         torch-vec     logits.argmax(-1) + a padded [B, K] cumprod acceptance (vectorized torch)
         reference     the per-sequence Python loop (small b only)
     argmax only: cuda v2 (seed 004's V2), cuda v3 (streaming loads), torch.argmax
@@ -43,10 +43,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from verispec.kv import reference_compact_kv  # noqa: E402
-from verispec.reference import reference_verify_greedy  # noqa: E402
-from verispec.verify import _canonical  # noqa: E402
-from verispec.workloads import greedy_workload, sampling_workload  # noqa: E402
+from dev.kv.kv import reference_compact_kv  # noqa: E402
+from verispec.verify.reference import reference_verify_greedy  # noqa: E402
+from verispec.verify.api import canonical_batch  # noqa: E402
+from verispec.verify.workloads import greedy_workload, sampling_workload  # noqa: E402
 
 VOCAB = 128256
 BATCHES = [1, 4, 16, 32, 64, 256]
@@ -161,7 +161,8 @@ def _same(tokens, num_accepted, expected) -> bool:
 
 
 def greedy_methods():
-    from verispec import cuda as vc
+    from verispec.verify import cuda as vc
+    import dev.cuda_ext as dvc
 
     methods = {
         "cuda-naive": lambda b: vc.verify_greedy_cuda(b, variant="naive"),
@@ -169,7 +170,7 @@ def greedy_methods():
         "cuda-segment": lambda b: vc.verify_greedy_cuda(b, variant="segment"),
     }
     try:
-        from verispec.kernels.greedy import verify_greedy_triton
+        from verispec.verify.triton.greedy import verify_greedy_triton
 
         methods["triton"] = verify_greedy_triton
     except Exception as exc:  # noqa: BLE001
@@ -180,7 +181,8 @@ def greedy_methods():
 
 
 def run_greedy(l2_bytes: int, log) -> list[dict]:
-    from verispec import cuda as vc
+    from verispec.verify import cuda as vc
+    import dev.cuda_ext as dvc
 
     methods = greedy_methods()
     results = []
@@ -188,12 +190,12 @@ def run_greedy(l2_bytes: int, log) -> list[dict]:
         for alpha in ALPHAS:
             for bsz in BATCHES:
                 w = greedy_workload(bsz, k, VOCAB, alpha, dtype=torch.bfloat16, device="cuda", seed=bsz * 10 + k)
-                batch = _canonical(w.target_logits, w.draft_tokens, w.num_draft, k, False)
+                batch = canonical_batch(w.target_logits, w.draft_tokens, w.num_draft, k, False)
                 rows = batch.target_logits.shape[0]
                 logit_bytes = rows * VOCAB * 2
                 copies = max(1, min(64, math.ceil(3 * l2_bytes / logit_bytes)))
                 batches = [batch] + [
-                    _canonical(w.target_logits.clone(), w.draft_tokens, w.num_draft, k, False) for _ in range(copies - 1)
+                    canonical_batch(w.target_logits.clone(), w.draft_tokens, w.num_draft, k, False) for _ in range(copies - 1)
                 ]
                 row = {"K": k, "alpha": alpha, "b": bsz, "rows": rows, "bytes": logit_bytes,
                        "accepted": float(w.expected.num_accepted.float().mean())}
@@ -240,10 +242,11 @@ def run_greedy(l2_bytes: int, log) -> list[dict]:
 
 
 def run_kv(log) -> list[dict]:
-    from verispec import cuda as vc
+    from verispec.verify import cuda as vc
+    import dev.cuda_ext as dvc
 
     try:
-        from verispec.kernels.kv_compact import compact_kv_triton
+        from dev.kv.kv_compact_triton import compact_kv_triton
     except Exception:  # noqa: BLE001
         compact_kv_triton = None
     results = []
@@ -261,9 +264,9 @@ def run_kv(log) -> list[dict]:
                 kept = ref.shape[0]
                 row = {"rows": label, "alpha": alpha, "b": bsz, "kept_bytes": kept * new_kv[0].numel() * 2}
                 methods = {
-                    "cuda-naive": lambda: vc.compact_kv_cuda(new_kv, num_rows, num_emitted, variant="naive", check_values=False)[0],
-                    "cuda-scan": lambda: vc.compact_kv_cuda(new_kv, num_rows, num_emitted, variant="scan", check_values=False)[0],
-                    "cuda-fused": lambda: vc.compact_kv_cuda(new_kv, num_rows, num_emitted, variant="fused", check_values=False)[0],
+                    "cuda-naive": lambda: dvc.compact_kv_cuda(new_kv, num_rows, num_emitted, variant="naive", check_values=False)[0],
+                    "cuda-scan": lambda: dvc.compact_kv_cuda(new_kv, num_rows, num_emitted, variant="scan", check_values=False)[0],
+                    "cuda-fused": lambda: dvc.compact_kv_cuda(new_kv, num_rows, num_emitted, variant="fused", check_values=False)[0],
                     "triton": (lambda: compact_kv_triton(new_kv, num_rows, num_emitted)[0]) if compact_kv_triton else None,
                     "torch-vec": lambda: torch_compact(new_kv, num_rows, num_emitted),
                 }
@@ -286,16 +289,17 @@ def run_kv(log) -> list[dict]:
 
 def run_sampling(log) -> list[dict]:
     """verify_sample at T = 1 with draft_probs (K = 8, alpha = 0.6): cuda vs triton (not swept)."""
-    from verispec import cuda as vc
+    from verispec.verify import cuda as vc
+    import dev.cuda_ext as dvc
 
     try:
-        from verispec.kernels.rejection import verify_sample_triton
+        from verispec.verify.triton.rejection import verify_sample_triton
     except Exception:  # noqa: BLE001
         verify_sample_triton = None
     results = []
     for bsz in [1, 16, 256]:
         w = sampling_workload(bsz, 8, VOCAB, 0.6, dtype=torch.bfloat16, device="cuda", seed=bsz)
-        batch = _canonical(w.target_logits, w.draft_tokens, w.num_draft, 8, False)
+        batch = canonical_batch(w.target_logits, w.draft_tokens, w.num_draft, 8, False)
         batch.draft_probs = w.draft_probs
         batch.temperature = torch.ones(bsz, device="cuda")
         batch.top_k = torch.zeros(bsz, dtype=torch.int32, device="cuda")
@@ -482,10 +486,11 @@ def plot(out_dir: Path, greedy: list[dict], kv: list[dict]) -> None:
 
 def ncu_only() -> None:
     """A few launches for ``ncu -k regex:'scan|argmax|kv_' -c N``: b=256, K=8, alpha=0.6."""
-    from verispec import cuda as vc
+    from verispec.verify import cuda as vc
+    import dev.cuda_ext as dvc
 
     w = greedy_workload(256, 8, VOCAB, 0.6, dtype=torch.bfloat16, device="cuda", seed=1)
-    batch = _canonical(w.target_logits, w.draft_tokens, w.num_draft, 8, False)
+    batch = canonical_batch(w.target_logits, w.draft_tokens, w.num_draft, 8, False)
     am = vc.target_argmax_cuda(batch.target_logits)
     vc.target_argmax_cuda(batch.target_logits, 2)
     vc.greedy_scan_cuda(am, batch, "naive")
@@ -494,9 +499,9 @@ def ncu_only() -> None:
     num_rows = (w.num_draft + 1).int()
     num_emitted = w.expected.num_accepted.int() + 1
     new_kv = torch.randn(int(num_rows.sum()), 2, 8, 128, device="cuda").to(torch.bfloat16)
-    vc.compact_kv_cuda(new_kv, num_rows, num_emitted, variant="naive", check_values=False)
-    vc.compact_kv_cuda(new_kv, num_rows, num_emitted, variant="scan", check_values=False)
-    vc.compact_kv_cuda(new_kv, num_rows, num_emitted, variant="fused", check_values=False)
+    dvc.compact_kv_cuda(new_kv, num_rows, num_emitted, variant="naive", check_values=False)
+    dvc.compact_kv_cuda(new_kv, num_rows, num_emitted, variant="scan", check_values=False)
+    dvc.compact_kv_cuda(new_kv, num_rows, num_emitted, variant="fused", check_values=False)
     torch.cuda.synchronize()
 
 
@@ -513,7 +518,8 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks/ablation.py needs a CUDA GPU")
-    from verispec import cuda as vc
+    from verispec.verify import cuda as vc
+    import dev.cuda_ext as dvc
 
     vc.load()
     if args.ncu_only:
@@ -538,7 +544,7 @@ def main() -> None:
         f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
         f"- torch {torch.__version__}, CUDA {torch.version.cuda}, triton {triton.__version__}, "
         f"driver {os.popen('nvidia-smi --query-gpu=driver_version --format=csv,noheader').read().strip() or '?'}",
-        "- kernels built with nvcc for sm_90 (`-O3`, no fast-math); workloads: `verispec.workloads.greedy_workload`",
+        "- kernels built with nvcc for sm_90 (`-O3`, no fast-math); workloads: `verispec.verify.workloads.greedy_workload`",
     ]
     for h in header:
         log(h)

@@ -37,9 +37,9 @@ SMOKE_CFG = ModelConfig(vocab_size=512, num_layers=2, hidden_size=64, num_heads=
                         intermediate_size=128)
 
 
-def kernels_mod():
-    from verispec.runtime import kernels
-    return kernels
+def ops_mod():
+    from verispec.runtime import ops
+    return ops
 
 
 def sync():
@@ -99,7 +99,7 @@ def pass_bytes(model) -> tuple[int, int]:
 def matmul_only_ms(model, B: int, iters: int = 30, linear=None) -> float:
     """Median ms of just the pass's weight matmuls (4 per layer + LM head) for B tokens, replayed as one CUDA
     graph: what the runtime would cost if everything but the GEMVs/GEMMs were free. ``linear``: the matmul
-    (default cuBLAS's F.linear; the runtime's ``kernels.linear`` for its own dispatch)."""
+    (default cuBLAS's F.linear; the runtime's ``ops.linear`` for its own dispatch)."""
     net, c = model.net, model.config
     dev, dt = model.device, model.dtype
     xe = torch.randn(B, c.hidden_size, device=dev, dtype=dt)
@@ -167,7 +167,7 @@ def check_correctness(model, hf, B: int, prompt_len: int, log) -> None:
     worse than transformers' bf16 error (random weights give near-flat logits, so argmax agreement means little)."""
     import copy
 
-    from verispec.runtime.runner import Model
+    from verispec.runtime.model import Model
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, model.config.vocab_size, (B, prompt_len + 4), generator=g).to(model.device)
 
@@ -252,10 +252,10 @@ def bench_variant(name, cfg, model, variant, args, bw, log):
         t1 = times[min(args.ks)]
         if variant == args.variants[0] and torch.cuda.is_available():
             try:
-                from verispec.runtime import kernels
+                from verispec.runtime import ops
                 mm = matmul_only_ms(model, B)
-                gemv = kernels.use_gemv(B, 1)
-                ours = matmul_only_ms(model, B, linear=lambda x, w: kernels.linear(x, w, None, gemv))
+                gemv = ops.use_gemv(B, 1)
+                ours = matmul_only_ms(model, B, linear=lambda x, w: ops.linear(x, w, None, gemv))
                 rows[-len(args.ks)]["matmul_only_ms"] = mm
                 rows[-len(args.ks)]["matmul_ours_ms"] = ours
                 log(f"  matmuls alone B={B:3d}: cuBLAS {mm:.3f} ms ({floor * 1e3 / mm:.1%} of floor), runtime's "
@@ -283,7 +283,7 @@ def bench_model(name, cfg, args, bw, log):
     for variant in args.variants:
         t = time.perf_counter()
         model.net.use_kernels = variant in ("kernels", "kernels-cublas")
-        kernels_mod().CUDA_GEMV = variant == "kernels" and not args.no_gemv
+        ops_mod().CUDA_GEMV = variant == "kernels" and not args.no_gemv
         if variant == "compiled":
             before = probe(model)
             model.net.compile()
@@ -373,7 +373,7 @@ def main(argv=None):
     args.batches = [int(x) for x in args.batches.split(",")]
     args.ks = [int(x) for x in args.ks.split(",")]
     models = [(m, named_shape(m)) for m in args.models.split(",")]
-    kernels_mod().CUDA_GEMV = not args.no_gemv
+    ops_mod().CUDA_GEMV = not args.no_gemv
     if not cuda:  # smoke: a tiny model, tiny sizes, so the script itself is tested on CPU
         models, args.batches, args.ks = [("smoke-tiny", SMOKE_CFG)], [1, 2], [1, 2]
         args.prompt_len, args.iters, args.hf_tokens = 16, 3, min(args.hf_tokens, 4)

@@ -10,8 +10,8 @@ For every llama-3.1-8b / llama-3.2-1b weight shape W [N, K] (bf16) and M tokens 
   4. --sweep: the same timing for every (rows, split) configuration of the kernel, to check (and tune)
      the launcher's automatic choice.
   5. --fused (instead of 1-4): the fused prologues of gemv.cu against the unfused composition, for the
-     norm-fed matrices (qkv, gate/up, LM head: kernels.add_rmsnorm + gemv_cuda vs gemv_rmsnorm_cuda, with
-     the residual add) and the SwiGLU-fed one (down: kernels.silu_mul + gemv_cuda vs gemv_swiglu_cuda),
+     norm-fed matrices (qkv, gate/up, LM head: ops.add_rmsnorm + gemv_cuda vs gemv_rmsnorm_cuda, with
+     the residual add) and the SwiGLU-fed one (down: ops.silu_mul + gemv_cuda vs gemv_swiglu_cuda),
      both timed the same way (a graph of --calls pairs / fused calls), at M in --fused-ms; plus the fused
      kernel at tiles = 1, 2, 4 row tiles per block (auto: one wave of blocks).
 Prints a markdown table and writes it (with the device, versions, command and a short reading) to
@@ -37,7 +37,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import verispec.cuda as vc  # noqa: E402
+import verispec.runtime.gemv as vc  # noqa: E402
+import dev.cuda_ext as dvc  # noqa: E402
 
 # model -> [(matrix, N, K)]: W is [N, K] (out features, in features)
 SHAPES = {
@@ -205,7 +206,7 @@ FUSED_OPS = {"qkv": "norm", "gate/up": "norm", "lm_head": "norm", "down": "swigl
 
 
 def bench_fused(model, name, N, K, args, bw, log) -> list[dict]:
-    from verispec.runtime import kernels
+    from verispec.runtime import ops
 
     dtype, eps = args.dtype, 1e-5
     op = FUSED_OPS[name]
@@ -221,19 +222,19 @@ def bench_fused(model, name, N, K, args, bw, log) -> list[dict]:
             g = 1 + 0.1 * torch.randn(K, dtype=dtype, device="cuda")
 
             def unfused(i):
-                r, h = kernels.add_rmsnorm(x, delta, g, eps)
+                r, h = ops.add_rmsnorm(x, delta, g, eps)
                 return vc.gemv_cuda(h, ws[i % copies]), r
 
             def fused(i, tiles=0):
-                return vc.gemv_rmsnorm_cuda(x, ws[i % copies], g, eps, delta, tiles=tiles)
+                return dvc.gemv_rmsnorm_cuda(x, ws[i % copies], g, eps, delta, tiles=tiles)
         else:
             gu = torch.randn(M, 2 * K, dtype=dtype, device="cuda")
 
             def unfused(i):
-                return vc.gemv_cuda(kernels.silu_mul(gu), ws[i % copies]), None
+                return vc.gemv_cuda(ops.silu_mul(gu), ws[i % copies]), None
 
             def fused(i, tiles=0):
-                return vc.gemv_swiglu_cuda(gu, ws[i % copies], tiles=tiles), None
+                return dvc.gemv_swiglu_cuda(gu, ws[i % copies], tiles=tiles), None
         (yu, ru), (yf, rf) = unfused(0), fused(0)
         err = ((yf.float() - yu.float()).abs().max() / yu.float().abs().max().clamp_min(1e-30)).item()
         ok = err <= {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 1e-4}[dtype] and (
@@ -255,8 +256,8 @@ def bench_fused(model, name, N, K, args, bw, log) -> list[dict]:
 def write_fused_markdown(path: Path, rows, meta):
     out = ["## Fused prologues: add + RMSNorm / SwiGLU inside the GEMV\n",
            f"Device: {meta['device']}; date {meta['date']}; torch {meta['torch']}; dtype {meta['dtype']}; copy bandwidth "
-           f"{meta['bw_tb_s']:.2f} TB/s. Command: `{meta['cmd']}`. Unfused = kernels.add_rmsnorm (with the residual "
-           "add) + gemv_cuda, or kernels.silu_mul + gemv_cuda; fused = gemv_rmsnorm_cuda / gemv_swiglu_cuda (one "
+           f"{meta['bw_tb_s']:.2f} TB/s. Command: `{meta['cmd']}`. Unfused = ops.add_rmsnorm (with the residual "
+           "add) + gemv_cuda, or ops.silu_mul + gemv_cuda; fused = gemv_rmsnorm_cuda / gemv_swiglu_cuda (one "
            "launch). Same timing as above (graph of back-to-back calls, W rotating through HBM).\n",
            "| model | op | N x K | M | floor us | unfused us | fused us | saved us | fused % floor | fused tiles=1 / 2 / 4 us | "
            "max rel diff |",

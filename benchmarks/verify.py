@@ -2,7 +2,7 @@
 
     python benchmarks/verify.py [--quick] [--budget SECONDS] [--out benchmarks/results/verify.md]
 
-For every configuration: build a workload (``verispec.workloads``), check the Triton result
+For every configuration: build a workload (``verispec.verify.workloads``), check the Triton result
 against the expected answer (greedy) or a second run (sampling: determinism), then time with
 ``triton.testing.do_bench(return_mode="median")`` (L2 flushed before each call):
   triton      the kernels alone (launcher on a validated batch), eager launches
@@ -30,11 +30,11 @@ import triton.testing
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from verispec.kernels.greedy import verify_greedy_triton  # noqa: E402
-from verispec.kernels.rejection import WAVE_MIN_BYTES, verify_sample_triton  # noqa: E402
-from verispec.reference import reference_verify_greedy, reference_verify_sample  # noqa: E402
-from verispec.verify import _canonical, _per_sequence, verify_greedy, verify_sample  # noqa: E402
-from verispec.workloads import greedy_workload, sampling_workload  # noqa: E402
+from verispec.verify.triton.greedy import verify_greedy_triton  # noqa: E402
+from verispec.verify.triton.rejection import WAVE_MIN_BYTES, verify_sample_triton  # noqa: E402
+from verispec.verify.reference import reference_verify_greedy, reference_verify_sample  # noqa: E402
+from verispec.verify.api import canonical_batch, per_sequence, verify_greedy, verify_sample  # noqa: E402
+from verispec.verify.workloads import greedy_workload, sampling_workload  # noqa: E402
 
 BATCHES = (1, 8, 32, 128, 256)
 DRAFTS = (1, 4, 8)
@@ -118,7 +118,7 @@ def torch_sample(logits, draft_tokens, num_draft, max_k, q):
 
 def run_greedy(size, k, vocab, dtype, bw, with_reference):
     w = greedy_workload(size, k, vocab, 0.6, dtype=dtype, device=DEVICE, seed=size + k)
-    batch = _canonical(w.target_logits, w.draft_tokens, w.num_draft, k, False)
+    batch = canonical_batch(w.target_logits, w.draft_tokens, w.num_draft, k, False)
     out = verify_greedy_triton(batch)
     ok = torch.equal(out.tokens, w.expected.tokens) and torch.equal(out.num_accepted, w.expected.num_accepted)
     floor = w.target_logits.numel() * w.target_logits.element_size()
@@ -142,12 +142,12 @@ def run_greedy(size, k, vocab, dtype, bw, with_reference):
 
 def run_sample(size, k, vocab, dtype, alpha, bw, with_reference):
     w = sampling_workload(size, k, vocab, alpha, dtype=dtype, device=DEVICE, seed=size + k)
-    batch = _canonical(w.target_logits, w.draft_tokens, w.num_draft, k, False)
+    batch = canonical_batch(w.target_logits, w.draft_tokens, w.num_draft, k, False)
     dev = w.target_logits.device
     batch.draft_probs = w.draft_probs
-    batch.temperature = _per_sequence(1.0, size, torch.float32, dev, "temperature", 1.0)
-    batch.top_k = _per_sequence(0, size, torch.int32, dev, "top_k", 0)
-    batch.top_p = _per_sequence(1.0, size, torch.float32, dev, "top_p", 1.0)
+    batch.temperature = per_sequence(1.0, size, torch.float32, dev, "temperature", 1.0)
+    batch.top_k = per_sequence(0, size, torch.int32, dev, "top_k", 0)
+    batch.top_p = per_sequence(1.0, size, torch.float32, dev, "top_p", 1.0)
     batch.seed = torch.tensor([1234], device=dev)
     batch.offset = torch.tensor([0], device=dev)
     out = verify_sample_triton(batch)

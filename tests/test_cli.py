@@ -81,7 +81,7 @@ def test_cuda_device_without_cuda(capsys):
 
 
 def test_verify_demo(capsys):
-    pytest.importorskip("verispec.workloads")
+    pytest.importorskip("verispec.verify.workloads")
     assert cli.main(["verify-demo", "--batch-size", "4", "--num-draft", "3", "--vocab-size", "500"]) == 0
     assert "matches the known answer: yes" in capsys.readouterr().out
 

@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-CUDA_DIR = Path(__file__).resolve().parents[1] / "verispec" / "cuda"
-SOURCES = sorted(CUDA_DIR.glob("*.cu"))
+ROOT = Path(__file__).resolve().parents[1]
+# every .cu of the package and of dev/, with the directories their headers live in
+CUDA_DIRS = [ROOT / "verispec", ROOT / "verispec" / "verify" / "cuda", ROOT / "verispec" / "runtime" / "gemv"]
+SOURCES = sorted([*ROOT.glob("verispec/**/*.cu"), *ROOT.glob("dev/**/*.cu")])
 NVCC = shutil.which("nvcc")
 
 
@@ -28,13 +30,13 @@ FULL = os.environ.get("VERISPEC_NVCC_FULL") == "1"
 
 def _compile(source: Path, out_dir: Path) -> subprocess.CompletedProcess:
     mode = ["-gencode=arch=compute_90,code=sm_90", "-c"] if FULL else ["-arch=sm_90", "-ptx"]
-    cmd = [NVCC, *mode, "-O3", "-std=c++17", "-Werror", "all-warnings", "-I", str(CUDA_DIR),
+    cmd = [NVCC, *mode, "-O3", "-std=c++17", "-Werror", "all-warnings", *[f"-I{d}" for d in CUDA_DIRS],
            str(source), "-o", str(out_dir / (source.stem + (".o" if FULL else ".ptx")))]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
 def test_sources_exist():
-    assert {p.name for p in SOURCES} >= {"verify_greedy.cu", "verify_sample.cu", "kv_compact.cu", "gemv.cu"}
+    assert {p.name for p in SOURCES} >= {"verify_greedy.cu", "verify_sample.cu", "kv_compact.cu", "gemv.cu", "gemv_fused.cu"}
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found on PATH: cannot compile the CUDA sources")
@@ -47,7 +49,9 @@ def test_every_cu_compiles_for_sm90(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error path")
 def test_loader_says_why_without_gpu():
-    import verispec.cuda as vc
+    import verispec.runtime.gemv as gemv
+    import verispec.verify.cuda as vc
 
-    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
-        vc.load()
+    for loader in (vc.load, gemv.load):
+        with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+            loader()

@@ -1,4 +1,4 @@
-"""GPU parity of backend="cuda" against the reference (verispec.reference, verispec.kv).
+"""GPU parity of backend="cuda" against the reference (verispec.verify.reference, dev.kv.kv).
 
 Every kernel version is checked on fresh random ragged batches and on the edges: k_b = 0,
 k_b = 32 and > 32 (the ballot scan's loop), V not a multiple of the block size or of the
@@ -22,10 +22,10 @@ import pytest
 import torch
 
 from verispec import verify_greedy, verify_sample
-from verispec.kv import compact_kv, reference_compact_kv, reference_scatter_to_cache, scatter_to_cache
-from verispec.reference import reference_verify_greedy, reference_verify_sample
-from verispec.verify import _canonical
-from verispec.workloads import greedy_workload, sampling_workload
+from dev.kv.kv import compact_kv, reference_compact_kv, reference_scatter_to_cache, scatter_to_cache
+from verispec.verify.reference import reference_verify_greedy, reference_verify_sample
+from verispec.verify.api import canonical_batch
+from verispec.verify.workloads import greedy_workload, sampling_workload
 
 pytestmark = [
     pytest.mark.gpu,
@@ -53,9 +53,9 @@ def _assert_written(*tensors: torch.Tensor) -> None:
 
 def _cuda_greedy(logits, drafts, num_draft, variant):
     """Every argmax version with the given scan variant; all must agree."""
-    from verispec.cuda import verify_greedy_cuda
+    from verispec.verify.cuda import verify_greedy_cuda
 
-    batch = _canonical(logits, drafts, num_draft, None, True)
+    batch = canonical_batch(logits, drafts, num_draft, None, True)
     outs = []
     for argmax_version in (2, 3):
         _poison_allocator()
@@ -145,12 +145,12 @@ def test_greedy_unaligned_rows_and_strided_view():
 
 
 def test_greedy_scan_only_and_argmax():
-    from verispec.cuda import greedy_scan_cuda, target_argmax_cuda
+    from verispec.verify.cuda import greedy_scan_cuda, target_argmax_cuda
 
     w = greedy_workload(64, 8, 32000, 0.6, dtype=torch.bfloat16, device="cuda", seed=3)
     am = target_argmax_cuda(w.target_logits)
     assert torch.equal(am.long().cpu(), w.target_logits.float().argmax(-1).cpu())
-    batch = _canonical(w.target_logits, w.draft_tokens, w.num_draft, None, True)
+    batch = canonical_batch(w.target_logits, w.draft_tokens, w.num_draft, None, True)
     for variant in GREEDY:
         _assert_same(greedy_scan_cuda(am, batch, variant), w.expected)
 
@@ -158,7 +158,7 @@ def test_greedy_scan_only_and_argmax():
 @pytest.mark.parametrize("version", [2, 3])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_argmax_versions_ties_and_minus_inf(version, dtype):
-    from verispec.cuda import target_argmax_cuda, target_argmax_partial_cuda
+    from verispec.verify.cuda import target_argmax_cuda, target_argmax_partial_cuda
 
     g = torch.Generator().manual_seed(version)
     for vocab in [1, 7, 100, 4096 * 3 + 5, 128256]:
@@ -176,10 +176,10 @@ def test_argmax_versions_ties_and_minus_inf(version, dtype):
 
 
 def test_greedy_cuda_graph_replay():
-    from verispec.cuda import verify_greedy_cuda
+    from verispec.verify.cuda import verify_greedy_cuda
 
     w = greedy_workload(16, 8, 32000, 0.6, dtype=torch.bfloat16, device="cuda", seed=11)
-    batch = _canonical(w.target_logits, w.draft_tokens, w.num_draft, 8, False)
+    batch = canonical_batch(w.target_logits, w.draft_tokens, w.num_draft, 8, False)
     verify_greedy_cuda(batch)  # build + warm up outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -301,7 +301,7 @@ def _kv_case(batch, shape, dtype, seed):
 @pytest.mark.parametrize("shape,dtype", KV_SHAPES)
 @pytest.mark.parametrize("batch", [1, 37, 256, 3000])
 def test_compact_kv(variant, shape, dtype, batch):
-    from verispec.cuda import compact_kv_cuda
+    from dev.cuda_ext import compact_kv_cuda
 
     new_kv, num_rows, num_emitted = _kv_case(batch, shape, dtype, seed=batch)
     packed, cu = compact_kv_cuda(new_kv, num_rows, num_emitted, variant=variant)
@@ -313,7 +313,7 @@ def test_compact_kv(variant, shape, dtype, batch):
 @pytest.mark.parametrize("variant", KV)
 @pytest.mark.parametrize("shape,dtype", KV_SHAPES)
 def test_scatter_to_cache(variant, shape, dtype):
-    from verispec.cuda import scatter_to_cache_cuda
+    from dev.cuda_ext import scatter_to_cache_cuda
 
     batch, capacity = 64, 40
     new_kv, num_rows, num_emitted = _kv_case(batch, shape, dtype, seed=1)
@@ -363,7 +363,7 @@ def _assert_gemv_close(y, x, w, b):
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gemv_matches_linear(dtype, bias, version):
-    from verispec.cuda import gemv_cuda
+    from verispec.runtime.gemv import gemv_cuda
 
     if version == 2 and dtype == torch.float32:
         pytest.skip("version 2 (tensor cores) is bf16/fp16 only")
@@ -378,7 +378,7 @@ def test_gemv_matches_linear(dtype, bias, version):
 @pytest.mark.parametrize("version,rows", [(1, 1), (1, 2), (1, 4), (2, 0)])
 @pytest.mark.parametrize("split", [1, 2, 4, 8])
 def test_gemv_every_config(version, rows, split):
-    from verispec.cuda import gemv_cuda
+    from verispec.runtime.gemv import gemv_cuda
 
     for M in (1, 3, 8):
         x, w, b = _gemv_inputs(M, 2051, 2056, torch.bfloat16, True, seed=M)
@@ -387,7 +387,7 @@ def test_gemv_every_config(version, rows, split):
 
 @pytest.mark.parametrize("version", [1, 2])
 def test_gemv_overwrites_nan_output_and_is_deterministic(version):
-    from verispec.cuda import gemv_cuda
+    from verispec.runtime.gemv import gemv_cuda
 
     for N, K in [(2051, 2048), (130, 8200), (128256 // 4, 2048)]:
         for M in (1, 5, 8):
@@ -405,7 +405,7 @@ def test_gemv_overwrites_nan_output_and_is_deterministic(version):
 
 
 def test_gemv_leading_dims_unaligned_x_and_fallbacks():
-    from verispec.cuda import gemv_cuda, gemv_supported
+    from verispec.runtime.gemv import gemv_cuda, gemv_supported
 
     x, w, b = _gemv_inputs(6, 300, 512, torch.float16, True, seed=7)
     y = gemv_cuda(x.view(2, 3, 512), w, b)
@@ -422,7 +422,7 @@ def test_gemv_leading_dims_unaligned_x_and_fallbacks():
 
 
 def test_gemv_input_errors():
-    from verispec.cuda import gemv_cuda
+    from verispec.runtime.gemv import gemv_cuda
 
     x, w, b = _gemv_inputs(2, 64, 128, torch.bfloat16, True, seed=1)
     with pytest.raises(ValueError, match="x .* @ w"):
@@ -442,7 +442,7 @@ def test_gemv_input_errors():
 
 
 def test_gemv_cuda_graph_replay():
-    from verispec.cuda import gemv_cuda
+    from verispec.runtime.gemv import gemv_cuda
 
     x, w, b = _gemv_inputs(4, 4097, 4096, torch.bfloat16, True, seed=3)
     out = torch.empty(4, 4097, dtype=x.dtype, device="cuda")
@@ -476,8 +476,8 @@ def _fused_inputs(M, N, K, dtype, seed, bias):
 @pytest.mark.parametrize("with_delta", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gemv_rmsnorm_matches_add_rmsnorm_then_linear(dtype, with_delta, bias):
-    from verispec.cuda import gemv_rmsnorm_cuda, gemv_rmsnorm_supported
-    from verispec.runtime import kernels
+    from dev.cuda_ext import gemv_rmsnorm_cuda, gemv_rmsnorm_supported
+    from verispec.runtime import ops
 
     for i, (N, K) in enumerate(FUSED_SHAPES):
         for M in (1, 2):
@@ -485,7 +485,7 @@ def test_gemv_rmsnorm_matches_add_rmsnorm_then_linear(dtype, with_delta, bias):
             d = delta if with_delta else None
             assert gemv_rmsnorm_supported(x, w)
             y, res = gemv_rmsnorm_cuda(x, w, nw, 1e-5, d, b)
-            ref_res, h = kernels.add_rmsnorm(x, d, nw, 1e-5)
+            ref_res, h = ops.add_rmsnorm(x, d, nw, 1e-5)
             assert y.shape == (M, N) and y.dtype == dtype and res.shape == (M, K)
             assert torch.equal(res, ref_res), "the residual must equal add_rmsnorm's bit for bit"
             if not with_delta:
@@ -497,8 +497,8 @@ def test_gemv_rmsnorm_matches_add_rmsnorm_then_linear(dtype, with_delta, bias):
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gemv_swiglu_matches_silu_mul_then_linear(dtype, bias):
-    from verispec.cuda import gemv_swiglu_cuda, gemv_swiglu_supported
-    from verispec.runtime import kernels
+    from dev.cuda_ext import gemv_swiglu_cuda, gemv_swiglu_supported
+    from verispec.runtime import ops
 
     for i, (N, K) in enumerate(FUSED_SHAPES):
         for M in (1, 2):
@@ -509,13 +509,13 @@ def test_gemv_swiglu_matches_silu_mul_then_linear(dtype, bias):
             assert gemv_swiglu_supported(gu, w)
             y = gemv_swiglu_cuda(gu, w, b)
             assert y.shape == (M, N) and y.dtype == dtype
-            _assert_gemv_close(y, kernels.silu_mul(gu), w, b)
+            _assert_gemv_close(y, ops.silu_mul(gu), w, b)
 
 
 def test_gemv_fused_nan_outputs_tiles_determinism_and_graphs():
     """Outputs from a NaN-filled allocator are fully written; every tiles setting (rows per block) and a
     second call give the same bits; a CUDA graph replay equals an eager call."""
-    from verispec.cuda import gemv_rmsnorm_cuda, gemv_swiglu_cuda
+    from dev.cuda_ext import gemv_rmsnorm_cuda, gemv_swiglu_cuda
 
     for N, K in [(6144, 4096), (2051, 2048), (4096, 14336)]:
         for M in (1, 2):
@@ -551,7 +551,7 @@ def test_gemv_fused_nan_outputs_tiles_determinism_and_graphs():
 
 
 def test_gemv_fused_supported_and_errors():
-    from verispec.cuda import gemv_rmsnorm_cuda, gemv_rmsnorm_supported, gemv_swiglu_cuda, gemv_swiglu_supported
+    from dev.cuda_ext import gemv_rmsnorm_cuda, gemv_rmsnorm_supported, gemv_swiglu_cuda, gemv_swiglu_supported
 
     x, delta, nw, w, b = _fused_inputs(2, 64, 128, torch.bfloat16, 1, True)
     gu = torch.randn(2, 256, device="cuda", dtype=torch.bfloat16)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from verispec import analysis, verify_sample
-from verispec.sampling import filtered_probs
+from verispec.verify.sampling import filtered_probs
 from stats import chi2_pvalue
 
 VOCAB = 10
@@ -91,7 +91,7 @@ def test_expected_accepted_matches_closed_form(mode):
 
 
 def test_workload_acceptance_rate_is_exact_in_expectation():
-    from verispec.workloads import sampling_workload
+    from verispec.verify.workloads import sampling_workload
 
     for draft_probs in (True, False):
         w = sampling_workload(20_000, 3, 16, 0.6, seed=4, draft_probs=draft_probs)

@@ -170,7 +170,7 @@ def test_mixed_greedy_and_sampling_rows(target, references):
 
 def _second_token_distribution(model: FakeModel, prompt, temperature, top_k, top_p) -> torch.Tensor:
     """Exact marginal of the 2nd generated token: sum_t1 p(t1 | prompt) p(t2 | prompt, t1)."""
-    from verispec.sampling import filtered_probs
+    from verispec.verify.sampling import filtered_probs
 
     m = FakeModel(weights=model.w, tokenizer=model.tokenizer)
     m.setup_cache(1, len(prompt) + 2)

@@ -13,12 +13,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from verispec import kv
-from verispec.kernels.greedy import verify_greedy_triton
-from verispec.kernels.kv_compact import compact_kv_triton, scatter_to_cache_triton
-from verispec.kernels.rejection import verify_sample_triton
-from verispec.reference import reference_verify_greedy, reference_verify_sample
-from verispec.verify import _canonical, verify_sample
+from dev.kv import kv
+from verispec.verify.triton.greedy import verify_greedy_triton
+from dev.kv.kv_compact_triton import compact_kv_triton, scatter_to_cache_triton
+from verispec.verify.triton.rejection import verify_sample_triton
+from verispec.verify.reference import reference_verify_greedy, reference_verify_sample
+from verispec.verify.api import canonical_batch, verify_sample
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -106,7 +106,7 @@ def test_greedy_matches_reference(num_draft, vocab, dtype, ties, tiling, seed):
     gen = torch.Generator().manual_seed(seed)
     logits, drafts = _greedy_case(num_draft, vocab, dtype, ties, 0.8, gen)
     expected = reference_verify_greedy(logits, drafts, torch.tensor(num_draft), max(num_draft))
-    batch = _canonical(logits.to(DEVICE), drafts.to(DEVICE), torch.tensor(num_draft), None, True)
+    batch = canonical_batch(logits.to(DEVICE), drafts.to(DEVICE), torch.tensor(num_draft), None, True)
     out = verify_greedy_triton(batch, block=tiling[0], num_splits=tiling[1])
     assert torch.equal(out.tokens.cpu(), expected.tokens)
     assert torch.equal(out.num_accepted.cpu(), expected.num_accepted)
@@ -118,7 +118,7 @@ def test_greedy_ties_go_to_lowest_index():
     logits[0, [7, 3, 30]] = 5.0  # argmax 3
     logits[1, [39, 20]] = 2.0  # argmax 20 (second split with num_splits=3, block=8)
     logits[2] = float("-inf")  # all -inf: torch.argmax says 0
-    batch = _canonical(logits.to(DEVICE), torch.tensor([3, 20]).to(DEVICE), [2], None, True)
+    batch = canonical_batch(logits.to(DEVICE), torch.tensor([3, 20]).to(DEVICE), [2], None, True)
     for block, splits in [(None, None), (8, None), (8, 3)]:
         out = verify_greedy_triton(batch, block=block, num_splits=splits)
         assert out.tokens.cpu().tolist() == [[3, 20, 0]]
@@ -176,7 +176,7 @@ def test_sample_matches_reference(num_draft, vocab, dtype, with_q, params, tilin
     expected = verify_sample(logits, drafts, num_draft, q, backend="torch", **args)
     # same validation path, then the kernel with the forced tiling
     dev = lambda t: None if t is None else t.to(DEVICE)  # noqa: E731
-    batch = _canonical(logits.to(DEVICE), drafts.to(DEVICE), torch.tensor(num_draft), None, True)
+    batch = canonical_batch(logits.to(DEVICE), drafts.to(DEVICE), torch.tensor(num_draft), None, True)
     batch.draft_probs = dev(q)
     batch.temperature, batch.top_k, batch.top_p = dev(temperature), dev(top_k), dev(top_p.float())
     batch.seed = torch.tensor([seed], device=DEVICE)
@@ -196,7 +196,7 @@ def test_sample_split_paths_match_reference(with_q, waves):
     logits, drafts, q = _sampling_case(num_draft, 200, torch.float32, with_q, gen)
     temperature = torch.tensor([1.0, 0.7, 1.3, 0.0, 0.9])
     expected = verify_sample(logits, drafts, num_draft, q, temperature=temperature, seed=5, offset=9, backend="torch")
-    batch = _canonical(logits.to(DEVICE), drafts.to(DEVICE), torch.tensor(num_draft), None, True)
+    batch = canonical_batch(logits.to(DEVICE), drafts.to(DEVICE), torch.tensor(num_draft), None, True)
     batch.draft_probs = None if q is None else q.to(DEVICE)
     batch.temperature = temperature.to(DEVICE)
     batch.top_k = torch.zeros(5, dtype=torch.int32, device=DEVICE)
@@ -289,11 +289,11 @@ def test_kv_compaction_matches_reference(num_rows, trailing, dtype, seed):
 @needs_gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gpu_greedy_full_vocab(dtype):
-    from verispec.workloads import greedy_workload
+    from verispec.verify.workloads import greedy_workload
 
     for size, k in [(1, 4), (8, [0, 3, 8, 1, 5, 2, 7, 4]), (64, 8)]:
         w = greedy_workload(size, k, 128256, 0.7, dtype=dtype, device="cuda", seed=size)
-        batch = _canonical(w.target_logits, w.draft_tokens, w.num_draft, None, True)
+        batch = canonical_batch(w.target_logits, w.draft_tokens, w.num_draft, None, True)
         out = verify_greedy_triton(batch)
         ref = reference_verify_greedy(w.target_logits, w.draft_tokens, w.num_draft, batch.max_num_draft)
         assert torch.equal(out.tokens, ref.tokens) and torch.equal(out.num_accepted, ref.num_accepted)
@@ -320,7 +320,7 @@ def test_gpu_sample_full_vocab(with_q):
 
 @needs_gpu
 def test_gpu_sample_is_graph_capturable():
-    from verispec.workloads import sampling_workload
+    from verispec.verify.workloads import sampling_workload
 
     w = sampling_workload(4, 4, 32000, 0.6, dtype=torch.float32, device="cuda", seed=0)
     seed = torch.tensor([5], device="cuda")

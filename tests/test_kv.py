@@ -1,7 +1,7 @@
 import torch
 from hypothesis import given, settings, strategies as st
 
-from verispec.kv import compact_kv, exclusive_cumsum, rollback_lengths, scatter_to_cache
+from dev.kv.kv import compact_kv, exclusive_cumsum, rollback_lengths, scatter_to_cache
 
 
 def test_exclusive_cumsum_example():

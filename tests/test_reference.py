@@ -10,7 +10,8 @@ import math
 import torch
 from hypothesis import given, settings, strategies as st
 
-from verispec import rng, verify_greedy, verify_sample
+from verispec import verify_greedy, verify_sample
+from verispec.verify import rng
 
 
 def brute_probs(row: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:

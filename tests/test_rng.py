@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from verispec import rng
+from verispec.verify import rng
 
 M32 = 0xFFFFFFFF
 

@@ -1,4 +1,4 @@
-"""The Triton decode/verify kernels of verispec.runtime (kernels.py) against the torch path of
+"""The Triton decode/verify kernels of verispec.runtime (ops.py) against the torch path of
 ``Transformer.append``: on the CPU under TRITON_INTERPRET=1 (tiny shapes, fp32), on the GPU in fp32 and bf16.
 
 The model uses the kernels on CUDA only; these tests pin them to the torch path (the one checked against
@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from verispec.runtime import ModelConfig, load_model
-from verispec.runtime import kernels
+from verispec.runtime import ops
 
-pytestmark = pytest.mark.skipif(not kernels.AVAILABLE, reason="needs triton")
+pytestmark = pytest.mark.skipif(not ops.AVAILABLE, reason="needs triton")
 
 BASE = dict(vocab_size=97, num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
             intermediate_size=96, rope_theta=10000.0)
@@ -90,7 +90,7 @@ def test_decode_attention_vs_sdpa_gpu(D):
         kc = torch.randn(B, KV, S, D, device="cuda", dtype=dtype)
         vc = torch.randn(B, KV, S, D, device="cuda", dtype=dtype)
         q = torch.randn(B * T, KV * G, D, device="cuda", dtype=dtype)
-        o = kernels.decode_attention(q, kc, vc, lengths, T, D ** -0.5).view(B, T, KV * G, D)
+        o = ops.decode_attention(q, kc, vc, lengths, T, D ** -0.5).view(B, T, KV * G, D)
         for b in range(B):
             n = int(lengths[b]) + T
             qb = q.view(B, T, KV * G, D)[b].transpose(0, 1).float()               # [H, T, D]
@@ -102,27 +102,27 @@ def test_decode_attention_vs_sdpa_gpu(D):
 
 
 def test_use_gemv_rule(monkeypatch):
-    monkeypatch.setattr(kernels, "CUDA_GEMV", True)
-    assert kernels.use_gemv(1, 1) and kernels.use_gemv(1, 8)
-    assert not kernels.use_gemv(1, 9) and not kernels.use_gemv(2, 1)
-    monkeypatch.setattr(kernels, "CUDA_GEMV", False)
-    assert not kernels.use_gemv(1, 1)
+    monkeypatch.setattr(ops, "CUDA_GEMV", True)
+    assert ops.use_gemv(1, 1) and ops.use_gemv(1, 8)
+    assert not ops.use_gemv(1, 9) and not ops.use_gemv(2, 1)
+    monkeypatch.setattr(ops, "CUDA_GEMV", False)
+    assert not ops.use_gemv(1, 1)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_linear_gemv_is_batch_invariant_gpu():
-    """kernels.linear(gemv=True) == F.linear within bf16 rounding, and every row of an M-token product is
+    """ops.linear(gemv=True) == F.linear within bf16 rounding, and every row of an M-token product is
     bit-identical to the same row computed alone (M = 1): what keeps B=1 verify == decode in bf16."""
     g = torch.Generator(device="cuda").manual_seed(0)
     for N, K in ((2048, 2048), (6144, 4096), (1000, 520), (128256, 2048)):
         w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
         x = torch.randn(8, K, device="cuda", dtype=torch.bfloat16, generator=g)
-        alone = torch.cat([kernels.linear(x[m:m + 1], w, gemv=True) for m in range(8)])
+        alone = torch.cat([ops.linear(x[m:m + 1], w, gemv=True) for m in range(8)])
         for M in range(1, 9):
-            y = kernels.linear(x[:M], w, gemv=True)
+            y = ops.linear(x[:M], w, gemv=True)
             assert torch.equal(y, alone[:M]), (N, K, M)
         ref = torch.nn.functional.linear(x.float(), w.float())
         assert rel(alone.float(), ref) <= 1e-2
-        assert rel(kernels.linear(x, w).float(), ref) <= 1e-2          # cuBLAS path
+        assert rel(ops.linear(x, w).float(), ref) <= 1e-2          # cuBLAS path
 
 

@@ -3,7 +3,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from verispec import verify_greedy, verify_sample
-from verispec.workloads import greedy_workload, sampling_workload
+from verispec.verify.workloads import greedy_workload, sampling_workload
 
 
 @settings(max_examples=40, deadline=None)

@@ -1,21 +1,22 @@
 """verispec: exact speculative decoding with fast batched verification.
 
-    from verispec import verify_greedy, verify_sample      # the verification kernels' API
+    from verispec import verify_greedy, verify_sample      # verification of drafts (verispec.verify)
     from verispec import load_model, generate              # the runtime and the engine
     from verispec.drafters import PromptLookup, DraftModel, SelfSpeculative
+
+The map of the package (its wings and which may import which): docs/architecture.md.
 """
 
-from . import analysis, workloads
-from .drafters import DraftModel, OracleDraft, PromptLookup, SelfSpeculative
+from . import analysis
+from .drafters import DraftModel, PromptLookup, SelfSpeculative
 from .engine import Generation, SpeculativeDecoder, Stats, generate
-from .reference import VerifyOutput
 from .runtime import HFModel, Model, ModelConfig, load_model
-from .verify import verify_greedy, verify_sample
+from .verify import VerifyOutput, verify_greedy, verify_sample, workloads
 
 __all__ = [
     "VerifyOutput", "verify_greedy", "verify_sample",
     "load_model", "Model", "HFModel", "ModelConfig",
     "generate", "SpeculativeDecoder", "Generation", "Stats",
-    "DraftModel", "PromptLookup", "SelfSpeculative", "OracleDraft",
+    "DraftModel", "PromptLookup", "SelfSpeculative",
     "analysis", "workloads",
 ]

@@ -33,12 +33,12 @@ def _load(source, device, dtype, what="model"):
 
     if device is not None and device.startswith("cuda") and not torch.cuda.is_available():
         _die(f"--device {device} was asked for but CUDA is not available here; use --device cpu")
-    dtypes = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-              "float16": torch.float16, "fp16": torch.float16}
-    if dtype is not None and dtype not in dtypes:
-        _die(f"--dtype {dtype!r} is not one of {sorted(dtypes)}")
+    from .device import DTYPE_NAMES
+
+    if dtype is not None and dtype not in DTYPE_NAMES:
+        _die(f"--dtype {dtype!r} is not one of {sorted(DTYPE_NAMES)}")
     try:
-        return load_model(source, device=device, dtype=dtypes.get(dtype))
+        return load_model(source, device=device, dtype=dtype)
     except (ValueError, FileNotFoundError) as e:
         _die(f"cannot load the {what} {source or '(embedded SmolLM2-135M-Instruct)'}: {e}")
 
@@ -209,7 +209,7 @@ def _run_verify_demo(args) -> int:
     import torch
 
     from . import verify_greedy
-    from .workloads import greedy_workload
+    from .verify.workloads import greedy_workload
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():

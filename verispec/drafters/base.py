@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..hostcopy import to_device
-from ..sampling import filtered_probs
+from ..device import to_device
+from ..verify.sampling import filtered_probs
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from ..hostcopy import to_device
+from ..device import to_device
 from .base import Drafter, Proposal, SamplingParams, check_same_vocab, draw
 
 

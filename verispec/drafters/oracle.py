@@ -14,7 +14,7 @@ import random
 
 import torch
 
-from ..hostcopy import to_device
+from ..device import to_device
 from .base import Drafter, Proposal
 from .draft_model import DraftModel
 

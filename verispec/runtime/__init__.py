@@ -11,7 +11,7 @@ See docs/runtime.md for the layout, the cache, CUDA graphs and what bounds decod
 from .config import NAMED_SHAPES, ModelConfig, named_shape
 from .hf_adapter import HFModel
 from .loading import hf_state_dict, load_model
-from .runner import Model
+from .model import Model
 from .tokenizer import Tokenizer
 
 __all__ = ["load_model", "Model", "ModelConfig", "NAMED_SHAPES", "named_shape", "HFModel", "Tokenizer",

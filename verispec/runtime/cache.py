@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..hostcopy import to_device
+from ..device import to_device
 from .config import ModelConfig
 
 

@@ -19,8 +19,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ..device import parse_dtype
 from .config import NAMED_SHAPES, ModelConfig, named_shape
-from .model import Transformer
+from .transformer import Transformer
 
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -209,18 +210,12 @@ def random_net(cfg: ModelConfig, device, dtype, seed: int = 0, std: float = 0.02
 
 
 # ----------------------------------------------------------------------------------- entry point
-_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
-           "half": torch.float16, "fp32": torch.float32, "float32": torch.float32, "float": torch.float32}
-
-
 def default_device_dtype(device=None, dtype=None) -> tuple[torch.device, torch.dtype]:
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     if dtype is None:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    elif isinstance(dtype, str):
-        if dtype.lower() not in _DTYPES:
-            raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(_DTYPES)} or a torch.dtype")
-        dtype = _DTYPES[dtype.lower()]
+    else:
+        dtype = parse_dtype(dtype)
     return device, dtype
 
 
@@ -232,7 +227,7 @@ def load_model(source=None, *, device=None, dtype=None, use_graphs: bool = True,
     device: default cuda if available, else cpu.  dtype: default bf16 on cuda, fp32 on cpu.
     Returns a ``verispec.runtime.Model``.
     """
-    from .runner import Model
+    from .model import Model
 
     device, dtype = default_device_dtype(device, dtype)
     with torch.inference_mode(False), torch.no_grad():

@@ -1,256 +1,179 @@
-"""A compact Llama-family decoder (Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3, SmolLM2) over a static KV cache.
+"""``Model``: the object the engine talks to — weights + tokenizer + static cache + CUDA graphs.
 
-Dimension letters used in shape comments:
-  B  batch (sequences in the cache)         T  new tokens in this pass (prefill: padded prompt length; verify: k)
-  S  cache capacity (max_seq_len)           V  vocab size
-  H  query heads   KV  key/value heads      G  = H // KV (queries per KV head)     D  head_dim
-  E  hidden size   I  intermediate size
-
-Weights are stored fused, gpt-fast style: ``wqkv`` = [q; k; v] rows and ``w13`` = [gate; up] rows, so one
-decode step is 4 matmuls per layer. ``hf_state_dict`` / ``to_transformers`` in ``loading.py`` map them
-to transformers' names (q_proj, gate_proj, ...) as views, so a transformers model can share our storage
-for reference checks.
-
-Two attention modes:
-  * ``prefill``: right-padded prompts from position 0, causal SDPA (flash on CUDA); K/V go to cache[:, :, :T].
-  * ``append`` (decode / verify): token i of sequence b sits at position lengths[b] + i; its K/V are written
-    there and it attends to every cache slot j with j <= lengths[b] + i. Positions and the mask are computed
-    on the device from ``lengths``, so the pass can be captured in a CUDA graph (no host sync). On CUDA it
-    runs through the Triton kernels of kernels.py (``append_kernels``: fused add+RMSNorm, RoPE + KV write,
-    split-KV attention over the live slots only, SwiGLU); elsewhere, or with ``use_kernels = False``, in plain
-    torch (``_append_torch``: index_put + SDPA with a mask over the whole cache).
-
-References: HF transformers modeling_llama.py / modeling_qwen2.py / modeling_qwen3.py (the semantics we
-match to 1e-4 in fp32), gpt-fast model.py (layout), Meta's Llama 3 RoPE scaling.
+Contract (see docs/runtime.md):
+  setup_cache(B, S) -> prefill(prompts) [B, V] -> decode(tokens [B,1]) [B,1,V] / verify(tokens [B,k]) [B,k,V]
+  -> rollback(new_lengths [B]) / keep(batch_indices [B']) ... ; truncated(n) shares weights, owns its cache.
+decode / verify never read a device value on the host; see ``_check_room`` for the one exception.
 """
 from __future__ import annotations
 
-import math
-
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
-from . import kernels
+from ..device import to_device
+from .cache import StaticKVCache
 from .config import ModelConfig
+from .graphs import GraphCache
+from .transformer import Transformer, rope_table
 
 
-# ----------------------------------------------------------------------------------------- RoPE
-def rope_inv_freq(cfg: ModelConfig) -> Tensor:
-    """Inverse frequencies [D/2] in fp32, including Llama-3 / linear scaling (as transformers computes them)."""
-    d = cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
-    rs = cfg.rope_scaling or {}
-    rope_type = rs.get("rope_type", rs.get("type", "default"))
-    if rope_type == "linear":
-        inv_freq = inv_freq / rs["factor"]
-    elif rope_type == "llama3":
-        factor, low, high = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
-        old_ctx = rs["original_max_position_embeddings"]
-        low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
-        wavelen = 2 * math.pi / inv_freq
-        # long wavelengths are divided by factor, short ones kept, the band between interpolated smoothly
-        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
-        smooth = (old_ctx / wavelen - low) / (high - low)
-        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-        is_medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
-        inv_freq = torch.where(is_medium, smoothed, scaled)
-    return inv_freq
+class Model:
+    def __init__(self, net: Transformer, tokenizer, *, num_layers: int | None = None, use_graphs: bool = True):
+        self.net = net
+        self.tokenizer = tokenizer
+        n = net.cfg.num_layers if num_layers is None else num_layers
+        if not 1 <= n <= net.cfg.num_layers:
+            raise ValueError(f"num_layers must be in [1, {net.cfg.num_layers}], got {n}")
+        self.num_active_layers = n
+        self.config: ModelConfig = net.cfg.replace(num_layers=n)
+        self.device: torch.device = net.embed.device
+        self.dtype: torch.dtype = net.embed.dtype
+        self.cache: StaticKVCache | None = None
+        self._rope: Tensor | None = None
+        self.use_graphs = use_graphs and self.device.type == "cuda"
+        self._graphs = GraphCache(self._step, lambda rows: self.cache.lengths_for(rows))
 
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"Model({c.model_type}, layers={c.num_layers}, E={c.hidden_size}, V={c.vocab_size}, "
+                f"device={self.device}, dtype={self.dtype})")
 
-def rope_table(cfg: ModelConfig, num_positions: int, device) -> Tensor:
-    """cos/sin table [num_positions, 2, D] in fp32 (HF's rotate_half layout: freqs repeated twice)."""
-    inv_freq = rope_inv_freq(cfg).to(device)
-    pos = torch.arange(num_positions, device=device, dtype=torch.int64).float()
-    freqs = torch.outer(pos, inv_freq)                       # [P, D/2]
-    emb = torch.cat([freqs, freqs], dim=-1)                  # [P, D]
-    return torch.stack([emb.cos(), emb.sin()], dim=1)        # [P, 2, D]
+    # ------------------------------------------------------------------------------- cache
+    def setup_cache(self, batch_size: int, max_seq_len: int) -> None:
+        """Make the static cache hold ``batch_size`` empty sequences of up to ``max_seq_len`` tokens.
 
+        The buffers of the previous cache are reused when they fit (``StaticKVCache.fits``), and with them
+        every CUDA graph captured so far: repeated ``generate`` calls pay for graph capture once."""
+        sw = self.config.sliding_window
+        if sw is not None and max_seq_len > sw:
+            raise ValueError(f"max_seq_len {max_seq_len} > sliding_window {sw}: sliding-window attention is not "
+                             f"implemented; use max_seq_len <= {sw}")
+        if self.cache is not None and self.cache.fits(batch_size, max_seq_len):
+            self.cache.reset(batch_size, max_seq_len)
+            return
+        self.cache = None
+        self._graphs.clear()
+        self.cache = StaticKVCache(self.config, batch_size, max_seq_len, self.device, self.dtype)
+        if self._rope is None or self._rope.shape[0] < self.cache.k[0].shape[2]:
+            self._rope = rope_table(self.config, self.cache.k[0].shape[2], self.device)
 
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    # x: [N, nh, D]; cos/sin: [N, 1, D] fp32. Computed in fp32, returned in x's dtype.
-    xf = x.float()
-    x1, x2 = xf.chunk(2, dim=-1)
-    rotated = torch.cat([-x2, x1], dim=-1)
-    return (xf * cos + rotated * sin).to(x.dtype)
-
-
-def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    # F.rms_norm is one fused kernel on CUDA (statistics in fp32); transformers computes
-    # weight * (x.float() * rsqrt(mean(x^2) + eps)).to(dtype): equal in fp32, one rounding apart in bf16.
-    return F.rms_norm(x, weight.shape, weight, eps)
-
-
-# ----------------------------------------------------------------------------------------- modules
-def _empty(*shape, dtype) -> nn.Parameter:
-    return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
-
-
-def pre_attention(x: Tensor, rope: Tensor, attn_norm: Tensor, wqkv: Tensor, bqkv: Tensor | None,
-                  q_norm: Tensor | None, k_norm: Tensor | None, eps: float, H: int, KV: int, D: int):
-    """x [N, E], rope [N, 2, D] -> q [N, H, D], k [N, KV, D], v [N, KV, D] (RMSNorm, fused QKV, qk-norm, RoPE).
-
-    A free function of tensors (no module) so that one ``torch.compile`` serves every layer and both models
-    of a (target, truncated draft) pair.
-    """
-    N = x.shape[0]
-    qkv = F.linear(rms_norm(x, attn_norm, eps), wqkv, bqkv).view(N, H + 2 * KV, D)
-    qk, v = qkv[:, : H + KV], qkv[:, H + KV:]              # q and k heads side by side: one RoPE for both
-    if q_norm is not None:
-        qk = torch.cat([rms_norm(qk[:, :H], q_norm, eps), rms_norm(qk[:, H:], k_norm, eps)], dim=1)
-    qk = apply_rope(qk, rope[:, None, 0], rope[:, None, 1])
-    return qk[:, :H], qk[:, H:], v
-
-
-def post_attention(x: Tensor, o: Tensor, wo: Tensor, bo: Tensor | None, ffn_norm: Tensor, w13: Tensor,
-                   w2: Tensor, eps: float) -> Tensor:
-    """x residual [N, E], o attention output [N, H*D] -> x + o_proj(o) + SwiGLU MLP of that: [N, E]."""
-    x = x + F.linear(o, wo, bo)
-    gate, up = F.linear(rms_norm(x, ffn_norm, eps), w13).chunk(2, dim=-1)
-    return x + F.linear(F.silu(gate) * up, w2)
-
-
-class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype):
-        super().__init__()
-        E, H, KV, D, I = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
-        self.cfg = cfg
-        self.attn_norm = _empty(E, dtype=dtype)
-        self.wqkv = _empty((H + 2 * KV) * D, E, dtype=dtype)
-        self.bqkv = _empty((H + 2 * KV) * D, dtype=dtype) if cfg.attention_bias else None
-        self.wo = _empty(E, H * D, dtype=dtype)
-        self.bo = _empty(E, dtype=dtype) if cfg.attention_out_bias else None
-        self.q_norm = _empty(D, dtype=dtype) if cfg.qk_norm else None
-        self.k_norm = _empty(D, dtype=dtype) if cfg.qk_norm else None
-        self.ffn_norm = _empty(E, dtype=dtype)
-        self.w13 = _empty(2 * I, E, dtype=dtype)
-        self.w2 = _empty(E, I, dtype=dtype)
-
-
-class Transformer(nn.Module):
-    """The weights plus two pure forward functions; the cache is passed in (see cache.py)."""
-
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype):
-        super().__init__()
-        self.cfg = cfg
-        self.embed = _empty(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
-        self.layers = nn.ModuleList(Block(cfg, dtype) for _ in range(cfg.num_layers))
-        self.norm = _empty(cfg.hidden_size, dtype=dtype)
-        self.lm_head = None if cfg.tie_word_embeddings else _empty(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
-        self._pre, self._post = pre_attention, post_attention
-        # decode/verify on CUDA through the Triton kernels of kernels.py (False: the torch path, as on the CPU)
-        self.use_kernels = kernels.supports(cfg)
-
-    def compile(self, **kwargs) -> None:
-        """torch.compile the per-layer functions (fuses norms / RoPE / SwiGLU; matmuls stay cuBLAS).
-
-        dynamic=True: one graph serves every token count N = B*T (N=1 gets its own). Inductor's own CUDA
-        graphs stay off (default mode); our graphs capture the compiled kernels.
-        """
-        kwargs.setdefault("dynamic", True)
-        self._pre = torch.compile(pre_attention, **kwargs)
-        self._post = torch.compile(post_attention, **kwargs)
-
-    def layer_qkv(self, i: int, x: Tensor, rope: Tensor):
-        L, c = self.layers[i], self.cfg
-        return self._pre(x, rope, L.attn_norm, L.wqkv, L.bqkv, L.q_norm, L.k_norm, c.rms_norm_eps,
-                         c.num_heads, c.num_kv_heads, c.head_dim)
-
-    def layer_out(self, i: int, x: Tensor, o: Tensor) -> Tensor:
-        L = self.layers[i]
-        return self._post(x, o, L.wo, L.bo, L.ffn_norm, L.w13, L.w2, self.cfg.rms_norm_eps)
+    def _need_cache(self) -> StaticKVCache:
+        if self.cache is None:
+            raise RuntimeError("no cache: call model.setup_cache(batch_size, max_seq_len) first")
+        return self.cache
 
     @property
-    def lm_head_weight(self) -> Tensor:
-        return self.embed if self.lm_head is None else self.lm_head
+    def lengths(self) -> Tensor:
+        """[B] int64 on model.device: tokens currently cached per sequence."""
+        return self._need_cache().lengths
 
-    def logits(self, x: Tensor) -> Tensor:
-        # x: [..., E] -> [..., V]
-        return F.linear(rms_norm(x, self.norm, self.cfg.rms_norm_eps), self.lm_head_weight)
+    @property
+    def max_seq_len(self) -> int:
+        return self._need_cache().max_seq_len
 
-    def prefill(self, tokens: Tensor, last: Tensor, rope: Tensor, cache, num_layers: int) -> Tensor:
-        """Right-padded prompts, all starting at position 0.
+    @property
+    def batch_size(self) -> int:
+        return self._need_cache().batch_size
 
-        tokens: [B, T] (padding arbitrary); last: [B] index of each prompt's last token; rope: [T, 2, D].
-        Writes K/V of all T positions into cache[:, :, :T] (slots past a prompt's length are dead).
-        Returns logits [B, V] at ``last``.
-        """
-        B, T = tokens.shape
-        H, KV, D = self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim
-        x = F.embedding(tokens, self.embed).view(B * T, -1)   # [N=B*T, E]
-        rope = rope[None].expand(B, T, 2, D).reshape(B * T, 2, D)
-        for i in range(num_layers):
-            q, k, v = self.layer_qkv(i, x, rope)              # [N, H|KV, D]
-            q, k, v = (t.view(B, T, -1, D).transpose(1, 2) for t in (q, k, v))  # [B, H|KV, T, D]
-            cache.k[i][:B, :, :T] = k
-            cache.v[i][:B, :, :T] = v
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=(H != KV))  # [B, H, T, D]
-            x = self.layer_out(i, x, o.transpose(1, 2).reshape(B * T, H * D))
-        x_last = x.view(B, T, -1)[torch.arange(B, device=x.device), last]  # [B, E]
-        return self.logits(x_last)
+    # ------------------------------------------------------------------------------- passes
+    @torch.no_grad()
+    def prefill(self, prompts: list[list[int]]) -> Tensor:
+        """Fresh start: prompt b fills cache positions [0, len_b). Returns logits [B, V] at each last token."""
+        cache = self._need_cache()
+        if len(prompts) != cache.batch_size:
+            raise ValueError(f"prefill got {len(prompts)} prompts but the cache holds {cache.batch_size} sequences")
+        lens = [len(p) for p in prompts]
+        for b, n in enumerate(lens):
+            if n == 0:
+                raise ValueError(f"prompt {b} is empty: every sequence needs at least one token")
+            if n > cache.max_seq_len:
+                raise ValueError(f"prompt {b} has {n} tokens > max_seq_len {cache.max_seq_len}: "
+                                 f"call setup_cache with a larger max_seq_len")
+        T = max(lens)
+        padded = torch.zeros(len(prompts), T, dtype=torch.long)
+        for b, p in enumerate(prompts):
+            padded[b, : len(p)] = torch.as_tensor(p, dtype=torch.long)
+        tokens = padded.to(self.device, non_blocking=True)
+        len_t = torch.tensor(lens, dtype=torch.long).to(self.device, non_blocking=True)
+        logits = self.net.prefill(tokens, len_t - 1, self._rope[:T], cache, self.num_active_layers)
+        cache.lengths.copy_(len_t)
+        cache.max_len_bound = T
+        return logits
 
-    def append(self, tokens: Tensor, lengths: Tensor, rope: Tensor, cache, num_layers: int) -> Tensor:
-        """Decode (T=1) / verify (T=k) over the static cache, host-sync free.
+    def _step(self, tokens: Tensor) -> Tensor:
+        # tokens [R, k] -> logits [R, k, V]; the body captured in CUDA graphs. R >= B when a graph runs a
+        # larger batch bucket: rows [B:R] are padding rows, which ``live`` keeps at length 0.
+        rows = tokens.shape[0]
+        lengths = self.cache.lengths_for(rows)
+        logits = self.net.append(tokens, lengths, self._rope, self.cache, self.num_active_layers)
+        lengths.add_(self.cache.live[:rows], alpha=tokens.shape[1])
+        return logits
 
-        tokens: [B, T]; lengths: [B] int64 (tokens already cached); rope: [S, 2, D] full table.
-        Token i of sequence b sits at position lengths[b] + i, e.g. lengths=[5, 2], T=2 -> positions
-        [[5, 6], [2, 3]]; it sees cache slots j <= its position (older tokens + itself + earlier block tokens).
-        Returns logits [B, T, V]. Does not advance ``lengths`` (the caller does, inside the same graph).
-        """
-        if self.use_kernels and tokens.is_cuda:
-            return self.append_kernels(tokens, lengths, rope, cache, num_layers)
-        return self._append_torch(tokens, lengths, rope, cache, num_layers)
+    def graph_rows(self, batch_size: int) -> int:
+        """The batch bucket whose CUDA graph serves ``batch_size`` live sequences: 1, 2, 4, 8, then multiples
+        of 8 up to 64, then of 32; at most the cache's allocated rows. Sequences that finish shrink the
+        batch; buckets bound the number of graphs to capture (each costs ~0.1-1 s) at the price of running a
+        few padding rows, which cost little in a weight-bandwidth-bound pass."""
+        if batch_size <= 8:
+            rows = 1 << (batch_size - 1).bit_length()
+        else:
+            step = 8 if batch_size <= 64 else 32
+            rows = -(-batch_size // step) * step
+        return min(rows, self._need_cache().max_batch_size)
 
-    def _append_torch(self, tokens: Tensor, lengths: Tensor, rope: Tensor, cache, num_layers: int) -> Tensor:
-        """``append`` in plain torch (CPU; CUDA with ``use_kernels = False``): SDPA over the whole static cache
-        with a boolean mask, K/V written by index_put."""
-        B, T = tokens.shape
-        H, KV, D = self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim
-        G, S = H // KV, cache.k[0].shape[2]
-        pos = lengths[:, None] + torch.arange(T, device=tokens.device)                # [B, T]
-        # mask [B, 1, G*T, S]: queries of one KV head are packed as rows (g, i) -> g*T + i
-        mask = torch.arange(S, device=tokens.device)[None, None, :] <= pos[:, :, None]  # [B, T, S]
-        mask = mask[:, None].expand(B, G, T, S).reshape(B, 1, G * T, S)
-        rope = rope[pos.view(-1)]                                                     # [N=B*T, 2, D]
-        batch = torch.arange(B, device=tokens.device)[:, None]                        # [B, 1]
-        x = F.embedding(tokens.reshape(-1), self.embed)                                 # [N, E]
-        for i in range(num_layers):
-            q, k, v = self.layer_qkv(i, x, rope)                                      # [N, H|KV, D]
-            k_cache, v_cache = cache.k[i][:B], cache.v[i][:B]                         # [B, KV, S, D]
-            # advanced indices on dims 0 and 2 around a slice: the indexed view is [B, T, KV, D]
-            k_cache[batch, :, pos] = k.view(B, T, KV, D)
-            v_cache[batch, :, pos] = v.view(B, T, KV, D)
-            # GQA without repeating K/V: fold the G query heads of each KV head into the query rows
-            q = q.view(B, T, KV, G, D).permute(0, 2, 3, 1, 4).reshape(B, KV, G * T, D)
-            o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask)    # [B, KV, G*T, D]
-            o = o.view(B, KV, G, T, D).permute(0, 3, 1, 2, 4).reshape(B * T, H * D)
-            x = self.layer_out(i, x, o)
-        return self.logits(x).view(B, T, -1)
+    def _check_room(self, cache: StaticKVCache, k: int) -> None:
+        if cache.max_len_bound + k <= cache.max_seq_len:
+            return
+        # NOTE: the host bound is conservative (rollbacks do not lower it), so near capacity we read the true
+        # lengths once. This is the only host sync on the decode/verify path, and it happens only within k
+        # tokens of max_seq_len.
+        cache.max_len_bound = int(cache.lengths.max())
+        if cache.max_len_bound + k > cache.max_seq_len:
+            raise ValueError(f"cache full: a sequence has {cache.max_len_bound} tokens and {k} more would exceed "
+                             f"max_seq_len {cache.max_seq_len}; keep() finished sequences out or setup_cache larger")
 
-    def append_kernels(self, tokens: Tensor, lengths: Tensor, rope: Tensor, cache, num_layers: int) -> Tensor:
-        """``append`` through the Triton kernels (kernels.py): per layer RMSNorm(+residual add), QKV matmul,
-        RoPE + KV write, split-KV attention (+ combine), o matmul, add + RMSNorm, gate/up matmul, SwiGLU,
-        down matmul; the down matmul's output is added by the next layer's norm kernel. Same semantics as
-        ``append`` (the GPU tests compare the two); on the CPU only under TRITON_INTERPRET=1 (tests)."""
-        B, T = tokens.shape
-        c = self.cfg
-        H, KV, D, eps = c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps
-        pos = (lengths[:, None] + torch.arange(T, device=tokens.device)).view(-1)          # [N]
-        x = F.embedding(tokens.reshape(-1), self.embed)                                   # [N, E]
-        delta = None
-        scale = 1.0 / math.sqrt(D)
-        gemv = kernels.use_gemv(B, T)                  # one batch-invariant matmul path per pass
-        for i in range(num_layers):
-            L = self.layers[i]
-            x, h = kernels.add_rmsnorm(x, delta, L.attn_norm, eps)
-            qkv = kernels.linear(h, L.wqkv, L.bqkv, gemv)                                 # [N, (H+2KV)*D]
-            if L.q_norm is not None:
-                q_, k_, v_ = qkv.view(-1, H + 2 * KV, D).split([H, KV, KV], dim=1)
-                qkv = torch.cat([rms_norm(q_, L.q_norm, eps), rms_norm(k_, L.k_norm, eps), v_], dim=1)
-                qkv = qkv.view(-1, (H + 2 * KV) * D)
-            q = kernels.rope_kv_write(qkv, rope, pos, cache.k[i], cache.v[i], T, H, KV, D)  # [N, H, D]
-            o = kernels.decode_attention(q, cache.k[i], cache.v[i], lengths, T, scale)      # [N, H*D]
-            x, h = kernels.add_rmsnorm(x, kernels.linear(o, L.wo, L.bo, gemv), L.ffn_norm, eps)
-            delta = kernels.linear(kernels.silu_mul(kernels.linear(h, L.w13, None, gemv)), L.w2, None, gemv)
-        _, h = kernels.add_rmsnorm(x, delta, self.norm, eps)
-        return kernels.linear(h, self.lm_head_weight, None, gemv).view(B, T, -1)
+    @torch.no_grad()
+    def verify(self, tokens: Tensor) -> Tensor:
+        """Score tokens [B, k] at positions lengths[b] + i in one pass; advance lengths by k. -> [B, k, V]."""
+        cache = self._need_cache()
+        if tokens.dim() != 2 or tokens.shape[0] != cache.batch_size:
+            raise ValueError(f"tokens must be [B={cache.batch_size}, k], got {tuple(tokens.shape)}")
+        k = tokens.shape[1]
+        self._check_room(cache, k)
+        tokens = to_device(tokens, self.device, torch.long)
+        if self.use_graphs:
+            rows = self.graph_rows(cache.batch_size)
+            if rows > cache.batch_size:
+                tokens = torch.cat([tokens, tokens.new_zeros(rows - cache.batch_size, k)])
+            logits = self._graphs.run(tokens, out_rows=cache.batch_size)
+        else:
+            logits = self._step(tokens)
+        cache.max_len_bound += k
+        return logits
+
+    def decode(self, tokens: Tensor) -> Tensor:
+        """tokens [B, 1] -> logits [B, 1, V]; verify with k = 1."""
+        if tokens.dim() != 2 or tokens.shape[1] != 1:
+            raise ValueError(f"decode takes tokens [B, 1], got {tuple(tokens.shape)}")
+        return self.verify(tokens)
+
+    @torch.no_grad()
+    def rollback(self, new_lengths: Tensor) -> None:
+        """Set lengths (no copying). Entries past the new lengths are dead. Lengths can only shrink:
+        new values are clamped to the current ones on the device (no sync)."""
+        cache = self._need_cache()
+        new = to_device(new_lengths, self.device, torch.long)
+        if new.shape != cache.lengths.shape:
+            raise ValueError(f"rollback: new_lengths must be [{cache.batch_size}], got {tuple(new.shape)}")
+        torch.minimum(new, cache.lengths, out=cache.lengths)
+
+    @torch.no_grad()
+    def keep(self, batch_indices) -> None:
+        """Compact the cache to sequences ``batch_indices`` (in that order); B becomes len(batch_indices).
+        Host indices (list / CPU tensor) copy only the rows that move (see ``cache.fill_order``)."""
+        self._need_cache().keep(batch_indices)
+
+    def truncated(self, num_layers: int) -> "Model":
+        """A model sharing these weights that runs the first ``num_layers`` layers + final norm + LM head,
+        with its own cache (self-speculative drafting)."""
+        return Model(self.net, self.tokenizer, num_layers=num_layers, use_graphs=self.use_graphs)

@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...device import sm_count
 from ..reference import VerifyOutput
 
 _INT32_MAX = tl.constexpr(2**31 - 1)
@@ -38,9 +39,7 @@ def device_programs(device: torch.device) -> int:
     row programs, ~3 resident per SM) measured 66 us against a 50 us floor (H100, 04:48 UTC,
     benchmarks/results/ablation.md); 8x splits those rows in two.
     """
-    if device.type == "cuda":
-        return 8 * torch.cuda.get_device_properties(device).multi_processor_count
-    return 8  # interpreter: small, but enough to exercise the split path in tests
+    return 8 * sm_count(device) if device.type == "cuda" else 8  # interpreter: small, exercises the split path
 
 
 def split_vocab(vocab: int, num_rows: int, block: int, target_programs: int, num_splits: int | None = None):

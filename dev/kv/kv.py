@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import torch
 
-from .verify import _capturing, _pick_backend
+from verispec.device import is_capturing
+from verispec.verify.api import pick_backend
 
 
 def exclusive_cumsum(counts: torch.Tensor) -> torch.Tensor:
@@ -75,7 +76,7 @@ def _check_counts(new_kv: torch.Tensor, num_rows: torch.Tensor, num_emitted: tor
         raise ValueError("new_kv must have a leading [R] row dimension")
     if num_rows.dim() != 1 or num_emitted.shape != num_rows.shape:
         raise ValueError(f"num_rows and num_emitted must both be [B], got {tuple(num_rows.shape)} and {tuple(num_emitted.shape)}")
-    if _capturing():
+    if is_capturing():
         return
     if int(num_rows.sum()) != new_kv.shape[0]:
         raise ValueError(f"num_rows sums to {int(num_rows.sum())} but new_kv has {new_kv.shape[0]} rows")
@@ -99,17 +100,17 @@ def compact_kv(
         no host sync is needed to size the output (CUDA-graph safe on the GPU backends).
     """
     _check_counts(new_kv, num_rows, num_emitted)
-    chosen = _pick_backend(backend, new_kv.device)
+    chosen = pick_backend(backend, new_kv.device)
     if chosen == "torch":
         compacted = reference_compact_kv(new_kv, num_rows, num_emitted)
         packed = torch.empty_like(new_kv)
         packed[: compacted.shape[0]] = compacted
         return packed, exclusive_cumsum(num_emitted)
     if chosen == "triton":
-        from .kernels.kv_compact import compact_kv_triton
+        from dev.kv.kv_compact_triton import compact_kv_triton
 
         return compact_kv_triton(new_kv, num_rows, num_emitted)
-    from .cuda import compact_kv_cuda
+    from dev.cuda_ext import compact_kv_cuda
 
     return compact_kv_cuda(new_kv, num_rows, num_emitted)
 
@@ -131,17 +132,17 @@ def scatter_to_cache(
     _check_counts(new_kv, num_rows, num_emitted)
     if cache.dim() != new_kv.dim() + 1 or cache.shape[2:] != new_kv.shape[1:]:
         raise ValueError(f"cache {tuple(cache.shape)} must be [B, S_max, ...] with trailing dims of new_kv {tuple(new_kv.shape)}")
-    if not _capturing():
+    if not is_capturing():
         if bool((cache_lens + num_emitted > cache.shape[1]).any()):
             raise ValueError(f"cache overflow: lengths {(cache_lens + num_emitted).tolist()} exceed capacity {cache.shape[1]}")
-    chosen = _pick_backend(backend, new_kv.device)
+    chosen = pick_backend(backend, new_kv.device)
     if chosen == "torch":
         packed = reference_compact_kv(new_kv, num_rows, num_emitted)
         return reference_scatter_to_cache(cache, cache_lens, packed, num_emitted)
     if chosen == "triton":
-        from .kernels.kv_compact import scatter_to_cache_triton
+        from dev.kv.kv_compact_triton import scatter_to_cache_triton
 
         return scatter_to_cache_triton(cache, cache_lens, new_kv, num_rows, num_emitted)
-    from .cuda import scatter_to_cache_cuda
+    from dev.cuda_ext import scatter_to_cache_cuda
 
     return scatter_to_cache_cuda(cache, cache_lens, new_kv, num_rows, num_emitted)

@@ -5,25 +5,13 @@
 //     vector body, scalar tail), so V need not be a multiple of anything
 //   - argmax with torch.argmax's tie-break (lowest index wins) through __shfl_down_sync
 //   - online softmax statistics (running max m, running sum s of exp(z - m)) and their merge
-//   - Philox-4x32-10 exactly as verispec/rng.py (counter (col, row, offset, purpose), key
+//   - Philox-4x32-10 exactly as verispec/verify/rng.py (counter (col, row, offset, purpose), key
 //     (seed_lo, seed_hi)), and its uniform map ((x >> 9) * 2 + 1) * 2^-24
 //
 // Plain CUDA C++: no torch headers, so every .cu compiles standalone with nvcc (CPU CI).
 #pragma once
 
-#include <cuda_runtime.h>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <stdint.h>
-
-#define VS_FULL_MASK 0xffffffffu
-
-// dtype codes shared with binding.cpp
-enum VsDtype { VS_F32 = 0, VS_BF16 = 1, VS_F16 = 2 };
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+#include "cuda_dtypes.cuh"
 
 // Calls f(value, index) for each element i in [0, n) of row (index relative to row) that this
 // thread owns, with 16-byte loads for the aligned body. UNROLL vector loads are issued before

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from . import rng
-from .hostcopy import to_device
+from ..device import is_capturing, to_device
 from .reference import VerifyOutput, reference_verify_greedy, reference_verify_sample
 
 BACKENDS = ("torch", "triton", "cuda")
@@ -65,11 +65,7 @@ class VerifyBatch:
         return self.target_logits.shape[1]
 
 
-def _capturing() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-
-
-def _per_sequence(value, batch: int, dtype: torch.dtype, device, name: str, default) -> torch.Tensor:
+def per_sequence(value, batch: int, dtype: torch.dtype, device, name: str, default) -> torch.Tensor:
     if value is None:
         value = default
     if isinstance(value, torch.Tensor):
@@ -81,7 +77,7 @@ def _per_sequence(value, batch: int, dtype: torch.dtype, device, name: str, defa
     return torch.full((batch,), value, dtype=dtype, device=device)
 
 
-def _canonical(target_logits, draft_tokens, num_draft, max_num_draft, check_values) -> VerifyBatch:
+def canonical_batch(target_logits, draft_tokens, num_draft, max_num_draft, check_values) -> VerifyBatch:
     if not isinstance(target_logits, torch.Tensor) or target_logits.dim() != 2:
         shape = tuple(target_logits.shape) if isinstance(target_logits, torch.Tensor) else type(target_logits).__name__
         raise ValueError(f"target_logits must be a 2-D [sum(num_draft + 1), V] tensor, got {shape}")
@@ -147,7 +143,7 @@ def _canonical(target_logits, draft_tokens, num_draft, max_num_draft, check_valu
     )
 
 
-def _pick_backend(backend: str | None, device: torch.device) -> str:
+def pick_backend(backend: str | None, device: torch.device) -> str:
     if backend is None:
         return "triton" if device.type == "cuda" else "torch"
     if backend not in BACKENDS:
@@ -189,13 +185,13 @@ def verify_greedy(
         >>> out.tokens.tolist(), out.num_accepted.tolist()
         ([[1, 2, -1], [1, -1, -1]], [1, 0])
     """
-    check_values = check_values and not _capturing()
-    batch = _canonical(target_logits, draft_tokens, num_draft, max_num_draft, check_values)
-    chosen = _pick_backend(backend, batch.target_logits.device)
+    check_values = check_values and not is_capturing()
+    batch = canonical_batch(target_logits, draft_tokens, num_draft, max_num_draft, check_values)
+    chosen = pick_backend(backend, batch.target_logits.device)
     if chosen == "torch":
         return reference_verify_greedy(batch.target_logits, batch.draft_tokens, batch.num_draft, batch.max_num_draft)
     if chosen == "triton":
-        from .kernels.greedy import verify_greedy_triton
+        from .triton.greedy import verify_greedy_triton
 
         return verify_greedy_triton(batch)
     from .cuda import verify_greedy_cuda
@@ -241,14 +237,14 @@ def verify_sample(
     Returns:
         VerifyOutput as in ``verify_greedy``.
     """
-    capturing = _capturing()
+    capturing = is_capturing()
     check_values = check_values and not capturing
-    batch = _canonical(target_logits, draft_tokens, num_draft, max_num_draft, check_values)
+    batch = canonical_batch(target_logits, draft_tokens, num_draft, max_num_draft, check_values)
     device = batch.target_logits.device
     size, vocab = batch.batch_size, batch.vocab_size
-    batch.temperature = _per_sequence(temperature, size, torch.float32, device, "temperature", 1.0)
-    batch.top_k = _per_sequence(top_k, size, torch.int32, device, "top_k", 0)
-    batch.top_p = _per_sequence(top_p, size, torch.float32, device, "top_p", 1.0)
+    batch.temperature = per_sequence(temperature, size, torch.float32, device, "temperature", 1.0)
+    batch.top_k = per_sequence(top_k, size, torch.int32, device, "top_k", 0)
+    batch.top_p = per_sequence(top_p, size, torch.float32, device, "top_p", 1.0)
     if draft_probs is not None:
         if not isinstance(draft_probs, torch.Tensor) or draft_probs.dim() != 2:
             raise ValueError("draft_probs must be a 2-D [sum(num_draft), V] tensor or None")
@@ -285,14 +281,14 @@ def verify_sample(
         seed = rng.seed_from(generator)
     batch.seed = to_device(torch.as_tensor(seed, dtype=torch.int64).reshape(1), device)
     batch.offset = to_device(torch.as_tensor(offset, dtype=torch.int64).reshape(1), device)
-    chosen = _pick_backend(backend, device)
+    chosen = pick_backend(backend, device)
     if chosen == "torch":
         return reference_verify_sample(
             batch.target_logits, batch.draft_tokens, batch.num_draft, batch.max_num_draft, batch.draft_probs,
             batch.temperature.cpu(), batch.top_k.cpu(), batch.top_p.cpu(), int(batch.seed), int(batch.offset),
         )
     if chosen == "triton":
-        from .kernels.rejection import verify_sample_triton
+        from .triton.rejection import verify_sample_triton
 
         return verify_sample_triton(batch)
     from .cuda import verify_sample_cuda

@@ -26,7 +26,7 @@
 //       L2-resident: O(B^2) reads in all but spread over B blocks, a few hundred ns each for
 //       B <= a few thousand), then copies like v2. Saves v2's second launch and the
 //       dependency between the two, which is most of the time at small B.
-#include "common.cuh"
+#include "cuda_dtypes.cuh"
 
 // ---------------------------------------------------------------------------------------
 // v1

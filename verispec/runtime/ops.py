@@ -13,7 +13,7 @@ kernels (profile in benchmarks/results/decode.md). These replace them with five 
                       combine kernel merges the splits and writes o as [N, H*D] (no permute copies);
   * ``silu_mul``      SwiGLU activation of the fused [gate; up] output.
 All arithmetic in fp32; dots of fp32 inputs in IEEE precision (so fp32 models stay within 1e-4 of the torch
-path). The weight matmuls go through ``linear``: verispec/cuda/gemv.cu in one fixed (batch-invariant)
+path). The weight matmuls go through ``linear``: verispec/runtime/gemv/gemv.cu in one fixed (batch-invariant)
 configuration for a single sequence's passes of <= 8 tokens, cuBLAS otherwise (see ``use_gemv``).
 """
 from __future__ import annotations
@@ -25,6 +25,8 @@ import warnings
 import torch
 from torch import Tensor
 
+from ..device import sm_count
+
 try:
     import triton
     import triton.language as tl
@@ -35,18 +37,6 @@ except ImportError:  # pragma: no cover - triton ships with CUDA torch
 
 def _pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
-
-
-_SM_COUNT: dict = {}
-
-
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 8
-    key = device.index if device.index is not None else torch.cuda.current_device()
-    if key not in _SM_COUNT:
-        _SM_COUNT[key] = torch.cuda.get_device_properties(key).multi_processor_count
-    return _SM_COUNT[key]
 
 
 if AVAILABLE:
@@ -210,7 +200,7 @@ def rope_kv_write(qkv: Tensor, rope: Tensor, pos: Tensor, k_cache: Tensor, v_cac
 
 def attention_splits(B: int, KV: int, S: int, block_n: int, device) -> tuple[int, int]:
     """(split size, number of splits) for a static capacity S: about two programs per SM over B*KV heads."""
-    want = max(1, -(-2 * _sm_count(device) // (B * KV)))
+    want = max(1, -(-2 * sm_count(device) // (B * KV)))
     nblocks = -(-S // block_n)
     split = block_n * -(-nblocks // min(want, nblocks))
     return split, -(-S // split)
@@ -253,7 +243,7 @@ def silu_mul(gu: Tensor) -> Tensor:
 
 
 # The weight matmuls of the pass. A single sequence's decode step and its verify pass of up to 8 tokens go
-# to verispec/cuda/gemv.cu with ONE fixed configuration (v1, 4 rows x split 8: the fastest at M <= 2 on every
+# to verispec/runtime/gemv/gemv.cu with ONE fixed configuration (v1, 4 rows x split 8: the fastest at M <= 2 on every
 # llama-3.1-8b / llama-3.2-1b shape, benchmarks/results/gemv.md), which makes them batch-invariant: each
 # token's row is computed by the same lanes in the same order whatever M is, so a B=1 verify pass gives
 # bit-for-bit the logits of the decode steps it replaces and bf16 greedy speculative output stays equal to
@@ -271,11 +261,9 @@ def _gemv_available() -> bool:
     if _gemv_ready is None:
         if torch.cuda.is_current_stream_capturing():   # never build inside a capture (warm-ups run first)
             return False
-        from .. import cuda as vcuda
+        from . import gemv as vgemv
         try:
-            if not (vcuda.build_dir() / "verispec_cuda.so").exists():
-                print("verispec: building the CUDA kernels (first use only; 1-2 minutes) ...", file=sys.stderr, flush=True)
-            vcuda.load()
+            vgemv.load()
             _gemv_ready = True
         except Exception as e:  # noqa: BLE001 - any build problem: fall back to cuBLAS, say so once
             warnings.warn(f"verispec: the CUDA GEMV is unavailable ({type(e).__name__}: {str(e)[:200]}); the decode "
@@ -294,7 +282,7 @@ def linear(x: Tensor, w: Tensor, b: Tensor | None = None, gemv: bool = False) ->
     """F.linear(x [M, K], w [N, K], b) for the decode / verify pass; ``gemv=True`` (from ``use_gemv``): gemv.cu
     in its one batch-invariant configuration, where the extension is available and supports the shape."""
     if gemv and x.is_cuda and _gemv_available():
-        from ..cuda import gemv_cuda, gemv_supported
+        from .gemv import gemv_cuda, gemv_supported
 
         if gemv_supported(x, w):
             return gemv_cuda(x, w, b, version=1, rows=4, split=8)

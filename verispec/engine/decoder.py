@@ -31,11 +31,11 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
-from . import rng
-from .drafters.base import Drafter, SamplingParams
-from .hostcopy import to_device
-from .runtime.cache import fill_order
-from .verify import verify_greedy, verify_sample
+from ..verify import rng
+from ..drafters.base import Drafter, SamplingParams
+from ..device import to_device
+from ..runtime.cache import fill_order
+from ..verify import verify_greedy, verify_sample
 
 
 @dataclass

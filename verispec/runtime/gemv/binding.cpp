@@ -1,0 +1,62 @@
+// binding.cpp: torch glue for the runtime's decode GEMV (gemv.cu), built on first use by
+// verispec/runtime/gemv/__init__.py through verispec.jit. No host syncs (CUDA-graph safe).
+#include "jit_glue.h"
+
+using namespace vs_glue;
+
+extern "C" {
+void vs_gemv_config(int dtype, int M, int N, int K, int num_sms, int* version, int* rows, int* split);
+}
+
+namespace {
+
+// ---- decode GEMV ------------------------------------------------------------------------
+// y [M, N] = x [M, K] @ w [N, K]^T (+ b [N]); M <= 8, K * elem % 16 == 0, 16-byte aligned x, w
+// (verispec/cuda/__init__.py checks and falls back to F.linear first). out: written in place.
+at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
+                const std::optional<at::Tensor>& out, int64_t version, int64_t rows, int64_t split) {
+    TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.is_contiguous(), "x must be a contiguous CUDA [M, K] tensor");
+    TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.size(1) == x.size(1), "w must be a contiguous [N, K] tensor, K = ",
+                x.size(1), ", got ", w.sizes());
+    check_cuda(w, x, "w");
+    TORCH_CHECK(w.scalar_type() == x.scalar_type(), "w dtype ", w.scalar_type(), " != x dtype ", x.scalar_type());
+    const int M = x.size(0), N = w.size(0), K = x.size(1);
+    const void* bp = nullptr;
+    if (b.has_value()) {
+        check_cuda(*b, x, "b");
+        TORCH_CHECK(b->scalar_type() == x.scalar_type() && b->is_contiguous() && b->numel() == N,
+                    "b must be a contiguous [N] tensor of x's dtype");
+        bp = b->data_ptr();
+    }
+    at::Tensor y;
+    if (out.has_value()) {
+        check_cuda(*out, x, "out");
+        TORCH_CHECK(out->scalar_type() == x.scalar_type() && out->is_contiguous() && out->dim() == 2 &&
+                        out->size(0) == M && out->size(1) == N,
+                    "out must be a contiguous [M, N] tensor of x's dtype");
+        y = *out;
+    } else {
+        y = at::empty({M, N}, x.options());
+    }
+    const c10::cuda::CUDAGuard guard(x.device());
+    check_launch(vs_gemv(x.data_ptr(), w.data_ptr(), bp, y.data_ptr(), dtype_code(x, "x"), M, N, K, (int)version,
+                         (int)rows, (int)split, num_sms(x), at::cuda::getCurrentCUDAStream()),
+                 "gemv");
+    return y;
+}
+
+// The (version, rows, split) the launcher picks for this shape when all are 0 (benchmarks).
+std::vector<int64_t> gemv_config(const at::Tensor& w, int64_t M) {
+    TORCH_CHECK(w.is_cuda() && w.dim() == 2, "w must be a CUDA [N, K] tensor");
+    int version = 0, rows = 0, split = 0;
+    vs_gemv_config(dtype_code(w, "w"), (int)M, (int)w.size(0), (int)w.size(1), num_sms(w), &version, &rows, &split);
+    return {version, rows, split};
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    m.doc() = "verispec decode GEMV (see verispec/runtime/gemv/gemv.cu)";
+    m.def("gemv", &gemv, "y = x @ w^T (+ b) for M <= 8 rows of x (version, rows, split: 0 = auto)");
+    m.def("gemv_config", &gemv_config, "the automatic (version, rows, split) of vs_gemv for w [N, K] and M rows");
+}
