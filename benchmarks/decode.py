@@ -130,7 +130,7 @@ def profile_decode(model, tokens, base, prompt_len: int, log, top: int = 20) -> 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with profile(activities=acts) as prof:
         for _ in range(5):
-            model.verify(tokens)
+            model.append(tokens)
         sync()
     model.rollback(base)
     model.cache.max_len_bound = prompt_len
@@ -156,7 +156,7 @@ def probe(model, B: int = 2, prompt_len: int = 64) -> torch.Tensor:
     ids = torch.randint(0, model.config.vocab_size, (B, prompt_len + 4), generator=torch.Generator().manual_seed(5))
     model.setup_cache(B, prompt_len + 16)
     model.prefill(ids[:, :prompt_len].tolist())
-    out = model.verify(ids[:, prompt_len:].to(model.device)).float()
+    out = model.append(ids[:, prompt_len:].to(model.device)).float()
     model.cache = None
     model._graphs.clear()
     return out
@@ -174,7 +174,7 @@ def check_correctness(model, hf, B: int, prompt_len: int, log) -> None:
     def run(m):
         m.setup_cache(B, prompt_len + 16)
         m.prefill(ids[:, :prompt_len].tolist())
-        out = m.verify(ids[:, prompt_len:]).float()
+        out = m.append(ids[:, prompt_len:]).float()
         m.cache = None
         return out
 
@@ -237,12 +237,12 @@ def bench_variant(name, cfg, model, variant, args, bw, log):
         for k in args.ks:
             tokens = torch.randint(0, cfg.vocab_size, (B, k), generator=g).to(model.device)
             t0 = time.perf_counter()
-            model.verify(tokens)        # first call of a bucket captures its graph
+            model.append(tokens)        # first call of a bucket captures its graph
             sync()
             capture_s = time.perf_counter() - t0
             model.rollback(base)
             model.cache.max_len_bound = args.prompt_len   # benchmark only: we know the true lengths
-            times[k] = time_calls(lambda: model.verify(tokens), iters=args.iters, warmup=2)
+            times[k] = time_calls(lambda: model.append(tokens), iters=args.iters, warmup=2)
             model.rollback(base)
             model.cache.max_len_bound = args.prompt_len
             rows.append(dict(model=name, variant=variant, B=B, k=k, ms=times[k] * 1e3, capture_s=capture_s,

@@ -161,7 +161,7 @@ def _grid(args, target, draft, backend, t0) -> None:
         ar = SpeculativeDecoder(target, None, verify_backend=backend)
         _run(ar, prompts, args.max_new)                              # warm-up (CUDA graphs for every shape)
         out, st = _run(ar, prompts, args.max_new, timing=True)
-        ar_step = st.verify_s / st.rounds
+        ar_step = st.target_s / st.rounds
         ar_tps, out = _median_throughput(ar, prompts, args)
         ar_steady = _steady_throughput(ar, prompts, args.max_new)
         refs = [g.tokens for g in out]
@@ -175,10 +175,10 @@ def _grid(args, target, draft, backend, t0) -> None:
                 out, st = _run(dec, prompts, args.max_new, timing=True)       # phase times
                 exact = [g.tokens for g in out] == refs
                 draft_step = st.draft_s / (st.rounds * k)
-                verify = st.verify_s / st.rounds
+                verify = st.target_s / st.rounds
                 # per round, what is neither a draft step nor the target pass: acceptance, the host sync,
                 # commit/rollback bookkeeping and Python (phases are synchronized in the timed run)
-                other = (st.decode_s - st.draft_s - st.verify_s) / st.rounds
+                other = (st.decode_s - st.draft_s - st.target_s) / st.rounds
                 tps, _ = _median_throughput(dec, prompts, args)
                 steady = _steady_throughput(dec, prompts, args.max_new) / ar_steady
                 bound = speedup_from_times(alpha, k, draft_step, verify, ar_step)

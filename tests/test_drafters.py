@@ -8,13 +8,19 @@ from test_engine_fake import FakeModel, greedy_reference
 from verispec.drafters import DraftModel, OracleDraft, PromptLookup, SamplingParams, SelfSpeculative
 from verispec.engine import generate
 
-GREEDY1 = SamplingParams((0.0,), (0,), (1.0,), seed=0)
+GREEDY1 = SamplingParams((0.0,), (0,), (1.0,), (0,))
+
+
+def begin(d, prompts, first, sampling):
+    """reserve + admit: the drafter starts with these sequences (rows 0..n-1)."""
+    d.reserve(None, len(prompts), 64)
+    d.admit(list(range(len(prompts))), prompts, first, sampling)
 
 
 def lookup(history, k, **kw):
     d = PromptLookup(**kw)
-    d.begin(None, [history[:-1]], [history[-1]], GREEDY1, 0)
-    p = d.propose(k)
+    begin(d, [history[:-1]], [history[-1]], GREEDY1)
+    p = d.propose([k])
     return p.draft_tokens[0, : p.num_draft[0]].tolist()
 
 
@@ -43,46 +49,46 @@ def test_prompt_lookup_no_match_means_no_drafts():
 
 def test_prompt_lookup_commit_and_keep():
     d = PromptLookup(max_ngram=2, min_ngram=1)
-    d.begin(None, [[1, 2, 3], [4, 5]], [9, 4], SamplingParams((0.0,) * 2, (0,) * 2, (1.0,) * 2, 0), 0)
-    p = d.propose(2)
+    begin(d, [[1, 2, 3], [4, 5]], [9, 4], SamplingParams((0.0,) * 2, (0,) * 2, (1.0,) * 2, (0, 0)))
+    p = d.propose([2, 2])
     assert p.num_draft == [0, 2] and p.draft_tokens.shape == (2, 2) and p.draft_probs is None
     d.commit([0, 0], [[1], [6]])              # h0 = 1 2 3 9 1, h1 = 4 5 4 6
     d.keep([0])
-    p = d.propose(3)
+    p = d.propose([3])
     assert p.num_draft == [3] and p.draft_tokens[0].tolist() == [2, 3, 9]
 
 
 def test_prompt_lookup_adaptive_length():
     d = PromptLookup(max_ngram=1, min_ngram=1)
-    d.begin(None, [[1, 2, 3, 4, 5, 6, 7, 8, 9, 1]], [2], GREEDY1, 0)     # tail (2) -> 3 4 5 ...
-    assert d.propose(4).num_draft == [4]
+    begin(d, [[1, 2, 3, 4, 5, 6, 7, 8, 9, 1]], [2], GREEDY1)     # tail (2) -> 3 4 5 ...
+    assert d.propose([4]).num_draft == [4]
     d.commit([1], [[3, 0]])                                              # 1 of 4 accepted: cap 2
     d._hist[0].extend([1, 2])
-    assert d.propose(4).num_draft == [2]
+    assert d.propose([4]).num_draft == [2]
     d.commit([2], [[3, 4, 5]])                                           # all accepted: cap 4
     d._hist[0].extend([1, 2])
-    assert d.propose(8).num_draft == [4]
+    assert d.propose([8]).num_draft == [4]
     fixed = PromptLookup(max_ngram=1, min_ngram=1, adaptive=False)
-    fixed.begin(None, [[1, 2, 3, 4, 5, 6, 7, 8, 9, 1]], [2], GREEDY1, 0)
-    fixed.propose(4)
+    begin(fixed, [[1, 2, 3, 4, 5, 6, 7, 8, 9, 1]], [2], GREEDY1)
+    fixed.propose([4])
     fixed.commit([0], [[0]])
     fixed._hist[0].extend([1, 2])
-    assert fixed.propose(4).num_draft == [3]          # only the history limits it (the cap would be 1)
+    assert fixed.propose([4]).num_draft == [3]          # only the history limits it (the cap would be 1)
 
 
 def test_prompt_lookup_backs_off_after_two_misses():
     d = PromptLookup(max_ngram=1, min_ngram=1)
-    d.begin(None, [[1, 2, 3, 1, 2, 3, 1]], [2], GREEDY1, 0)
-    assert d.propose(2).num_draft == [2]
+    begin(d, [[1, 2, 3, 1, 2, 3, 1]], [2], GREEDY1)
+    assert d.propose([2]).num_draft == [2]
     d.commit([0], [[9]])                       # miss 1: no pause
     d._hist[0].extend([1])
-    assert d.propose(2).num_draft == [1]       # cap = accepted + 1
+    assert d.propose([2]).num_draft == [1]       # cap = accepted + 1
     d.commit([0], [[9]])                       # miss 2: pause one round
     d._hist[0].extend([1])
-    assert d.propose(2).num_draft == [0]
+    assert d.propose([2]).num_draft == [0]
     d.commit([0], [[5]])
     d._hist[0].extend([1])
-    assert d.propose(2).num_draft == [1]       # drafting again
+    assert d.propose([2]).num_draft == [1]       # drafting again
 
 
 def test_prompt_lookup_rejects_bad_ngrams():
@@ -129,9 +135,9 @@ def test_oracle_acceptance_rate(alpha):
     assert abs(accepted / rounds - expected) < 0.35 * expected + 0.1
 
 
-def test_oracle_rejects_mismatched_batches():
+def test_oracle_rejects_sequences_without_a_continuation():
     target = FakeModel(eos_bias=-30.0)
-    with pytest.raises(ValueError, match="2 continuations for 1 prompts"):
-        generate(target, [[1, 2]], drafter=OracleDraft([[1], [2]], 0.5), k=2, max_new_tokens=4)
+    with pytest.raises(ValueError, match=r"1 continuations; sequences \[1\] have none"):
+        generate(target, [[1, 2], [3]], drafter=OracleDraft([[1]], 0.5), k=2, max_new_tokens=4)
     with pytest.raises(ValueError, match="acceptance_rate"):
         OracleDraft([[1]], 1.5)

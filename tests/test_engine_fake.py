@@ -68,21 +68,21 @@ class FakeModel:
         self.num_prefills = 0
 
     # ------------------------------------------------------------------ contract
-    def setup_cache(self, batch_size, max_seq_len):
+    def setup_cache(self, batch_size, max_seq_len, empty=False):
         H = self.config.hidden_size
         self.states = [torch.zeros(batch_size, max_seq_len, H, dtype=torch.float64) for _ in range(self.num_layers)]
         self._lengths = torch.zeros(batch_size, dtype=torch.long)
         self.max_seq_len = max_seq_len
-        self._batch = batch_size
+        self._batch = 0 if empty else batch_size
 
     @property
     def lengths(self):
         return self._lengths[: self._batch]
 
-    def _position(self, tokens, pos):
-        """tokens [B], pos [B] -> logits [B, V]; writes the states at pos (all batch rows)."""
+    def _position(self, tokens, pos, first_row=0):
+        """tokens [n], pos [n] -> logits [n, V]; writes the states of rows [first_row, first_row + n) at pos."""
         B = tokens.shape[0]
-        rows = torch.arange(B)
+        rows = torch.arange(first_row, first_row + B)
         x = self.w["emb"][tokens] + self.w["pos"][pos]
         for l in range(self.num_layers):
             prev = self.states[l][rows, (pos - 1).clamp(min=0)] * (pos > 0)[:, None]
@@ -90,12 +90,19 @@ class FakeModel:
             self.states[l][rows, pos] = x
         S = self.states[-1].shape[1]
         mask = (torch.arange(S)[None, :] <= pos[:, None]).to(torch.float64)          # [B, S]
-        mean = (self.states[-1][:B] * mask[..., None]).sum(1) / (pos + 1)[:, None]
+        mean = (self.states[-1][rows] * mask[..., None]).sum(1) / (pos + 1)[:, None]
         return ((x + mean) @ self.w["out"].T + self.w["bias"]).float()
 
     def prefill(self, prompts):
         if len(prompts) != self._batch:
             raise ValueError(f"prefill got {len(prompts)} prompts for a cache of {self._batch}")
+        self._batch = 0
+        return self.admit(prompts)
+
+    def admit(self, prompts):
+        first = self._batch
+        if first + len(prompts) > self.states[0].shape[0]:
+            raise ValueError("admit: no free rows")
         if any(len(p) == 0 for p in prompts):
             raise ValueError("empty prompt")
         if any(len(p) > self.max_seq_len for p in prompts):
@@ -104,9 +111,10 @@ class FakeModel:
         # right-padded, all rows from position 0 (pad positions write dead slots past each length)
         T = max(len(p) for p in prompts)
         tokens = torch.tensor([p + [0] * (T - len(p)) for p in prompts])
-        logits = torch.stack([self._position(tokens[:, i], torch.full((len(prompts),), i)) for i in range(T)], 1)
+        logits = torch.stack([self._position(tokens[:, i], torch.full((len(prompts),), i), first) for i in range(T)], 1)
         last = torch.tensor([len(p) - 1 for p in prompts])
-        self._lengths[: len(prompts)] = last + 1
+        self._lengths[first: first + len(prompts)] = last + 1
+        self._batch = first + len(prompts)
         return logits[torch.arange(len(prompts)), last]
 
     def _one(self, b, token, pos):
@@ -118,7 +126,7 @@ class FakeModel:
         mean = self.states[-1][b, : pos + 1].mean(0)
         return (self.w["out"] @ (x + mean) + self.w["bias"]).float()
 
-    def verify(self, tokens):
+    def append(self, tokens):
         if tokens.dim() != 2 or tokens.shape[0] != self._batch:
             raise ValueError(f"tokens must be [B={self._batch}, k], got {tuple(tokens.shape)}")
         k = tokens.shape[1]
@@ -132,7 +140,7 @@ class FakeModel:
 
     def decode(self, tokens):
         assert tokens.shape[1] == 1
-        return self.verify(tokens)
+        return self.append(tokens)
 
     def rollback(self, new_lengths):
         new = torch.as_tensor(new_lengths).long().cpu()
@@ -140,7 +148,7 @@ class FakeModel:
         torch.minimum(new, self.lengths, out=self.lengths)
 
     def keep(self, batch_indices):
-        idx = torch.as_tensor(batch_indices).long().cpu()
+        idx = torch.as_tensor(batch_indices, dtype=torch.long).cpu()
         for s in self.states:
             s[: len(idx)] = s[idx].clone()
         self._lengths[: len(idx)] = self._lengths[idx].clone()
@@ -185,7 +193,7 @@ def test_verify_equals_token_by_token_decode():
     m = FakeModel(seed=1)
     m.setup_cache(2, 32)
     m.prefill([[1, 2, 3], [4, 5]])
-    block = m.verify(torch.tensor([[7, 8, 9], [10, 11, 12]]))
+    block = m.append(torch.tensor([[7, 8, 9], [10, 11, 12]]))
     m2 = FakeModel(seed=1)
     m2.setup_cache(2, 32)
     m2.prefill([[1, 2, 3], [4, 5]])
@@ -199,7 +207,7 @@ def test_rollback_is_visible_to_the_next_pass():
     m = FakeModel(seed=2)
     m.setup_cache(1, 32)
     m.prefill([[1, 2, 3]])
-    m.verify(torch.tensor([[4, 5, 6]]))
+    m.append(torch.tensor([[4, 5, 6]]))
     m.rollback(torch.tensor([4]))               # keep token 4 only
     after = m.decode(torch.tensor([[9]]))[0, 0]
     ref = FakeModel(seed=2)
@@ -223,4 +231,4 @@ def test_keep_and_truncated():
     t = m.truncated(1)
     assert t.config.num_layers == 1 and t.w is m.w
     with pytest.raises(ValueError):
-        m.verify(torch.zeros(2, 20, dtype=torch.long))
+        m.append(torch.zeros(2, 20, dtype=torch.long))

@@ -37,7 +37,7 @@ def test_truncated_transformers_matches_truncated_model(extra, layers):
         ref = hf(ids).logits[0]                                   # [T, V]
     draft = model.truncated(layers)
     draft.setup_cache(1, 32)
-    got = torch.cat([draft.prefill([ids[0, :12].tolist()]), draft.verify(ids[:, 12:])[0]])  # positions 11..19
+    got = torch.cat([draft.prefill([ids[0, :12].tolist()]), draft.append(ids[:, 12:])[0]])  # positions 11..19
     torch.testing.assert_close(got, ref[11:], rtol=1e-4, atol=1e-4)
     # and it really is shorter than the full model
     full = to_transformers(model.net)

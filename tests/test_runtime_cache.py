@@ -38,7 +38,7 @@ def test_verify_equals_sequential_decode(model, k):
     ps, block = prompts([5, 11, 2]), rand_tokens(3, k, seed=9)
     model.setup_cache(3, 40)
     model.prefill(ps)
-    packed = model.verify(block)                                   # [3, k, V]
+    packed = model.append(block)                                   # [3, k, V]
     assert model.lengths.tolist() == [5 + k, 11 + k, 2 + k]
     model.setup_cache(3, 40)
     model.prefill(ps)
@@ -49,14 +49,14 @@ def test_verify_equals_sequential_decode(model, k):
 def test_rollback_then_redecode_reproduces_logits(model):
     model.setup_cache(2, 40)
     model.prefill(prompts([6, 3]))
-    first = model.verify(rand_tokens(2, 5, seed=4))
+    first = model.append(rand_tokens(2, 5, seed=4))
     model.rollback(torch.tensor([6 + 2, 3 + 0]))                   # keep 2 and 0 of the 5 drafted tokens
     assert model.lengths.tolist() == [8, 3]
-    again = model.verify(rand_tokens(2, 5, seed=4)[:, :1])
+    again = model.append(rand_tokens(2, 5, seed=4)[:, :1])
     # seq 1 re-scores drafted token 0 at the same position -> same logits; seq 0 scores it at position 8
     torch.testing.assert_close(again[1, 0], first[1, 0], **TOL)
     model.rollback(torch.tensor([8, 3]))
-    redo = model.verify(rand_tokens(2, 5, seed=4)[:, 2:5])         # seq 0: tokens 2..4 at their old positions
+    redo = model.append(rand_tokens(2, 5, seed=4)[:, 2:5])         # seq 0: tokens 2..4 at their old positions
     torch.testing.assert_close(redo[0], first[0, 2:5], **TOL)
 
 
@@ -65,7 +65,7 @@ def test_outputs_are_ordinary_tensors(model):
     model.setup_cache(1, 16)
     logits = model.prefill(prompts([3]))
     logits.div_(2.0)
-    model.verify(rand_tokens(1, 2)).add_(1.0)
+    model.append(rand_tokens(1, 2)).add_(1.0)
     model.lengths.sub_(0)
     assert not logits.is_inference() and not logits.requires_grad
 
@@ -83,26 +83,26 @@ def test_ragged_prefill_equals_single_prefill(model):
     model.setup_cache(3, 24)
     batched = model.prefill(ps)
     nxt = rand_tokens(3, 2, seed=5)
-    batched_next = model.verify(nxt)
+    batched_next = model.append(nxt)
     for b in range(3):
         model.setup_cache(1, 24)
         torch.testing.assert_close(model.prefill([ps[b]])[0], batched[b], **TOL)
-        torch.testing.assert_close(model.verify(nxt[b:b + 1])[0], batched_next[b], **TOL)
+        torch.testing.assert_close(model.append(nxt[b:b + 1])[0], batched_next[b], **TOL)
 
 
 def test_keep_preserves_continuations(model):
     ps, block = prompts([3, 8, 5, 6], seed=30), rand_tokens(4, 2, seed=6)
     model.setup_cache(4, 32)
     model.prefill(ps)
-    model.verify(block)
+    model.append(block)
     cont = rand_tokens(4, 3, seed=7)
-    full = model.verify(cont)                                      # reference: all 4 sequences continue
+    full = model.append(cont)                                      # reference: all 4 sequences continue
     model.setup_cache(4, 32)
     model.prefill(ps)
-    model.verify(block)
+    model.append(block)
     model.keep(torch.tensor([3, 1]))                               # drop 0 and 2, reorder
     assert model.lengths.tolist() == [8, 10]
-    kept = model.verify(cont[[3, 1]])
+    kept = model.append(cont[[3, 1]])
     torch.testing.assert_close(kept, full[[3, 1]], **TOL)
 
 
@@ -145,15 +145,15 @@ def test_keep_with_host_order_equals_keep_on_device(model):
     for order in ([0, 4, 2, 3], torch.tensor([0, 4, 2, 3]), [3, 2, 0]):
         model.setup_cache(5, 40)
         model.prefill(ps)
-        model.verify(cont)
+        model.append(cont)
         model.keep(order)
         idx = list(order.tolist() if isinstance(order, torch.Tensor) else order)
-        outs.append(model.verify(cont[idx]))
+        outs.append(model.append(cont[idx]))
         full = load_model(CFG, device="cpu", seed=3)
         full.setup_cache(len(idx), 40)
         full.prefill([ps[i] for i in idx])
-        full.verify(cont[idx])
-        torch.testing.assert_close(outs[-1], full.verify(cont[idx]), **TOL)
+        full.append(cont[idx])
+        torch.testing.assert_close(outs[-1], full.append(cont[idx]), **TOL)
     with pytest.raises(ValueError, match="distinct"):
         model.keep([0, 0])
 
@@ -170,12 +170,12 @@ def test_padded_graph_buckets_equal_plain_passes(model, monkeypatch):
             monkeypatch.setattr(model, "use_graphs", True)
             monkeypatch.setattr(model._graphs, "run", lambda tokens, out_rows=None: model._step(tokens)[:out_rows])
         model.prefill(ps)
-        outs = [model.verify(cont)]                                # B=5 -> 5 (capped at the allocation)
+        outs = [model.append(cont)]                                # B=5 -> 5 (capped at the allocation)
         model.keep(torch.tensor([4, 1, 2]))                        # B=3 -> bucket 4: one padding row
-        outs.append(model.verify(cont[[4, 1, 2], :3]))
+        outs.append(model.append(cont[[4, 1, 2], :3]))
         model.rollback(model.lengths - torch.tensor([1, 0, 2]))
         outs.append(model.decode(cont[[4, 1, 2], :1]))
-        outs.append(model.verify(cont[[0, 3, 2], :2]))
+        outs.append(model.append(cont[[0, 3, 2], :2]))
         results[padded] = (outs, model.cache.lengths_for(5).tolist())
         monkeypatch.undo()
     # seq 4, 1, 2 in rows 0-2: prompt + 4 + 3 - rollback + 1 + 2; padding rows 3-4 at 0
@@ -204,7 +204,7 @@ def test_truncated_shares_weights_and_owns_its_cache(model):
     one.setup_cache(2, 16)
     torch.testing.assert_close(one.prefill(ps), draft_logits, **TOL)
     step = rand_tokens(2, 3, seed=8)
-    torch.testing.assert_close(one.verify(step), draft.verify(step), **TOL)
+    torch.testing.assert_close(one.append(step), draft.append(step), **TOL)
 
 
 def test_decode_rejects_wrong_shapes(model):
@@ -213,7 +213,7 @@ def test_decode_rejects_wrong_shapes(model):
     with pytest.raises(ValueError, match=r"\[B, 1\]"):
         model.decode(rand_tokens(2, 2))
     with pytest.raises(ValueError, match="B=2"):
-        model.verify(rand_tokens(3, 2))
+        model.append(rand_tokens(3, 2))
 
 
 @pytest.mark.parametrize("name, billions", [("llama-3.1-8b", 8.03), ("llama-3.2-1b", 1.24), ("qwen2.5-7b", 7.62),

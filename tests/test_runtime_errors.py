@@ -79,9 +79,9 @@ def test_wrong_number_of_prompts(model):
 
 def test_cache_full(model):
     model.prefill([[1, 2, 3], [4, 5, 6, 7, 8]])
-    model.verify(torch.ones(2, 2, dtype=torch.long))               # 5 and 7 tokens
+    model.append(torch.ones(2, 2, dtype=torch.long))               # 5 and 7 tokens
     model.rollback(torch.tensor([5, 5]))                             # host bound is stale (7) ...
-    model.verify(torch.ones(2, 3, dtype=torch.long))                 # ... but 8 still fits: exact check near the end
+    model.append(torch.ones(2, 3, dtype=torch.long))                 # ... but 8 still fits: exact check near the end
     with pytest.raises(ValueError, match="cache full.*max_seq_len 8"):
         model.decode(torch.ones(2, 1, dtype=torch.long))
 

@@ -92,5 +92,5 @@ def test_gguf_logits_match_transformers(arch, tmp_path):
     with torch.no_grad():
         ref = hf(ids).logits[0, 19:]
     model.setup_cache(1, 32)
-    got = torch.cat([model.prefill([ids[0, :20].tolist()]), model.verify(ids[:, 20:24])[0]])
+    got = torch.cat([model.prefill([ids[0, :20].tolist()]), model.append(ids[:, 20:24])[0]])
     assert ((got - ref).abs().max() / ref.abs().max()).item() <= 1e-4

@@ -29,7 +29,7 @@ def test_graphs_match_eager_through_rollback_and_keep(dtype, tol):
         m.setup_cache(4, 96)
         seq = [m.prefill(prompts([5, 17, 1, 30]))]
         for step, k in enumerate([1, 4, 4, 1, 8]):
-            seq.append(m.verify(rand_tokens(m.batch_size, k, seed=step)))
+            seq.append(m.append(rand_tokens(m.batch_size, k, seed=step)))
             if step == 1:
                 m.rollback(m.lengths - torch.tensor([0, 1, 2, 3], device="cuda"))
             if step == 2:
@@ -57,7 +57,7 @@ def test_graphs_survive_setup_cache_and_shrinking_batches():
             seq = [m.prefill(ps)]
             keep = list(range(9))
             for step in range(6):
-                seq.append(m.verify(rand_tokens(m.batch_size, 3, seed=10 * run + step)))
+                seq.append(m.append(rand_tokens(m.batch_size, 3, seed=10 * run + step)))
                 keep = keep[:-2] if len(keep) > 2 else keep[:1]
                 m.keep(torch.tensor(list(range(len(keep))), device="cuda"))
             outs[name] = (seq, m.lengths.tolist())
@@ -74,7 +74,7 @@ def test_verify_equals_decode_with_graphs():
     ps, block = prompts([3, 40], seed=5), rand_tokens(2, 6, seed=6)
     m.setup_cache(2, 64)
     m.prefill(ps)
-    packed = m.verify(block)
+    packed = m.append(block)
     m.rollback(m.lengths - 6)
     steps = torch.cat([m.decode(block[:, i:i + 1]) for i in range(6)], dim=1)
     torch.testing.assert_close(packed, steps, rtol=1e-4, atol=1e-4)
@@ -133,7 +133,7 @@ def test_parity_vs_transformers_on_gpu_fp32(tmp_path):
     with torch.no_grad():
         ref = hf.cuda()(ids).logits[0, 30:]
     m.setup_cache(1, 64)
-    got = torch.cat([m.prefill([ids[0, :31].tolist()]), m.verify(ids[:, 31:36])[0]]
+    got = torch.cat([m.prefill([ids[0, :31].tolist()]), m.append(ids[:, 31:36])[0]]
                     + [m.decode(ids[:, t:t + 1])[0] for t in range(36, 40)])
     assert ((got - ref).abs().max() / ref.abs().max()).item() <= 1e-4
 
@@ -148,7 +148,7 @@ def test_bf16_verify_equals_decode_bit_for_bit_at_batch_one():
         m.setup_cache(1, 128)
         m.prefill(prompts([37], seed=k))
         block = torch.randint(0, cfg.vocab_size, (1, k), generator=torch.Generator().manual_seed(k)).cuda()
-        packed = m.verify(block)
+        packed = m.append(block)
         m.rollback(m.lengths - k)
         steps = torch.cat([m.decode(block[:, i:i + 1]) for i in range(k)], dim=1)
         assert torch.equal(packed, steps), (k, (packed.float() - steps.float()).abs().max().item())

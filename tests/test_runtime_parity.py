@@ -55,7 +55,7 @@ def test_logit_parity_vs_transformers(case, tmp_path):
         ref = hf(ids).logits[0]                                   # [T, V]
     model.setup_cache(1, 64)
     got = [model.prefill([ids[0, :30].tolist()])]                 # position 29
-    got.append(model.verify(ids[:, 30:36])[0])                    # positions 30..35
+    got.append(model.append(ids[:, 30:36])[0])                    # positions 30..35
     for t in range(36, 40):
         got.append(model.decode(ids[:, t:t + 1])[0])
     got = torch.cat([got[0][None] if got[0].dim() == 1 else got[0]] + got[1:])
@@ -76,12 +76,12 @@ def test_hf_adapter_matches_transformers(tmp_path):
         m.setup_cache(2, 64)
     torch.testing.assert_close(ad.prefill(prompts), ours.prefill(prompts), rtol=1e-4, atol=1e-4)
     block = torch.randint(0, 101, (2, 4), generator=g)
-    torch.testing.assert_close(ad.verify(block), ours.verify(block), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(ad.append(block), ours.append(block), rtol=1e-4, atol=1e-4)
     new_len = torch.tensor([6, 12])                                # reject 3 and 1 tokens
     for m in (ad, ours):
         m.rollback(new_len)
     nxt = torch.randint(0, 101, (2, 3), generator=g)
-    torch.testing.assert_close(ad.verify(nxt), ours.verify(nxt), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(ad.append(nxt), ours.append(nxt), rtol=1e-4, atol=1e-4)
     for m in (ad, ours):
         m.keep(torch.tensor([1]))
     one = torch.randint(0, 101, (1, 1), generator=g)

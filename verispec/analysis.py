@@ -52,19 +52,19 @@ def optimal_k(alpha: float, cost_ratio: float, k_max: int = 32) -> int:
     return max(range(1, k_max + 1), key=lambda k: (speedup(alpha, k, cost_ratio), -k))
 
 
-def speedup_from_times(alpha: float, k: int, draft_step_s: float, verify_s: float, target_step_s: float) -> float:
+def speedup_from_times(alpha: float, k: int, draft_step_s: float, target_s: float, target_step_s: float) -> float:
     """Predicted speedup from measured step times: E_SD * T_target / (K * T_draft + T_verify).
 
-    draft_step_s: one draft forward (one token); verify_s: one target pass scoring K + 1
+    draft_step_s: one draft forward (one token); target_s: one target pass scoring K + 1
     tokens; target_step_s: one target decode step (the AR baseline's cost per token).
     """
-    if min(draft_step_s, verify_s, target_step_s) < 0 or verify_s == 0:
-        raise ValueError("step times must be >= 0 and verify_s > 0")
-    return expected_tokens_per_round(alpha, k) * target_step_s / (k * draft_step_s + verify_s)
+    if min(draft_step_s, target_s, target_step_s) < 0 or target_s == 0:
+        raise ValueError("step times must be >= 0 and target_s > 0")
+    return expected_tokens_per_round(alpha, k) * target_step_s / (k * draft_step_s + target_s)
 
 
-def tokens_per_second_bound(alpha: float, k: int, draft_step_s: float, verify_s: float) -> float:
+def tokens_per_second_bound(alpha: float, k: int, draft_step_s: float, target_s: float) -> float:
     """Tokens/s a speculative loop can reach at best: E_SD / (K * T_draft + T_verify)."""
-    if verify_s <= 0 or draft_step_s < 0:
-        raise ValueError("verify_s must be > 0 and draft_step_s >= 0")
-    return expected_tokens_per_round(alpha, k) / (k * draft_step_s + verify_s)
+    if target_s <= 0 or draft_step_s < 0:
+        raise ValueError("target_s must be > 0 and draft_step_s >= 0")
+    return expected_tokens_per_round(alpha, k) / (k * draft_step_s + target_s)

@@ -1,15 +1,19 @@
 """The one small interface every drafter implements, and the helpers drafters share.
 
 A drafter sees each sequence's *history* h_b: its prompt, then every token emitted so far. The
-last token of h_b is the round's *certain* token (emitted, but not yet in the target's cache):
+last token of h_b is the round's *certain* token (emitted, but not yet in the target's cache). The
+drafter's batch mirrors the engine's: rows in the same order, sequences join at the end and leave
+through ``keep``:
 
-    begin(target, prompts, first_tokens, sampling, max_seq_len)   h_b = prompt_b + [first_b]
-    propose(k) -> Proposal         up to k drafts continuing each h_b (k_b = 0 is allowed)
-    commit(num_accepted, emitted)  h_b += emitted_b (accepted drafts + the recovered/bonus token)
-    keep(batch_indices)            only these sequences go on (finished ones stop costing)
+    reserve(target, max_batch_size, max_seq_len)     once per run: size caches, start with no sequences
+    admit(seq_ids, prompts, first_tokens, sampling)  append sequences; h_b = prompt_b + [first_b]
+    propose(max_num_draft) -> Proposal               up to max_num_draft[b] drafts continuing each h_b
+    commit(num_accepted, emitted)                    h_b += emitted_b (accepted drafts + recovered/bonus)
+    keep(batch_indices)                              only these rows go on, in this order
 
-``attach(target)`` runs once, when a ``SpeculativeDecoder`` is built: it checks compatibility
-(vocabulary, tokenizer) so that bad pairings fail before any work.
+``attach(target)`` runs once, when a decoder is built: it checks compatibility (vocabulary,
+tokenizer) so that bad pairings fail before any work. ``seq_ids`` are the caller's ids of the
+admitted sequences (``OracleDraft`` uses them to find each sequence's continuation).
 """
 from __future__ import annotations
 
@@ -19,25 +23,35 @@ import torch
 from torch import Tensor
 
 from ..device import to_device
-from ..verify.sampling import filtered_probs
+from ..verify import rng
+from ..verify.sampling import filtered_probs, is_greedy
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Per-sequence sampling settings of one batch (lists of length B, in batch order)."""
+    """Per-sequence sampling settings of one batch (tuples of length B, in batch order)."""
 
     temperature: tuple[float, ...]  # 0 = greedy
     top_k: tuple[int, ...]          # 0 = off
     top_p: tuple[float, ...]        # 1 = off
-    seed: int                       # keys the verification stream (verispec.rng) and drafters' generators
+    seed: tuple[int, ...]           # keys each sequence's verification stream and its draft draws
 
     @property
     def all_greedy(self) -> bool:
-        return all(t == 0 for t in self.temperature)
+        return all(is_greedy(t) for t in self.temperature)
 
     def select(self, batch_indices: list[int]) -> "SamplingParams":
         pick = lambda xs: tuple(xs[i] for i in batch_indices)  # noqa: E731
-        return SamplingParams(pick(self.temperature), pick(self.top_k), pick(self.top_p), self.seed)
+        return SamplingParams(pick(self.temperature), pick(self.top_k), pick(self.top_p), pick(self.seed))
+
+    def __add__(self, other: "SamplingParams") -> "SamplingParams":
+        """The settings of this batch followed by ``other``'s (sequences admitted at the end)."""
+        return SamplingParams(self.temperature + other.temperature, self.top_k + other.top_k,
+                              self.top_p + other.top_p, self.seed + other.seed)
+
+    @staticmethod
+    def empty() -> "SamplingParams":
+        return SamplingParams((), (), (), ())
 
 
 @dataclass
@@ -56,16 +70,19 @@ class Proposal:
 
 
 class Drafter:
-    """Base class: a drafter that never proposes anything (plain decoding). Subclasses override."""
+    """Base class of the drafter interface (see the module docstring). Subclasses override all five."""
 
     def attach(self, target) -> None:
         """Check that this drafter can serve ``target``; raise ValueError otherwise."""
 
-    def begin(self, target, prompts: list[list[int]], first_tokens: list[int], sampling: SamplingParams,
-              max_seq_len: int) -> None:
+    def reserve(self, target, max_batch_size: int, max_seq_len: int) -> None:
         raise NotImplementedError
 
-    def propose(self, k: int) -> Proposal:
+    def admit(self, seq_ids: list[int], prompts: list[list[int]], first_tokens: list[int],
+              sampling: SamplingParams) -> None:
+        raise NotImplementedError
+
+    def propose(self, max_num_draft: list[int]) -> Proposal:
         raise NotImplementedError
 
     def commit(self, num_accepted: list[int], emitted: list[list[int]]) -> None:
@@ -90,12 +107,14 @@ def check_same_vocab(target, draft, what: str = "draft model") -> None:
                              f"the {what} must use the target's tokenizer")
 
 
-def draw(logits: Tensor, sampling: SamplingParams, generator: torch.Generator | None) -> tuple[Tensor, Tensor | None]:
+def draw(logits: Tensor, sampling: SamplingParams, step: list[int]) -> tuple[Tensor, Tensor | None]:
     """Draw one token per row of ``logits`` [B, V] under each row's settings.
 
     Returns (tokens [B] int64, q [B, V] float32 or None). q is the exact distribution each token was
-    drawn from (``verispec.sampling.filtered_probs``; one-hot for greedy rows); it is None when every
-    row is greedy (greedy verification never reads q).
+    drawn from (``verispec.verify.sampling.filtered_probs``; one-hot for greedy rows); it is None when every
+    row is greedy (greedy verification never reads q). Row b's randomness is a pure function of
+    (sampling.seed[b], step[b]): the Philox stream of ``verispec.verify.rng`` with purpose DRAFT, so a
+    sequence draws the same drafts whatever else shares its batch.
     """
     if sampling.all_greedy:
         return logits.argmax(dim=-1), None
@@ -107,5 +126,20 @@ def draw(logits: Tensor, sampling: SamplingParams, generator: torch.Generator | 
         idx = to_device(rows, logits.device, torch.long)
         q[idx] = filtered_probs(logits[idx], temp, top_k, top_p)
     # exponential race: argmax q / E with E ~ Exp(1) samples q (one-hot rows give their argmax)
-    e = torch.empty_like(q).exponential_(generator=generator)
+    e = -torch.log(draft_uniforms(sampling.seed, step, logits.shape[1], logits.device))
     return (q / e).argmax(dim=-1), q
+
+
+def draft_uniforms(seeds, steps, vocab: int, device) -> Tensor:
+    """[B, V] float32 uniforms in (0, 1): row b from Philox keyed by seeds[b] at counter
+    (col = vocab id, row = steps[b], offset = 0, purpose = DRAFT)."""
+    seed = to_device(list(seeds), device, torch.int64)[:, None]                    # [B, 1]
+    row = to_device(list(steps), device, torch.int64)[:, None] & 0xFFFFFFFF         # [B, 1]
+    col = torch.arange(vocab, device=device, dtype=torch.int64)[None, :]           # [1, V]
+    row, col = torch.broadcast_tensors(row, col)
+    zero = torch.zeros_like(row)
+    x, _, _, _ = rng.philox4x32(col, row, zero, zero + DRAFT_PURPOSE, seed)
+    return ((x >> 9) * 2 + 1).to(torch.float32) * rng.UNIFORM_SCALE
+
+
+DRAFT_PURPOSE = 2   # verispec.verify.rng's purposes 0 and 1 belong to verification

@@ -1,15 +1,16 @@
 """``DraftModel``: a smaller model with the target's vocabulary drafts k tokens autoregressively.
 
-Draft-cache invariant (L_b = len(h_b), the certain token is h_b[-1]):
-    after every commit, the draft cache holds valid K/V for at least h_b[:L_b - 2].
-``propose`` rolls the draft cache back to L_b - 2 and feeds the two tokens [h_b[-2], h_b[-1]] in one
-pass, so one uniform [B, 2] step serves both cases:
-  * some drafts rejected: the cache already held h_b[-2]; re-writing it is idempotent;
-  * all k drafts accepted: the cache never saw the last draft d_k (it was only ever an output),
-    and d_k = h_b[-2] is exactly the token that is missing.
+Draft-cache bookkeeping per row b (host ints, no device reads): L_b = len(h_b) (the certain token is
+h_b[-1]) and V_b = how many leading tokens of h_b the draft cache holds valid K/V for (V_b <= L_b - 1).
+``propose`` feeds the last T = max(2, max_b(L_b - V_b)) tokens of every history in one pass, after
+rolling each row back to L_b - T; re-writing entries the cache already holds is idempotent, so one
+uniform [B, T] step serves every row:
+  * some drafts rejected last round: V_b = L_b - 1, only the certain token is new;
+  * all k drafts accepted: the cache never saw d_k (it was only ever an output): 2 new tokens;
+  * rounds without drafting (k = 0 chosen for this batch): more new tokens, caught up in the same pass.
 Then k - 1 single-token steps produce d_2..d_k. Total: k draft passes per round.
-e.g. k=3, L=10: rollback to 8, feed h[8], h[9] -> d1; feed d1 -> d2; feed d2 -> d3; cache length 12.
-     If 1 draft is accepted, L'=12 and the next round rolls back to 10 (no-op clamp keeps h[:10] + d1).
+e.g. k=3, L=10, V=9: rollback to 8, feed h[8], h[9] -> d1; feed d1 -> d2; feed d2 -> d3; V = 12 until
+     the commit; if 1 draft is accepted, L' = 12 and V' = min(12, 10 + 1) = 11.
 """
 from __future__ import annotations
 
@@ -23,40 +24,47 @@ from .base import Drafter, Proposal, SamplingParams, check_same_vocab, draw
 
 
 class DraftModel(Drafter):
-    """Draft with ``model`` (the runtime contract: setup_cache/prefill/verify/decode/rollback/keep).
+    """Draft with ``model`` (the runtime contract: setup_cache/admit/append/decode/rollback/keep).
 
     The draft model may live on another device or dtype than the target; drafts and q are moved to
-    the target's device by the engine.
+    the target's device by the engine. It must not be the target object itself (they would share one
+    KV cache): use ``target.truncated(n)`` (``SelfSpeculative``) or a second ``load_model``.
     """
 
     def __init__(self, model):
         self.model = model
-        self._hist_len: list[int] = []       # L_b
-        self._last2: Tensor | None = None    # [B, 2] int64 on the draft device: h_b[-2:]
-        self._last2_host: list[list[int]] = []  # the same on the host (no device reads)
-        self._sampling: SamplingParams | None = None
-        self._generator: torch.Generator | None = None
+        self._hist: list[list[int]] = []        # h_b on the host
+        self._valid: list[int] = []             # V_b: leading tokens of h_b with valid K/V in the draft cache
+        self._sampling = SamplingParams.empty()
+        self._steps: list[int] = []             # draft tokens drawn so far per sequence (keys its draws)
 
     def attach(self, target) -> None:
+        if self.model is target:
+            raise ValueError("DraftModel(target): the draft must be a separate model object (the two would share "
+                             "one KV cache); use SelfSpeculative(layers) or target.truncated(n) to draft with the "
+                             "target's own weights, or load the draft model a second time")
         check_same_vocab(target, self.model)
 
-    def begin(self, target, prompts, first_tokens, sampling, max_seq_len) -> None:
-        self._sampling = sampling
-        self._generator = torch.Generator(device=self.model.device).manual_seed(sampling.seed ^ 0x5EED)
-        self.model.setup_cache(len(prompts), max_seq_len)
-        self.model.prefill(prompts)
-        self._hist_len = [len(p) + 1 for p in prompts]
-        self._set_last2([[p[-1], t] for p, t in zip(prompts, first_tokens)])
+    def reserve(self, target, max_batch_size: int, max_seq_len: int) -> None:
+        self.model.setup_cache(max_batch_size, max_seq_len, empty=True)
+        self._hist, self._valid, self._steps = [], [], []
+        self._sampling = SamplingParams.empty()
 
-    def _set_last2(self, rows: list[list[int]]) -> None:
-        self._last2_host = rows
-        self._last2 = to_device(rows, self.model.device, torch.long)
+    def admit(self, seq_ids, prompts, first_tokens, sampling) -> None:
+        self.model.admit(prompts)
+        self._hist += [list(p) + [t] for p, t in zip(prompts, first_tokens)]
+        self._valid += [len(p) for p in prompts]
+        self._steps += [0] * len(prompts)
+        self._sampling = self._sampling + sampling
 
     def _run(self, k: int, choose: Callable[[int, Tensor], tuple[Tensor, Tensor | None]]):
-        """k draft passes; ``choose(i, logits [B, V]) -> (d_i [B], q_i [B, V] | None)``."""
+        """k draft passes for the whole batch; ``choose(i, logits [B, V]) -> (d_i [B], q_i [B, V] | None)``."""
         model = self.model
-        model.rollback(torch.tensor(self._hist_len, dtype=torch.long) - 2)
-        logits = model.verify(self._last2)[:, -1]                        # [B, V]
+        lengths = [len(h) for h in self._hist]
+        T = max(2, max(L - v for L, v in zip(lengths, self._valid)))
+        model.rollback(torch.tensor([L - T for L in lengths], dtype=torch.long))
+        feed = to_device([h[-T:] for h in self._hist], model.device, torch.long)         # [B, T]
+        logits = model.append(feed)[:, -1]                                                # [B, V]
         tokens, probs = [], []
         for i in range(k):
             d, q = choose(i, logits)
@@ -64,23 +72,39 @@ class DraftModel(Drafter):
             probs.append(q)
             if i < k - 1:
                 logits = model.decode(to_device(d[:, None], model.device))[:, 0]
+        self._valid = [L + k - 1 for L in lengths]
         return tokens, probs
 
-    def propose(self, k: int) -> Proposal:
-        tokens, probs = self._run(k, lambda i, logits: draw(logits, self._sampling, self._generator))
-        draft_tokens = torch.stack(tokens, dim=1)                         # [B, k]
+    def propose(self, max_num_draft: list[int]) -> Proposal:
+        k = max(max_num_draft)
+        if k == 0:
+            return Proposal(torch.zeros(len(max_num_draft), 0, dtype=torch.long), [0] * len(max_num_draft), None)
+        steps = self._steps
+
+        def choose(i, logits):
+            return draw(logits, self._sampling, [s + i for s in steps])
+
+        tokens, probs = self._run(k, choose)
+        self._steps = [s + k for s in steps]
+        draft_tokens = torch.stack(tokens, dim=1)                         # [B, K]
         draft_probs = None
         if probs[0] is not None:
-            draft_probs = torch.stack(probs, dim=1).flatten(0, 1)        # [B * k, V], rows (b, i)
-        return Proposal(draft_tokens, [k] * draft_tokens.shape[0], draft_probs)
+            q = torch.stack(probs, dim=1).flatten(0, 1)                   # [B * K, V], rows (b, i)
+            if any(n != k for n in max_num_draft):   # ragged: keep rows i < k_b (host indices: no sync)
+                rows = [b * k + i for b, n in enumerate(max_num_draft) for i in range(n)]
+                q = q[to_device(rows, q.device, torch.long)]
+            draft_probs = q
+        return Proposal(draft_tokens, list(max_num_draft), draft_probs)
 
     def commit(self, num_accepted, emitted) -> None:
-        self._hist_len = [n + len(e) for n, e in zip(self._hist_len, emitted)]
-        # every emitted chunk has >= 1 token; h[-2] is the previous certain token when only one came
-        self._set_last2([e[-2:] if len(e) >= 2 else [last[1], e[0]] for last, e in zip(self._last2_host, emitted)])
+        # the cache stays valid for the history and the accepted drafts it was fed; the rest is dead
+        self._valid = [min(v, len(h) + a) for v, h, a in zip(self._valid, self._hist, num_accepted)]
+        for h, e in zip(self._hist, emitted):
+            h.extend(e)
 
     def keep(self, batch_indices) -> None:
-        self.model.keep(torch.tensor(batch_indices, dtype=torch.long))
-        self._hist_len = [self._hist_len[i] for i in batch_indices]
-        self._set_last2([self._last2_host[i] for i in batch_indices])
+        self.model.keep(list(batch_indices))
+        self._hist = [self._hist[i] for i in batch_indices]
+        self._valid = [self._valid[i] for i in batch_indices]
+        self._steps = [self._steps[i] for i in batch_indices]
         self._sampling = self._sampling.select(batch_indices)

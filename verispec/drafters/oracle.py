@@ -36,14 +36,20 @@ class OracleDraft(Drafter):
         if self._runner is not None:
             self._runner.attach(target)
 
-    def begin(self, target, prompts, first_tokens, sampling, max_seq_len) -> None:
-        if len(prompts) != len(self.continuations):
-            raise ValueError(f"OracleDraft has {len(self.continuations)} continuations for {len(prompts)} prompts")
+    def reserve(self, target, max_batch_size: int, max_seq_len: int) -> None:
         self._rng = random.Random(self.seed)
-        self._rows = list(range(len(prompts)))
-        self._generated = [1] * len(prompts)
+        self._rows, self._generated = [], []
         if self._runner is not None:
-            self._runner.begin(target, prompts, first_tokens, sampling, max_seq_len)
+            self._runner.reserve(target, max_batch_size, max_seq_len)
+
+    def admit(self, seq_ids, prompts, first_tokens, sampling) -> None:
+        bad = [i for i in seq_ids if not 0 <= i < len(self.continuations)]
+        if bad:
+            raise ValueError(f"OracleDraft has {len(self.continuations)} continuations; sequences {bad} have none")
+        self._rows += list(seq_ids)
+        self._generated += [1] * len(prompts)
+        if self._runner is not None:
+            self._runner.admit(seq_ids, prompts, first_tokens, sampling)
 
     def _oracle(self, b: int, k: int) -> list[int]:
         cont, g = self.continuations[self._rows[b]], self._generated[b]
@@ -55,12 +61,14 @@ class OracleDraft(Drafter):
             out.append(true)
         return out
 
-    def propose(self, k: int) -> Proposal:
-        drafts = torch.tensor([self._oracle(b, k) for b in range(len(self._rows))], dtype=torch.long)  # [B, k]
-        if self._runner is not None:
+    def propose(self, max_num_draft: list[int]) -> Proposal:
+        k = max(max_num_draft, default=0)
+        drafts = torch.tensor([self._oracle(b, k) for b in range(len(self._rows))], dtype=torch.long)  # [B, K]
+        drafts = drafts.reshape(len(self._rows), k)
+        if self._runner is not None and k:
             forced = to_device(drafts, self._runner.model.device)
             self._runner._run(k, lambda i, logits: (forced[:, i], None))
-        return Proposal(drafts, [k] * len(self._rows), None)
+        return Proposal(drafts, list(max_num_draft), None)
 
     def commit(self, num_accepted, emitted) -> None:
         self._generated = [g + len(e) for g, e in zip(self._generated, emitted)]

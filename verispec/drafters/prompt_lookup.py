@@ -64,22 +64,25 @@ class PromptLookup(Drafter):
         self._pause: list[int] = []              # rounds left without drafting (adaptive back-off)
         self._misses: list[int] = []             # rounds in a row with nothing accepted
 
-    def begin(self, target, prompts, first_tokens, sampling, max_seq_len) -> None:
-        self._hist = [_History(p + [t], self.min_ngram, self.max_ngram) for p, t in zip(prompts, first_tokens)]
-        self._cap = [1 << 30] * len(prompts)
-        self._last = [0] * len(prompts)
-        self._pause = [0] * len(prompts)
-        self._misses = [0] * len(prompts)
+    def reserve(self, target, max_batch_size: int, max_seq_len: int) -> None:
+        self._hist, self._cap, self._last, self._pause, self._misses = [], [], [], [], []
 
-    def propose(self, k: int) -> Proposal:
-        if self.num_pred_tokens is not None:
-            k = min(k, self.num_pred_tokens)
-        caps = [0 if p else c for c, p in zip(self._cap, self._pause)] if self.adaptive else [k] * len(self._hist)
+    def admit(self, seq_ids, prompts, first_tokens, sampling) -> None:
+        self._hist += [_History(p + [t], self.min_ngram, self.max_ngram) for p, t in zip(prompts, first_tokens)]
+        n = len(prompts)
+        self._cap += [1 << 30] * n
+        self._last += [0] * n
+        self._pause += [0] * n
+        self._misses += [0] * n
+
+    def propose(self, max_num_draft: list[int]) -> Proposal:
+        limit = [k if self.num_pred_tokens is None else min(k, self.num_pred_tokens) for k in max_num_draft]
+        caps = [min(k, 0 if p else c) for k, c, p in zip(limit, self._cap, self._pause)] if self.adaptive else limit
         self._pause = [max(p - 1, 0) for p in self._pause]
-        drafts = [h.lookup(min(k, cap), self.max_ngram, self.min_ngram) for h, cap in zip(self._hist, caps)]
+        drafts = [h.lookup(cap, self.max_ngram, self.min_ngram) if cap else [] for h, cap in zip(self._hist, caps)]
         num_draft = [len(d) for d in drafts]
         self._last = num_draft
-        width = max(num_draft)
+        width = max(num_draft, default=0)
         padded = [d + [0] * (width - len(d)) for d in drafts]
         return Proposal(torch.tensor(padded, dtype=torch.long).reshape(len(drafts), width), num_draft, None)
 

@@ -1,4 +1,15 @@
-"""verispec.engine: the speculative loop. See decoder.py."""
-from .decoder import Generation, SpeculativeDecoder, Stats, generate
+"""verispec.engine: the speculative loop.
 
-__all__ = ["generate", "SpeculativeDecoder", "Generation", "Stats"]
+    round.py       one round as a unit: draft -> target pass -> verification -> commit (``run_round``)
+    scheduler.py   continuous batching: requests join between rounds and leave when they end
+    decoder.py     the static-batch driver over the scheduler: ``generate`` / ``SpeculativeDecoder``
+    request.py     a request and its sequence's host state (emission, stop strings)
+    stats.py       ``Stats`` and ``Generation``
+"""
+from .decoder import SpeculativeDecoder, generate
+from .request import Request, Sequence
+from .scheduler import QueueFull, Scheduler, SchedulerConfig
+from .stats import Generation, Stats
+
+__all__ = ["generate", "SpeculativeDecoder", "Generation", "Stats", "Request", "Sequence", "Scheduler",
+           "SchedulerConfig", "QueueFull"]

@@ -3,7 +3,7 @@
     model = load_model()                        # embedded SmolLM2-135M-Instruct (GGUF)
     model.setup_cache(batch_size=2, max_seq_len=256)
     logits = model.prefill([ids_a, ids_b])      # [B, V]
-    logits = model.verify(draft_tokens)         # [B, k, V], lengths += k
+    logits = model.append(draft_tokens)         # [B, k, V], lengths += k
     model.rollback(model.lengths - num_rejected)
 
 See docs/runtime.md for the layout, the cache, CUDA graphs and what bounds decode speed.

@@ -7,7 +7,7 @@ valid for the life of the cache. Slots at or past ``lengths[b]`` are dead: rollb
 S_cap is ``max_seq_len`` rounded up to a multiple of 64 (aligned rows for the attention kernels); the
 extra slots are never written, because writes past ``max_seq_len`` are refused on the host side.
 
-Rows [B:B_max] are *padding rows*: a CUDA graph captured for a larger batch bucket (see runner.py) runs
+Rows [B:B_max] are *padding rows*: a CUDA graph captured for a larger batch bucket (see model.py) runs
 them along with the live rows. Their length stays 0 (``live`` is 0 there, so a pass advances them by
 nothing) and they only ever write slots [0, k) of their own dead row.
 """
@@ -48,8 +48,9 @@ class StaticKVCache:
         return batch_size <= self.max_batch_size and need <= self.capacity <= max(2 * need, need + 512)
 
     def reset(self, batch_size: int, max_seq_len: int) -> None:
-        """Start over with ``batch_size`` empty sequences of up to ``max_seq_len`` tokens (same buffers)."""
-        if not 1 <= batch_size <= self.max_batch_size or capacity(max_seq_len) > self.capacity:
+        """Start over with ``batch_size`` empty sequences of up to ``max_seq_len`` tokens (same buffers).
+        ``batch_size`` 0: an empty batch that ``admit`` fills."""
+        if not 0 <= batch_size <= self.max_batch_size or capacity(max_seq_len) > self.capacity:
             raise ValueError(f"reset({batch_size}, {max_seq_len}) does not fit a cache of {self.max_batch_size} x "
                              f"{self.capacity} slots")
         self.batch_size = batch_size
@@ -72,6 +73,21 @@ class StaticKVCache:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
+    def admit(self, lengths: list[int]) -> int:
+        """Append ``len(lengths)`` sequences as rows [B, B + n) with those lengths (their K/V written by the
+        caller's prefill); returns the first new row. Rows below B are untouched."""
+        n, first = len(lengths), self.batch_size
+        if first + n > self.max_batch_size:
+            raise ValueError(f"admit: {first} + {n} sequences exceed the cache's {self.max_batch_size} rows")
+        if any(not 1 <= x <= self.max_seq_len for x in lengths):
+            raise ValueError(f"admit: lengths must be in [1, {self.max_seq_len}], got {lengths}")
+        device = self._lengths.device
+        self._lengths[first:first + n] = to_device(lengths, device, torch.long)
+        self.live[first:first + n] = 1
+        self.batch_size = first + n
+        self.max_len_bound = max(self.max_len_bound, max(lengths))
+        return first
+
     def keep(self, batch_indices) -> None:
         """Move sequences ``batch_indices`` (in that order) to the prefix [:B'] and make B = B'.
 
@@ -79,10 +95,10 @@ class StaticKVCache:
         compaction moves ~1 GB for an 8B model), so an order that leaves kept rows in place and fills the
         holes from the tail (``fill_order``) costs a few row copies. Host indices (a list or a CPU tensor)
         let that be decided without a device sync; indices on the device are copied in full."""
-        idx = torch.as_tensor(batch_indices)
+        idx = torch.as_tensor(batch_indices, dtype=torch.long)
         n = idx.shape[0]
-        if n < 1 or n > self.batch_size:
-            raise ValueError(f"keep: need 1 <= len(batch_indices) <= batch size {self.batch_size}, got {n}")
+        if n > self.batch_size:
+            raise ValueError(f"keep: need len(batch_indices) <= batch size {self.batch_size}, got {n}")
         device = self._lengths.device
         if idx.device.type == "cpu":
             src_host = idx.tolist()

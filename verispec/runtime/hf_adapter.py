@@ -51,7 +51,7 @@ class HFModel:
     def lengths(self) -> Tensor:
         return self._lengths
 
-    def setup_cache(self, batch_size: int, max_seq_len: int) -> None:
+    def setup_cache(self, batch_size: int, max_seq_len: int, *, empty: bool = False) -> None:
         from transformers import DynamicCache
 
         self._cache = DynamicCache()
@@ -86,8 +86,17 @@ class HFModel:
         self._lengths = lens.clone()
         return logits[torch.arange(B, device=self.device), lens - 1]
 
+    def admit(self, prompts: list[list[int]]) -> Tensor:
+        """Only into an empty batch (= ``prefill``): this adapter's physical-slot cache cannot let sequences
+        join mid-generation. Use a ``verispec.runtime.Model`` for continuous batching."""
+        if self._lengths is not None and self._lengths.numel() and self._valid.shape[1]:
+            raise NotImplementedError("HFModel cannot admit sequences into a running batch; load the model with "
+                                      "verispec.runtime.load_model for continuous batching")
+        self.setup_cache(len(prompts), self.max_seq_len)
+        return self.prefill(prompts)
+
     @torch.no_grad()
-    def verify(self, tokens: Tensor) -> Tensor:
+    def append(self, tokens: Tensor) -> Tensor:
         B, k = tokens.shape
         if int(self._lengths.max()) + k > self.max_seq_len:
             raise ValueError(f"cache full: {k} more tokens would exceed max_seq_len {self.max_seq_len}")
@@ -97,7 +106,7 @@ class HFModel:
         return logits
 
     def decode(self, tokens: Tensor) -> Tensor:
-        return self.verify(tokens)
+        return self.append(tokens)
 
     @torch.no_grad()
     def rollback(self, new_lengths: Tensor) -> None:

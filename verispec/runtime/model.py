@@ -1,9 +1,10 @@
 """``Model``: the object the engine talks to — weights + tokenizer + static cache + CUDA graphs.
 
 Contract (see docs/runtime.md):
-  setup_cache(B, S) -> prefill(prompts) [B, V] -> decode(tokens [B,1]) [B,1,V] / verify(tokens [B,k]) [B,k,V]
+  setup_cache(B_max, S) -> prefill(prompts) [B, V] | admit(prompts) [n, V] (join a running batch)
+  -> decode(tokens [B,1]) [B,1,V] / append(tokens [B,k]) [B,k,V] (the target pass)
   -> rollback(new_lengths [B]) / keep(batch_indices [B']) ... ; truncated(n) shares weights, owns its cache.
-decode / verify never read a device value on the host; see ``_check_room`` for the one exception.
+decode / append never read a device value on the host; see ``_check_room`` for the one exception.
 """
 from __future__ import annotations
 
@@ -15,6 +16,11 @@ from .cache import StaticKVCache
 from .config import ModelConfig
 from .graphs import GraphCache
 from .transformer import Transformer, rope_table
+
+
+# Passes of more tokens a sequence (a drafter catching up after rounds without drafting) run eagerly: each
+# distinct token count would capture its own graph.
+GRAPH_MAX_TOKENS = 16
 
 
 class Model:
@@ -39,8 +45,9 @@ class Model:
                 f"device={self.device}, dtype={self.dtype})")
 
     # ------------------------------------------------------------------------------- cache
-    def setup_cache(self, batch_size: int, max_seq_len: int) -> None:
-        """Make the static cache hold ``batch_size`` empty sequences of up to ``max_seq_len`` tokens.
+    def setup_cache(self, batch_size: int, max_seq_len: int, *, empty: bool = False) -> None:
+        """Make the static cache hold ``batch_size`` empty sequences of up to ``max_seq_len`` tokens
+        (``empty=True``: room for ``batch_size`` rows but a batch of 0, which ``admit`` fills).
 
         The buffers of the previous cache are reused when they fit (``StaticKVCache.fits``), and with them
         every CUDA graph captured so far: repeated ``generate`` calls pay for graph capture once."""
@@ -49,11 +56,13 @@ class Model:
             raise ValueError(f"max_seq_len {max_seq_len} > sliding_window {sw}: sliding-window attention is not "
                              f"implemented; use max_seq_len <= {sw}")
         if self.cache is not None and self.cache.fits(batch_size, max_seq_len):
-            self.cache.reset(batch_size, max_seq_len)
+            self.cache.reset(0 if empty else batch_size, max_seq_len)
             return
         self.cache = None
         self._graphs.clear()
         self.cache = StaticKVCache(self.config, batch_size, max_seq_len, self.device, self.dtype)
+        if empty:
+            self.cache.reset(0, max_seq_len)
         if self._rope is None or self._rope.shape[0] < self.cache.k[0].shape[2]:
             self._rope = rope_table(self.config, self.cache.k[0].shape[2], self.device)
 
@@ -76,13 +85,27 @@ class Model:
         return self._need_cache().batch_size
 
     # ------------------------------------------------------------------------------- passes
-    @torch.no_grad()
     def prefill(self, prompts: list[list[int]]) -> Tensor:
-        """Fresh start: prompt b fills cache positions [0, len_b). Returns logits [B, V] at each last token."""
+        """Fresh start: the cache's batch becomes exactly these prompts (prompt b in row b, positions
+        [0, len_b)). Returns logits [B, V] at each last token."""
         cache = self._need_cache()
         if len(prompts) != cache.batch_size:
             raise ValueError(f"prefill got {len(prompts)} prompts but the cache holds {cache.batch_size} sequences")
+        cache.reset(0, cache.max_seq_len)
+        return self.admit(prompts)
+
+    @torch.no_grad()
+    def admit(self, prompts: list[list[int]]) -> Tensor:
+        """Append sequences to the running batch: prompt j fills row B + j, positions [0, len_j); rows
+        below B keep their state, so requests can join between rounds. Returns logits [n, V] at each
+        prompt's last token. The cache must have room (``setup_cache(max_batch_size, ...)``)."""
+        cache = self._need_cache()
         lens = [len(p) for p in prompts]
+        if not lens:
+            raise ValueError("admit: no prompts given")
+        if cache.batch_size + len(lens) > cache.max_batch_size:
+            raise ValueError(f"admit: {cache.batch_size} running + {len(lens)} new sequences exceed the cache's "
+                             f"{cache.max_batch_size} rows")
         for b, n in enumerate(lens):
             if n == 0:
                 raise ValueError(f"prompt {b} is empty: every sequence needs at least one token")
@@ -93,11 +116,11 @@ class Model:
         padded = torch.zeros(len(prompts), T, dtype=torch.long)
         for b, p in enumerate(prompts):
             padded[b, : len(p)] = torch.as_tensor(p, dtype=torch.long)
-        tokens = padded.to(self.device, non_blocking=True)
-        len_t = torch.tensor(lens, dtype=torch.long).to(self.device, non_blocking=True)
-        logits = self.net.prefill(tokens, len_t - 1, self._rope[:T], cache, self.num_active_layers)
-        cache.lengths.copy_(len_t)
-        cache.max_len_bound = T
+        tokens = to_device(padded, self.device)
+        last = to_device([n - 1 for n in lens], self.device, torch.long)
+        first_row = cache.batch_size
+        logits = self.net.prefill(tokens, last, self._rope[:T], cache, self.num_active_layers, first_row)
+        cache.admit(lens)
         return logits
 
     def _step(self, tokens: Tensor) -> Tensor:
@@ -133,15 +156,17 @@ class Model:
                              f"max_seq_len {cache.max_seq_len}; keep() finished sequences out or setup_cache larger")
 
     @torch.no_grad()
-    def verify(self, tokens: Tensor) -> Tensor:
-        """Score tokens [B, k] at positions lengths[b] + i in one pass; advance lengths by k. -> [B, k, V]."""
+    def append(self, tokens: Tensor) -> Tensor:
+        """The target pass: score tokens [B, k] at positions lengths[b] + i in one forward pass, their K/V
+        appended to the cache; advance lengths by k. -> logits [B, k, V] (row i predicts the token after
+        tokens[:, i])."""
         cache = self._need_cache()
         if tokens.dim() != 2 or tokens.shape[0] != cache.batch_size:
             raise ValueError(f"tokens must be [B={cache.batch_size}, k], got {tuple(tokens.shape)}")
         k = tokens.shape[1]
         self._check_room(cache, k)
         tokens = to_device(tokens, self.device, torch.long)
-        if self.use_graphs:
+        if self.use_graphs and k <= GRAPH_MAX_TOKENS:
             rows = self.graph_rows(cache.batch_size)
             if rows > cache.batch_size:
                 tokens = torch.cat([tokens, tokens.new_zeros(rows - cache.batch_size, k)])
@@ -152,10 +177,10 @@ class Model:
         return logits
 
     def decode(self, tokens: Tensor) -> Tensor:
-        """tokens [B, 1] -> logits [B, 1, V]; verify with k = 1."""
+        """tokens [B, 1] -> logits [B, 1, V]; ``append`` with k = 1."""
         if tokens.dim() != 2 or tokens.shape[1] != 1:
             raise ValueError(f"decode takes tokens [B, 1], got {tuple(tokens.shape)}")
-        return self.verify(tokens)
+        return self.append(tokens)
 
     @torch.no_grad()
     def rollback(self, new_lengths: Tensor) -> None:

@@ -168,11 +168,12 @@ class Transformer(nn.Module):
         # x: [..., E] -> [..., V]
         return F.linear(rms_norm(x, self.norm, self.cfg.rms_norm_eps), self.lm_head_weight)
 
-    def prefill(self, tokens: Tensor, last: Tensor, rope: Tensor, cache, num_layers: int) -> Tensor:
-        """Right-padded prompts, all starting at position 0.
+    def prefill(self, tokens: Tensor, last: Tensor, rope: Tensor, cache, num_layers: int, first_row: int = 0) -> Tensor:
+        """Right-padded prompts, all starting at position 0, into cache rows [first_row, first_row + B).
 
         tokens: [B, T] (padding arbitrary); last: [B] index of each prompt's last token; rope: [T, 2, D].
-        Writes K/V of all T positions into cache[:, :, :T] (slots past a prompt's length are dead).
+        Writes K/V of all T positions into cache[first_row:first_row + B, :, :T] (slots past a prompt's length
+        are dead); other rows are untouched, so sequences can be admitted while others are mid-generation.
         Returns logits [B, V] at ``last``.
         """
         B, T = tokens.shape
@@ -182,8 +183,8 @@ class Transformer(nn.Module):
         for i in range(num_layers):
             q, k, v = self.layer_qkv(i, x, rope)              # [N, H|KV, D]
             q, k, v = (t.view(B, T, -1, D).transpose(1, 2) for t in (q, k, v))  # [B, H|KV, T, D]
-            cache.k[i][:B, :, :T] = k
-            cache.v[i][:B, :, :T] = v
+            cache.k[i][first_row:first_row + B, :, :T] = k
+            cache.v[i][first_row:first_row + B, :, :T] = v
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=(H != KV))  # [B, H, T, D]
             x = self.layer_out(i, x, o.transpose(1, 2).reshape(B * T, H * D))
         x_last = x.view(B, T, -1)[torch.arange(B, device=x.device), last]  # [B, E]

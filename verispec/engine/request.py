@@ -1,0 +1,97 @@
+"""A request and the host-side state of its sequence: what was asked, what was emitted, when it ends.
+
+A ``Request`` is what a caller submits (token ids, sampling settings, limits, stop strings, a callback
+for streamed tokens). The scheduler turns it into a ``Sequence`` when it is admitted; ``Sequence.emit``
+applies the end rules (max tokens, EOS, stop strings) to every chunk of emitted tokens.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..verify.sampling import is_greedy
+from .stats import Generation, Stats
+
+_ids = itertools.count()
+
+
+@dataclass
+class Request:
+    """One generation request. ``prompt`` is token ids (encode text with the model's tokenizer first)."""
+
+    prompt: list[int]
+    max_new_tokens: int = 128
+    temperature: float = 0.0       # 0 = greedy
+    top_k: int = 0                 # 0 = off
+    top_p: float = 1.0             # 1 = off
+    seed: int = 0                  # keys this request's verification stream (and its drafts' draws)
+    stop: tuple[str, ...] = ()     # stop strings (need a tokenizer)
+    on_tokens: Callable[["Request", list[int]], None] | None = None   # called with each emitted chunk
+    id: int = field(default_factory=lambda: next(_ids))
+    submitted_at: float = field(default_factory=time.perf_counter)
+
+    @property
+    def greedy(self) -> bool:
+        return is_greedy(self.temperature)
+
+
+@dataclass
+class Sequence:
+    """A running request: the tokens it emitted so far and why it ended (None while running)."""
+
+    request: Request
+    stats: Stats
+    generated: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    error: str | None = None       # the message when finish_reason == "error"
+    text_cut: int | None = None    # text length to keep when a stop string ended the run
+    stop_scan: int = 0             # text before this offset was already searched for stop strings
+    rounds_done: int = 0           # rounds this sequence took part in
+
+    @property
+    def prompt(self) -> list[int]:
+        return self.request.prompt
+
+    def emit(self, chunk: list[int], eos: set[int], decode: Callable[[list[int]], str] | None) -> list[int]:
+        """Append ``chunk`` up to this sequence's end (length, EOS, stop string); return what was kept."""
+        room = self.request.max_new_tokens - len(self.generated)
+        kept = []
+        for t in chunk[:room]:
+            kept.append(t)
+            if t in eos:
+                self.finish_reason = "eos"
+                break
+        self.generated += kept
+        if self.finish_reason is None and self.request.stop and decode is not None:
+            kept = self._check_stop(kept, decode)
+        if self.finish_reason is None and len(self.generated) >= self.request.max_new_tokens:
+            self.finish_reason = "length"
+        self.stats.new_tokens = len(self.generated)
+        return kept
+
+    def _check_stop(self, kept: list[int], decode: Callable[[list[int]], str]) -> list[int]:
+        """If a stop string appeared, cut the tokens after the one that completed it."""
+        stops = self.request.stop
+        text = decode(self.generated)
+        start = max(0, self.stop_scan - max(len(s) for s in stops))
+        hits = [i for i in (text.find(s, start) for s in stops) if i >= 0]
+        if not hits:
+            self.stop_scan = len(text)
+            return kept
+        base = len(self.generated) - len(kept)
+        for n in range(1, len(kept) + 1):       # the first token whose text reaches the stop string
+            if any(decode(self.generated[: base + n]).find(s, start) >= 0 for s in stops):
+                break
+        self.generated = self.generated[: base + n]
+        self.finish_reason, self.text_cut = "stop", min(hits)
+        return kept[:n]
+
+    def result(self, decode: Callable[[list[int]], str] | None) -> Generation:
+        """The ``Generation`` of a finished (or cancelled) sequence."""
+        body = self.generated[:-1] if self.finish_reason == "eos" else self.generated
+        text = decode(body) if decode is not None else ""
+        if self.text_cut is not None:
+            text = text[: self.text_cut]
+        return Generation(self.generated, text, self.stats, self.finish_reason or "length", self.request.prompt)

@@ -1,0 +1,160 @@
+"""One speculative round, as a unit: draft -> ONE target pass -> verification -> commit.
+
+Vocabulary as in ``verispec.verify.reference`` (accepted, recovered, bonus, emitted). For each row b of
+the running batch:
+
+    history h_b     prompt + every token emitted so far
+    certain token   h_b[-1]: emitted, but not yet in the target's cache
+    target cache    holds K/V for exactly h_b[:-1]          (invariant at the start of each round)
+
+One round (the *folded* loop: no separate forward to commit the certain token):
+
+    draft         d_1..d_k = drafter.propose(max_num_draft)      k_b per row, K = max k_b
+    target pass   logits = target.append([c, d_1, .., d_K])      [B, K+1, V]; lengths += K+1
+                  row i scores d_{i+1}; row k_b is the bonus row -> exactly verify_*'s ragged layout
+    verification  num_accepted a_b, then one recovered/bonus token (verify_greedy / verify_sample)
+    commit        target.rollback(lengths_before + 1 + a_b)       keeps c, d_1..d_a; the rest is dead
+                  emitted = d_1..d_a + [recovered/bonus]; its last token is the next certain token
+
+``RunningBatch`` is the round's explicit state (the certain tokens on the device, each row's sampling
+settings and stream offset); ``run_round`` advances it by one round and returns what each row emitted.
+Admission, ends and compaction are the scheduler's (verispec/engine/scheduler.py).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from ..device import to_device
+from ..drafters.base import Drafter, SamplingParams
+from ..verify import VerifyOutput, verify_greedy, verify_sample
+
+
+@dataclass
+class RunningBatch:
+    """The device-side state of the running rows, in the target cache's row order."""
+
+    certain: Tensor                      # [B, 1] int64 on the target device: each row's certain token
+    sampling: SamplingParams             # per-row settings and seeds
+    offsets: list[int]                   # per-row verification stream offset of the next round
+
+    @property
+    def size(self) -> int:
+        return len(self.offsets)
+
+    @staticmethod
+    def empty(device) -> "RunningBatch":
+        return RunningBatch(torch.zeros(0, 1, dtype=torch.long, device=device), SamplingParams.empty(), [])
+
+    def extend(self, certain: Tensor, sampling: SamplingParams, offsets: list[int]) -> None:
+        """Append admitted rows (their first token is their certain token)."""
+        self.certain = torch.cat([self.certain, certain])
+        self.sampling = self.sampling + sampling
+        self.offsets = self.offsets + offsets
+
+    def keep(self, rows: list[int]) -> None:
+        """Only ``rows`` go on, in this order (host indices: no sync)."""
+        self.certain = self.certain[to_device(rows, self.certain.device, torch.long)]
+        self.sampling = self.sampling.select(rows)
+        self.offsets = [self.offsets[r] for r in rows]
+
+
+@dataclass
+class RoundResult:
+    """What one round did, per row (host lists), and where its time went (seconds)."""
+
+    num_draft: list[int]
+    num_accepted: list[int]
+    emitted: list[list[int]]             # accepted drafts + the recovered/bonus token
+    phase_s: dict[str, float] = field(default_factory=dict)   # draft, target, verification, commit
+
+
+class PhaseClock:
+    """perf_counter timestamps; with ``synchronize`` it waits for the device first, so that GPU phase
+    times are exact (at a small cost in throughput)."""
+
+    def __init__(self, device: torch.device, synchronize: bool):
+        self.sync = synchronize and device.type == "cuda"
+        self.device = device
+
+    def now(self) -> float:
+        if self.sync:
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+
+def verification(target_logits: Tensor, draft_tokens: Tensor, num_draft: list[int], max_num_draft: int,
+                 draft_probs: Tensor | None, sampling: SamplingParams, offsets: list[int],
+                 backend: str | None) -> VerifyOutput:
+    """verify_greedy when every row is greedy, else verify_sample (greedy rows stay greedy), with each
+    row's own seed and stream offset."""
+    num_draft_t = torch.tensor(num_draft, dtype=torch.int32)
+    # check_values=False: the inputs come from our own passes; the value checks would sync
+    if sampling.all_greedy:
+        return verify_greedy(target_logits, draft_tokens, num_draft_t, max_num_draft=max_num_draft,
+                             check_values=False, backend=backend)
+    device = target_logits.device
+    return verify_sample(
+        target_logits, draft_tokens, num_draft_t, draft_probs,
+        temperature=to_device(sampling.temperature, device, torch.float32),
+        top_k=to_device(sampling.top_k, device, torch.int32),
+        top_p=to_device(sampling.top_p, device, torch.float32),
+        seed=to_device(sampling.seed, device, torch.int64), offset=to_device(offsets, device, torch.int64),
+        max_num_draft=max_num_draft, check_values=False, backend=backend)
+
+
+def _ragged(logits: Tensor, draft_tokens: Tensor, num_draft: list[int]) -> tuple[Tensor, Tensor]:
+    """The verification layout of a padded round: k_b + 1 logits rows and k_b drafts of each row.
+    e.g. K=2, num_draft=[2,0,1]: logits rows [0,1,2, 3, 6,7], drafts [0,1, 4] (host indices: no sync)."""
+    width = draft_tokens.shape[1]
+    flat_logits, flat_drafts = logits.flatten(0, 1), draft_tokens.flatten()      # [B*(K+1), V], [B*K]
+    if all(n == width for n in num_draft):
+        return flat_logits, flat_drafts
+    rows = [b * (width + 1) + i for b, n in enumerate(num_draft) for i in range(n + 1)]
+    cols = [b * width + i for b, n in enumerate(num_draft) for i in range(n)]
+    device = logits.device
+    return flat_logits[to_device(rows, device, torch.long)], flat_drafts[to_device(cols, device, torch.long)]
+
+
+def run_round(target, drafter: Drafter | None, batch: RunningBatch, max_num_draft: list[int],
+              clock: PhaseClock, backend: str | None = None) -> RoundResult:
+    """Advance every row of ``batch`` by one round; ``max_num_draft[b]`` caps row b's drafts (0 = plain
+    decoding for that row). Updates ``batch`` (certain tokens, offsets), the target cache and the
+    drafter; returns what each row emitted. Exactly one device->host read (the outcome)."""
+    device = batch.certain.device
+    t0 = clock.now()
+    if drafter is not None and max(max_num_draft, default=0) > 0:
+        proposal = drafter.propose(max_num_draft)
+        num_draft = [min(n, m) for n, m in zip(proposal.num_draft, max_num_draft)]
+        draft_tokens = to_device(proposal.draft_tokens, device, torch.long)                 # [B, K]
+        draft_probs = None if proposal.draft_probs is None else to_device(proposal.draft_probs, device)
+        if num_draft != list(proposal.num_draft) and draft_probs is not None:
+            raise RuntimeError("drafter proposed more drafts than asked for along with draft_probs")
+    else:
+        num_draft, draft_probs = [0] * batch.size, None
+        draft_tokens = batch.certain.new_zeros(batch.size, 0)
+    width = draft_tokens.shape[1]                                                           # K
+    t1 = clock.now()
+    logits = target.append(torch.cat([batch.certain, draft_tokens], dim=1))                # [B, K+1, V]
+    t2 = clock.now()
+    flat_logits, flat_drafts = _ragged(logits, draft_tokens, num_draft)
+    out = verification(flat_logits, flat_drafts, num_draft, width, draft_probs, batch.sampling, batch.offsets,
+                       backend)
+    # lengths after the pass = before + K + 1; keep the certain token + the accepted drafts
+    target.rollback(target.lengths - width + out.num_accepted.to(torch.long))
+    # NOTE: the one host sync per round: the host must learn how many tokens each row emitted (EOS / stop /
+    # length checks, the drafter's history, streaming).
+    outcome = torch.cat([out.num_accepted[:, None], out.tokens], dim=1).cpu()             # [B, 1 + K + 1]
+    t3 = clock.now()
+    num_accepted = outcome[:, 0].tolist()
+    emitted = [row[1: a + 2] for row, a in zip(outcome.tolist(), num_accepted)]
+    batch.certain = out.tokens.gather(1, out.num_accepted[:, None].to(torch.long)).to(torch.long)  # [B, 1]
+    batch.offsets = [o + 1 for o in batch.offsets]
+    if drafter is not None:
+        drafter.commit(num_accepted, emitted)
+    t4 = clock.now()
+    phases = dict(draft=t1 - t0, target=t2 - t1, verification=t3 - t2, commit=t4 - t3)
+    return RoundResult(num_draft, num_accepted, emitted, phases)

@@ -1,0 +1,213 @@
+"""Continuous batching: requests join the running batch between rounds and leave it the moment they end.
+
+    submit(request)     queue it (checked against the cache's size first)
+    step()              1. admit waiting requests into free rows: target prefill of just those rows, their
+                           first token (verification with 0 drafts), the drafter's admit
+                        2. one round for every running row (``round.run_round``), k per row from the policy
+                        3. retire rows that ended (length, EOS, stop string, cancel): compact the target cache,
+                           the drafter and the batch state so the running rows stay the prefix [0, B)
+    cancel(request_id)  a waiting request is dropped; a running one ends at the next step
+
+The running rows are always the cache prefix [0, B) (see verispec/runtime/cache.py), so the target pass runs
+in the CUDA graph of B's bucket. A request's tokens depend only on itself: the target pass computes each row
+independently, and verification and drafting draw from each request's own seeded stream.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..drafters.base import Drafter, SamplingParams
+from ..runtime.cache import fill_order
+from .request import Request, Sequence
+from .round import PhaseClock, RoundResult, RunningBatch, run_round, verification
+from .stats import Stats
+
+KPolicy = Callable[[list[Sequence], int], list[int]]   # (running sequences, K max) -> drafts per row
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_batch_size: int            # rows of the target cache: requests running at once
+    max_seq_len: int               # tokens a sequence may hold: prompt + new tokens + one round's lookahead
+    k: int = 4                     # drafts per round (the most any row gets; 0 = plain decoding)
+    max_waiting: int | None = None # queued requests beyond which submit() refuses (None = unbounded)
+
+
+class QueueFull(RuntimeError):
+    """submit() found ``max_waiting`` requests already queued."""
+
+
+class Scheduler:
+    """One target (+ drafter) serving a stream of ``Request``s; see the module docstring.
+
+    ``k_policy(running, k)`` picks each row's number of drafts per round (default: k for every row);
+    ``verify_backend`` goes to verify_greedy / verify_sample; ``timing=True`` synchronizes around phases.
+    """
+
+    def __init__(self, target, drafter: Drafter | None, config: SchedulerConfig, *, k_policy: KPolicy | None = None,
+                 verify_backend: str | None = None, timing: bool = False):
+        if config.max_batch_size < 1 or config.max_seq_len < 2:
+            raise ValueError(f"max_batch_size must be >= 1 and max_seq_len >= 2, got {config}")
+        self.target, self.drafter, self.config = target, drafter, config
+        self.k = config.k if drafter is not None else 0
+        self.k_policy = k_policy or (lambda running, k: [k] * len(running))
+        self.verify_backend = verify_backend
+        self.clock = PhaseClock(target.device, timing)
+        self.timed = timing or target.device.type != "cuda"
+        tok = target.tokenizer
+        self.eos = set(tok.eos_token_ids) if tok is not None else set()
+        self.decode = tok.decode if tok is not None else None
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []              # in cache row order
+        self.totals = Stats(timed_phases=self.timed)   # counts and phase times of everything run so far
+        self.round_hook: Callable[["Scheduler"], None] | None = None   # after every round and its retire (tests)
+        target.setup_cache(config.max_batch_size, config.max_seq_len, empty=True)
+        if drafter is not None:
+            drafter.reserve(target, config.max_batch_size, config.max_seq_len)
+        self.batch = RunningBatch.empty(target.device)
+
+    # ------------------------------------------------------------------------------------ requests
+    def room_needed(self, request: Request) -> int:
+        """Cache slots the request can use: its prompt, its new tokens and one round of lookahead."""
+        return len(request.prompt) + request.max_new_tokens + self.k + 1
+
+    def submit(self, request: Request) -> Sequence:
+        """Queue ``request``; ValueError if it can never fit, QueueFull if the queue is at its bound."""
+        if not request.prompt:
+            raise ValueError("empty prompt: give at least one token")
+        need = self.room_needed(request)
+        if need > self.config.max_seq_len:
+            raise ValueError(f"prompt ({len(request.prompt)} tokens) + max_new_tokens {request.max_new_tokens} + "
+                             f"lookahead {self.k + 1} = {need} exceeds max_seq_len {self.config.max_seq_len}")
+        if self.config.max_waiting is not None and len(self.waiting) >= self.config.max_waiting:
+            raise QueueFull(f"{len(self.waiting)} requests are already waiting (max_waiting)")
+        seq = Sequence(request, Stats(prompt_tokens=len(request.prompt), seed=request.seed, timed_phases=self.timed))
+        self.waiting.append(seq)
+        return seq
+
+    def cancel(self, request_id: int) -> bool:
+        """Cancel a waiting or running request; False if it is not here (finished or unknown)."""
+        for seq in list(self.waiting):
+            if seq.request.id == request_id:
+                self.waiting.remove(seq)
+                seq.finish_reason = "cancelled"
+                return True
+        for seq in self.running:
+            if seq.request.id == request_id and seq.finish_reason is None:
+                seq.finish_reason = "cancelled"
+                return True
+        return False
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.running
+
+    # ------------------------------------------------------------------------------------ the loop
+    def step(self) -> list[Sequence]:
+        """Admit, run one round, retire; returns the sequences that ended in this step."""
+        ended = self._retire()                # cancellations since the last step
+        self._admit()
+        ended += self._retire()               # requests done after their first token
+        if self.running:
+            self._round()
+            ended += self._retire()
+            if self.round_hook is not None:
+                self.round_hook(self)
+        return ended
+
+    def run(self) -> None:
+        """Step until every submitted request has ended."""
+        while not self.idle:
+            self.step()
+
+    def _sampling(self, seqs: list[Sequence]) -> SamplingParams:
+        reqs = [s.request for s in seqs]
+        return SamplingParams(tuple(float(r.temperature) for r in reqs), tuple(int(r.top_k) for r in reqs),
+                              tuple(float(r.top_p) for r in reqs), tuple(int(r.seed) for r in reqs))
+
+    def _admit(self) -> None:
+        free = self.config.max_batch_size - len(self.running)
+        if free <= 0 or not self.waiting:
+            return
+        new = [self.waiting.popleft() for _ in range(min(free, len(self.waiting)))]
+        t0 = time.perf_counter()
+        prompts = [s.request.prompt for s in new]
+        sampling = self._sampling(new)
+        logits = self.target.admit(prompts)                                                 # [n, V]
+        none = torch.zeros(0, dtype=torch.long, device=logits.device)
+        first = verification(logits, none, [0] * len(new), 0, None, sampling, [0] * len(new), self.verify_backend)
+        # NOTE: host sync: the first tokens decide EOS / stop and seed the drafter's history
+        first_host = first.tokens[:, 0].tolist()
+        if self.drafter is not None:
+            self.drafter.admit([s.request.id for s in new], prompts, first_host, sampling)
+        self.batch.extend(first.tokens[:, :1].to(torch.long), sampling, [1] * len(new))
+        t1 = self.clock.now()
+        for seq, token in zip(new, first_host):
+            seq.stats.queue_s = t0 - seq.request.submitted_at
+            seq.stats.prefill_s = t1 - t0
+            self._deliver(seq, [token])
+        self.running += new
+
+    def _round(self) -> None:
+        caps = self.k_policy(self.running, self.k) if self.k else [0] * len(self.running)
+        try:
+            result = run_round(self.target, self.drafter, self.batch, caps, self.clock, self.verify_backend)
+        except Exception as e:  # noqa: BLE001 - the round is shared: every running request fails with it
+            self._fail_running(e)
+            return
+        self._account(result)
+        for seq, chunk, n, a in zip(self.running, result.emitted, result.num_draft, result.num_accepted):
+            seq.stats.add_round(n, a)
+            seq.rounds_done += 1
+            if seq.finish_reason is None:
+                self._deliver(seq, chunk)
+
+    def _deliver(self, seq: Sequence, chunk: list[int]) -> None:
+        kept = seq.emit(chunk, self.eos, self.decode)
+        callback = seq.request.on_tokens
+        if callback is not None and kept:
+            try:
+                callback(seq.request, kept)
+            except Exception as e:  # noqa: BLE001 - a consumer's failure ends its own request only
+                seq.finish_reason, seq.error = "error", f"{type(e).__name__}: {e}"
+
+    def _account(self, result: RoundResult) -> None:
+        t = self.totals
+        t.rounds += 1
+        for name, dt in result.phase_s.items():
+            setattr(t, f"{name}_s", getattr(t, f"{name}_s") + dt)
+        for seq in self.running:
+            for name, dt in result.phase_s.items():
+                setattr(seq.stats, f"{name}_s", getattr(seq.stats, f"{name}_s") + dt)
+        t.proposed += sum(result.num_draft)
+        t.accepted += sum(result.num_accepted)
+
+    def _fail_running(self, error: Exception) -> None:
+        for seq in self.running:
+            if seq.finish_reason is None:
+                seq.finish_reason, seq.error = "error", f"{type(error).__name__}: {error}"
+
+    def _retire(self) -> list[Sequence]:
+        ended = [s for s in self.running if s.finish_reason is not None]
+        if not ended:
+            return []
+        now = time.perf_counter()
+        for seq in ended:
+            seq.stats.total_s = now - seq.request.submitted_at
+            seq.stats.decode_s = max(seq.stats.total_s - seq.stats.queue_s - seq.stats.prefill_s, 0.0)
+            self.totals.new_tokens += len(seq.generated)
+            self.totals.prompt_tokens += len(seq.request.prompt)
+        still = [j for j, s in enumerate(self.running) if s.finish_reason is None]
+        # rows stay put where they can; the tail fills the holes (keep copies only the rows that move)
+        order = fill_order(len(self.running), still)
+        self.target.keep(order)
+        if self.drafter is not None:
+            self.drafter.keep(order)
+        self.batch.keep(order)
+        self.running = [self.running[j] for j in order]
+        return ended
