@@ -29,7 +29,7 @@ class SamplingParams:
     temperature: tuple[float, ...]  # 0 = greedy
     top_k: tuple[int, ...]          # 0 = off
     top_p: tuple[float, ...]        # 1 = off
-    seed: int                       # keys the verification stream (verispec.rng) and drafters' generators
+    seed: int                       # keys the verification stream (verispec.verify.rng) and drafters' generators
 
     @property
     def all_greedy(self) -> bool:
@@ -94,7 +94,7 @@ def draw(logits: Tensor, sampling: SamplingParams, generator: torch.Generator | 
     """Draw one token per row of ``logits`` [B, V] under each row's settings.
 
     Returns (tokens [B] int64, q [B, V] float32 or None). q is the exact distribution each token was
-    drawn from (``verispec.sampling.filtered_probs``; one-hot for greedy rows); it is None when every
+    drawn from (``verispec.verify.sampling.filtered_probs``; one-hot for greedy rows); it is None when every
     row is greedy (greedy verification never reads q).
     """
     if sampling.all_greedy:
