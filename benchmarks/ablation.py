@@ -1,4 +1,4 @@
-"""Ablation of the greedy verification kernels and the KV compaction (issue 4), on one GPU.
+"""Ablation of the CUDA greedy verification kernels and the KV compaction variants (dev/kv/), on one GPU.
 
     python benchmarks/ablation.py --out benchmarks/results            # full sweep
     python benchmarks/ablation.py --ncu-only                          # a few launches for ncu
@@ -9,31 +9,29 @@ logits (greedy_workload: drafts equal the target argmax with probability alpha p
 Methods (every one is first checked against the workload's exact answer, then timed):
     full verify (argmax over V + acceptance scan):
         cuda-naive    warp-shuffle argmax (v3) + one thread per sequence (v1 scan)
-        cuda-ballot   warp-shuffle argmax (v3) + one warp per sequence, __ballot_sync (Opt A)
+        cuda-ballot   warp-shuffle argmax (v3) + one warp per sequence, __ballot_sync (v2 scan)
         cuda-segment  warp-shuffle argmax (v3) + 32/next_pow2(K) sequences per warp (v3 scan)
         triton        verispec.verify.triton.greedy (split-V argmax + scan), "n/a" if missing
         torch-vec     logits.argmax(-1) + a padded [B, K] cumprod acceptance (vectorized torch)
         reference     the per-sequence Python loop (small b only)
-    argmax only: cuda v2 (seed 004's V2), cuda v3 (streaming loads), torch.argmax
+    argmax only: cuda v2 (one warp-shuffle reduction a block), cuda v3 (+ streaming loads), torch.argmax
     scan only (over a precomputed [R] argmax; where the raggedness is):
         cuda-naive, cuda-ballot, cuda-segment, torch-vec
-    KV compaction (Opt B; packed layout; rows of one layer's K+V [2, 8, 128] bf16 = 4 KiB and of
+    KV compaction (dev/kv/; packed layout; rows of one layer's K+V [2, 8, 128] bf16 = 4 KiB and of
     all 32 layers = 128 KiB):
-        cuda-naive (thread per sequence), cuda-scan (Opt B, 2 launches), cuda-fused (Opt B, 1
-        launch), triton, torch-vec (index_select)
+        cuda-naive (thread per sequence), cuda-scan (prefix sum + coalesced copy, 2 launches),
+        cuda-fused (the same in 1 launch), triton, torch-vec (index_select)
 
 Timing: device time per call from CUDA events around a CUDA-graph replay of N calls (so launch
 gaps of the Python wrappers do not count), median of many replays; the full-verify inputs are
 rotated among enough copies to exceed L2, so the argmax reads HBM as it would after lm_head.
-Byte floor: R * V * 2 bytes over the measured device-to-device copy bandwidth.
+Byte floor: R * V * 2 bytes over the copy bandwidth (benchmarks/common.py defines both).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import math
-import os
 import statistics
 import sys
 import time
@@ -43,6 +41,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common import copy_bandwidth, environment, graph_us_per_call, table_header, table_row, time_calls  # noqa: E402
 from dev.kv.kv import reference_compact_kv  # noqa: E402
 from verispec.verify.reference import reference_verify_greedy  # noqa: E402
 from verispec.verify.api import canonical_batch  # noqa: E402
@@ -93,29 +92,8 @@ def torch_compact(new_kv, num_rows, num_emitted):
 
 
 # ---- timing ----------------------------------------------------------------------------------
-def measure_copy_bandwidth() -> float:
-    """Bytes read + written per second of a 1 GiB device-to-device copy (median of 20)."""
-    src = torch.randn(256 * 1024 * 1024, device="cuda")
-    dst = torch.empty_like(src)
-    times = _event_times(lambda: dst.copy_(src), reps=20, inner=1)
-    return 2 * src.numel() * 4 / (statistics.median(times) * 1e-3)
-
-
-def _event_times(fn, reps: int, inner: int) -> list[float]:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    out = []
-    for _ in range(reps):
-        start.record()
-        for _ in range(inner):
-            fn()
-        end.record()
-        end.synchronize()
-        out.append(start.elapsed_time(end) / inner)
-    return out
-
-
 def time_graph(fns, reps: int = 30, inner: int | None = None) -> tuple[float, str]:
-    """Median device ms per call of the callables ``fns`` (cycled), through a CUDA graph.
+    """Median device ms per call of the callables ``fns`` (cycled), through a CUDA graph of ``inner`` calls.
 
     Falls back to eager event timing (launch gaps included) if the calls cannot be captured.
     """
@@ -124,24 +102,11 @@ def time_graph(fns, reps: int = 30, inner: int | None = None) -> tuple[float, st
         f()
     torch.cuda.synchronize()
     try:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for f in fns[:2]:
-                f()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for i in range(inner):
-                fns[i % len(fns)]()
-        graph.replay()
-        torch.cuda.synchronize()
-        times = _event_times(graph.replay, reps=reps, inner=1)
-        return statistics.median(times) / inner, "graph"
+        return graph_us_per_call(lambda i: fns[i % len(fns)](), calls=inner, reps=reps) / 1e3, "graph"
     except Exception:  # noqa: BLE001 - e.g. a host sync inside fn
         torch.cuda.synchronize()
-        times = _event_times(lambda: [f() for f in fns], reps=max(5, reps // 3), inner=1)
-        return statistics.median(times) / len(fns), "eager"
+        seconds = time_calls(lambda: [f() for f in fns], iters=max(5, reps // 3), warmup=0)
+        return seconds * 1e3 / len(fns), "eager"
 
 
 def time_host(fn, reps: int = 5) -> float:
@@ -343,52 +308,51 @@ def _us(v) -> str:
 
 def write_report(out_dir: Path, header: list[str], bw: float, greedy: list[dict], kv: list[dict], ncu_csv: Path | None,
                  sampling: list[dict] | None = None):
-    lines = ["# Ablation: CUDA verification kernels (issue 4)", "", *header, "",
-             f"Measured device-to-device copy: **{bw / 1e12:.2f} TB/s** (read + write bytes). "
-             "Times are device microseconds per call (CUDA-graph replay, median); 'floor' = logits bytes / copy bandwidth.", ""]
+    lines = ["# Ablation: CUDA verification kernels and KV compaction", "", *header, "",
+             f"Measured device-to-device copy: **{bw / 1e12:.2f} TB/s** (read + write bytes; benchmarks/common.py). "
+             "Times are device microseconds per call (CUDA-graph replay, median); 'floor' = bytes moved / copy bandwidth.", ""]
     names = ["cuda-naive", "cuda-ballot", "cuda-segment", "triton", "torch-vec"]
     lines += ["## Full greedy verify (argmax over V = 128256 bf16 + acceptance scan), µs", "",
-              "| K | α | b | rows | mean acc | floor | " + " | ".join(names) + " | reference loop | ballot vs naive |",
-              "|---|---|---|---|---|---|" + "---|" * (len(names) + 2)]
+              *table_header(["K", "α", "b", "rows", "mean acc", "floor", *names, "reference loop", "ballot vs naive"])]
     for r in greedy:
         floor = r["bytes"] / bw * 1e3
         sp = (r["full:cuda-naive"] / r["full:cuda-ballot"]) if r.get("full:cuda-naive") and r.get("full:cuda-ballot") else None
         ref = r.get("full:reference")
-        lines.append(f"| {r['K']} | {r['alpha']} | {r['b']} | {r['rows']} | {r['accepted']:.2f} | {floor * 1e3:.1f} | "
-                     + " | ".join(_us(r.get(f"full:{n}")) for n in names)
-                     + f" | {'-' if ref is None else f'{ref * 1e3:.0f}'} | {'n/a' if sp is None else f'{sp:.2f}x'} |")
+        lines.append(table_row([r['K'], r['alpha'], r['b'], r['rows'], f"{r['accepted']:.2f}", f"{floor * 1e3:.1f}",
+                                *(_us(r.get(f"full:{n}")) for n in names),
+                                '-' if ref is None else f'{ref * 1e3:.0f}', 'n/a' if sp is None else f'{sp:.2f}x']))
     lines += ["", "## Argmax only (α does not matter: shown for α = 0.6), µs; % of the byte floor's bandwidth", "",
-              "| K | b | floor | cuda v2 | cuda v3 | torch.argmax | v3 % of floor |", "|---|---|---|---|---|---|---|"]
+              *table_header(["K", "b", "floor", "cuda v2", "cuda v3", "torch.argmax", "v3 % of floor"])]
     for r in greedy:
         if r["alpha"] != 0.6:
             continue
         floor = r["bytes"] / bw * 1e3
-        lines.append(f"| {r['K']} | {r['b']} | {floor * 1e3:.1f} | {_us(r['argmax:v2'])} | {_us(r['argmax:v3'])} | "
-                     f"{_us(r['argmax:torch'])} | {100 * floor / r['argmax:v3']:.0f}% |")
+        lines.append(table_row([r['K'], r['b'], f"{floor * 1e3:.1f}", _us(r['argmax:v2']), _us(r['argmax:v3']),
+                                _us(r['argmax:torch']), f"{100 * floor / r['argmax:v3']:.0f}%"]))
     lines += ["", "## Acceptance scan only (over a precomputed argmax), µs", "",
-              "| K | α | b | cuda-naive | cuda-ballot | cuda-segment | torch-vec | ballot vs naive | segment vs naive |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              *table_header(["K", "α", "b", "cuda-naive", "cuda-ballot", "cuda-segment", "torch-vec", "ballot vs naive",
+                             "segment vs naive"])]
     for r in greedy:
         n, bl, sg, tv = r["scan:cuda-naive"], r["scan:cuda-ballot"], r["scan:cuda-segment"], r["scan:torch-vec"]
-        lines.append(f"| {r['K']} | {r['alpha']} | {r['b']} | {_us(n)} | {_us(bl)} | {_us(sg)} | {_us(tv)} | "
-                     f"{n / bl:.2f}x | {n / sg:.2f}x |")
+        lines.append(table_row([r['K'], r['alpha'], r['b'], _us(n), _us(bl), _us(sg), _us(tv), f"{n / bl:.2f}x",
+                                f"{n / sg:.2f}x"]))
     kvn = ["cuda-naive", "cuda-scan", "cuda-fused", "triton", "torch-vec"]
     lines += ["", "## KV compaction (packed layout, K = 8), µs", "",
-              "| row size | α | b | kept MB | floor | " + " | ".join(kvn) + " | scan vs naive |", "|---|---|---|---|---|" + "---|" * (len(kvn) + 1)]
+              *table_header(["row size", "α", "b", "kept MB", "floor", *kvn, "scan vs naive"])]
     for r in kv:
         floor = 2 * r["kept_bytes"] / bw * 1e6
         sp = r["kv:cuda-naive"] / r["kv:cuda-scan"] if r.get("kv:cuda-naive") and r.get("kv:cuda-scan") else None
-        lines.append(f"| {r['rows']} | {r['alpha']} | {r['b']} | {r['kept_bytes'] / 1e6:.2f} | {floor:.1f} | "
-                     + " | ".join(_us(r.get(f"kv:{n}")) for n in kvn) + f" | {'n/a' if sp is None else f'{sp:.1f}x'} |")
+        lines.append(table_row([r['rows'], r['alpha'], r['b'], f"{r['kept_bytes'] / 1e6:.2f}", f"{floor:.1f}",
+                                *(_us(r.get(f"kv:{n}")) for n in kvn), 'n/a' if sp is None else f'{sp:.1f}x']))
     if sampling:
         lines += ["", "## Rejection sampling (T = 1, draft_probs fp32, K = 8, α = 0.6; not part of the sweep), µs", "",
                   "Floor: the bf16 logits read once (of draft_probs only q(x) and the recovered row's q are needed). 'same tokens': fraction of sequences where the two "
                   "backends emit identical tokens (same Philox stream; differences are float near-ties).", "",
-                  "| b | floor | cuda | triton | same tokens |", "|---|---|---|---|---|"]
+                  *table_header(["b", "floor", "cuda", "triton", "same tokens"])]
         for r in sampling:
             same = r.get("same_tokens")
-            lines.append(f"| {r['b']} | {r['bytes'] / bw * 1e6:.1f} | {_us(r.get('sample:cuda'))} | "
-                         f"{_us(r.get('sample:triton'))} | {'n/a' if same is None else f'{same:.3f}'} |")
+            lines.append(table_row([r['b'], f"{r['bytes'] / bw * 1e6:.1f}", _us(r.get('sample:cuda')),
+                                    _us(r.get('sample:triton')), 'n/a' if same is None else f'{same:.3f}']))
     if ncu_csv is not None and ncu_csv.exists():
         try:
             table = ncu_table(ncu_csv)
@@ -416,10 +380,8 @@ def ncu_table(path: Path) -> list[str]:
         idx = r[head.index("ID")] if "ID" in head else "0"
         table.setdefault(f"{idx}:{name}", {})[r[mi]] = r[vi]
     metrics = sorted({m for d in table.values() for m in d})
-    out = ["| launch | " + " | ".join(metrics) + " |", "|---|" + "---|" * len(metrics)]
-    for key, d in table.items():
-        out.append(f"| {key} | " + " | ".join(d.get(m, "") for m in metrics) + " |")
-    return out
+    return [*table_header(["launch", *metrics]), *(table_row([key, *(d.get(m, "") for m in metrics)])
+                                                   for key, d in table.items())]
 
 
 def _csv_start(path: Path) -> int:
@@ -537,18 +499,17 @@ def main() -> None:
         logf.write(msg + "\n")
 
     props = torch.cuda.get_device_properties(0)
-    import triton
-
+    env = environment()
     header = [
-        f"- device: {props.name}, {props.multi_processor_count} SMs, L2 {props.L2_cache_size / 2**20:.0f} MiB",
-        f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
-        f"- torch {torch.__version__}, CUDA {torch.version.cuda}, triton {triton.__version__}, "
-        f"driver {os.popen('nvidia-smi --query-gpu=driver_version --format=csv,noheader').read().strip() or '?'}",
-        "- kernels built with nvcc for sm_90 (`-O3`, no fast-math); workloads: `verispec.verify.workloads.greedy_workload`",
+        f"- device: {env['device']}, {env['sms']} SMs, L2 {env['l2_mib']} MiB",
+        f"- date: {env['date']}",
+        f"- torch {env['torch']}, CUDA {env['cuda']}, triton {env['triton']}, driver {env['driver']}",
+        "- kernels built with nvcc for the GPU's own architecture (`-O3`, no fast-math); workloads: "
+        "`verispec.verify.workloads.greedy_workload`",
     ]
     for h in header:
         log(h)
-    BW = measure_copy_bandwidth()
+    BW = copy_bandwidth()
     log(f"copy bandwidth {BW / 1e12:.2f} TB/s")
     t0 = time.time()
     greedy = run_greedy(props.L2_cache_size, log)

@@ -4,8 +4,8 @@ For each model shape (random bf16 weights) and batch size B:
   * verify(k) pass time for k = 1..8 (k = 1 is decode), median of CUDA-event timings of the public call
     (graph replay + logits clone); variants: `kernels` (the Triton decode kernels, default on CUDA), `eager`
     (the plain torch path) and `compiled` (torch path with torch.compile'd layer functions), all graphed;
-  * the floor: bytes a pass must read (layer weights + final norm + LM head) / measured copy bandwidth
-    (device-to-device copy, bytes read + written); also shown with the KV-cache bytes our static-cache
+  * the floor: bytes a pass must read (layer weights + final norm + LM head) / copy bandwidth
+    (benchmarks/common.py); also shown with the KV-cache bytes our static-cache
     attention reads (the full capacity S, not just the live lengths);
   * transformers' greedy `generate` (DynamicCache, SDPA) on the same weights (views of ours), decode tok/s
     from (time(1 + N new tokens) - time(1 new token)) / N.
@@ -19,9 +19,7 @@ transformers forward (bf16, relative error printed).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import platform
 import statistics
 import sys
 import time
@@ -30,6 +28,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import capture_graph, copy_bandwidth, environment, environment_line, floor_s, table_header, \
+    table_row, time_calls  # noqa: E402
 from verispec.runtime import ModelConfig, load_model, named_shape  # noqa: E402
 from verispec.runtime.loading import to_transformers  # noqa: E402
 
@@ -47,42 +47,9 @@ def sync():
         torch.cuda.synchronize()
 
 
-def time_calls(fn, iters: int, warmup: int = 3) -> float:
-    """Median seconds of fn() over iters calls (CUDA events per call on GPU, perf_counter on CPU)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    if torch.cuda.is_available():
-        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-        for s, e in ev:
-            s.record()
-            fn()
-            e.record()
-        torch.cuda.synchronize()
-        times = [s.elapsed_time(e) / 1e3 for s, e in ev]
-    else:
-        for _ in range(iters):
-            t = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
 def capacity(args) -> int:
     # prompt + every timed and warm-up call of the largest k (lengths grow during a timing loop)
     return args.prompt_len + (args.iters + 4) * max(args.ks)
-
-
-def copy_bandwidth(nbytes: int = 2 << 30) -> float:
-    """Bytes/s of a device-to-device copy, counting bytes read + written."""
-    if not torch.cuda.is_available():
-        return float("nan")
-    a = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
-    b = torch.empty_like(a)
-    t = time_calls(lambda: b.copy_(a), iters=20)
-    del a, b
-    torch.cuda.empty_cache()
-    return 2 * nbytes / t
 
 
 def pass_bytes(model) -> tuple[int, int]:
@@ -112,15 +79,7 @@ def matmul_only_ms(model, B: int, iters: int = 30, linear=None) -> float:
             lin(xe, L.wqkv), lin(xo, L.wo), lin(xe, L.w13), lin(xi, L.w2)
         lin(xe, net.lm_head_weight)
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        body()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        body()
-    return time_calls(graph.replay, iters=iters) * 1e3
+    return time_calls(capture_graph(body).replay, iters=iters) * 1e3
 
 
 def profile_decode(model, tokens, base, prompt_len: int, log, top: int = 20) -> None:
@@ -231,8 +190,8 @@ def bench_variant(name, cfg, model, variant, args, bw, log):
         model.prefill(prompts)
         base = model.lengths.clone()
         w_bytes, kv_bytes = pass_bytes(model)
-        floor = w_bytes / bw
-        floor_kv = (w_bytes + B * kv_bytes) / bw
+        floor = floor_s(w_bytes, bw)
+        floor_kv = floor_s(w_bytes + B * kv_bytes, bw)
         times = {}
         for k in args.ks:
             tokens = torch.randint(0, cfg.vocab_size, (B, k), generator=g).to(model.device)
@@ -310,16 +269,14 @@ def bench_model(name, cfg, args, bw, log):
 
 def write_markdown(path: Path, rows, hf_rows, meta):
     out = [f"# Decode / verify speed of verispec.runtime\n",
-           f"Device: {meta['device']}; date {meta['date']}; torch {meta['torch']}, transformers {meta['transformers']}, "
-           f"triton {meta['triton']}, python {meta['python']}. Random {meta['dtype']} weights at the named public shapes; "
-           f"prompt length {meta['prompt_len']}, cache capacity {meta['capacity']}; measured copy bandwidth "
-           f"{meta['bw_tb_s']:.2f} TB/s (read + write). Command: `{meta['cmd']}`.\n",
+           f"{environment_line(meta, meta['bw_tb_s'] * 1e12)} Random {meta['dtype']} weights at the named public "
+           f"shapes; prompt length {meta['prompt_len']}, cache capacity {meta['capacity']}. Command: `{meta['cmd']}`.\n",
            "Floor = (layer weights + final norm + LM head bytes) / copy bandwidth. Floor+KV adds the KV bytes the "
            "static-cache attention reads (full capacity per sequence). `ms` is the median of the public "
            "`verify` call (graph replay + logits clone), CUDA events.\n",
            "## Decode (k = 1)\n",
-           "| model | variant | B | ms/step | tok/s | floor ms | % of floor | % of floor+KV | matmuls alone ms (cuBLAS / ours) | transformers tok/s | speed-up |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           *table_header(["model", "variant", "B", "ms/step", "tok/s", "floor ms", "% of floor", "% of floor+KV",
+                          "matmuls alone ms (cuBLAS / ours)", "transformers tok/s", "speed-up"])]
     hf = {(r["model"], r["B"]): r["tok_s"] for r in hf_rows}
     for r in rows:
         if r["k"] != 1:
@@ -327,19 +284,18 @@ def write_markdown(path: Path, rows, hf_rows, meta):
         tok_s = r["B"] / (r["ms"] / 1e3)
         h = hf.get((r["model"], r["B"]))
         mm = f"{r['matmul_only_ms']:.3f} / {r['matmul_ours_ms']:.3f}" if "matmul_only_ms" in r else "–"
-        hf_cells = f"{h:.1f} | {tok_s / h:.1f}×" if h else "– | –"
-        out.append(f"| {r['model']} | {r['variant']} | {r['B']} | {r['ms']:.3f} | {tok_s:.1f} | {r['floor_ms']:.3f} | "
-                   f"{r['floor_ms'] / r['ms']:.1%} | {r['floor_kv_ms'] / r['ms']:.1%} | {mm} | {hf_cells} |")
+        hf_cells = [f"{h:.1f}", f"{tok_s / h:.1f}×"] if h else ["–", "–"]
+        out.append(table_row([r['model'], r['variant'], r['B'], f"{r['ms']:.3f}", f"{tok_s:.1f}", f"{r['floor_ms']:.3f}",
+                              f"{r['floor_ms'] / r['ms']:.1%}", f"{r['floor_kv_ms'] / r['ms']:.1%}", mm, *hf_cells]))
     ks = sorted({r["k"] for r in rows})
     out += ["\n## Verify pass time (ms) by k, and ratio to decode (k = 1)\n",
-            "| model | variant | B | " + " | ".join(f"k={k}" for k in ks) + " | k=4 / k=1 |",
-            "|---|---|---|" + "---|" * (len(ks) + 1)]
+            *table_header(["model", "variant", "B", *(f"k={k}" for k in ks), "k=4 / k=1"])]
     groups = {}
     for r in rows:
         groups.setdefault((r["model"], r["variant"], r["B"]), {})[r["k"]] = r["ms"]
     for (m, v, B), t in groups.items():
         ratio = f"{t[4] / t[1]:.2f}" if 4 in t and 1 in t else "–"
-        out.append(f"| {m} | {v} | {B} | " + " | ".join(f"{t[k]:.3f}" for k in ks) + f" | {ratio} |")
+        out.append(table_row([m, v, B, *(f"{t[k]:.3f}" for k in ks), ratio]))
     out.append("\nRaw rows (JSON):\n\n```json\n" + json.dumps(dict(meta=meta, rows=rows, hf=hf_rows)) + "\n```\n")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(out))
@@ -380,21 +336,11 @@ def main(argv=None):
     if args.out is None and cuda:
         args.out = str(Path(__file__).resolve().parent / "results" / "decode.md")
     log = lambda s: print(s, flush=True)  # noqa: E731
-    try:
-        import transformers
-        tv = transformers.__version__
-    except ImportError:
-        tv, args.hf_tokens = "not installed", 0
-    try:
-        import triton
-        trv = triton.__version__
-    except ImportError:
-        trv = "not installed"
-    bw = copy_bandwidth() if cuda else 1e10
-    meta = dict(device=torch.cuda.get_device_name() if cuda else f"CPU ({platform.processor() or 'cpu'})",
-                date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                torch=torch.__version__, transformers=tv, dtype=str(args.dtype).replace("torch.", ""), triton=trv, python=platform.python_version(),
-                prompt_len=args.prompt_len, capacity=capacity(args),
+    env = environment()
+    if env["transformers"] == "not installed":
+        args.hf_tokens = 0
+    bw = copy_bandwidth() if cuda else 1e10   # CPU smoke: a nominal rate, the floor columns mean nothing there
+    meta = dict(env, dtype=str(args.dtype).replace("torch.", ""), prompt_len=args.prompt_len, capacity=capacity(args),
                 bw_tb_s=bw / 1e12, cmd="python benchmarks/decode.py " + " ".join(argv or sys.argv[1:]))
     log(f"{meta['device']}: copy bandwidth {bw / 1e12:.2f} TB/s")
     rows, hf_rows = [], []

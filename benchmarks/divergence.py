@@ -17,13 +17,13 @@ control (expected: no differences).
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from benchmarks.common import environment, table_header, table_row  # noqa: E402
 from verispec import SelfSpeculative, generate, load_model  # noqa: E402
 
 
@@ -74,20 +74,19 @@ def main(argv=None) -> None:
             num_batches = -(-args.sequences // batch)
             differing, total, mean_first, acc = measure(
                 model, batch, num_batches, args.prompt_len, args.max_new, args.k, args.layers, seed=batch)
-            row = (f"| {str(dtype).removeprefix('torch.')} | {batch} | {total} | {differing} | "
-                   f"{100 * differing / total:.1f}% | {mean_first:.1f} | {100 * acc:.0f}% |")
+            row = table_row([str(dtype).removeprefix('torch.'), batch, total, differing,
+                             f"{100 * differing / total:.1f}%", f"{mean_first:.1f}", f"{100 * acc:.0f}%"])
             print(row, flush=True)
             rows.append(row)
         del model
         torch.cuda.empty_cache()
+    env = environment()
     header = [
         "# Greedy speculative vs AR output under bf16 (benchmarks/divergence.py)", "",
-        f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
-        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC. Random-weight `{args.model}` "
+        f"{env['device']}, torch {env['torch']}, {env['date']}. Random-weight `{args.model}` "
         f"(N(0, 0.02) weights: top-2 logits often within bf16 noise, the worst case), SelfSpeculative(layers="
         f"{args.layers}), k={args.k}, prompts of {args.prompt_len} random tokens, {args.max_new} new tokens.", "",
-        "| dtype | B | sequences | differing | fraction | mean first differing index | acceptance |",
-        "|---|---|---|---|---|---|---|",
+        *table_header(["dtype", "B", "sequences", "differing", "fraction", "mean first differing index", "acceptance"]),
     ]
     text = "\n".join(header + rows) + "\n"
     print(text)

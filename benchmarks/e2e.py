@@ -21,17 +21,18 @@ Results go to stdout as markdown tables (paste into benchmarks/results/e2e*.md).
 from __future__ import annotations
 
 import argparse
-import platform
 import sys
 import time
-from datetime import datetime, timezone
+from pathlib import Path
 
 import torch
 
-from verispec.analysis import expected_tokens_per_round, speedup_from_times
-from verispec.drafters import OracleDraft, PromptLookup
-from verispec.engine import SpeculativeDecoder
-from verispec.runtime import load_model
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import environment, table_header, table_row  # noqa: E402
+from verispec.analysis import expected_tokens_per_round, speedup_from_times  # noqa: E402
+from verispec.drafters import OracleDraft, PromptLookup  # noqa: E402
+from verispec.engine import SpeculativeDecoder  # noqa: E402
+from verispec.runtime import load_model  # noqa: E402
 
 
 def _throughput(decoder: SpeculativeDecoder, batch: int) -> float:
@@ -125,10 +126,10 @@ def _over_budget(args, t0, what: str) -> bool:
 
 def gpu(args) -> None:
     dev = torch.device(args.device)
-    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.machine()
+    env = environment()
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     print(f"# GPU end-to-end: {args.target} target, {args.draft} OracleDraft (random weights, bf16)\n")
-    print(f"{name}, torch {torch.__version__}, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; "
+    print(f"{env['device']}, torch {env['torch']}, {env['date']}; "
           f"prompt {args.prompt_len} tokens, {args.max_new} new tokens per sequence, greedy\n", flush=True)
     t0 = time.perf_counter()
     target = load_model(args.target, device=dev, dtype=dtype, seed=0)
@@ -151,10 +152,9 @@ def _grid(args, target, draft, backend, t0) -> None:
     gen = torch.Generator().manual_seed(0)
     alphas = [float(a) for a in args.alphas.split(",")]
     ks = [int(k) for k in args.ks.split(",")]
-    header = ("| B | alpha | K | accepted/proposed | tok/round (E_SD) | tok/s | AR tok/s | speedup | bound | "
-              "draft step ms | verify ms | other ms/round | AR step ms | steady speedup |")
-    print(header)
-    print("|" + "---|" * 14, flush=True)
+    print("\n".join(table_header(["B", "alpha", "K", "accepted/proposed", "tok/round (E_SD)", "tok/s", "AR tok/s",
+                                  "speedup", "bound", "draft step ms", "verify ms", "other ms/round", "AR step ms",
+                                  "steady speedup"])), flush=True)
     for batch in [int(b) for b in args.batches.split(",")]:
         prompts = [torch.randint(0, target.config.vocab_size, (args.prompt_len,), generator=gen).tolist()
                    for _ in range(batch)]
@@ -183,10 +183,12 @@ def _grid(args, target, draft, backend, t0) -> None:
                 steady = _steady_throughput(dec, prompts, args.max_new) / ar_steady
                 bound = speedup_from_times(alpha, k, draft_step, verify, ar_step)
                 acc = st.accepted / st.proposed
-                print(f"| {batch} | {alpha} | {k} | {acc:.2f} | {(st.new_tokens - batch) / st.rounds / batch:.2f} "
-                      f"(E={expected_tokens_per_round(alpha, k):.2f}) | {tps:.0f} | {ar_tps:.0f} | "
-                      f"**{tps / ar_tps:.2f}x** | {bound:.2f}x | {1e3 * draft_step:.2f} | {1e3 * verify:.2f} | "
-                      f"{1e3 * other:.2f} | {1e3 * ar_step:.2f} | {steady:.2f}x |" + ("" if exact else " output differs from AR!"), flush=True)
+                print(table_row([batch, alpha, k, f"{acc:.2f}",
+                                 f"{(st.new_tokens - batch) / st.rounds / batch:.2f} (E={expected_tokens_per_round(alpha, k):.2f})",
+                                 f"{tps:.0f}", f"{ar_tps:.0f}", f"**{tps / ar_tps:.2f}x**", f"{bound:.2f}x",
+                                 f"{1e3 * draft_step:.2f}", f"{1e3 * verify:.2f}", f"{1e3 * other:.2f}",
+                                 f"{1e3 * ar_step:.2f}", f"{steady:.2f}x"]) + ("" if exact else " output differs from AR!"),
+                      flush=True)
 
 
 def _hf_side_by_side(args, target, backend, t0) -> None:
@@ -220,9 +222,9 @@ def _hf_side_by_side(args, target, backend, t0) -> None:
           f"`num_assistant_tokens=K`, schedule constant, confidence threshold off; HF tok/s subtracts a 1-token "
           f"generate (prefill). passes = target forward passes incl. prefill (ours / HF). identical: ours spec = "
           f"ours AR / HF plain = ours AR / HF assisted = ours spec (HF: all but the last token).\n")
-    print("| B | K | accepted/proposed | tok/round | passes (ours / HF) | ours AR tok/s | ours spec tok/s | "
-          "ours speedup | HF plain tok/s | HF assisted tok/s | HF speedup | ours spec / HF assisted | identical |")
-    print("|" + "---|" * 13, flush=True)
+    print("\n".join(table_header(["B", "K", "accepted/proposed", "tok/round", "passes (ours / HF)", "ours AR tok/s",
+                                  "ours spec tok/s", "ours speedup", "HF plain tok/s", "HF assisted tok/s", "HF speedup",
+                                  "ours spec / HF assisted", "identical"])), flush=True)
     yn = lambda v: "n/a" if v is None else ("yes" if v else "NO")  # noqa: E731
     gen = torch.Generator().manual_seed(1)
     for batch in [int(b) for b in args.hf_batches.split(",")]:
@@ -252,11 +254,11 @@ def _hf_side_by_side(args, target, backend, t0) -> None:
                 ha, ha_out, calls = _hf_generate(hf, prompts, n, warmup=True, assistant_model=assistant)
                 ha_same = ha_out[0][: n - 1] == mine[0][: n - 1]
                 passes = f"{st.rounds + 1} / {calls}"
-            print(f"| {batch} | {k} | {st.acceptance_rate:.2f} | {(st.new_tokens - batch) / st.rounds / batch:.2f} | "
-                  f"{passes} | {ar_tps:.0f} | {tps:.0f} | **{tps / ar_tps:.2f}x** | {hp:.0f} | "
-                  + ("n/a (batch-1 only) | n/a | n/a" if ha is None else
-                     f"{ha:.0f} | {ha / hp:.2f}x | **{tps / ha:.2f}x**")
-                  + f" | {yn(mine == refs)} / {yn(hp_same)} / {yn(ha_same)} |", flush=True)
+            hf_assisted = (["n/a (batch-1 only)", "n/a", "n/a"] if ha is None else
+                           [f"{ha:.0f}", f"{ha / hp:.2f}x", f"**{tps / ha:.2f}x**"])
+            print(table_row([batch, k, f"{st.acceptance_rate:.2f}", f"{(st.new_tokens - batch) / st.rounds / batch:.2f}",
+                             passes, f"{ar_tps:.0f}", f"{tps:.0f}", f"**{tps / ar_tps:.2f}x**", f"{hp:.0f}", *hf_assisted,
+                             f"{yn(mine == refs)} / {yn(hp_same)} / {yn(ha_same)}"]), flush=True)
 
 
 # ---------------------------------------------------------------------------------------------- CPU
@@ -297,13 +299,12 @@ def cpu(args) -> None:
     tok = model.tokenizer
     hf = to_transformers(model.net).eval()
     print(f"# CPU end-to-end: SmolLM2-135M-Instruct (embedded GGUF, fp32), greedy, chat template\n")
-    print(f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, torch "
-          f"{torch.__version__}, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; max_new_tokens={args.max_new}, "
+    env = environment()
+    print(f"{env['device']}, torch {env['torch']}, {env['date']}; max_new_tokens={args.max_new}, "
           f"PromptLookup(max_ngram={args.ngram_max}, min_ngram={args.ngram_min}), k={args.k}; HF: "
           f"generate(prompt_lookup_num_tokens={args.k}, max_matching_ngram_size={args.ngram_max})\n")
-    print("| set | prompt | tokens | AR tok/s | lookup tok/s | speedup | accept | tok/round | HF plain tok/s | "
-          "HF lookup tok/s | ours / HF lookup | identical |")
-    print("|" + "---|" * 12, flush=True)
+    print("\n".join(table_header(["set", "prompt", "tokens", "AR tok/s", "lookup tok/s", "speedup", "accept", "tok/round",
+                                  "HF plain tok/s", "HF lookup tok/s", "ours / HF lookup", "identical"])), flush=True)
     ar = SpeculativeDecoder(model, None)
     spec = SpeculativeDecoder(model, PromptLookup(max_ngram=args.ngram_max, min_ngram=args.ngram_min), k=args.k)
     ar.generate([1, 2, 3], max_new_tokens=4)
@@ -325,10 +326,11 @@ def cpu(args) -> None:
             # HF's min_new_tokens masks EOS, so compare all but the last token
             hf_same = hf_plain_out[: n - 1] == a.tokens[: n - 1]
             ratios[label].append(best["spec"] / best["ar"])
-            print(f"| {label} | {i} | {n} | {best['ar']:.1f} | {best['spec']:.1f} | **{best['spec'] / best['ar']:.2f}x** | "
-                  f"{100 * s.stats.acceptance_rate:.0f}% | {s.stats.tokens_per_round:.2f} | {best['hp']:.1f} | "
-                  f"{best['hl']:.1f} | {best['spec'] / best['hl']:.2f}x | {'yes' if same else 'NO'}"
-                  f"{'' if hf_same else ' (HF differs)'} |", flush=True)
+            print(table_row([label, i, n, f"{best['ar']:.1f}", f"{best['spec']:.1f}",
+                             f"**{best['spec'] / best['ar']:.2f}x**", f"{100 * s.stats.acceptance_rate:.0f}%",
+                             f"{s.stats.tokens_per_round:.2f}", f"{best['hp']:.1f}", f"{best['hl']:.1f}",
+                             f"{best['spec'] / best['hl']:.2f}x",
+                             ('yes' if same else 'NO') + ('' if hf_same else ' (HF differs)')]), flush=True)
     for label, r in ratios.items():
         print(f"\n{label}: speedup over own AR min {min(r):.2f}x, geomean "
               f"{torch.tensor(r).log().mean().exp():.2f}x, max {max(r):.2f}x", end="")

@@ -1,4 +1,4 @@
-"""Decode-step weight matmuls: cuBLAS (F.linear) vs verispec's CUDA GEMV (verispec/cuda/gemv.cu).
+"""Decode-step weight matmuls: cuBLAS (F.linear) vs verispec's CUDA GEMV (verispec/runtime/gemv/gemv.cu).
 
 For every llama-3.1-8b / llama-3.2-1b weight shape W [N, K] (bf16) and M tokens in {1, 2, 4, 8}:
   1. builds the extension, then checks gemv_cuda against F.linear in fp32 (x.float() @ w.float()^T)
@@ -6,10 +6,10 @@ For every llama-3.1-8b / llama-3.2-1b weight shape W [N, K] (bf16) and M tokens 
   2. times F.linear and gemv_cuda: a CUDA graph of --calls back-to-back calls, each on a DIFFERENT
      copy of W (copies rotate; together they exceed the 50 MB L2, so every call reads W from HBM),
      replayed --reps times; time per call = median replay time (CUDA events) / --calls;
-  3. the floor: W bytes / device copy bandwidth (a 2 GiB device-to-device copy, bytes read + written);
+  3. the floor: W bytes / copy bandwidth (benchmarks/common.py);
   4. --sweep: the same timing for every (rows, split) configuration of the kernel, to check (and tune)
      the launcher's automatic choice.
-  5. --fused (instead of 1-4): the fused prologues of gemv.cu against the unfused composition, for the
+  5. --fused (instead of 1-4): the fused prologues of dev/gemv_fused/gemv_fused.cu against the unfused composition, for the
      norm-fed matrices (qkv, gate/up, LM head: ops.add_rmsnorm + gemv_cuda vs gemv_rmsnorm_cuda, with
      the residual add) and the SwiGLU-fed one (down: ops.silu_mul + gemv_cuda vs gemv_swiglu_cuda),
      both timed the same way (a graph of --calls pairs / fused calls), at M in --fused-ms; plus the fused
@@ -24,10 +24,8 @@ benchmarks/results/gemv.md, or to --out.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
-import platform
 import statistics
 import sys
 import time
@@ -37,6 +35,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import copy_bandwidth, environment, environment_line, floor_s, graph_us_per_call, \
+    table_header, table_row  # noqa: E402
 import verispec.runtime.gemv as vc  # noqa: E402
 import dev.cuda_ext as dvc  # noqa: E402
 
@@ -48,49 +48,6 @@ SHAPES = {
                      ("lm_head", 128256, 2048)],
 }
 ROTATE_BYTES = 256 << 20  # copies of W per shape: enough to cover this, at least 2
-
-
-def copy_bandwidth(nbytes: int = 2 << 30, iters: int = 20) -> float:
-    """Bytes/s of a device-to-device copy, counting bytes read + written (median of iters)."""
-    a = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-    for s, e in ev:
-        s.record()
-        b.copy_(a)
-        e.record()
-    torch.cuda.synchronize()
-    t = statistics.median(s.elapsed_time(e) / 1e3 for s, e in ev)
-    del a, b
-    torch.cuda.empty_cache()
-    return 2 * nbytes / t
-
-
-def graph_us_per_call(call, calls: int, reps: int) -> float:
-    """Median over reps replays of a graph of `calls` calls call(0..calls-1), per call, in us."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm up (cuBLAS workspace, extension) outside capture
-        for i in range(calls):
-            call(i)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            call(i)
-    for _ in range(3):
-        graph.replay()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for s, e in ev:
-        s.record()
-        graph.replay()
-        e.record()
-    torch.cuda.synchronize()
-    us = statistics.median(s.elapsed_time(e) * 1e3 for s, e in ev) / calls
-    del graph
-    return us
 
 
 def check_parity(x, w) -> tuple[float, bool]:
@@ -109,7 +66,7 @@ def bench_shape(model, name, N, K, args, bw, log) -> list[dict]:
     w_bytes = N * K * elem
     copies = max(2, min(args.calls, math.ceil(ROTATE_BYTES / w_bytes)))
     ws = [torch.empty(N, K, dtype=dtype, device="cuda").normal_(0, K ** -0.5) for _ in range(copies)]
-    floor_us = w_bytes / bw * 1e6
+    floor_us = floor_s(w_bytes, bw) * 1e6
     tol = {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 1e-4}[dtype]
     rows = []
     for M in args.ms:
@@ -170,33 +127,28 @@ def reading(rows) -> list[str]:
 
 
 def write_markdown(path: Path, rows, meta):
-    out = ["# Decode GEMV: cuBLAS vs verispec/cuda/gemv.cu\n",
-           f"Device: {meta['device']}; date {meta['date']}; torch {meta['torch']} (CUDA {meta['cuda']}), triton "
-           f"{meta['triton']}, python {meta['python']}; dtype {meta['dtype']}. Measured copy bandwidth "
-           f"{meta['bw_tb_s']:.2f} TB/s (2 GiB device-to-device copy, read + write). Command: `{meta['cmd']}`.\n",
+    out = ["# Decode GEMV: cuBLAS vs verispec/runtime/gemv/gemv.cu\n",
+           f"{environment_line(meta, meta['bw_tb_s'] * 1e12)} dtype {meta['dtype']}. Command: `{meta['cmd']}`.\n",
            f"y[M, N] = x[M, K] @ W[N, K]^T. Time per call = median over {meta['reps']} replays of a CUDA graph of "
            f"{meta['calls']} back-to-back calls / {meta['calls']}; the calls rotate over copies of W that together "
            f"exceed {ROTATE_BYTES >> 20} MB (at least 2), so W comes from HBM. Floor = W bytes / copy bandwidth. "
            "gemv config = version (v1 fp32 FMA, v2 tensor-core MMA) rows x split (rows per warp group x warps per "
            "row group, i.e. split-K), chosen by the launcher.\n",
-           "| model | matrix | N x K | W MB | M | floor us | cuBLAS us | cuBLAS % floor | gemv us | gemv % floor | "
-           "speed-up | gemv config |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           *table_header(["model", "matrix", "N x K", "W MB", "M", "floor us", "cuBLAS us", "cuBLAS % floor", "gemv us",
+                          "gemv % floor", "speed-up", "gemv config"])]
     for r in rows:
-        out.append(f"| {r['model']} | {r['matrix']} | {r['N']} x {r['K']} | {r['mb']:.1f} | {r['M']} | "
-                   f"{r['floor_us']:.2f} | {r['cublas_us']:.2f} | {r['floor_us'] / r['cublas_us']:.0%} | "
-                   f"{r['gemv_us']:.2f} | {r['floor_us'] / r['gemv_us']:.0%} | x{r['cublas_us'] / r['gemv_us']:.2f} | "
-                   f"v{r['version']} {r['rows']}x{r['split']} |")
+        out.append(table_row([r['model'], r['matrix'], f"{r['N']} x {r['K']}", f"{r['mb']:.1f}", r['M'],
+                              f"{r['floor_us']:.2f}", f"{r['cublas_us']:.2f}", f"{r['floor_us'] / r['cublas_us']:.0%}",
+                              f"{r['gemv_us']:.2f}", f"{r['floor_us'] / r['gemv_us']:.0%}",
+                              f"x{r['cublas_us'] / r['gemv_us']:.2f}", f"v{r['version']} {r['rows']}x{r['split']}"]))
     out += ["\n## Reading\n", *reading(rows)]
     if any("sweep" in r for r in rows):
         cfgs = list(rows[0]["sweep"])
         out += ["\n## Sweep: us per call for every (rows x split)\n",
-                "| model | matrix | M | auto | " + " | ".join(cfgs) + " |",
-                "|---|---|---|---|" + "---|" * len(cfgs)]
+                *table_header(["model", "matrix", "M", "auto", *cfgs])]
         for r in rows:
-            out.append(f"| {r['model']} | {r['matrix']} | {r['M']} | v{r['version']} {r['rows']}x{r['split']} {r['gemv_us']:.2f} | "
-                       + " | ".join(f"**{v:.2f}**" if k == r["best_cfg"] else f"{v:.2f}" for k, v in r["sweep"].items())
-                       + " |")
+            out.append(table_row([r['model'], r['matrix'], r['M'], f"v{r['version']} {r['rows']}x{r['split']} {r['gemv_us']:.2f}",
+                                  *(f"**{v:.2f}**" if k == r["best_cfg"] else f"{v:.2f}" for k, v in r["sweep"].items())]))
     out.append("\nRaw rows (JSON):\n\n```json\n" + json.dumps(dict(meta=meta, rows=rows)) + "\n```\n")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(out))
@@ -213,7 +165,7 @@ def bench_fused(model, name, N, K, args, bw, log) -> list[dict]:
     w_bytes = N * K * torch.empty((), dtype=dtype).element_size()
     copies = max(2, min(args.calls, math.ceil(ROTATE_BYTES / w_bytes)))
     ws = [torch.empty(N, K, dtype=dtype, device="cuda").normal_(0, K ** -0.5) for _ in range(copies)]
-    floor_us = w_bytes / bw * 1e6
+    floor_us = floor_s(w_bytes, bw) * 1e6
     rows = []
     for M in args.fused_ms:
         if op == "norm":
@@ -255,19 +207,17 @@ def bench_fused(model, name, N, K, args, bw, log) -> list[dict]:
 
 def write_fused_markdown(path: Path, rows, meta):
     out = ["## Fused prologues: add + RMSNorm / SwiGLU inside the GEMV\n",
-           f"Device: {meta['device']}; date {meta['date']}; torch {meta['torch']}; dtype {meta['dtype']}; copy bandwidth "
-           f"{meta['bw_tb_s']:.2f} TB/s. Command: `{meta['cmd']}`. Unfused = ops.add_rmsnorm (with the residual "
+           f"{environment_line(meta, meta['bw_tb_s'] * 1e12)} dtype {meta['dtype']}. Command: `{meta['cmd']}`. Unfused = ops.add_rmsnorm (with the residual "
            "add) + gemv_cuda, or ops.silu_mul + gemv_cuda; fused = gemv_rmsnorm_cuda / gemv_swiglu_cuda (one "
            "launch). Same timing as above (graph of back-to-back calls, W rotating through HBM).\n",
-           "| model | op | N x K | M | floor us | unfused us | fused us | saved us | fused % floor | fused tiles=1 / 2 / 4 us | "
-           "max rel diff |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           *table_header(["model", "op", "N x K", "M", "floor us", "unfused us", "fused us", "saved us", "fused % floor",
+                          "fused tiles=1 / 2 / 4 us", "max rel diff"])]
     for r in rows:
-        out.append(f"| {r['model']} | {r['op']} + {r['matrix']} | {r['N']} x {r['K']} | {r['M']} | {r['floor_us']:.2f} | "
-                   f"{r['unfused_us']:.2f} | {r['fused_us']:.2f} | {r['unfused_us'] - r['fused_us']:.2f} | "
-                   f"{r['floor_us'] / r['fused_us']:.0%} | "
-                   + " / ".join(f"{v:.2f}" for v in r["tiles_sweep"].values())
-                   + f" | {r['max_rel_diff']:.1e}{'' if r['parity_ok'] else ' FAIL'} |")
+        out.append(table_row([r['model'], f"{r['op']} + {r['matrix']}", f"{r['N']} x {r['K']}", r['M'],
+                              f"{r['floor_us']:.2f}", f"{r['unfused_us']:.2f}", f"{r['fused_us']:.2f}",
+                              f"{r['unfused_us'] - r['fused_us']:.2f}", f"{r['floor_us'] / r['fused_us']:.0%}",
+                              " / ".join(f"{v:.2f}" for v in r["tiles_sweep"].values()),
+                              f"{r['max_rel_diff']:.1e}{'' if r['parity_ok'] else ' FAIL'}"]))
     out.append("\nRaw rows (JSON):\n\n```json\n" + json.dumps(dict(meta=meta, rows=rows)) + "\n```\n")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(out))
@@ -287,7 +237,7 @@ def main(argv=None):
     p.add_argument("--out", default=None, help="markdown output (default: results/gemv.md; --fused: print only)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
-        print("benchmarks/gemv.py needs a CUDA GPU (it times cuBLAS against verispec/cuda/gemv.cu)")
+        print("benchmarks/gemv.py needs a CUDA GPU (it times cuBLAS against verispec/runtime/gemv/gemv.cu)")
         return []
     args.ms = [int(m) for m in args.ms.split(",")]
     args.fused_ms = [int(m) for m in args.fused_ms.split(",")]
@@ -298,15 +248,8 @@ def main(argv=None):
     t0 = time.perf_counter()
     vc.load()
     log(f"extension built/loaded in {time.perf_counter() - t0:.0f} s")
-    try:
-        import triton
-        trv = triton.__version__
-    except ImportError:
-        trv = "not installed"
     bw = copy_bandwidth()
-    meta = dict(device=torch.cuda.get_device_name(), date=datetime.datetime.now(datetime.timezone.utc).strftime(
-        "%Y-%m-%d %H:%M UTC"), torch=torch.__version__, cuda=torch.version.cuda, triton=trv,
-        python=platform.python_version(), dtype=str(args.dtype).replace("torch.", ""), bw_tb_s=bw / 1e12,
+    meta = dict(environment(), dtype=str(args.dtype).replace("torch.", ""), bw_tb_s=bw / 1e12,
         calls=args.calls, reps=args.reps, cmd="python benchmarks/gemv.py " + " ".join(argv or sys.argv[1:]))
     log(f"{meta['device']}: copy bandwidth {bw / 1e12:.2f} TB/s")
     rows = []

@@ -10,16 +10,15 @@ against the expected answer (greedy) or a second run (sampling: determinism), th
   api+graph   the public ``verify_*`` call (validation metadata + dispatch) under graph replay
   torch-vec   a vectorized plain-PyTorch baseline (argmax / softmax over every row + gather)
   reference   the per-sequence reference backend (a Python loop; a few small configs only)
-Sampling also times the other row-statistics schedule (waves on/off, see kernels/rejection.py).
+Sampling also times the other row-statistics schedule (waves on/off, see verispec/verify/triton/rejection.py).
 Bytes: ``floor`` = target_logits read once (+ the draft_probs rows needed for recovery);
 ``need`` (sampling) = only the rows up to each sequence's stop row. GB/s = floor / time.
-``%copy`` = achieved floor GB/s over the measured device-to-device copy bandwidth.
+``%copy`` = achieved floor GB/s over the copy bandwidth (benchmarks/common.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import sys
 import time
@@ -30,6 +29,7 @@ import triton.testing
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from benchmarks.common import capture_graph, copy_bandwidth, environment, table_header, table_row  # noqa: E402
 from verispec.verify.triton.greedy import verify_greedy_triton  # noqa: E402
 from verispec.verify.triton.rejection import WAVE_MIN_BYTES, verify_sample_triton  # noqa: E402
 from verispec.verify.reference import reference_verify_greedy, reference_verify_sample  # noqa: E402
@@ -50,20 +50,8 @@ def bench(fn, rep=40) -> float:
 
 
 def bench_graph(fn) -> float:
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return bench(graph.replay)
-
-
-def copy_bandwidth() -> float:
-    """Device-to-device copy, GB/s counting bytes read + written."""
-    src = torch.empty(1 << 28, dtype=torch.float32, device="cuda").uniform_()
-    dst = torch.empty_like(src)
-    ms = bench(lambda: dst.copy_(src), rep=200)
-    return 2 * src.numel() * 4 / ms / 1e6
+    """Median milliseconds of one replay of a CUDA graph of ``fn()`` (do_bench: L2 flushed before each)."""
+    return bench(capture_graph(fn).replay)
 
 
 # ---------- plain PyTorch baselines (vectorized, no host sync) ----------
@@ -191,19 +179,20 @@ def fmt_us(ms):
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="a handful of configurations")
     ap.add_argument("--budget", type=float, default=330.0, help="seconds for the sweep; the rest is skipped")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "verify.md"))
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("benchmarks/verify.py needs a CUDA GPU")
     t0 = time.time()
-    bw = copy_bandwidth()
-    props = torch.cuda.get_device_properties(0)
+    bw = copy_bandwidth() / 1e9   # GB/s
+    env = environment()
     head = [
         "# verispec verification kernels: benchmark",
         "",
-        f"device: {props.name} ({props.multi_processor_count} SMs) · date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC · "
-        f"torch {torch.__version__} · triton {triton.__version__}",
+        f"device: {env['device']} ({env['sms']} SMs) · date: {env['date']} · torch {env['torch']} · triton {env['triton']}",
         f"measured device-to-device copy bandwidth: {bw:.0f} GB/s (read + write)",
         "",
         "Times are medians in µs (do_bench, L2 flushed). `graph` = the Triton launcher replayed from a CUDA graph;",
@@ -226,34 +215,35 @@ def main():
     skipped = 0
 
     lines += ["## Greedy (acceptance 0.6)", "",
-              "| B | K | V | dtype | ok | floor MB | triton | graph | api+graph | torch-vec | reference | GB/s | %copy | x vec |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              *table_header(["B", "K", "V", "dtype", "ok", "floor MB", "triton", "graph", "api+graph", "torch-vec",
+                             "reference", "GB/s", "%copy", "x vec"])]
     for b, k, v, d in greedy_cfgs:
         if time.time() - t0 > args.budget * 0.4:
             skipped += 1
             continue
         r = run_greedy(b, k, v, DTYPES[d], bw, with_reference=(v == 128256 and b <= 32))
-        line = (f"| {b} | {k} | {v} | {d} | {'yes' if r['ok'] else 'NO'} | {r['floor'] / 1e6:.1f} | {fmt_us(r['triton'])} | "
-                f"{fmt_us(r['graph'])} | {fmt_us(r['api+graph'])} | {fmt_us(r['torch-vec'])} | {fmt_us(r.get('reference'))} | "
-                f"{r['gbps']:.0f} | {100 * r['copy']:.0f}% | {r['torch-vec'] / r['graph']:.1f} |")
+        line = table_row([b, k, v, d, 'yes' if r['ok'] else 'NO', f"{r['floor'] / 1e6:.1f}", fmt_us(r['triton']),
+                          fmt_us(r['graph']), fmt_us(r['api+graph']), fmt_us(r['torch-vec']), fmt_us(r.get('reference')),
+                          f"{r['gbps']:.0f}", f"{100 * r['copy']:.0f}%", f"{r['torch-vec'] / r['graph']:.1f}"])
         print(line, flush=True)
         lines.append(line)
         torch.cuda.empty_cache()
 
     lines += ["", "## Sampling (T = 1, draft_probs; floor = logits once + q rows of rejected sequences; need = rows up to each stop row)", "",
-              "| B | K | V | dtype | α | mean acc | ok | floor MB | need MB | triton | graph | waves | graph, other schedule | api+graph | torch-vec | reference | GB/s | %copy | graph / floor time | x vec |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              *table_header(["B", "K", "V", "dtype", "α", "mean acc", "ok", "floor MB", "need MB", "triton", "graph", "waves",
+                             "graph, other schedule", "api+graph", "torch-vec", "reference", "GB/s", "%copy",
+                             "graph / floor time", "x vec"])]
     for b, k, v, d, a in sample_cfgs:
         if time.time() - t0 > args.budget:
             skipped += 1
             continue
         r = run_sample(b, k, v, DTYPES[d], a, bw, with_reference=(v == 128256 and b <= 8 and a == 0.6))
         floor_ms = r["floor"] / (bw * 1e6)
-        line = (f"| {b} | {k} | {v} | {d} | {a} | {r['acc']:.2f} | {'yes' if r['ok'] else 'NO'} | {r['floor'] / 1e6:.1f} | "
-                f"{r['need'] / 1e6:.1f} | {fmt_us(r['triton'])} | {fmt_us(r['graph'])} | {'on' if r['waves'] else 'off'} | "
-                f"{fmt_us(r['other'])} | {fmt_us(r['api+graph'])} | "
-                f"{fmt_us(r['torch-vec'])} | {fmt_us(r.get('reference'))} | {r['gbps']:.0f} | {100 * r['copy']:.0f}% | "
-                f"{r['graph'] / floor_ms:.2f} | {r['torch-vec'] / r['graph']:.1f} |")
+        line = table_row([b, k, v, d, a, f"{r['acc']:.2f}", 'yes' if r['ok'] else 'NO', f"{r['floor'] / 1e6:.1f}",
+                          f"{r['need'] / 1e6:.1f}", fmt_us(r['triton']), fmt_us(r['graph']), 'on' if r['waves'] else 'off',
+                          fmt_us(r['other']), fmt_us(r['api+graph']), fmt_us(r['torch-vec']), fmt_us(r.get('reference')),
+                          f"{r['gbps']:.0f}", f"{100 * r['copy']:.0f}%", f"{r['graph'] / floor_ms:.2f}",
+                          f"{r['torch-vec'] / r['graph']:.1f}"])
         print(line, flush=True)
         lines.append(line)
         torch.cuda.empty_cache()

@@ -83,7 +83,7 @@ const void* check_gemv_weight(const at::Tensor& x, const at::Tensor& w, const st
 }
 
 // (y [M, N], residual [M, K]): y = (RMSNorm(x + delta) * g) @ w^T (+ b); residual = x + delta rounded
-// (a new tensor), or x itself without delta. M <= 2 (verispec/cuda/__init__.py checks first).
+// (a new tensor), or x itself without delta. M <= 2 (dev/cuda_ext.py checks first).
 std::vector<at::Tensor> gemv_rmsnorm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& g, double eps,
                                      const std::optional<at::Tensor>& delta, const std::optional<at::Tensor>& b,
                                      int64_t tiles) {

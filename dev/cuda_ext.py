@@ -4,9 +4,9 @@
     gemv_fused/gemv_fused.cu    gemv.cu's v1 with a fused RMSNorm or SwiGLU prologue (M <= 2)
     binding.cpp                 torch glue
 
-Measured, never imported by verispec/ (tests/test_architecture.py checks that): the ablation benchmark
-(benchmarks/ablation.py) and benchmarks/gemv.py --fused use them, tests/dev/ checks them against their
-references on the GPU.
+Measured, never imported by verispec/ (docs/architecture.md, the import rule): the ablation benchmark
+(benchmarks/ablation.py) and benchmarks/gemv.py --fused use them; tests/test_cuda_parity.py checks them
+against their references (dev/kv/kv.py, the runtime's separate kernels) on the GPU.
 """
 from __future__ import annotations
 
@@ -141,7 +141,7 @@ def gemv_rmsnorm_cuda(
     """(y, residual) = (F.linear(RMSNorm(r) * norm_weight, w, b), r) with r = x + delta (or x), in one launch.
 
     x, delta: [..., K] (M = 1..2 rows), norm_weight [K], w [N, K], b [N], one dtype. Matches
-    ``runtime.kernels.add_rmsnorm`` followed by a linear: r = x + delta in fp32 rounded to the dtype,
+    ``verispec.runtime.ops.add_rmsnorm`` followed by a linear: r = x + delta in fp32 rounded to the dtype,
     rstd = 1 / sqrt(mean(r^2) + eps) in fp32, h = round(r * rstd * norm_weight), y = h @ w^T with fp32
     accumulation (gemv.cu v1; deterministic). residual: a new tensor with delta, x itself without.
     tiles: row tiles per block (0 = automatic). Raises ValueError where ``gemv_rmsnorm_supported`` is false.
@@ -175,7 +175,7 @@ def gemv_swiglu_cuda(gu: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None =
                      tiles: int = 0) -> torch.Tensor:
     """F.linear(silu(gate) * up, w, b) in one launch, gu [..., 2I] = [gate | up] (M = 1..2 rows), w [N, I].
 
-    Matches ``runtime.kernels.silu_mul`` followed by a linear: silu(gate) = gate / (1 + exp(-gate)) in fp32,
+    Matches ``verispec.runtime.ops.silu_mul`` followed by a linear: silu(gate) = gate / (1 + exp(-gate)) in fp32,
     h = round(silu(gate) * up), y = h @ w^T with fp32 accumulation (gemv.cu v1; deterministic).
     tiles: row tiles per block (0 = automatic). Raises ValueError where ``gemv_swiglu_supported`` is false.
     """

@@ -1,4 +1,5 @@
-"""Analytical model of speculative decoding (Leviathan et al. 2023; seed 001's T_SD form).
+"""Analytical model of speculative decoding (Leviathan et al. 2023: a draft step costs c target steps, so a round's drafting
+costs T_SD = K * c).
 
 Notation:
     alpha   per-position acceptance probability (i.i.d. model)

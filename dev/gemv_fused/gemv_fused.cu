@@ -9,10 +9,10 @@
 // The GEMV input vector h [M, K] is computed by every block into shared memory (as T: it is rounded
 // to T anyway), then the v1 loop runs over it instead of __ldg(x):
 //   GEMV_NORM    h = round_T(r * rstd * g), r = round_T(x + delta) (or x), rstd = 1 / sqrt(mean(r^2) + eps)
-//                per token row, all in fp32: what kernels._add_rmsnorm_kernel computes (the sum of
+//                per token row, all in fp32: what runtime/ops.py's _add_rmsnorm_kernel computes (the sum of
 //                squares in another order). Block 0 writes r to res_out when delta is given.
 //   GEMV_SWIGLU  h = round_T(gate / (1 + exp(-gate)) * up), gu = [gate | up] [M, 2K]: what
-//                kernels._silu_mul_kernel computes.
+//                runtime/ops.py's _silu_mul_kernel computes.
 // The prologue reads M * K (NORM: + M * K delta + K g; SWIGLU: 2 M K) elements per block from L2 / L1
 // and, for NORM, does one block reduction. To keep HBM busy meanwhile, each block issues its first
 // tile's W loads (U * ROWS 16-byte vectors a thread) BEFORE the prologue and consumes them after it.

@@ -1,4 +1,4 @@
-// kv_compact.cu: keep the accepted K/V entries of a verify pass (verispec/kv.py semantics).
+// kv_compact.cu: keep the accepted K/V entries of a verify pass (dev/kv/kv.py semantics).
 //
 // A verify pass wrote num_rows[b] = k_b + 1 new entries per sequence, ragged and contiguous:
 // new_kv [R, row_bytes], sequence b's rows at cu_num_rows[b] ... cu_num_rows[b + 1]. The first
@@ -14,14 +14,14 @@
 //       its offsets (O(B^2) reads in all), then copies its bytes alone, 4 bytes at a time when
 //       aligned. One thread moves a whole sequence (kilobytes): no coalescing, and the
 //       sequences with more kept rows hold the whole warp back.
-//   v2 (Opt B) kv_scan_kernel + kv_copy_kernel: one block computes the exclusive prefix sums
+//   v2 kv_scan_kernel + kv_copy_kernel: one block computes the exclusive prefix sums
 //       of num_emitted and num_rows (warp __shfl_up_sync scans, one value per warp through
 //       shared memory, carried across 1024-wide tiles), then a grid of (B, blocks per
 //       sequence) blocks copies every sequence's byte range with 16-byte vectors (8/4/1 when the
 //       addresses or the size are not 16-byte aligned), consecutive threads on consecutive
 //       vectors: coalesced reads and writes. Two launches, no host sync (the output capacity
 //       is R rows, known on the host).
-//   v3 (Opt B, fused) kv_fused_kernel: ONE launch. Block (b, c) computes its own exclusive
+//   v3 kv_fused_kernel: ONE launch. Block (b, c) computes its own exclusive
 //       prefix sums by a block reduction over num_rows[0:b] and num_emitted[0:b] (b ints each,
 //       L2-resident: O(B^2) reads in all but spread over B blocks, a few hundred ns each for
 //       B <= a few thousand), then copies like v2. Saves v2's second launch and the
@@ -62,7 +62,7 @@ __global__ void kv_naive_kernel(const unsigned char* __restrict__ new_kv, long l
 }
 
 // ---------------------------------------------------------------------------------------
-// v2 (Opt B): exclusive prefix sums in one block.
+// v2: exclusive prefix sums in one block.
 #define KV_SCAN_THREADS 1024
 
 __device__ __forceinline__ int block_inclusive_scan(int v, int* s_warp /* [32] */, int* s_total) {
@@ -115,7 +115,7 @@ kv_scan_kernel(const int* __restrict__ num_rows, const int* __restrict__ num_emi
     }
 }
 
-// v2 (Opt B): the coalesced copy. grid = (B, blocks_per_seq).
+// v2: the coalesced copy. grid = (B, blocks_per_seq).
 #define KV_COPY_THREADS 256
 
 template <typename W>
@@ -158,7 +158,7 @@ kv_copy_kernel(const unsigned char* __restrict__ new_kv, long long row_bytes, co
     else copy_words<unsigned char>(src, dst, nbytes);
 }
 
-// v3 (Opt B, fused): grid = (B, blocks_per_seq); each block finds its own offsets.
+// v3 (v2 fused into one launch): grid = (B, blocks_per_seq); each block finds its own offsets.
 __device__ __forceinline__ void block_sum2(long long& x, long long& y) {
     __shared__ long long s_x[32], s_y[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;

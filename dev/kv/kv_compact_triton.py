@@ -1,6 +1,6 @@
 """KV compaction after verification (Triton): keep each sequence's first num_emitted rows.
 
-Semantics: ``verispec.kv`` (``reference_compact_kv`` / ``reference_scatter_to_cache``).
+Semantics: ``dev.kv.kv`` (``reference_compact_kv`` / ``reference_scatter_to_cache``).
 
 One launch each, grid (B, C): program (b, c) copies column block c of the kept rows of
 sequence b. Rows are treated as opaque bytes, viewed as the widest integer type that divides
@@ -104,7 +104,7 @@ def _block_w(row_words: int) -> int:
 
 
 def compact_kv_triton(new_kv: torch.Tensor, num_rows: torch.Tensor, num_emitted: torch.Tensor):
-    """Pack the kept rows of ``new_kv`` [R, ...]; see ``verispec.kv.compact_kv``.
+    """Pack the kept rows of ``new_kv`` [R, ...]; see ``dev.kv.kv.compact_kv``.
 
     Returns (packed [R, ...] with rows past cu_num_emitted[-1] unspecified, cu_num_emitted [B + 1] int32).
     """
@@ -125,7 +125,7 @@ def compact_kv_triton(new_kv: torch.Tensor, num_rows: torch.Tensor, num_emitted:
 def scatter_to_cache_triton(
     cache: torch.Tensor, cache_lens: torch.Tensor, new_kv: torch.Tensor, num_rows: torch.Tensor, num_emitted: torch.Tensor
 ) -> torch.Tensor:
-    """Append kept rows to a static cache [B, S_max, ...] in place; see ``verispec.kv.scatter_to_cache``.
+    """Append kept rows to a static cache [B, S_max, ...] in place; see ``dev.kv.kv.scatter_to_cache``.
 
     Returns cache_lens + num_emitted. Entries that would land past S_max are dropped (no host
     sync is allowed here to raise); callers check ``new_lens <= S_max`` off the hot path.

@@ -7,7 +7,7 @@ valid for the life of the cache. Slots at or past ``lengths[b]`` are dead: rollb
 S_cap is ``max_seq_len`` rounded up to a multiple of 64 (aligned rows for the attention kernels); the
 extra slots are never written, because writes past ``max_seq_len`` are refused on the host side.
 
-Rows [B:B_max] are *padding rows*: a CUDA graph captured for a larger batch bucket (see model.py) runs
+Rows [B:B_max] are *padding rows*: a CUDA graph captured for a larger batch bucket (see ``Model.graph_rows`` in model.py) runs
 them along with the live rows. Their length stays 0 (``live`` is 0 there, so a pass advances them by
 nothing) and they only ever write slots [0, k) of their own dead row.
 """

@@ -1,6 +1,6 @@
 """CUDA graphs for the decode / verify pass, captured lazily on first use.
 
-One graph per (rows, k) bucket: runner.Model pads a batch up to its bucket (see ``Model.graph_rows``).
+One graph per (rows, k) bucket: ``model.Model`` pads a batch up to its bucket (see ``Model.graph_rows``).
 
 A captured pass reads ``tokens`` from a static input buffer and ``lengths`` from the cache's fixed
 lengths buffer, computes positions and the attention mask on the device, writes K/V, advances

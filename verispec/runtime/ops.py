@@ -1,8 +1,10 @@
 """Triton kernels for the decode / verify pass (CUDA only in the model; the tests also run them on the CPU
 under ``TRITON_INTERPRET=1``).
 
-A B=1 decode step of an 8B model spent ~76 us per layer outside the weight matmuls in ~22 small PyTorch
-kernels (profile in benchmarks/results/decode.md). These replace them with five launches per layer:
+Without them a B=1 decode step of an 8B model spends ~76 us per layer outside the weight matmuls in ~22 small
+PyTorch kernels (the torch path's profile in benchmarks/results/decode.md). These replace them with six launches
+of five kernels per layer (add_rmsnorm twice, rope_kv_write, the attention split and combine, silu_mul), beside
+the four weight matmuls:
 
   * ``add_rmsnorm``   x += delta (the previous sublayer's output) and h = RMSNorm(x) * w, one pass;
   * ``rope_kv_write`` RoPE on the q and k heads of the fused QKV output, q to a buffer, k and v straight into
@@ -256,7 +258,7 @@ _gemv_ready: bool | None = None   # None: not tried yet; False: unavailable (no 
 
 
 def _gemv_available() -> bool:
-    """Load (building on first use, ~1-2 min, cached on disk) the CUDA extension once; False if it fails."""
+    """Load (building on first use, about a minute, cached on disk) the CUDA extension once; False if it fails."""
     global _gemv_ready
     if _gemv_ready is None:
         if torch.cuda.is_current_stream_capturing():   # never build inside a capture (warm-ups run first)

@@ -3,7 +3,7 @@
     verify_greedy(target_logits, draft_tokens, num_draft)              -> VerifyOutput
     verify_sample(target_logits, draft_tokens, num_draft, draft_probs) -> VerifyOutput
 
-The layout and the semantics are documented in ``verispec.reference`` (the oracle); every
+The layout and the semantics are documented in ``verispec.verify.reference`` (the oracle); every
 backend returns exactly what the reference returns (sampling: for the same ``seed``/``offset``,
 up to float rounding at near-ties, see docs/verification.md).
 
@@ -218,7 +218,7 @@ def verify_sample(
     """Rejection-sampling verification (Leviathan et al.) of ragged drafts; exact in distribution.
 
     The emitted tokens are distributed exactly as the target distribution p (after temperature,
-    top-k, top-p; see ``verispec.sampling``) whatever the drafts were, provided ``draft_probs``
+    top-k, top-p; see ``verispec.verify.sampling``) whatever the drafts were, provided ``draft_probs``
     are the distributions the drafts were actually drawn from.
 
     Args:
@@ -230,7 +230,7 @@ def verify_sample(
         top_k: None/int or [B] int tensor; 0 or None = no top-k.
         top_p: None/float or [B] tensor in (0, 1]; None or 1 = no top-p.
         generator: a torch.Generator the stream seed is drawn from (when ``seed`` is None).
-        seed: int or [1] int64 tensor keying the Philox stream (see ``verispec.rng``); a device
+        seed: int or [1] int64 tensor keying the Philox stream (see ``verispec.verify.rng``); a device
             tensor keeps the call CUDA-graph capturable.
         offset: int or [1] int64 tensor; advance it between calls that share a seed.
 

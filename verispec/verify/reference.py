@@ -17,7 +17,7 @@ Ragged, flattened layout (B sequences, sequence b proposes k_b >= 0 drafts):
                                     scoring its drafts, then one bonus row
     tokens (out)   [B, max_k + 1]   int32: accepted drafts, then the recovered/bonus token, -1 pad
 
-Randomness comes from ``verispec.rng`` keyed by ``(seed, offset)``; row indices in the stream
+Randomness comes from ``verispec.verify.rng`` keyed by ``(seed, offset)``; row indices in the stream
 are the target_logits row indices above.
 """
 

@@ -29,7 +29,7 @@ from .reference import VerifyOutput
 
 @dataclass
 class Workload:
-    """One verification batch in the ragged layout of ``verispec.reference``.
+    """One verification batch in the ragged layout of ``verispec.verify.reference``.
 
     target_logits: [sum(k_b + 1), V]     draft_tokens: [sum(k_b)] int64     num_draft: [B] int32
     draft_probs:   [sum(k_b), V] or None

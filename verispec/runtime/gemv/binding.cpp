@@ -12,7 +12,7 @@ namespace {
 
 // ---- decode GEMV ------------------------------------------------------------------------
 // y [M, N] = x [M, K] @ w [N, K]^T (+ b [N]); M <= 8, K * elem % 16 == 0, 16-byte aligned x, w
-// (verispec/cuda/__init__.py checks and falls back to F.linear first). out: written in place.
+// (verispec/runtime/gemv/__init__.py checks and falls back to F.linear first). out: written in place.
 at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
                 const std::optional<at::Tensor>& out, int64_t version, int64_t rows, int64_t split) {
     TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.is_contiguous(), "x must be a contiguous CUDA [M, K] tensor");

@@ -152,7 +152,7 @@ __device__ __forceinline__ SoftmaxStats block_stats(SoftmaxStats a) {
     return {__shfl_sync(VS_FULL_MASK, a.m, 0), __shfl_sync(VS_FULL_MASK, a.s, 0)};
 }
 
-// ---- the verispec random stream (verispec/rng.py) -----------------------------------------
+// ---- the verispec random stream (verispec/verify/rng.py) -----------------------------------------
 #define VS_PURPOSE_ACCEPT 0u
 #define VS_PURPOSE_RACE 1u
 

@@ -1,6 +1,6 @@
 // verify_greedy.cu: greedy verification of ragged drafts, kernel versions side by side.
 //
-// Semantics (verispec/reference.py, reference_verify_greedy): sequence b proposes k_b drafts,
+// Semantics (verispec/verify/reference.py, reference_verify_greedy): sequence b proposes k_b drafts,
 // scored by target rows row0 = cu_num_draft[b] + b ... row0 + k_b (the last is the bonus row).
 // Drafts are accepted while draft == argmax(target row); then the target argmax of the first
 // rejected row (or of the bonus row) is emitted. tokens [B, max_k + 1] int32, -1 padded.
@@ -8,19 +8,22 @@
 // Two stages, each with its versions:
 //
 //   argmax (bytes: R * V * sizeof(T), the whole cost at V = 128k):
-//     argmax_partial_kernel   (seed 004's V2) a block of 256 threads per (row, vocab chunk);
-//         16-byte vector loads, UNROLL loads in flight; per-thread running argmax, then
+//     v2 argmax_partial_kernel<T, false>  a block of 256 threads per (row, vocab chunk);
+//         16-byte vector loads, 4 loads in flight; per-thread running argmax, then
 //         __shfl_down_sync (value, index) reduction with torch.argmax's tie-break (lowest
 //         index), then one value per warp through shared memory. Rows are split into chunks
 //         when there are too few rows to fill the GPU (B = 1: 5 rows, 132 SMs); the scan
 //         kernels merge the chunk partials (chunks == 1 when R is large).
+//     v3 argmax_partial_kernel<T, true>   the same with evict-first streaming loads (the logits
+//         are read once), 8 loads in flight, and a strict `>` per thread (a thread sees its ids
+//         in increasing order; the full tie rule runs only where threads, warps and chunks merge).
 //
 //   acceptance scan (bytes: tiny; where the raggedness shows):
 //     v1 scan_naive_kernel    one thread per sequence walks its drafts until the first
 //         mismatch and writes its output row serially. Lanes of a warp finish after
 //         1 ... k_b + 1 steps: divergent, and the per-thread serial writes are uncoalesced
 //         (stride max_k + 1 between neighbouring threads).
-//     v2 scan_ballot_kernel   (Opt A) one warp per sequence: lane i compares position i,
+//     v2 scan_ballot_kernel   one warp per sequence: lane i compares position i,
 //         __ballot_sync(mismatch) + __ffs gives the first mismatch in one step (32 positions a
 //         step, loop for k_b > 32); the output row is written by the lanes together.
 //     v3 scan_segment_kernel  one warp holds 32 / S sequences, S = next_pow2(max_k) lanes each
@@ -111,7 +114,7 @@ __global__ void scan_naive_kernel(const float* __restrict__ part_val, const int*
     num_emitted[b] = acc + 1;
 }
 
-// v2 (Opt A): one warp per sequence, SCAN_WARPS sequences per block.
+// v2: one warp per sequence, SCAN_WARPS sequences per block.
 #define SCAN_WARPS 4
 
 __global__ void __launch_bounds__(SCAN_WARPS * 32)
@@ -222,7 +225,7 @@ static void launch_argmax(int version, dim3 grid, const void* logits, long long 
                                                                              chunk_len, chunks, part_val, part_idx);
 }
 
-// version: 2 (seed 004's V2) or 3 (streaming loads, strict per-thread compare).
+// version: 2 (plain vector loads) or 3 (streaming loads, strict per-thread compare).
 extern "C" cudaError_t vs_argmax_partial(int version, const void* logits, int dtype, long long row_stride, int rows,
                                          int vocab, int chunks, float* part_val, int* part_idx, cudaStream_t stream) {
     if (rows == 0) return cudaSuccess;

@@ -1,13 +1,13 @@
 // verify_sample.cu: rejection-sampling verification (Leviathan et al.), exact in distribution.
 //
-// Semantics (verispec/reference.py, reference_verify_sample), per sequence b with temperature T:
+// Semantics (verispec/verify/reference.py, reference_verify_sample), per sequence b with temperature T:
 //   draft row i (target row r, draft x, draft distribution q, p = softmax(logits[r] / T)):
 //       accept iff u_r * q(x) < p(x),  u_r = uniform(seed, offset, row=r, col=0, ACCEPT)
 //       else emit argmax_v max(0, p_v - q_v) / -log(u_v),  u_v = uniform(..., r, v, RACE)
 //            (the exponential race: a sample of norm(max(0, p - q)); p itself if that is empty)
 //   all accepted: emit argmax_v p_v / -log(u_v) on the bonus row.
 //   n-gram drafts (draft_probs null): q = point mass at x.   T == 0: greedy on the argmax.
-// Every random number comes from the shared Philox stream (common.cuh == verispec/rng.py), so
+// Every random number comes from the shared Philox stream (common.cuh == verispec/verify/rng.py), so
 // the kernel emits the reference's tokens, up to float rounding at near-ties (p(x) within an
 // ulp of u * q(x), or two race keys within an ulp): softmax sums are accumulated in a different
 // order here than in torch.
@@ -16,10 +16,10 @@
 //   row_stats_partial_kernel  grid (R, chunks): per (row, vocab chunk) the online-softmax
 //       statistics (max m, sum exp(z - m)) of z = logits / T, or for T == 0 the argmax with
 //       torch's tie-break. 16-byte loads, warp-shuffle reductions (the argmax of
-//       verify_greedy.cu, seed 004's V2, extended to softmax statistics).
+//       verify_greedy.cu's v2, extended to softmax statistics).
 //   rejection_kernel          grid B, 256 threads: warp 0 merges the chunk statistics of the
 //       sequence's rows and runs the accept tests of all its drafts at once, __ballot_sync
-//       finding the first rejection (Opt A); then the whole block runs the exponential race
+//       finding the first rejection (as the ballot scan of verify_greedy.cu); then the whole block runs the exponential race
 //       over the emitted row (recovered or bonus): one pass over V with one Philox draw per
 //       vocabulary id, block argmax through __shfl_down_sync.
 //

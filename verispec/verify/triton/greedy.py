@@ -1,6 +1,6 @@
 """Fused greedy verification from logits (Triton): argmax of every row + ragged acceptance scan.
 
-Layout and semantics: ``verispec.reference`` (``reference_verify_greedy`` is the oracle).
+Layout and semantics: ``verispec.verify.reference`` (``reference_verify_greedy`` is the oracle).
 
 Two launches, both CUDA-graph capturable (no host sync; grid sizes come from host ints only):
 

@@ -1,7 +1,7 @@
 """Fused rejection-sampling verification from logits (Triton).
 
-Semantics: ``verispec.reference.reference_verify_sample`` (the oracle) with the distributions of
-``verispec.sampling`` and the random stream of ``verispec.rng``. Vocabulary: accepted drafts,
+Semantics: ``verispec.verify.reference.reference_verify_sample`` (the oracle) with the distributions of
+``verispec.verify.sampling`` and the random stream of ``verispec.verify.rng``. Vocabulary: accepted drafts,
 then one recovered (first rejection) or bonus (all accepted) token.
 
 Per target row r of sequence b the kernels need only three numbers, never a materialized
@@ -56,7 +56,7 @@ _LOG2E = tl.constexpr(1.4426950408889634)
 
 @triton.jit
 def _uniform(seed, offset, row, col, PURPOSE: tl.constexpr):
-    """``verispec.rng.uniform``: Philox-4x32-10 at counter (col, row, offset, purpose), word 0.
+    """``verispec.verify.rng.uniform``: Philox-4x32-10 at counter (col, row, offset, purpose), word 0.
 
     ``row`` / ``col`` are int32 blocks of one shape; the result is float32 in (0, 1), exact.
     """
