@@ -63,3 +63,15 @@ def test_ssd_with_tensor_parallel_target():
 def test_mismatched_vocabularies_are_a_clear_error():
     with pytest.raises(DistributedError, match="vocabularies differ"):
         run_local(ssd_worker, 2, [GREEDY], 80, timeout_s=60, collective_timeout_s=10)
+
+
+def test_launcher_refuses_a_wrong_world_size_and_missing_nccl(monkeypatch, capsys):
+    from verispec.distributed.__main__ import main
+
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("RANK", "0")
+    assert main(["--target", "x", "--draft", "y", "--tp", "1"]) == 2
+    assert "WORLD_SIZE is 3 but --tp 1 needs 2 processes" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main(["--target", "x", "--draft", "y", "--backend", "nccl"]) == 2
+        assert "nccl" in capsys.readouterr().err
