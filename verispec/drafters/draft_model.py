@@ -13,6 +13,7 @@ e.g. k=3, L=10: rollback to 8, feed h[8], h[9] -> d1; feed d1 -> d2; feed d2 -> 
 """
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 import torch
@@ -30,6 +31,12 @@ class DraftModel(Drafter):
     """
 
     def __init__(self, model):
+        if isinstance(model, (str, bytes)) or isinstance(model, os.PathLike):
+            raise TypeError(f"DraftModel({model!r}) got a name: load the model first, "
+                            f"DraftModel(verispec.load_model({model!r}))")
+        if model is not None and not all(hasattr(model, a) for a in ("setup_cache", "prefill", "verify", "config")):
+            raise TypeError(f"DraftModel(model) needs a loaded model (verispec.load_model(...)), "
+                            f"got {type(model).__name__}")
         self.model = model
         self._hist_len: list[int] = []       # L_b
         self._last2: Tensor | None = None    # [B, 2] int64 on the draft device: h_b[-2:]
@@ -38,6 +45,13 @@ class DraftModel(Drafter):
         self._generator: torch.Generator | None = None
 
     def attach(self, target) -> None:
+        if self.model is target:
+            # one object as target and draft would share one KV cache; a full-depth twin shares the
+            # weights but owns its cache, so the drafts are exactly the target's own predictions
+            if not hasattr(target, "truncated"):
+                raise ValueError("the draft model is the target model object (they would share one KV cache): "
+                                 "load the draft model a second time")
+            self.model = target.truncated(target.config.num_layers)
         check_same_vocab(target, self.model)
 
     def begin(self, target, prompts, first_tokens, sampling, max_seq_len) -> None:
