@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..device import parse_dtype
+from ..device import apply_cpu_thread_policy, parse_device, parse_dtype
 from .config import NAMED_SHAPES, ModelConfig, named_shape
 from .transformer import Transformer
 
@@ -267,8 +267,39 @@ def random_net(cfg: ModelConfig, device, dtype, seed: int = 0, std: float = 0.02
 
 
 # ----------------------------------------------------------------------------------- entry point
+def peek_config(source=None) -> ModelConfig:
+    """The ModelConfig ``load_model(source)`` would build, read without loading any weight (config.json,
+    GGUF metadata, a shape name): front ends validate arguments against it first. Errors as load_model."""
+    if isinstance(source, ModelConfig):
+        return source
+    if source is None:
+        source = embedded_gguf_path()
+    s = os.fspath(source)
+    path = Path(s).expanduser()
+    if path.is_dir():
+        cfg_file = path / "config.json"
+        if not cfg_file.exists():
+            raise FileNotFoundError(f"{cfg_file} not found: an HF checkpoint directory needs config.json + "
+                                    f"*.safetensors")
+        return ModelConfig.from_hf(json.loads(cfg_file.read_text()))
+    if path.is_file() and path.suffix == ".gguf":
+        reader = _open_gguf(path)
+        meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+        arch = meta.get("general.architecture")
+        if arch not in ("llama", "qwen2", "qwen3"):
+            raise ValueError(f"GGUF architecture {arch!r} is not supported (llama, qwen2, qwen3)")
+        return _gguf_config(meta, {t.name for t in reader.tensors}, arch)
+    if path.is_file():
+        raise ValueError(f"{path} is not a .gguf file; pass an HF checkpoint directory or a .gguf file")
+    if s in NAMED_SHAPES:
+        return named_shape(s)
+    if os.sep in s or s.endswith(".gguf"):
+        raise FileNotFoundError(f"{s} does not exist (expected an HF checkpoint directory or a .gguf file)")
+    raise ValueError(f"{s!r} is neither an existing path nor a known shape name; known shapes: {sorted(NAMED_SHAPES)}")
+
+
 def default_device_dtype(device=None, dtype=None) -> tuple[torch.device, torch.dtype]:
-    device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = parse_device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     if dtype is None:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     else:
@@ -282,11 +313,16 @@ def load_model(source=None, *, device=None, dtype=None, use_graphs: bool = True,
     source: None (the embedded SmolLM2-135M-Instruct GGUF) | HF checkpoint dir | ``.gguf`` file |
             a shape name from ``NAMED_SHAPES`` (random weights, no tokenizer) | a ``ModelConfig`` (random).
     device: default cuda if available, else cpu.  dtype: default bf16 on cuda, fp32 on cpu.
+    On a CPU device this also sets torch's thread count to the cores other processes leave free
+    (``verispec.device.apply_cpu_thread_policy``), unless you chose one yourself (OMP_NUM_THREADS or
+    torch.set_num_threads): all cores on a busy machine make decoding collapse.
     Returns a ``verispec.runtime.Model``.
     """
     from .model import Model
 
     device, dtype = default_device_dtype(device, dtype)
+    if device.type == "cpu":
+        apply_cpu_thread_policy()
     with torch.inference_mode(False), torch.no_grad():
         if isinstance(source, ModelConfig):
             net, tok = random_net(source, device, dtype, seed), None
