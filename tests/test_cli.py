@@ -61,7 +61,7 @@ def test_generate_self_speculative_sampling(fake_load, capsys):
     (["generate", "abc", "--draft", "other-vocab"], "draft model vocab 41 != target vocab 40"),
     (["generate", "abc", "--draft-self", "9"], "layers"),
     (["generate", ""], "PROMPT is empty"),
-    (["generate", "abc", "--top-p", "1.5", "--temperature", "1"], "top_p"),
+    (["generate", "abc", "--top-p", "1.5", "--temperature", "1"], "--top-p must be in (0, 1]"),
     (["generate"], "give a PROMPT"),
 ])
 def test_bad_arguments_exit_with_a_clear_message(fake_load, capsys, argv, message):
