@@ -18,7 +18,14 @@ def fake_load(monkeypatch):
         loaded.append((source, what))
         return model
 
+    real_check_positions = cli._check_positions
+
+    def check_positions(args, what, source):   # the fake names are not on disk: only "nope" reaches the real one
+        if source == "nope":
+            real_check_positions(args, what, source)
+
     monkeypatch.setattr(cli, "_load", load)
+    monkeypatch.setattr(cli, "_check_positions", check_positions)
     return loaded
 
 
@@ -53,8 +60,8 @@ def test_generate_self_speculative_sampling(fake_load, capsys):
     (["generate", "abc", "--model", "nope"], "neither an existing path nor a known shape name"),
     (["generate", "abc", "--draft", "other-vocab"], "draft model vocab 41 != target vocab 40"),
     (["generate", "abc", "--draft-self", "9"], "layers"),
-    (["generate", ""], "empty prompt"),
-    (["generate", "abc", "--top-p", "1.5", "--temperature", "1"], "top_p"),
+    (["generate", ""], "PROMPT is empty"),
+    (["generate", "abc", "--top-p", "1.5", "--temperature", "1"], "--top-p must be in (0, 1]"),
     (["generate"], "give a PROMPT"),
 ])
 def test_bad_arguments_exit_with_a_clear_message(fake_load, capsys, argv, message):

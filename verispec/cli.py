@@ -2,12 +2,12 @@
 
     verispec demo                                   prompt lookup on an echo-heavy prompt, vs plain decoding
     verispec generate "PROMPT" [--draft-lookup | --draft MODEL | --draft-self L] [-k K] [--compare] ...
+    verispec generate - < prompt.txt                (the prompt from stdin)
     verispec verify-demo [--batch-size B --num-draft K --vocab-size V --acceptance-rate A]
 """
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
@@ -21,22 +21,29 @@ DEMO_PROMPT = (
 
 
 # ------------------------------------------------------------------------------------------ helpers
-def _die(message: str) -> None:
-    print(f"verispec: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
+USAGE, RUNTIME, INTERRUPTED = 2, 1, 130   # exit codes: bad arguments, failure while running, Ctrl-C
+VERIFY_DEMO_MAX_BYTES = 2 << 30           # verify-demo refuses workloads whose logits exceed 2 GiB
+
+
+class CLIError(Exception):
+    """A one-line error for the user; ``code`` is the exit status (USAGE or RUNTIME)."""
+
+    def __init__(self, message: str, code: int = USAGE):
+        super().__init__(message)
+        self.code = code
+
+
+def _die(message: str, code: int = USAGE) -> None:
+    raise CLIError(message, code)
+
+
+def _note(message: str) -> None:
+    print(f"[verispec] {message}", file=sys.stderr)
 
 
 def _load(source, device, dtype, what="model"):
-    import torch
-
     from .runtime import load_model
 
-    if device is not None and device.startswith("cuda") and not torch.cuda.is_available():
-        _die(f"--device {device} was asked for but CUDA is not available here; use --device cpu")
-    from .device import DTYPE_NAMES
-
-    if dtype is not None and dtype not in DTYPE_NAMES:
-        _die(f"--dtype {dtype!r} is not one of {sorted(DTYPE_NAMES)}")
     try:
         return load_model(source, device=device, dtype=dtype)
     except (ValueError, FileNotFoundError) as e:
@@ -91,6 +98,94 @@ def _both(*callbacks):
 
 
 # ------------------------------------------------------------------------------------------ generate
+def _read_text(data: bytes, where: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        _die(f"{where} is not valid UTF-8: byte 0x{data[e.start]:02x} at offset {e.start} (line {line})")
+
+
+def _prompt_texts(args) -> list[str]:
+    """The prompt(s) as text: PROMPT, stdin for ``-``, or --batch-file's lines. One-line errors."""
+    from .engine.guards import _utf8_text
+
+    if args.batch_file is not None and args.prompt is not None:
+        _die("give either a PROMPT or --batch-file FILE, not both")
+    if args.batch_file is not None:
+        try:
+            with open(args.batch_file, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            _die(f"--batch-file {args.batch_file}: {e.strerror or e}")
+        text = _read_text(data, f"--batch-file {args.batch_file}")
+        prompts = [line.rstrip("\r").replace("\\n", "\n") for line in text.split("\n") if line.strip()]
+        if not prompts:
+            _die(f"--batch-file {args.batch_file} has no prompts (one per line)")
+        return prompts
+    if args.prompt is None:
+        _die("give a PROMPT, - to read it from stdin, or --batch-file FILE")
+    if args.prompt == "-":
+        prompt = _read_text(sys.stdin.buffer.read(), "the prompt read from stdin")
+        if prompt.endswith("\n"):
+            prompt = prompt[:-1]
+    else:
+        try:
+            prompt = _utf8_text(args.prompt, "PROMPT")
+        except ValueError as e:
+            _die(str(e))
+    if not prompt.strip():
+        _die("PROMPT is empty" + (" (nothing on stdin)" if args.prompt == "-" else ""))
+    return [prompt]
+
+
+def _validate_generate(args) -> None:
+    """Every check that needs no model: runs before anything is loaded (loading takes seconds)."""
+    from .device import DTYPE_NAMES, parse_device
+    from .engine.guards import check_sampling
+
+    if args.k is not None and args.k < 1:
+        _die(f"-k must be >= 1 (drafts per round), got {args.k}")
+    if args.threads is not None and args.threads < 1:
+        _die(f"--threads must be >= 1, got {args.threads}")
+    if args.max_new_tokens < 1:
+        _die(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.draft_self is not None and args.draft_self < 1:
+        _die(f"--draft-self must be >= 1 (layers), got {args.draft_self}")
+    if not 1 <= args.ngram_min <= args.ngram_max:
+        _die(f"--ngram-min / --ngram-max: need 1 <= min <= max, got {args.ngram_min}, {args.ngram_max}")
+    for flag, value in (("--device", args.device), ("--draft-device", args.draft_device)):
+        if value is not None:
+            try:
+                parse_device(value)
+            except ValueError as e:
+                _die(f"{flag}: {e}")
+    if args.draft_device is not None and args.draft is None:
+        _die("--draft-device needs --draft MODEL")
+    if args.dtype is not None and args.dtype.lower() not in DTYPE_NAMES:
+        _die(f"--dtype {args.dtype!r} is not one of {sorted(DTYPE_NAMES)}")
+    try:
+        check_sampling(args.temperature, args.top_k, args.top_p, args.seed, 1)
+    except (TypeError, ValueError) as e:
+        _die("--" + str(e).replace("_", "-"))
+    for s in args.stop or []:
+        if not s:
+            _die("--stop: stop strings must be non-empty")
+
+
+def _check_positions(args, what: str, source) -> None:
+    """--max-new-tokens against the model's positions, from its config alone (no weights read)."""
+    from .runtime.loading import peek_config
+
+    try:
+        cfg = peek_config(source)
+    except (ValueError, FileNotFoundError) as e:
+        _die(f"cannot load the {what} {source or '(embedded SmolLM2-135M-Instruct)'}: {e}")
+    if args.max_new_tokens + 2 > cfg.max_position_embeddings:
+        _die(f"--max-new-tokens {args.max_new_tokens} exceeds what the {what} can hold: it has "
+             f"{cfg.max_position_embeddings} positions for the prompt and the new tokens")
+
+
 def _make_drafter(args, target):
     from .drafters import DraftModel, PromptLookup, SelfSpeculative
 
@@ -104,57 +199,70 @@ def _make_drafter(args, target):
     return None
 
 
-def _prompts(args, tokenizer) -> list:
-    if args.batch_file:
-        with open(args.batch_file, encoding="utf-8") as f:
-            prompts = [line.rstrip("\n").replace("\\n", "\n") for line in f if line.strip()]
-        if not prompts:
-            _die(f"{args.batch_file} has no prompts (one per line)")
-    else:
-        if args.prompt is None:
-            _die("give a PROMPT (or --batch-file FILE)")
-        prompts = [args.prompt]
-    if tokenizer is None:   # random-weight shapes have no tokenizer: feed UTF-8 bytes as token ids
-        print("[verispec] this model has no tokenizer: using the prompt's UTF-8 bytes as token ids",
-              file=sys.stderr)
-        return [list(p.encode("utf-8")) or [0] for p in prompts]
-    return prompts
+def _encode_prompts(texts: list[str], target, chat: bool) -> list[list[int]]:
+    from .engine.guards import check_prompts
+
+    tok = target.tokenizer
+    if tok is None:   # random-weight shapes have no tokenizer: feed UTF-8 bytes as token ids
+        _note("this model has no tokenizer: using the prompt's UTF-8 bytes as token ids")
+        vocab = target.config.vocab_size
+        return [[b % vocab for b in t.encode("utf-8")] for t in texts]
+    try:
+        ids, _ = check_prompts(list(texts), target.config.vocab_size, tok, chat=chat)
+    except (TypeError, ValueError) as e:
+        _die(str(e))
+    return ids
 
 
 def _run_generate(args, *, banner: str | None = None) -> int:
+    from .device import apply_cpu_thread_policy
     from .engine import SpeculativeDecoder
+    from .engine.guards import check_k
+    from .runtime.config import random_weights_note
 
-    if args.k < 1:
-        _die(f"-k must be >= 1, got {args.k}")
-    if args.threads is not None:
-        import torch
-
-        if args.threads < 1:
-            _die(f"--threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
+    _validate_generate(args)
+    texts = _prompt_texts(args)
+    for flag, source in (("--model", args.model), ("--draft", args.draft)):
+        note = random_weights_note(source) if source is not None else None
+        if note:
+            _note(f"{flag} {note}")
+    _check_positions(args, "model", args.model)
+    if args.draft is not None:
+        _check_positions(args, "draft model", args.draft)
+    threads = apply_cpu_thread_policy(args.threads)
     target = _load(args.model, args.device, args.dtype)
+    if target.device.type == "cpu" and args.verbose:
+        _note(f"{threads} CPU thread(s)")
     tok = target.tokenizer
-    prompts = _prompts(args, tok)
     chat = args.chat
     if chat is None:
         chat = tok is not None and bool(getattr(tok, "chat_template", None))
+    prompts = _encode_prompts(texts, target, chat and tok is not None)
+    k = args.k
+    drafter = None
     try:
         drafter = _make_drafter(args, target)
-        spec = SpeculativeDecoder(target, drafter, k=args.k)
+        if drafter is not None:
+            k, note = check_k(k, args.max_new_tokens, max(len(p) for p in prompts),
+                              getattr(target.config, "max_position_embeddings", None))
+            if note:
+                _note(note)
+        spec = SpeculativeDecoder(target, drafter, k=k)
         plain = SpeculativeDecoder(target, None)
-    except ValueError as e:
+    except (TypeError, ValueError) as e:
         _die(str(e))
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-              top_p=args.top_p, seed=args.seed, stop=args.stop or None, chat=chat and tok is not None)
+              top_p=args.top_p, seed=args.seed, stop=args.stop or None, chat=False)
     batch = len(prompts) > 1
     runs = [("speculative" if drafter is not None else "target-only", spec)]
     if args.compare and drafter is not None:
         runs.append(("target-only", plain))
-    try:
-        for _, decoder in runs:   # warm-up: thread pools, kernels, CUDA graphs for the shapes used
-            decoder.generate(prompts if batch else prompts[0], **{**kw, "max_new_tokens": min(4, args.max_new_tokens)})
-    except ValueError as e:
-        _die(str(e))
+    if target.device.type == "cuda":
+        # warm-up on a two-token prompt, never the user's: compiles kernels and captures CUDA graphs for
+        # this batch size so that the timings below measure decoding only
+        for _, decoder in runs:
+            decoder.generate([[1, 2]] * len(prompts), **{**kw, "max_new_tokens": min(4, args.max_new_tokens),
+                                                          "stop": None})
     if banner:
         print(banner, file=sys.stderr)
     results = []
@@ -162,10 +270,19 @@ def _run_generate(args, *, banner: str | None = None) -> int:
         stream = i == 0 and not batch and tok is not None and not args.quiet
         progress = _Progress(args.max_new_tokens * len(prompts), enabled=not stream and sys.stderr.isatty())
         streamer = _Streamer(tok) if stream else None
+        partial = _Collector(len(prompts))
         if i == 1:
-            print(f"[verispec] running {name} decoding for comparison ...", file=sys.stderr)
+            _note(f"running {name} decoding for comparison ...")
         t0 = time.perf_counter()
-        out = decoder.generate(prompts if batch else prompts[0], on_tokens=_both(streamer, progress), **kw)
+        try:
+            out = decoder.generate(prompts if batch else prompts[0],
+                                   on_tokens=_both(streamer, progress, partial), **kw)
+        except KeyboardInterrupt:
+            progress.close()
+            _interrupted(partial, tok, streamed=stream, args=args)
+            return INTERRUPTED
+        except (TypeError, ValueError) as e:
+            _die(str(e))
         wall = time.perf_counter() - t0
         progress.close()
         out = out if batch else [out]
@@ -176,7 +293,59 @@ def _run_generate(args, *, banner: str | None = None) -> int:
                 print(f"--- [{j}] " + (g.text if tok is not None else " ".join(map(str, g.tokens))))
         results.append((name, out, wall, decoder.last_stats))
     _report(results, args)
+    _hint_if_speculation_lost(results, args)
     return 0
+
+
+class _Collector:
+    """Keeps every sequence's tokens as they arrive, for the partial result after Ctrl-C."""
+
+    def __init__(self, batch: int):
+        self.tokens: list[list[int]] = [[] for _ in range(batch)]
+
+    def __call__(self, seq_index: int, new_tokens: list[int]) -> None:
+        self.tokens[seq_index] += new_tokens
+
+
+def _interrupted(partial: _Collector, tok, *, streamed: bool, args) -> None:
+    """After Ctrl-C: the text generated so far (already on stdout when streamed), then a one-line note."""
+    if streamed:
+        print()
+    elif not args.quiet:
+        for j, ids in enumerate(partial.tokens):
+            text = tok.decode(ids) if tok is not None else " ".join(map(str, ids))
+            print(f"--- [{j}] {text}")
+    done = sum(len(t) for t in partial.tokens)
+    _note(f"interrupted (Ctrl-C) after {done} generated token(s); the output above is partial")
+
+
+def _speculation_lost(results) -> float | None:
+    """The measured speedup (< 1 = lost) from --compare, else a conservative estimate from the stats:
+    a plain decode step costs at most one target pass of the round (a pass over k + 1 tokens costs
+    at least as much as over 1), so seconds per token above seconds per pass means speculation lost."""
+    if len(results) == 2:
+        s1, s0 = results[0][3], results[1][3]
+        return s1.tokens_per_s / s0.tokens_per_s if s0.tokens_per_s else None
+    stats = results[0][3]
+    if not stats.proposed or stats.rounds < 4 or stats.new_tokens < 2 or stats.decode_s <= 0:
+        return None
+    per_token = stats.decode_s / (stats.new_tokens - 1)
+    per_plain_step = stats.verify_s / stats.rounds
+    return per_plain_step / per_token if per_token > per_plain_step else None
+
+
+def _hint_if_speculation_lost(results, args) -> None:
+    stats = results[0][3]
+    if not stats.proposed:
+        return
+    speed = _speculation_lost(results)
+    if speed is None or speed >= 1.0:
+        return
+    how = "measured" if len(results) == 2 else "at most"
+    _note(f"hint: speculation was slower than plain decoding here ({how} {speed:.2f}x; "
+          f"{100 * stats.acceptance_rate:.0f}% of drafts accepted): try another drafter "
+          f"(--draft-lookup for echo-heavy prompts, --draft MODEL for a small model of the same family), "
+          f"a smaller -k, or no drafter")
 
 
 def _report(results, args) -> None:
@@ -205,18 +374,46 @@ def _report(results, args) -> None:
 
 
 # ------------------------------------------------------------------------------------------ verify-demo
+def _validate_verify_demo(args):
+    """(device, dtype) after checking every argument, and the workload's size, before allocating."""
+    import torch
+
+    from .device import parse_device
+
+    for flag, value in (("--batch-size", args.batch_size), ("--vocab-size", args.vocab_size)):
+        if value < 1:
+            _die(f"{flag} must be >= 1, got {value}")
+    if args.num_draft < 0:
+        _die(f"--num-draft must be >= 0, got {args.num_draft}")
+    if not 0.0 <= args.acceptance_rate <= 1.0:   # False for NaN too
+        _die(f"--acceptance-rate must be in [0, 1], got {args.acceptance_rate}")
+    try:
+        device = str(parse_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu")))
+    except ValueError as e:
+        _die(f"--device: {e}")
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    dtype = dtypes.get(args.dtype or "float32")
+    if dtype is None:
+        _die(f"--dtype {args.dtype!r} is not one of {sorted(dtypes)}")
+    rows = args.batch_size * (args.num_draft + 1)
+    size = rows * args.vocab_size * 4    # the logits are drawn in float32, then cast
+    if size > VERIFY_DEMO_MAX_BYTES:
+        _die(f"--batch-size {args.batch_size} x (--num-draft {args.num_draft} + 1) x --vocab-size "
+             f"{args.vocab_size} needs {size / 2**30:.1f} GiB of logits (limit {VERIFY_DEMO_MAX_BYTES >> 30} GiB)")
+    return device, dtype
+
+
 def _run_verify_demo(args) -> int:
     import torch
 
     from . import verify_greedy
     from .verify.workloads import greedy_workload
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        _die(f"--device {device} was asked for but CUDA is not available here; use --device cpu")
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(args.dtype or "float32")
-    if dtype is None:
-        _die(f"--dtype {args.dtype!r} is not one of float32, bfloat16, float16")
+    device, dtype = _validate_verify_demo(args)
+    if device == "cpu":
+        from .device import apply_cpu_thread_policy
+
+        apply_cpu_thread_policy()
     try:
         w = greedy_workload(args.batch_size, args.num_draft, args.vocab_size, args.acceptance_rate,
                             dtype=dtype, device=device, seed=args.seed)
@@ -250,76 +447,135 @@ def _run_verify_demo(args) -> int:
 
 
 # ------------------------------------------------------------------------------------------ main
+REPORT_HELP = """\
+the summary lines on stderr:
+  N tokens in W s        every generated token, wall time of the whole call (prefill included)
+  X tok/s decode         tokens after the first one, per second from the end of the prompt's
+                         prefill to the last token (the speed of decoding, prompt processing excluded)
+  accepted a/p drafts    drafts the target agreed with / drafts proposed
+  tokens per target pass tokens emitted per verification pass of the target (1.00 = plain decoding)
+
+exit status: 0 ok, 1 failure while running, 2 bad arguments or input, 130 interrupted (Ctrl-C:
+the text generated so far is printed first)"""
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Keeps the epilog's layout and appends each flag's default to its help."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its usage errors as one line (exit 2) like every other error of the CLI."""
+
+    def error(self, message):
+        raise CLIError(f"{self.prog}: {message}", USAGE)
+
+
 def _generate_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="HF checkpoint dir, .gguf file or a random-weight shape name "
-                   "(e.g. llama-3.2-1b); default: the embedded SmolLM2-135M-Instruct")
+    p.add_argument("--model", default=None, help="HF checkpoint dir, .gguf file, or a shape name with RANDOM weights "
+                   "(e.g. llama-3.2-1b, for speed tests); None = the embedded SmolLM2-135M-Instruct")
     d = p.add_mutually_exclusive_group()
-    d.add_argument("--draft", metavar="MODEL", help="draft model (same tokenizer as --model)")
-    d.add_argument("--draft-lookup", action="store_true", help="prompt-lookup drafting (no draft model)")
-    d.add_argument("--draft-self", metavar="L", type=int, help="self-speculation with the first L layers")
-    p.add_argument("-k", type=int, default=None, help="draft tokens per round (default 8 for lookup, else 4)")
-    p.add_argument("--ngram-max", type=int, default=3)
-    p.add_argument("--ngram-min", type=int, default=2)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--stop", action="append", help="stop string (repeatable)")
+    d.add_argument("--draft", metavar="MODEL", default=None,
+                   help="draft with this model (same tokenizer as --model; path or shape name)")
+    d.add_argument("--draft-lookup", action="store_true",
+                   help="prompt-lookup drafting: copy what followed earlier occurrences of the last n-gram")
+    d.add_argument("--draft-self", metavar="L", type=int, default=None,
+                   help="self-speculation: the model's first L layers draft for it")
+    p.add_argument("-k", type=int, default=None, help="draft tokens per round, >= 1; None = 8 for --draft-lookup, "
+                   "else 4; capped at --max-new-tokens - 1 and the model's positions")
+    p.add_argument("--ngram-max", type=int, default=3, help="--draft-lookup: longest n-gram matched")
+    p.add_argument("--ngram-min", type=int, default=2, help="--draft-lookup: shortest n-gram matched")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0 = greedy (output identical to plain decoding); > 0 samples (>= 1e-6)")
+    p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens; 0 or None = off")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling in (0, 1]; 1 or None = off")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampling stream (any 64-bit integer)")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="tokens to generate at most, >= 1")
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable): stop after it appears")
     p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
-                   help="wrap the prompt in the chat template (default: on when the model has one)")
-    p.add_argument("--batch-file", help="one prompt per line (\\n for newlines): generate them as one batch")
-    p.add_argument("--compare", action="store_true", help="also run target-only decoding; compare speed and output")
-    p.add_argument("--device", default=None, help="cpu | cuda[:i] (default: cuda if available)")
-    p.add_argument("--draft-device", default=None, help="device of the --draft model (default: the target's)")
-    p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bf16 on cuda, fp32 on cpu)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+                   help="wrap the prompt in the model's chat template; None = on when the model has one")
+    p.add_argument("--batch-file", default=None,
+                   help="UTF-8 file, one prompt per line (\\n for newlines): generate them as one batch")
+    p.add_argument("--compare", action="store_true",
+                   help="also run plain decoding; report the speedup and whether outputs are identical")
+    p.add_argument("--device", default=None, help="cpu | cuda | cuda:i; None = cuda if available, else cpu")
+    p.add_argument("--draft-device", default=None, help="device of the --draft model; None = the target's")
+    p.add_argument("--dtype", default=None,
+                   help="float32 | bfloat16 | float16 (or fp32, bf16, fp16); None = bf16 on cuda, fp32 on cpu")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads; None = the physical cores "
+                   "that other processes leave free (OMP_NUM_THREADS, when set, wins)")
     p.add_argument("-q", "--quiet", action="store_true", help="no generated text, only the summary")
-    p.add_argument("-v", "--verbose", action="store_true", help="per-phase timings")
+    p.add_argument("-v", "--verbose", action="store_true", help="per-phase timings; tracebacks on internal errors")
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="verispec", description="Exact speculative decoding.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    g = sub.add_parser("generate", help="generate text (speculatively with a drafter)")
-    g.add_argument("prompt", nargs="?")
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="verispec", description="Exact speculative decoding.", formatter_class=_Formatter,
+                     epilog=REPORT_HELP)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    g = sub.add_parser("generate", help="generate text (speculatively with a drafter)", formatter_class=_Formatter,
+                       description="Generate text; with a drafter, speculatively (greedy output is identical "
+                                   "to plain decoding).", epilog=REPORT_HELP)
+    g.add_argument("prompt", nargs="?", default=None, help="the prompt text; - reads it from stdin")
     _generate_args(g)
-    dm = sub.add_parser("demo", help="prompt lookup vs plain decoding on the embedded model (< 1 min on 2 CPUs)")
-    dm.add_argument("--max-new-tokens", type=int, default=120)
-    dm.add_argument("--device", default=None)
+    dm = sub.add_parser("demo", help="prompt lookup vs plain decoding on the embedded model (< 1 min on 2 CPUs)",
+                        formatter_class=_Formatter, epilog=REPORT_HELP)
+    dm.add_argument("--max-new-tokens", type=int, default=120, help="tokens to generate, >= 1")
+    dm.add_argument("--device", default=None, help="cpu | cuda | cuda:i; None = cuda if available, else cpu")
     dm.add_argument("--threads", type=int, default=None,
-                    help="torch CPU threads (default: all, or 1 when this small machine is already busy)")
-    v = sub.add_parser("verify-demo", help="verify a synthetic batch with known answers")
-    v.add_argument("--batch-size", type=int, default=8)
-    v.add_argument("--num-draft", type=int, default=4)
-    v.add_argument("--vocab-size", type=int, default=32000)
-    v.add_argument("--acceptance-rate", type=float, default=0.7)
-    v.add_argument("--device", default=None)
-    v.add_argument("--dtype", default=None)
-    v.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+                    help="torch CPU threads; None = the physical cores that other processes leave free")
+    v = sub.add_parser("verify-demo", help="verify a synthetic batch with known answers", formatter_class=_Formatter)
+    v.add_argument("--batch-size", type=int, default=8, help="sequences B, >= 1")
+    v.add_argument("--num-draft", type=int, default=4, help="drafts per sequence k, >= 0")
+    v.add_argument("--vocab-size", type=int, default=32000, help="vocabulary V, >= 1 (B x (k+1) x V <= 2 GiB "
+                   "of float32 logits)")
+    v.add_argument("--acceptance-rate", type=float, default=0.7, help="chance each draft matches, in [0, 1]")
+    v.add_argument("--device", default=None, help="cpu | cuda | cuda:i; None = cuda if available, else cpu")
+    v.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16; None = float32")
+    v.add_argument("--seed", type=int, default=0, help="seed of the synthetic workload, in [0, 2**63)")
+    return parser
 
+
+def _main(argv) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
     if args.command == "verify-demo":
+        if not 0 <= args.seed < 2**63:
+            _die(f"--seed must be in [0, 2**63), got {args.seed}")
         return _run_verify_demo(args)
     if args.command == "demo":
-        threads = args.threads
-        if threads is None and (os.cpu_count() or 1) <= 4 and os.getloadavg()[0] >= 0.75:
-            # NOTE: with every core's OpenMP thread and another process on one of the cores, torch's CPU
-            # kernels stall on the preempted thread (measured 3-4x slower here); one thread does not.
-            threads = 1
-            print(f"[verispec] this machine is busy (load {os.getloadavg()[0]:.1f}): using 1 CPU thread",
-                  file=sys.stderr)
+        if args.max_new_tokens < 1:
+            _die(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
         demo = parser.parse_args(["generate", DEMO_PROMPT, "--draft-lookup", "--compare", "-k", "8",
                                   "--max-new-tokens", str(args.max_new_tokens)]
                                  + (["--device", args.device] if args.device else [])
-                                 + (["--threads", str(threads)] if threads else []))
-        print("[verispec] demo: the embedded SmolLM2-135M-Instruct, prompt-lookup drafting (k=8), greedy; "
-              "then the same request with plain decoding", file=sys.stderr)
-        print(f"[verispec] prompt: {DEMO_PROMPT[:90]!r}...", file=sys.stderr)
+                                 + (["--threads", str(args.threads)] if args.threads else []))
+        _note("demo: the embedded SmolLM2-135M-Instruct, prompt-lookup drafting (k=8), greedy; "
+              "then the same request with plain decoding")
+        _note(f"prompt: {DEMO_PROMPT[:90]!r}...")
         return _run_generate(demo)
     if args.k is None:
         args.k = 8 if args.draft_lookup else 4
     return _run_generate(args)
+
+
+def main(argv=None) -> int:
+    """The entry point: every error ends as one line on stderr and an exit status (see REPORT_HELP)."""
+    verbose = "-v" in (argv if argv is not None else sys.argv[1:]) or \
+        "--verbose" in (argv if argv is not None else sys.argv[1:])
+    try:
+        return _main(argv)
+    except CLIError as e:
+        print(f"verispec: error: {e}", file=sys.stderr)
+        raise SystemExit(e.code) from None
+    except KeyboardInterrupt:
+        print("\nverispec: interrupted (Ctrl-C)", file=sys.stderr)
+        raise SystemExit(INTERRUPTED) from None
+    except (RuntimeError, OSError, MemoryError) as e:
+        if verbose:
+            raise
+        message = " ".join(str(e).split()) or type(e).__name__
+        print(f"verispec: error: {type(e).__name__}: {message[:500]} (run with -v for the traceback)",
+              file=sys.stderr)
+        raise SystemExit(RUNTIME) from None
 
 
 if __name__ == "__main__":

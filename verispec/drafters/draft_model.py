@@ -14,6 +14,7 @@ e.g. k=3, L=10, V=9: rollback to 8, feed h[8], h[9] -> d1; feed d1 -> d2; feed d
 """
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 import torch
@@ -32,6 +33,12 @@ class DraftModel(Drafter):
     """
 
     def __init__(self, model):
+        if isinstance(model, (str, bytes)) or isinstance(model, os.PathLike):
+            raise TypeError(f"DraftModel({model!r}) got a name: load the model first, "
+                            f"DraftModel(verispec.load_model({model!r}))")
+        if model is not None and not all(hasattr(model, a) for a in ("setup_cache", "admit", "append", "config")):
+            raise TypeError(f"DraftModel(model) needs a loaded model (verispec.load_model(...)), "
+                            f"got {type(model).__name__}")
         self.model = model
         self._hist: list[list[int]] = []        # h_b on the host
         self._valid: list[int] = []             # V_b: leading tokens of h_b with valid K/V in the draft cache
@@ -40,9 +47,12 @@ class DraftModel(Drafter):
 
     def attach(self, target) -> None:
         if self.model is target:
-            raise ValueError("DraftModel(target): the draft must be a separate model object (the two would share "
-                             "one KV cache); use SelfSpeculative(layers) or target.truncated(n) to draft with the "
-                             "target's own weights, or load the draft model a second time")
+            # one object as target and draft would share one KV cache; a full-depth twin shares the
+            # weights but owns its cache, so the drafts are exactly the target's own predictions
+            if not hasattr(target, "truncated"):
+                raise ValueError("the draft model is the target model object (they would share one KV cache): "
+                                 "load the draft model a second time")
+            self.model = target.truncated(target.config.num_layers)
         check_same_vocab(target, self.model)
 
     def reserve(self, target, max_batch_size: int, max_seq_len: int) -> None:

@@ -51,6 +51,9 @@ class _History:
 class PromptLookup(Drafter):
     def __init__(self, max_ngram: int = 3, min_ngram: int = 2, num_pred_tokens: int | None = None,
                  adaptive: bool = True):
+        for name, v in (("max_ngram", max_ngram), ("min_ngram", min_ngram)):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"PromptLookup: {name} must be an integer, got {v!r}")
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"PromptLookup: need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         if num_pred_tokens is not None and num_pred_tokens < 1:

@@ -11,6 +11,8 @@ from .draft_model import DraftModel
 class SelfSpeculative(DraftModel):
     def __init__(self, layers: int):
         super().__init__(model=None)
+        if isinstance(layers, bool) or not isinstance(layers, int):
+            raise TypeError(f"SelfSpeculative(layers) takes the number of layers to draft with, got {layers!r}")
         self.layers = layers
 
     def attach(self, target) -> None:

@@ -2,7 +2,7 @@
 
 One frozen dataclass, ``ModelConfig``, describes every supported model; ``NAMED_SHAPES`` holds the
 public configurations of a few real models so that benchmarks can run at real sizes with random
-weights (``load_model("llama-3.1-8b")``).
+weights (``load_model("llama-3.1-8b")``); ``random_weights_note`` says so to users.
 """
 from __future__ import annotations
 
@@ -145,6 +145,20 @@ NAMED_SHAPES: dict[str, ModelConfig] = {
         intermediate_size=1536, rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
         max_position_embeddings=8192),
 }
+
+
+def random_weights_note(name: str) -> str | None:
+    """The one-line note to show when ``name`` loads random weights (a ``NAMED_SHAPES`` name), else None.
+
+    Such a model has the real model's shape only: its output is random tokens, fine for speed
+    measurements and useless as text; ``smollm2-135m`` is not the embedded (trained) SmolLM2."""
+    if name not in NAMED_SHAPES:
+        return None
+    note = (f"{name!r} is a shape name: the weights are random (output is random tokens; use it to "
+            f"measure speed, or pass an HF checkpoint directory / .gguf file for real text)")
+    if name == "smollm2-135m":
+        note += "; the embedded trained SmolLM2-135M-Instruct is what you get without --model"
+    return note
 
 
 def named_shape(name: str) -> ModelConfig:

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..device import parse_dtype
+from ..device import apply_cpu_thread_policy, parse_device, parse_dtype
 from .config import NAMED_SHAPES, ModelConfig, named_shape
 from .transformer import Transformer
 
@@ -146,13 +146,80 @@ def unpermute_qk(w: Tensor, n_head: int) -> Tensor:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def load_gguf(path: Path, device, dtype):
+class GGUFFileError(ValueError):
+    """A GGUF file whose tensors do not fit in it (truncated) or disagree with their own header."""
+
+
+def _open_gguf(path: Path):
+    """A GGUFReader whose every tensor lies wholly inside the file; ValueError saying what is wrong otherwise.
+
+    gguf's reader maps the file and views each tensor's bytes as it parses the header: a truncated file
+    fails there as a numpy reshape error that says nothing about the file, so each tensor's extent is
+    checked against the file size first (the same size formula as the reader's)."""
     import gguf
+    import numpy as np
+
+    size = path.stat().st_size
+
+    class CheckedReader(gguf.GGUFReader):
+        def _build_tensors(self, start_offs, fields):
+            for field in fields:
+                _, name_data, _, dims, raw_dtype, offset_tensor = field.parts
+                name = bytes(name_data).decode("utf-8", "replace")
+                try:
+                    qtype = gguf.GGMLQuantizationType(int(raw_dtype[0]))
+                except ValueError:
+                    raise GGUFFileError(f"{path}: inconsistent GGUF file: tensor {name!r} has unknown type "
+                                        f"{int(raw_dtype[0])}") from None
+                block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+                n_elems = int(np.prod(dims.astype(object)))
+                if n_elems % block:
+                    raise GGUFFileError(f"{path}: inconsistent GGUF file: tensor {name!r} has {n_elems} elements, "
+                                        f"not a multiple of {qtype.name}'s block of {block}")
+                expected, offset = n_elems * type_size // block, int(start_offs) + int(offset_tensor[0])
+                if offset + expected > size:
+                    raise GGUFFileError(f"{path}: the file is truncated: tensor {name!r} expects {expected} bytes "
+                                        f"at offset {offset}, file has {size} bytes")
+            super()._build_tensors(start_offs, fields)
+
+    try:
+        return CheckedReader(str(path))
+    except GGUFFileError:
+        raise
+    except (ValueError, IndexError, KeyError, OverflowError, EOFError, UnicodeDecodeError) as e:
+        raise GGUFFileError(f"{path} ({size} bytes) is not a readable GGUF file: the file is truncated or corrupt "
+                            f"(its header could not be parsed: {e})") from None
+
+
+def _gguf_config(meta: dict, names: set[str], arch: str) -> ModelConfig:
+    """The ModelConfig a GGUF's metadata describes; ValueError naming a missing or bad key."""
+    def need(key):
+        value = meta.get(f"{arch}.{key}")
+        if value is None:
+            raise ValueError(f"GGUF metadata lacks {arch}.{key}: the file is incomplete or not a supported model")
+        return value
+
+    A = lambda k, d=None: meta.get(f"{arch}.{k}", d)  # noqa: E731
+    H, E = need("attention.head_count"), need("embedding_length")
+    vocab = A("vocab_size") or len(meta.get("tokenizer.ggml.tokens") or [])
+    if not vocab:
+        raise ValueError("GGUF metadata has neither a vocab_size nor tokenizer.ggml.tokens")
+    return ModelConfig(
+        vocab_size=vocab, num_layers=need("block_count"),
+        hidden_size=E, num_heads=H, num_kv_heads=A("attention.head_count_kv", H),
+        head_dim=A("attention.key_length") or E // H, intermediate_size=need("feed_forward_length"),
+        rope_theta=float(A("rope.freq_base", 10000.0)), rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
+        tie_word_embeddings="output.weight" not in names, attention_bias="blk.0.attn_q.bias" in names,
+        qk_norm="blk.0.attn_q_norm.weight" in names, max_position_embeddings=A("context_length", 4096),
+        model_type=arch)
+
+
+def load_gguf(path: Path, device, dtype):
     from gguf.quants import dequantize
 
     from .tokenizer import tokenizer_from_gguf
 
-    reader = gguf.GGUFReader(str(path))
+    reader = _open_gguf(path)
     meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
     arch = meta.get("general.architecture")
     if arch not in ("llama", "qwen2", "qwen3"):
@@ -162,17 +229,7 @@ def load_gguf(path: Path, device, dtype):
     if "rope_freqs.weight" in names:
         raise ValueError("this GGUF stores Llama-3 RoPE scaling as rope_freqs.weight, which we do not read yet; "
                          "load the HF checkpoint directory instead")
-    A = lambda k, d=None: meta.get(f"{arch}.{k}", d)  # noqa: E731
-    H = A("attention.head_count")
-    E = A("embedding_length")
-    cfg = ModelConfig(
-        vocab_size=A("vocab_size") or len(meta["tokenizer.ggml.tokens"]), num_layers=A("block_count"),
-        hidden_size=E, num_heads=H, num_kv_heads=A("attention.head_count_kv", H),
-        head_dim=A("attention.key_length") or E // H, intermediate_size=A("feed_forward_length"),
-        rope_theta=float(A("rope.freq_base", 10000.0)), rms_norm_eps=float(A("attention.layer_norm_rms_epsilon")),
-        tie_word_embeddings="output.weight" not in names, attention_bias="blk.0.attn_q.bias" in names,
-        qk_norm="blk.0.attn_q_norm.weight" in names, max_position_embeddings=A("context_length", 4096),
-        model_type=arch)
+    cfg = _gguf_config(meta, names, arch)
 
     def tensors():
         for t in reader.tensors:
@@ -210,8 +267,39 @@ def random_net(cfg: ModelConfig, device, dtype, seed: int = 0, std: float = 0.02
 
 
 # ----------------------------------------------------------------------------------- entry point
+def peek_config(source=None) -> ModelConfig:
+    """The ModelConfig ``load_model(source)`` would build, read without loading any weight (config.json,
+    GGUF metadata, a shape name): front ends validate arguments against it first. Errors as load_model."""
+    if isinstance(source, ModelConfig):
+        return source
+    if source is None:
+        source = embedded_gguf_path()
+    s = os.fspath(source)
+    path = Path(s).expanduser()
+    if path.is_dir():
+        cfg_file = path / "config.json"
+        if not cfg_file.exists():
+            raise FileNotFoundError(f"{cfg_file} not found: an HF checkpoint directory needs config.json + "
+                                    f"*.safetensors")
+        return ModelConfig.from_hf(json.loads(cfg_file.read_text()))
+    if path.is_file() and path.suffix == ".gguf":
+        reader = _open_gguf(path)
+        meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+        arch = meta.get("general.architecture")
+        if arch not in ("llama", "qwen2", "qwen3"):
+            raise ValueError(f"GGUF architecture {arch!r} is not supported (llama, qwen2, qwen3)")
+        return _gguf_config(meta, {t.name for t in reader.tensors}, arch)
+    if path.is_file():
+        raise ValueError(f"{path} is not a .gguf file; pass an HF checkpoint directory or a .gguf file")
+    if s in NAMED_SHAPES:
+        return named_shape(s)
+    if os.sep in s or s.endswith(".gguf"):
+        raise FileNotFoundError(f"{s} does not exist (expected an HF checkpoint directory or a .gguf file)")
+    raise ValueError(f"{s!r} is neither an existing path nor a known shape name; known shapes: {sorted(NAMED_SHAPES)}")
+
+
 def default_device_dtype(device=None, dtype=None) -> tuple[torch.device, torch.dtype]:
-    device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = parse_device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     if dtype is None:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     else:
@@ -225,11 +313,16 @@ def load_model(source=None, *, device=None, dtype=None, use_graphs: bool = True,
     source: None (the embedded SmolLM2-135M-Instruct GGUF) | HF checkpoint dir | ``.gguf`` file |
             a shape name from ``NAMED_SHAPES`` (random weights, no tokenizer) | a ``ModelConfig`` (random).
     device: default cuda if available, else cpu.  dtype: default bf16 on cuda, fp32 on cpu.
+    On a CPU device this also sets torch's thread count to the cores other processes leave free
+    (``verispec.device.apply_cpu_thread_policy``), unless you chose one yourself (OMP_NUM_THREADS or
+    torch.set_num_threads): all cores on a busy machine make decoding collapse.
     Returns a ``verispec.runtime.Model``.
     """
     from .model import Model
 
     device, dtype = default_device_dtype(device, dtype)
+    if device.type == "cpu":
+        apply_cpu_thread_policy()
     with torch.inference_mode(False), torch.no_grad():
         if isinstance(source, ModelConfig):
             net, tok = random_net(source, device, dtype, seed), None

@@ -11,9 +11,12 @@ Backends: ``"torch"`` (the reference), ``"triton"`` and ``"cuda"`` (GPU kernels;
 runs on CPU tensors under ``TRITON_INTERPRET=1``). ``backend=None`` picks the fastest one
 available for the tensors' device.
 
-Validation has two parts. Shape/dtype/device checks read only metadata and always run. Value
-checks (NaN logits, token ids out of range, ``sum(num_draft)`` vs rows) need a device->host
-sync, so they are skipped while a CUDA graph is being captured and when ``check_values=False``.
+Validation has two parts. Shape/dtype/device/type checks read only metadata (and Python
+arguments) and always run. Value checks (NaN / +inf logits, rows entirely -inf, logits / T
+overflowing, tensor temperatures out of range, token ids out of range, ``sum(num_draft)`` vs
+rows) need a device->host sync, so they are skipped while a CUDA graph is being captured and
+when ``check_values=False``: then the caller vouches for the values (the engine does, for the
+logits of its own passes).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import torch
 from . import rng
 from ..device import is_capturing, to_device
 from .reference import VerifyOutput, reference_verify_greedy, reference_verify_sample
+from .sampling import MIN_TEMPERATURE, check_seed, check_temperature, check_top_k, check_top_p
 
 BACKENDS = ("torch", "triton", "cuda")
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -65,16 +69,74 @@ class VerifyBatch:
         return self.target_logits.shape[1]
 
 
-def per_sequence(value, batch: int, dtype: torch.dtype, device, name: str, default) -> torch.Tensor:
+def per_sequence(value, batch: int, dtype: torch.dtype, device, name: str, default, check) -> torch.Tensor:
+    """A [B] tensor of ``dtype`` on ``device`` from a scalar, a list/tuple or a tensor of 1 or B values.
+
+    Python values go through ``check`` (e.g. ``sampling.check_temperature``): type and range errors
+    name ``name``. Tensor values are checked for dtype here and for range by the value checks.
+    """
     if value is None:
         value = default
+    if isinstance(value, (list, tuple)):
+        if len(value) not in (1, batch):
+            raise ValueError(f"{name} has {len(value)} entries for a batch of B={batch} sequences")
+        value = [default if v is None else check(v, f"{name}[{i}]") for i, v in enumerate(value)]
+        if dtype == torch.int32:   # top_k: values >= V mean "off"; clamp so int32 cannot wrap
+            value = [min(v, 2**31 - 1) for v in value]
+        return torch.tensor(value, dtype=dtype).expand(batch).contiguous().to(device)
     if isinstance(value, torch.Tensor):
         if value.dim() == 0:
             value = value.reshape(1)
         if value.dim() != 1 or value.shape[0] not in (1, batch):
             raise ValueError(f"{name} must be a scalar or a [B]={batch} tensor, got shape {tuple(value.shape)}")
+        if value.dtype == torch.bool or value.is_complex():
+            raise TypeError(f"{name} must be a real-valued tensor, got {value.dtype}")
+        if dtype == torch.int32:
+            if value.dtype.is_floating_point:
+                raise TypeError(f"{name} must be an integer tensor, got {value.dtype}")
+            if value.dtype == torch.int64:   # values >= V mean "off"; clamp so int32 cannot wrap
+                value = value.clamp(max=2**31 - 1)
         return to_device(value, device, dtype).expand(batch).contiguous()
+    value = check(value, name)
+    if dtype == torch.int32:
+        value = min(value, 2**31 - 1)
     return torch.full((batch,), value, dtype=dtype, device=device)
+
+
+def stream_key(value, name: str, device) -> torch.Tensor:
+    """``seed`` / ``offset`` as a [1] int64 tensor on ``device``: a Python int (64-bit, see
+    ``sampling.check_seed``) or a 1-element integer tensor (kept on its device: graph capture)."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.dtype.is_floating_point or value.dtype == torch.bool:
+            raise TypeError(f"{name} must be an int or a 1-element integer tensor, got {value.dtype} "
+                            f"shape {tuple(value.shape)}")
+        return to_device(value.reshape(1), device, torch.int64)
+    return to_device(torch.tensor([check_seed(value, name)], dtype=torch.int64), device)
+
+
+def check_rows(target_logits: torch.Tensor, scale: torch.Tensor | None = None) -> None:
+    """Value checks of target_logits [R, V]: no NaN, no +inf, no row entirely -inf (nothing could be
+    emitted: argmax would silently say token 0), and, with ``scale`` [R] (1/T of sampled rows, 1 for
+    greedy rows), no row whose max logit * scale leaves [-1e38, 1e38] (the softmax would overflow;
+    the margin under float32's 3.4e38 covers the kernels' log2(e) factor)."""
+    if bool(torch.isnan(target_logits).any()):
+        rows = torch.isnan(target_logits).any(dim=1).nonzero().flatten()[:5].tolist()
+        raise ValueError(f"target_logits contains NaN (rows {rows})")
+    if bool(torch.isposinf(target_logits).any()):
+        rows = torch.isposinf(target_logits).any(dim=1).nonzero().flatten()[:5].tolist()
+        raise ValueError(f"target_logits contains +inf (rows {rows})")
+    row_max = target_logits.float().amax(dim=1) if target_logits.shape[0] else target_logits.new_zeros(0).float()
+    dead = torch.isneginf(row_max)
+    if bool(dead.any()):
+        raise ValueError(f"target_logits rows {dead.nonzero().flatten()[:5].tolist()} are entirely -inf: "
+                         f"no token can be emitted from such a row")
+    if scale is not None:
+        scaled = row_max.double() * scale.double()
+        big = scaled.abs() > 1e38
+        if bool(big.any()):
+            r = int(big.nonzero()[0])
+            raise ValueError(f"target_logits row {r}: max logit {float(row_max[r]):g} / temperature overflows "
+                             f"float32 (|logit / T| must stay <= 1e38): raise the temperature or rescale")
 
 
 def canonical_batch(target_logits, draft_tokens, num_draft, max_num_draft, check_values) -> VerifyBatch:
@@ -125,10 +187,6 @@ def canonical_batch(target_logits, draft_tokens, num_draft, max_num_draft, check
         if draft_tokens.numel() and bool(((draft_tokens < 0) | (draft_tokens >= vocab)).any()):
             bad = draft_tokens[(draft_tokens < 0) | (draft_tokens >= vocab)][:5].tolist()
             raise ValueError(f"draft_tokens must be in [0, V={vocab}), got e.g. {bad}: is the draft on the target's tokenizer?")
-        if bool(torch.isnan(target_logits).any()):
-            raise ValueError("target_logits contains NaN")
-        if bool(torch.isposinf(target_logits).any()):
-            raise ValueError("target_logits contains +inf")
     num_draft = to_device(num_draft, device, torch.int32)
     cu_num_draft = torch.zeros(batch + 1, dtype=torch.int32, device=device)
     torch.cumsum(num_draft, 0, out=cu_num_draft[1:])
@@ -187,6 +245,8 @@ def verify_greedy(
     """
     check_values = check_values and not is_capturing()
     batch = canonical_batch(target_logits, draft_tokens, num_draft, max_num_draft, check_values)
+    if check_values:
+        check_rows(batch.target_logits)
     chosen = pick_backend(backend, batch.target_logits.device)
     if chosen == "torch":
         return reference_verify_greedy(batch.target_logits, batch.draft_tokens, batch.num_draft, batch.max_num_draft)
@@ -226,12 +286,14 @@ def verify_sample(
             ``verify_greedy``.
         draft_probs: [sum(k_b), V] float, the draft distribution q of each draft position, or None
             for point-mass drafts (prompt lookup / n-gram): accept x with probability p(x).
-        temperature: float or [B] tensor, >= 0; 0 makes that sequence greedy.
-        top_k: None/int or [B] int tensor; 0 or None = no top-k.
-        top_p: None/float or [B] tensor in (0, 1]; None or 1 = no top-p.
+        temperature: float, list of B floats or [B] tensor; 0 makes that sequence greedy, else
+            finite and >= ``sampling.MIN_TEMPERATURE`` (1e-6).
+        top_k: None/int, list or [B] integer tensor; 0 or None = no top-k (>= V: no top-k either).
+        top_p: None/float, list or [B] tensor in (0, 1]; None or 1 = no top-p.
         generator: a torch.Generator the stream seed is drawn from (when ``seed`` is None).
-        seed: int or [1] int64 tensor keying the Philox stream (see ``verispec.verify.rng``); a device
-            tensor keeps the call CUDA-graph capturable.
+        seed: int in [-2**63, 2**64) (its 64 bits key the Philox stream, see ``verispec.verify.rng``) or
+            a [1] int64 tensor; a device tensor keeps the call CUDA-graph capturable. Floats are
+            refused, not truncated.
         offset: int or [1] int64 tensor; advance it between calls that share a seed.
 
     Returns:
@@ -242,9 +304,11 @@ def verify_sample(
     batch = canonical_batch(target_logits, draft_tokens, num_draft, max_num_draft, check_values)
     device = batch.target_logits.device
     size, vocab = batch.batch_size, batch.vocab_size
-    batch.temperature = per_sequence(temperature, size, torch.float32, device, "temperature", 1.0)
-    batch.top_k = per_sequence(top_k, size, torch.int32, device, "top_k", 0)
-    batch.top_p = per_sequence(top_p, size, torch.float32, device, "top_p", 1.0)
+    batch.temperature = per_sequence(temperature, size, torch.float32, device, "temperature", 1.0, check_temperature)
+    batch.top_k = per_sequence(top_k, size, torch.int32, device, "top_k", 0, check_top_k)
+    batch.top_p = per_sequence(top_p, size, torch.float32, device, "top_p", 1.0, check_top_p)
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
     if draft_probs is not None:
         if not isinstance(draft_probs, torch.Tensor) or draft_probs.dim() != 2:
             raise ValueError("draft_probs must be a 2-D [sum(num_draft), V] tensor or None")
@@ -260,8 +324,13 @@ def verify_sample(
         batch.draft_probs = draft_probs if draft_probs.stride(1) == 1 else draft_probs.contiguous()
     if check_values:
         temps = batch.temperature.cpu()
-        if bool((temps < 0).any()) or not bool(torch.isfinite(temps).all()):
-            raise ValueError(f"temperature must be finite and >= 0, got {temps.tolist()}")
+        if bool((temps < 0).any()) or not bool(torch.isfinite(temps).all()) or \
+                bool(((temps > 0) & (temps < MIN_TEMPERATURE)).any()):
+            raise ValueError(f"temperature must be 0 (greedy) or finite and >= {MIN_TEMPERATURE:g}, "
+                             f"got {temps.tolist()}")
+        seq_of_row = torch.repeat_interleave(torch.arange(size), batch.num_draft.cpu().long() + 1)
+        scale = torch.where(temps > 0, 1.0 / temps.double().clamp(min=MIN_TEMPERATURE), 1.0)[seq_of_row]
+        check_rows(batch.target_logits, scale)
         if bool((batch.top_k.cpu() < 0).any()):
             raise ValueError(f"top_k must be >= 0 (0 = off), got {batch.top_k.tolist()}")
         top_ps = batch.top_p.cpu()
@@ -279,8 +348,8 @@ def verify_sample(
                 raise ValueError("draft_probs gives probability 0 to a drafted token: q must be the distribution the draft was sampled from")
     if seed is None:
         seed = rng.seed_from(generator)
-    batch.seed = to_device(torch.as_tensor(seed, dtype=torch.int64).reshape(1), device)
-    batch.offset = to_device(torch.as_tensor(offset, dtype=torch.int64).reshape(1), device)
+    batch.seed = stream_key(seed, "seed", device)
+    batch.offset = stream_key(offset, "offset", device)
     chosen = pick_backend(backend, device)
     if chosen == "torch":
         return reference_verify_sample(

@@ -14,13 +14,74 @@ without sorting, and the result does not depend on how a sort orders ties.
 
 ``T == 0`` means greedy: the distribution is the point mass at the argmax (lowest index on
 ties, as ``torch.argmax``). Drafters that sample use the same function for their own q.
+
+Temperatures in ``(0, MIN_TEMPERATURE)`` are refused (``check_temperature``): ``l / T`` then
+overflows float32 for ordinary logits, and the NaN/inf distribution it gives would silently
+become token 0. Nothing is lost: such a distribution is a point mass for any logit gap above
+~1e-4, which is what ``T = 0`` (greedy) computes exactly.
 """
 
 from __future__ import annotations
 
+import math
+from numbers import Integral, Real
+
 import torch
 
 from ..device import to_device
+MIN_TEMPERATURE = 1e-6   # smallest non-zero temperature (see the module docstring)
+SEED_MIN, SEED_END = -(2**63), 2**64   # a seed is any 64-bit pattern: signed or unsigned spelling
+
+
+def check_temperature(value, name: str = "temperature") -> float:
+    """``value`` as a float if it is 0 (greedy) or a finite number >= MIN_TEMPERATURE; else a clear error.
+
+    TypeError for non-numbers (bool, str, None), ValueError for NaN, inf, negatives and tiny positives.
+    """
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a number (0 = greedy), got {value!r} ({type(value).__name__})")
+    t = float(value)
+    if not math.isfinite(t) or t < 0:
+        raise ValueError(f"{name} must be finite and >= 0 (0 = greedy), got {t}")
+    if 0 < t < MIN_TEMPERATURE:
+        raise ValueError(f"{name} {t:g} is below the smallest supported {MIN_TEMPERATURE:g} (logits / T "
+                         f"would overflow): use 0 for greedy decoding")
+    return t
+
+
+def check_top_k(value, name: str = "top_k") -> int:
+    """``value`` as an int >= 0 (0 = off; values >= V are off too); TypeError / ValueError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise TypeError(f"{name} must be an integer >= 0 (0 = off), got {value!r} ({type(value).__name__})")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0 (0 = off), got {value}")
+    return int(value)
+
+
+def check_top_p(value, name: str = "top_p") -> float:
+    """``value`` as a float in (0, 1] (1 = off); TypeError / ValueError otherwise (NaN included)."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a number in (0, 1] (1 = off), got {value!r} ({type(value).__name__})")
+    p = float(value)
+    if not 0 < p <= 1:   # False for NaN too
+        raise ValueError(f"{name} must be in (0, 1] (1 = off), got {p}")
+    return p
+
+
+def check_seed(value, name: str = "seed") -> int:
+    """``value`` as a signed 64-bit int (the stream key's bit pattern); TypeError / ValueError otherwise.
+
+    Integers in [-2**63, 2**64) are accepted; 2**63..2**64-1 map to the negative int64 with the same
+    64 bits, so ``seed=2**64 - 1`` and ``seed=-1`` are the same stream. Floats (even 2.0) are refused
+    rather than truncated.
+    """
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+    v = int(value)
+    if not SEED_MIN <= v < SEED_END:
+        raise ValueError(f"{name} must fit in 64 bits ([-2**63, 2**64)), got {v}")
+    return v - 2**64 if v >= 2**63 else v
+
 
 
 def is_greedy(temperature):
