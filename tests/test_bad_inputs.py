@@ -219,16 +219,16 @@ def test_k_is_capped_for_a_model_draft(fake_target, capsys):
     assert "k=1000 capped to 5" in capsys.readouterr().err
 
 
-def _stats(new_tokens, rounds, proposed, accepted, decode_s, verify_s) -> Stats:
+def _stats(new_tokens, rounds, proposed, accepted, decode_s, target_s) -> Stats:
     return Stats(new_tokens=new_tokens, rounds=rounds, proposed=proposed, accepted=accepted, decode_s=decode_s,
-                 verify_s=verify_s)
+                 target_s=target_s)
 
 
 def test_hint_when_speculation_lost(capsys):
-    slow = _stats(21, 20, 80, 1, decode_s=4.0, verify_s=1.0)     # 0.2 s/token, a pass costs 0.05 s
+    slow = _stats(21, 20, 80, 1, decode_s=4.0, target_s=1.0)     # 0.2 s/token, a pass costs 0.05 s
     cli._hint_if_speculation_lost([("speculative", [], 4.0, slow)], None)
     assert "hint: speculation was slower than plain decoding" in capsys.readouterr().err
-    good = _stats(61, 20, 80, 40, decode_s=1.0, verify_s=0.9)
+    good = _stats(61, 20, 80, 40, decode_s=1.0, target_s=0.9)
     cli._hint_if_speculation_lost([("speculative", [], 1.0, good)], None)
     measured_win = [("speculative", [], 1.0, _stats(61, 20, 80, 40, 1.0, 0.9)),
                     ("target-only", [], 1.0, _stats(61, 60, 0, 0, 2.0, 1.9))]

@@ -330,7 +330,7 @@ def _speculation_lost(results) -> float | None:
     if not stats.proposed or stats.rounds < 4 or stats.new_tokens < 2 or stats.decode_s <= 0:
         return None
     per_token = stats.decode_s / (stats.new_tokens - 1)
-    per_plain_step = stats.verify_s / stats.rounds
+    per_plain_step = stats.target_s / stats.rounds
     return per_plain_step / per_token if per_token > per_plain_step else None
 
 
