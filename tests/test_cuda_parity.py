@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from verispec import verify_greedy, verify_sample
-from verispec.verify.reference import reference_verify_greedy, reference_verify_sample
+from verispec.verify.reference import reference_verify_greedy
 from verispec.verify.api import canonical_batch
 from stats import chi2_pvalue
 from verispec.verify.workloads import greedy_workload, sampling_workload

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from verispec.verify.triton.greedy import verify_greedy_triton
 from verispec.verify.triton.rejection import verify_sample_triton
-from verispec.verify.reference import reference_verify_greedy, reference_verify_sample
+from verispec.verify.reference import reference_verify_greedy
 from verispec.verify.api import canonical_batch, verify_sample
 from stats import chi2_pvalue
 from triton_interpreter import DEVICE
