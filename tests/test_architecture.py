@@ -30,7 +30,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / "verispec"
 OUTSIDE_THE_PACKAGE = ("dev", "benchmarks")   # importable from the repository root, never from verispec/
 
