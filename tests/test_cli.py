@@ -1,10 +1,12 @@
 """The CLI: argument handling and the --compare report (on the fake runtime), one real smoke run."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import verispec.cli as cli
-from test_engine_fake import FakeModel
+from fakes import FakeModel
 
 
 @pytest.fixture
@@ -52,29 +54,39 @@ def test_generate_self_speculative_sampling(fake_load, capsys):
     assert cli.main(["generate", "abc", "--draft-self", "2", "--temperature", "0.8", "--top-k", "5",
                      "--max-new-tokens", "6", "--compare", "-v"]) == 0
     err = capsys.readouterr().err
-    assert "outputs identical" in err and "draft" in err
+    # -v adds each run's per-phase summary under its headline: speculative (drafts proposed), then target-only
+    details = [line for line in err.splitlines() if line.startswith("[verispec]   6 tokens, ")]
+    assert len(details) == 2, err
+    assert re.search(r"accepted \d+/[1-9]\d* \(", details[0]) and "accepted 0/0 (0%)" in details[1]
+    assert all(re.search(r"draft [\d.]+s target [\d.]+s verification [\d.]+s commit [\d.]+s$", d) for d in details)
+    assert re.search(r"^\[verispec\] outputs identical: (yes|no \(expected when sampling)", err, re.M)
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["generate", "abc", "--draft-lookup", "-k", "0"], "-k must be >= 1"),
-    (["generate", "abc", "--model", "nope"], "neither an existing path nor a known shape name"),
-    (["generate", "abc", "--draft", "other-vocab"], "draft model vocab 41 != target vocab 40"),
-    (["generate", "abc", "--draft-self", "9"], "layers"),
-    (["generate", ""], "PROMPT is empty"),
-    (["generate", "abc", "--top-p", "1.5", "--temperature", "1"], "--top-p must be in (0, 1]"),
-    (["generate"], "give a PROMPT"),
+    (["generate", "abc", "--draft-lookup", "-k", "0"], "-k must be >= 1, got 0"),
+    (["generate", "abc", "--model", "nope"],
+     "cannot load the model nope: 'nope' is neither an existing path nor a known shape name"),
+    (["generate", "abc", "--draft", "other-vocab"],
+     "draft model vocab 41 != target vocab 40: the draft model must share the target's tokenizer and vocabulary"),
+    (["generate", "abc", "--draft-self", "9"], "SelfSpeculative(layers=9): need 1 <= layers < the target's 3 layers"),
+    (["generate", ""], "empty prompt: give at least one token (or a non-empty string)"),
+    (["generate", "abc", "--top-p", "1.5", "--temperature", "1"], "top_p must be in (0, 1], got [1.5]"),
+    (["generate"], "give a PROMPT (or --batch-file FILE)"),
 ])
 def test_bad_arguments_exit_with_a_clear_message(fake_load, capsys, argv, message):
+    """Exit status 2 and exactly one error line that names the offending value."""
     with pytest.raises(SystemExit) as e:
         cli.main(argv)
     assert e.value.code == 2
-    assert message in capsys.readouterr().err
+    assert capsys.readouterr().err.splitlines() == [f"verispec: error: {message}"]
 
 
 def test_exclusive_drafters(capsys):
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as e:
         cli.main(["generate", "abc", "--draft-lookup", "--draft-self", "2"])
-    assert "not allowed with" in capsys.readouterr().err
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "verispec generate: error: argument --draft-self: not allowed with argument --draft-lookup")
 
 
 def test_cuda_device_without_cuda(capsys):
@@ -82,9 +94,11 @@ def test_cuda_device_without_cuda(capsys):
 
     if torch.cuda.is_available():
         pytest.skip("CUDA is available here")
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as e:
         cli.main(["generate", "abc", "--device", "cuda"])
-    assert "CUDA is not available" in capsys.readouterr().err
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "verispec: error: --device cuda was asked for but CUDA is not available here; use --device cpu"]
 
 
 def test_verify_demo(capsys):

@@ -26,11 +26,11 @@ def tp_logits_one(cfg_kwargs):
         m.setup_cache(2, 32)
     diffs.append((full.prefill(prompts) - tp.prefill(prompts)).abs().max().item())
     for tokens in steps:
-        diffs.append((full.verify(tokens) - tp.verify(tokens)).abs().max().item())
+        diffs.append((full.append(tokens) - tp.append(tokens)).abs().max().item())
     back = torch.tensor([7, 4])                      # rollback then verify again on both
     full.rollback(back)
     tp.rollback(back)
-    diffs.append((full.verify(steps[1]) - tp.verify(steps[1])).abs().max().item())
+    diffs.append((full.append(steps[1]) - tp.append(steps[1])).abs().max().item())
     kv_heads = tp.cache.k[0].shape[1]
     return diffs, kv_heads
 

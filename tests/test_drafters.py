@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from test_engine_fake import FakeModel, greedy_reference
+from fakes import FakeModel, greedy_reference
 from verispec.drafters import DraftModel, OracleDraft, PromptLookup, SamplingParams, SelfSpeculative
 from verispec.engine import generate
 

@@ -1,13 +1,16 @@
-"""The speculative engine on the fake runtime (tests/test_engine_fake.py): exactness, the folded
+"""The speculative engine on the fake runtime (tests/fakes.py): exactness, the folded
 loop, batching, stopping, streaming, bad inputs. Fast: no real model is loaded here."""
 from __future__ import annotations
 
+import itertools
 import math
+import time
 
 import pytest
 import torch
 
-from test_engine_fake import FakeModel, greedy_reference
+from fakes import FakeModel, greedy_reference
+from stats import chi2_pvalue
 from verispec.drafters import DraftModel, OracleDraft, PromptLookup, SelfSpeculative
 from verispec.engine import SpeculativeDecoder, generate
 
@@ -146,8 +149,32 @@ def test_stats_are_consistent(target):
         assert 0 <= s.accepted <= s.proposed
         # every round emits accepted + 1, except that the last round may be cut by max_new_tokens
         assert s.new_tokens - 1 <= s.accepted + s.rounds
-        assert s.tokens_per_s > 0 and s.draft_s > 0 and s.target_s > 0
         assert math.isclose(s.acceptance_rate, s.accepted / s.proposed)
+
+
+def test_phase_times_cover_every_round_and_fit_in_the_call(target, monkeypatch):
+    """A clock that advances one tick per reading makes the timings countable: every phase (draft,
+    verify, accept, commit) is timed in every round a sequence took part in (>= 1 tick per round),
+    the phases and the prefill are disjoint parts of the call, and the derived rates are exact."""
+    ticks = itertools.count()
+    monkeypatch.setattr(time, "perf_counter", lambda: float(next(ticks)))
+    decoder = SpeculativeDecoder(target, DraftModel(noisy_copy(target, 0.15)), k=3)
+    start = time.perf_counter()
+    out = decoder.generate(PROMPTS, max_new_tokens=N_NEW)
+    wall = time.perf_counter() - start
+    runs = [g.stats for g in out] + [decoder.last_stats]
+    assert decoder.last_stats.rounds == max(g.stats.rounds for g in out)
+    for s in runs:
+        phases = (s.draft_s, s.target_s, s.verification_s, s.commit_s)
+        assert all(t >= s.rounds for t in phases), (phases, s.rounds)
+        assert s.prefill_s >= 1
+        assert s.prefill_s + sum(phases) <= wall
+        assert s.decode_s == s.total_s - s.queue_s - s.prefill_s
+        assert s.tokens_per_s == (s.new_tokens - 1) / s.decode_s
+        assert s.timed_phases   # CPU timings need no synchronization
+    for g in out:   # a sequence's phase times are the batch's up to its end
+        for name in ("draft_s", "target_s", "verification_s", "commit_s"):
+            assert getattr(g.stats, name) <= getattr(decoder.last_stats, name)
 
 
 # ------------------------------------------------------------------------------- sampling
@@ -183,19 +210,6 @@ def _second_token_distribution(model: FakeModel, prompt, temperature, top_k, top
     return marginal
 
 
-def _chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    """Pearson chi-square goodness of fit, bins with expected < 5 merged into one."""
-    n = counts.sum()
-    expected = probs * n
-    small = expected < 5
-    obs = torch.cat([counts[~small], counts[small].sum()[None]]).double()
-    exp = torch.cat([expected[~small], expected[small].sum()[None]]).double()
-    keep = exp > 0
-    stat = float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum())
-    dof = int(keep.sum()) - 1
-    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(stat / 2)))
-
-
 SAMPLERS = {
     "target-only": lambda t: None,
     "draft-model": lambda t: DraftModel(noisy_copy(t, 0.3)),
@@ -224,7 +238,7 @@ def test_sampled_token_distribution_matches_the_target(name, settings):
     probs = _second_token_distribution(model, prompt, temperature, top_k or 0, top_p or 1.0)
     if name != "target-only":
         assert sum(g.stats.proposed for g in out) > 0
-    assert _chi2_pvalue(counts, probs) > 1e-3
+    assert chi2_pvalue(counts, probs) > 1e-3
 
 
 def test_chi2_detects_a_wrong_sampler():
@@ -236,7 +250,7 @@ def test_chi2_detects_a_wrong_sampler():
     # the draft's own marginal stands in for "accept everything"
     wrong = _second_token_distribution(draft, prompt, 1.0, 0, 1.0)
     counts = torch.distributions.Multinomial(3000, wrong).sample(torch.Size())
-    assert _chi2_pvalue(counts, probs) < 1e-3
+    assert chi2_pvalue(counts, probs) < 1e-3
 
 
 # ------------------------------------------------------------------------------- bad input

@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from test_engine import noisy_copy
-from test_engine_fake import FakeModel, fresh_states, greedy_reference
+from fakes import FakeModel, fresh_states, greedy_reference
 from verispec.drafters import DraftModel, OracleDraft, PromptLookup, SelfSpeculative
 from verispec.engine import SpeculativeDecoder
 

@@ -1,9 +1,21 @@
 """benchmarks/decode.py runs its CPU smoke version end to end and writes its markdown table."""
 import importlib.util
+import json
+import math
 from pathlib import Path
 
 import pytest
 import torch
+
+
+def _smoke_weight_and_kv_bytes(cfg, slots: int) -> tuple[int, int]:
+    """Bytes one pass reads (fp32): every layer's matrices and norms, the final norm, the LM head;
+    and the KV bytes per sequence over ``slots`` cache slots. From the config alone, not the model."""
+    H, I, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    layer = H * (cfg.num_heads + 2 * cfg.num_kv_heads) * hd + cfg.num_heads * hd * H + 3 * H * I + 2 * H
+    weights = 4 * (cfg.num_layers * layer + H + cfg.vocab_size * H)
+    kv = 4 * cfg.num_layers * 2 * cfg.num_kv_heads * slots * hd
+    return weights, kv
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke path only")
@@ -15,7 +27,25 @@ def test_decode_benchmark_smoke(tmp_path):
     spec.loader.exec_module(bench)
     out = tmp_path / "decode.md"
     rows, hf_rows = bench.main(["--out", str(out)])
-    assert {(r["B"], r["k"]) for r in rows} == {(1, 1), (1, 2), (2, 1), (2, 2)}
-    assert all(r["ms"] > 0 for r in rows) and len(hf_rows) == 2
+
+    # the smoke grid: the tiny model, the eager path (no Triton kernels on CPU), B and k in {1, 2}
+    assert sorted((r["B"], r["k"]) for r in rows) == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    assert {(r["model"], r["variant"]) for r in rows} == {("smoke-tiny", "eager")}
+    # the floors follow from the config: bytes / the fixed CPU bandwidth of 1e10 B/s
+    capacity = 16 + (3 + 4) * 2   # prompt 16 + (iters 3 + 4 warm-up calls) * max k
+    weight_bytes, kv_bytes = _smoke_weight_and_kv_bytes(bench.SMOKE_CFG, slots=64)   # 30 rounded up to 64
+    for r in rows:
+        assert r["floor_ms"] == pytest.approx(weight_bytes / 1e10 * 1e3, rel=1e-12)
+        assert r["floor_kv_ms"] == pytest.approx((weight_bytes + r["B"] * kv_bytes) / 1e10 * 1e3, rel=1e-12)
+        assert math.isfinite(r["ms"]) and math.isfinite(r["capture_s"])
+    assert sorted((h["model"], h["B"]) for h in hf_rows) == [("smoke-tiny", 1), ("smoke-tiny", 2)]
+
+    # the markdown: one decode row per B whose tok/s is B / ms, the k table, and the raw rows verbatim
     text = out.read_text()
-    assert "| smoke-tiny | eager | 2 |" in text and "k=4 / k=1" in text
+    for r in rows:
+        if r["k"] == 1:
+            assert f"| smoke-tiny | eager | {r['B']} | {r['ms']:.3f} | {r['B'] / (r['ms'] / 1e3):.1f} |" in text
+    assert "| model | variant | B | k=1 | k=2 | k=4 / k=1 |" in text
+    raw = json.loads(text.split("```json\n")[1].split("\n```")[0])
+    assert raw["rows"] == rows and raw["hf"] == hf_rows
+    assert raw["meta"]["prompt_len"] == 16 and raw["meta"]["capacity"] == capacity

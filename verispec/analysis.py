@@ -27,7 +27,13 @@ def _check_alpha_k(alpha: float, k: int) -> None:
 
 
 def expected_tokens_per_round(alpha: float, k: int) -> float:
-    """E_SD = (1 - alpha^(K+1)) / (1 - alpha): tokens emitted per verify round."""
+    """E_SD = (1 - alpha^(K+1)) / (1 - alpha): tokens emitted per verify round.
+
+    >>> expected_tokens_per_round(0.5, 2)        # 1 + 0.5 + 0.25
+    1.75
+    >>> expected_tokens_per_round(1.0, 4)        # every draft accepted: K + 1
+    5.0
+    """
     _check_alpha_k(alpha, k)
     if alpha == 1.0:
         return float(k + 1)
@@ -47,7 +53,11 @@ def speedup(alpha: float, k: int, cost_ratio: float) -> float:
 
 
 def optimal_k(alpha: float, cost_ratio: float, k_max: int = 32) -> int:
-    """The K in [1, k_max] that maximizes ``speedup`` (smallest K on ties)."""
+    """The K in [1, k_max] that maximizes ``speedup`` (smallest K on ties).
+
+    >>> optimal_k(0.8, 0.05), round(speedup(0.8, optimal_k(0.8, 0.05), 0.05), 3)
+    (8, 3.092)
+    """
     if k_max < 1:
         raise ValueError(f"k_max must be >= 1, got {k_max}")
     return max(range(1, k_max + 1), key=lambda k: (speedup(alpha, k, cost_ratio), -k))

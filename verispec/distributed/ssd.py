@@ -107,7 +107,7 @@ class DraftWorker:
 
     def _feed(self, tokens: list[int]) -> Tensor:
         """Feed ``tokens`` after ``self.cached``; returns the logits [V] after the last one."""
-        logits = self.model.verify(torch.tensor([tokens], dtype=torch.long))[0, -1]
+        logits = self.model.append(torch.tensor([tokens], dtype=torch.long))[0, -1]
         self.cached += tokens
         return logits.float()
 
@@ -230,7 +230,7 @@ class TargetRounds:
     def step(self, drafts: list[int], q: Tensor | None) -> tuple[int, int]:
         """One round: verify ``drafts`` -> (num accepted, recovery/bonus token); appends to ``out``."""
         n = int(self.model.lengths[0])
-        logits = self.model.verify(torch.tensor([[self.certain] + drafts]))[0]   # [K+1, V]
+        logits = self.model.append(torch.tensor([[self.certain] + drafts]))[0]   # [K+1, V]
         j, emitted = self._verify(logits, drafts, q)
         self.model.rollback(torch.tensor([n + 1 + j]))          # the certain token + accepted drafts
         self.certain = emitted[-1]

@@ -317,6 +317,19 @@ def load_model(source=None, *, device=None, dtype=None, use_graphs: bool = True,
     (``verispec.device.apply_cpu_thread_policy``), unless you chose one yourself (OMP_NUM_THREADS or
     torch.set_num_threads): all cores on a busy machine make decoding collapse.
     Returns a ``verispec.runtime.Model``.
+
+    A random-weight model of a tiny shape (the embedded model loads the same way, ``load_model()``):
+        >>> from verispec.runtime import ModelConfig
+        >>> cfg = ModelConfig(vocab_size=64, num_layers=2, hidden_size=32, num_heads=2, num_kv_heads=1,
+        ...                   head_dim=16, intermediate_size=64)
+        >>> model = load_model(cfg, device="cpu")
+        >>> model.setup_cache(batch_size=2, max_seq_len=16)
+        >>> model.prefill([[1, 2, 3], [4]]).shape                      # last-position logits [B, V]
+        torch.Size([2, 64])
+        >>> model.verify(torch.tensor([[5, 6], [7, 8]])).shape         # [B, k, V]
+        torch.Size([2, 2, 64])
+        >>> model.lengths.tolist()
+        [5, 3]
     """
     from .model import Model
 

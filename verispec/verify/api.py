@@ -298,6 +298,17 @@ def verify_sample(
 
     Returns:
         VerifyOutput as in ``verify_greedy``.
+
+    Example (sequence 0 samples at T = 1, sequence 1 is greedy; the seed fixes the stream):
+        >>> import torch
+        >>> logits = torch.tensor([[1., 1, 0], [0, 0, 0], [2, 0, 0],   # seq 0: two draft rows + bonus
+        ...                        [0, 1, 2]])                         # seq 1: bonus row only
+        >>> sample = lambda seed: verify_sample(logits, torch.tensor([1, 0]), [2, 0],
+        ...                                     temperature=torch.tensor([1.0, 0.0]), seed=seed)
+        >>> sample(1234).tokens.tolist(), sample(1234).num_accepted.tolist()
+        ([[1, 2, -1], [2, -1, -1]], [1, 0])
+        >>> sample(2).tokens.tolist()                                  # another stream: draft 1 rejected
+        [[2, -1, -1], [2, -1, -1]]
     """
     capturing = is_capturing()
     check_values = check_values and not capturing

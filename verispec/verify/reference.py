@@ -58,7 +58,14 @@ def _race(weights: torch.Tensor, exponentials: torch.Tensor) -> torch.Tensor:
 def reference_verify_greedy(
     target_logits: torch.Tensor, draft_tokens: torch.Tensor, num_draft: torch.Tensor, max_num_draft: int
 ) -> VerifyOutput:
-    """Greedy: accept drafts while they equal the target argmax; then emit the target argmax."""
+    """Greedy: accept drafts while they equal the target argmax; then emit the target argmax.
+
+    >>> logits = torch.tensor([[0., 5, 0], [0, 0, 5], [5, 0, 0],   # seq 0: argmax 1, 2, 0
+    ...                        [0, 5, 0]])                         # seq 1: argmax 1
+    >>> out = reference_verify_greedy(logits, torch.tensor([1, 0]), torch.tensor([2, 0]), 2)
+    >>> out.tokens.tolist(), out.num_accepted.tolist(), out.num_emitted.tolist()
+    ([[1, 2, -1], [1, -1, -1]], [1, 0], [2, 1])
+    """
     batch = num_draft.shape[0]
     tokens = torch.full((batch, max_num_draft + 1), -1, dtype=torch.int32)
     num_accepted = torch.zeros(batch, dtype=torch.int32)

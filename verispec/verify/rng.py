@@ -61,7 +61,15 @@ def philox4x32(c0, c1, c2, c3, seed: int, n_rounds: int = 10):
 
 
 def uniform(seed: int, offset: int, row: torch.Tensor | int, col: torch.Tensor | int, purpose: int) -> torch.Tensor:
-    """Uniforms in (0, 1), float32, for broadcastable integer ``row``/``col`` tensors."""
+    """Uniforms in (0, 1), float32, for broadcastable integer ``row``/``col`` tensors.
+
+    >>> u = uniform(1234, 0, torch.arange(2)[:, None], torch.arange(3)[None, :], RACE)   # [2, 3]
+    >>> u
+    tensor([[0.8923, 0.0577, 0.3993],
+            [0.3023, 0.3409, 0.6810]])
+    >>> torch.equal(u[1, 2], uniform(1234, 0, 1, 2, RACE))   # one counter, one number, any shape
+    True
+    """
     row_t = torch.as_tensor(row, dtype=torch.int64)
     col_t = torch.as_tensor(col, dtype=torch.int64)
     row_t, col_t = torch.broadcast_tensors(row_t, col_t)

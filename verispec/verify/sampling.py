@@ -136,6 +136,12 @@ def filtered_probs(logits: torch.Tensor, temperature, top_k=0, top_p=1.0) -> tor
 
     Rows with ``temperature == 0`` get the one-hot of their argmax. With host values (Python scalars,
     lists, CPU tensors) for the settings this never reads the device (no host sync).
+
+    >>> logits = torch.tensor([[2., 1, 0, -1]])
+    >>> filtered_probs(logits, 1.0, top_k=2)                       # softmax over the two largest
+    tensor([[0.7311, 0.2689, 0.0000, 0.0000]])
+    >>> filtered_probs(logits, 0.0)                                # greedy
+    tensor([[1., 0., 0., 0.]])
     """
     if logits.dim() == 1:
         return filtered_probs(logits[None], temperature, top_k, top_p)[0]

@@ -1,4 +1,4 @@
-"""A tiny pure-torch model that implements the runtime contract exactly, and tests that it does.
+"""A tiny pure-torch model that implements the runtime contract exactly (its own tests: test_fakes.py).
 
 ``FakeModel`` is a stack of tanh RNN cells whose per-position states live in a static cache
 (one [B_max, S, H] buffer per layer + lengths [B]): position p of a sequence reads layer l's
@@ -8,13 +8,12 @@ last layer's states over [0, p], so every committed slot matters. Math in float6
 returned as float32): a verify pass and token-by-token decoding agree to ~1e-15, so greedy
 parity tests never hit numerical near-ties.
 
-The engine tests import it (``from test_engine_fake import FakeModel``).
+Engine, drafter and CLI tests import it: ``from fakes import FakeModel``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import pytest
 import torch
 
 
@@ -186,49 +185,3 @@ def greedy_reference(model: FakeModel, prompt: list[int], n: int) -> list[int]:
             break
         logits = m.decode(torch.tensor([[t]]))[0, 0]
     return out
-
-
-# ---------------------------------------------------------------------- the fake keeps the contract
-def test_verify_equals_token_by_token_decode():
-    m = FakeModel(seed=1)
-    m.setup_cache(2, 32)
-    m.prefill([[1, 2, 3], [4, 5]])
-    block = m.append(torch.tensor([[7, 8, 9], [10, 11, 12]]))
-    m2 = FakeModel(seed=1)
-    m2.setup_cache(2, 32)
-    m2.prefill([[1, 2, 3], [4, 5]])
-    steps = torch.cat([m2.decode(torch.tensor([[7], [10]])), m2.decode(torch.tensor([[8], [11]])),
-                       m2.decode(torch.tensor([[9], [12]]))], dim=1)
-    torch.testing.assert_close(block, steps, rtol=0, atol=1e-6)
-    assert m.lengths.tolist() == [6, 5]
-
-
-def test_rollback_is_visible_to_the_next_pass():
-    m = FakeModel(seed=2)
-    m.setup_cache(1, 32)
-    m.prefill([[1, 2, 3]])
-    m.append(torch.tensor([[4, 5, 6]]))
-    m.rollback(torch.tensor([4]))               # keep token 4 only
-    after = m.decode(torch.tensor([[9]]))[0, 0]
-    ref = FakeModel(seed=2)
-    ref.setup_cache(1, 32)
-    ref.prefill([[1, 2, 3, 4]])
-    torch.testing.assert_close(after, ref.decode(torch.tensor([[9]]))[0, 0], rtol=0, atol=1e-6)
-    # a stale read would differ: decoding 9 after 4, 5, 6 gives other logits
-    stale = FakeModel(seed=2)
-    stale.setup_cache(1, 32)
-    stale.prefill([[1, 2, 3, 4, 5, 6]])
-    assert not torch.allclose(after, stale.decode(torch.tensor([[9]]))[0, 0])
-
-
-def test_keep_and_truncated():
-    m = FakeModel(seed=3)
-    m.setup_cache(3, 16)
-    m.prefill([[1], [2, 3], [4, 5, 6]])
-    m.keep(torch.tensor([2, 0]))
-    assert m.lengths.tolist() == [3, 1]
-    torch.testing.assert_close(m.committed_states(0, 3), fresh_states(m, [4, 5, 6]))
-    t = m.truncated(1)
-    assert t.config.num_layers == 1 and t.w is m.w
-    with pytest.raises(ValueError):
-        m.append(torch.zeros(2, 20, dtype=torch.long))

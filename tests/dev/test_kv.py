@@ -1,7 +1,15 @@
-import torch
-from hypothesis import given, settings, strategies as st
+"""dev/kv: the KV compaction layout (torch reference) and its Triton kernels (CPU under
+TRITON_INTERPRET=1, or a CUDA GPU)."""
 
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from dev.kv import kv
 from dev.kv.kv import compact_kv, exclusive_cumsum, rollback_lengths, scatter_to_cache
+from dev.kv.kv_compact_triton import compact_kv_triton, scatter_to_cache_triton
+from triton_interpreter import DEVICE
+
 
 
 def test_exclusive_cumsum_example():
@@ -32,16 +40,12 @@ def test_compact_and_scatter_follow_the_layout(num_rows, seed):
 
 
 def test_scatter_overflow_is_an_error():
-    import pytest
-
     cache = torch.zeros(1, 4, 2)
     with pytest.raises(ValueError, match="cache overflow"):
         scatter_to_cache(cache, torch.tensor([3]), torch.zeros(3, 2), torch.tensor([3]), torch.tensor([2]), backend="torch")
 
 
 def test_public_kv_functions_check_values_on_every_backend():
-    import pytest
-
     for backend in ("torch", "triton"):
         with pytest.raises(ValueError, match="num_rows sums to"):
             compact_kv(torch.zeros(5, 2), torch.tensor([2, 2]), torch.tensor([1, 1]), backend=backend)
@@ -50,3 +54,32 @@ def test_public_kv_functions_check_values_on_every_backend():
         with pytest.raises(ValueError, match="cache overflow"):
             scatter_to_cache(torch.zeros(1, 4, 2), torch.tensor([3]), torch.zeros(3, 2), torch.tensor([3]),
                              torch.tensor([2]), backend=backend)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    num_rows=st.lists(st.integers(1, 9), min_size=1, max_size=6),
+    trailing=st.sampled_from([(3,), (2, 8), (4, 5), (1,)]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16, torch.int8]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_kv_compaction_matches_reference(num_rows, trailing, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    rows = torch.tensor(num_rows, dtype=torch.int32)
+    emitted = (torch.rand(len(num_rows), generator=gen) * (rows + 1)).long().clamp(1).int()
+    emitted = torch.minimum(emitted, rows)
+    new_kv = (torch.randn(int(rows.sum()), *trailing, generator=gen) * 50).to(dtype)
+    expected = kv.reference_compact_kv(new_kv, rows, emitted)
+    packed, cu = compact_kv_triton(new_kv.to(DEVICE), rows.to(DEVICE), emitted.to(DEVICE))
+    assert torch.equal(packed[: expected.shape[0]].cpu(), expected)
+    assert torch.equal(cu.cpu(), kv.exclusive_cumsum(emitted))
+
+    max_len = 20
+    lens = (torch.rand(len(num_rows), generator=gen) * (max_len - 9)).long()
+    cache = (torch.randn(len(num_rows), max_len, *trailing, generator=gen) * 50).to(dtype)
+    want = cache.clone()
+    want_lens = kv.reference_scatter_to_cache(want, lens, expected, emitted)
+    got = cache.to(DEVICE)
+    got_lens = scatter_to_cache_triton(got, lens.to(DEVICE), new_kv.to(DEVICE), rows.to(DEVICE), emitted.to(DEVICE))
+    assert torch.equal(got.cpu(), want)  # kept rows written, everything else untouched
+    assert torch.equal(got_lens.cpu(), want_lens)
