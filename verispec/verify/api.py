@@ -5,7 +5,9 @@
 
 The layout and the semantics are documented in ``verispec.reference`` (the oracle); every
 backend returns exactly what the reference returns (sampling: for the same ``seed``/``offset``,
-up to float rounding at near-ties, see docs/verification.md).
+up to float rounding at near-ties, see docs/verification.md). Sampling draws each sequence's
+random numbers from its own key and offset (``verispec.verify.rng``), so with per-sequence seeds
+a sequence's tokens do not depend on what else is in the batch.
 
 Backends: ``"torch"`` (the reference), ``"triton"`` and ``"cuda"`` (GPU kernels; triton also
 runs on CPU tensors under ``TRITON_INTERPRET=1``). ``backend=None`` picks the fastest one
@@ -18,6 +20,7 @@ sync, so they are skipped while a CUDA graph is being captured and when ``check_
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -41,7 +44,8 @@ class VerifyBatch:
     max_num_draft: host int, width of the output is max_num_draft + 1
     draft_probs:   [N, V] float or None (point-mass drafts)
     temperature:   [B] float32 (0 = greedy row)      top_k: [B] int32 (0 = off)
-    top_p:         [B] float32 (1 = off)              seed, offset: [1] int64 (stream key)
+    top_p:         [B] float32 (1 = off)
+    seed, offset:  [B] int64, each sequence's Philox key and counter offset (verify.rng)
     """
 
     target_logits: torch.Tensor
@@ -75,6 +79,39 @@ def per_sequence(value, batch: int, dtype: torch.dtype, device, name: str, defau
             raise ValueError(f"{name} must be a scalar or a [B]={batch} tensor, got shape {tuple(value.shape)}")
         return to_device(value, device, dtype).expand(batch).contiguous()
     return torch.full((batch,), value, dtype=dtype, device=device)
+
+
+def stream_keys(value, batch: int, device, name: str, expand_scalar) -> torch.Tensor:
+    """``seed`` / ``offset`` as a [B] int64 tensor on ``device``, without a host sync.
+
+    Accepted: a Python int or a 0-d integer tensor (one value for the batch, turned into B values
+    by ``expand_scalar``), or a [B] integer tensor (one per sequence, used as is). A [1] tensor
+    for B > 1 is refused: it would be unclear whether it is a batch value or a sequence's.
+    """
+    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, torch.Tensor)):
+        raise ValueError(f"{name} must be an int or an integer tensor, got {type(value).__name__}")
+    if not isinstance(value, torch.Tensor):
+        value = int(value)
+        if not -(2**63) <= value < 2**64:
+            raise ValueError(f"{name} must fit in 64 bits, got {value}")
+        return to_device(expand_scalar(value, batch), device, torch.int64)
+    if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
+        raise ValueError(f"{name} must be an integer tensor, got {value.dtype}")
+    if value.dim() == 0:
+        return expand_scalar(to_device(value, device, torch.int64), batch)
+    if value.shape != (batch,):
+        raise ValueError(
+            f"{name} must be an int, a 0-d tensor (one for the batch) or a [B]={batch} tensor (one per "
+            f"sequence), got shape {tuple(value.shape)}"
+        )
+    return to_device(value, device, torch.int64).contiguous()
+
+
+def _broadcast(value, batch: int):
+    """A scalar offset: every sequence uses it."""
+    if isinstance(value, torch.Tensor):
+        return value.reshape(1).expand(batch).contiguous()
+    return torch.full((batch,), rng.as_int64(value), dtype=torch.int64)
 
 
 def canonical_batch(target_logits, draft_tokens, num_draft, max_num_draft, check_values) -> VerifyBatch:
@@ -229,10 +266,15 @@ def verify_sample(
         temperature: float or [B] tensor, >= 0; 0 makes that sequence greedy.
         top_k: None/int or [B] int tensor; 0 or None = no top-k.
         top_p: None/float or [B] tensor in (0, 1]; None or 1 = no top-p.
-        generator: a torch.Generator the stream seed is drawn from (when ``seed`` is None).
-        seed: int or [1] int64 tensor keying the Philox stream (see ``verispec.rng``); a device
-            tensor keeps the call CUDA-graph capturable.
-        offset: int or [1] int64 tensor; advance it between calls that share a seed.
+        generator: a torch.Generator the batch seed is drawn from (when ``seed`` is None).
+        seed: the Philox keys (``verispec.verify.rng``). A [B] integer tensor gives sequence b the
+            key seed[b]: its tokens then depend only on its own seed, offset, logits and drafts,
+            never on the other sequences or its position in the batch (what a continuous-batching
+            server needs). An int or 0-d tensor S is one seed for the batch, expanded to the keys
+            ``rng.sequence_seeds(S, B)`` (SplitMix64): sequences of one call stay independent, but
+            sequence b's key depends on b. Device tensors keep the call CUDA-graph capturable.
+        offset: int, 0-d or [B] integer tensor (a scalar is shared by every sequence); advance a
+            sequence's offset between calls that share its seed. Taken modulo 2**32.
 
     Returns:
         VerifyOutput as in ``verify_greedy``.
@@ -279,13 +321,13 @@ def verify_sample(
                 raise ValueError("draft_probs gives probability 0 to a drafted token: q must be the distribution the draft was sampled from")
     if seed is None:
         seed = rng.seed_from(generator)
-    batch.seed = to_device(torch.as_tensor(seed, dtype=torch.int64).reshape(1), device)
-    batch.offset = to_device(torch.as_tensor(offset, dtype=torch.int64).reshape(1), device)
+    batch.seed = stream_keys(seed, size, device, "seed", rng.sequence_seeds)
+    batch.offset = stream_keys(offset, size, device, "offset", _broadcast)
     chosen = pick_backend(backend, device)
     if chosen == "torch":
         return reference_verify_sample(
             batch.target_logits, batch.draft_tokens, batch.num_draft, batch.max_num_draft, batch.draft_probs,
-            batch.temperature.cpu(), batch.top_k.cpu(), batch.top_p.cpu(), int(batch.seed), int(batch.offset),
+            batch.temperature.cpu(), batch.top_k.cpu(), batch.top_p.cpu(), batch.seed.cpu(), batch.offset.cpu(),
         )
     if chosen == "triton":
         from .triton.rejection import verify_sample_triton
