@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import copy_bandwidth, environment, graph_us_per_call, table_header, table_row, time_calls  # noqa: E402
 from dev.kv.kv import reference_compact_kv  # noqa: E402
 from verispec.verify.reference import reference_verify_greedy  # noqa: E402
+from verispec.verify import rng  # noqa: E402
 from verispec.verify.api import canonical_batch  # noqa: E402
 from verispec.verify.workloads import greedy_workload, sampling_workload  # noqa: E402
 
@@ -269,8 +270,8 @@ def run_sampling(log) -> list[dict]:
         batch.temperature = torch.ones(bsz, device="cuda")
         batch.top_k = torch.zeros(bsz, dtype=torch.int32, device="cuda")
         batch.top_p = torch.ones(bsz, device="cuda")
-        batch.seed = torch.tensor([1234], device="cuda")
-        batch.offset = torch.tensor([0], device="cuda")
+        batch.seed = rng.sequence_seeds(1234, bsz).cuda()  # the keys verify_sample(seed=1234) uses
+        batch.offset = torch.zeros(bsz, dtype=torch.int64, device="cuda")
         rows = batch.target_logits.shape[0]
         row = {"b": bsz, "bytes": rows * VOCAB * 2}  # draft_probs: only q(x) and one recovered row are needed
         outs = {}

@@ -33,6 +33,7 @@ from benchmarks.common import capture_graph, copy_bandwidth, environment, table_
 from verispec.verify.triton.greedy import verify_greedy_triton  # noqa: E402
 from verispec.verify.triton.rejection import WAVE_MIN_BYTES, verify_sample_triton  # noqa: E402
 from verispec.verify.reference import reference_verify_greedy, reference_verify_sample  # noqa: E402
+from verispec.verify import rng  # noqa: E402
 from verispec.verify.api import canonical_batch, per_sequence, verify_greedy, verify_sample  # noqa: E402
 from verispec.verify.workloads import greedy_workload, sampling_workload  # noqa: E402
 
@@ -136,8 +137,8 @@ def run_sample(size, k, vocab, dtype, alpha, bw, with_reference):
     batch.temperature = per_sequence(1.0, size, torch.float32, dev, "temperature", 1.0)
     batch.top_k = per_sequence(0, size, torch.int32, dev, "top_k", 0)
     batch.top_p = per_sequence(1.0, size, torch.float32, dev, "top_p", 1.0)
-    batch.seed = torch.tensor([1234], device=dev)
-    batch.offset = torch.tensor([0], device=dev)
+    batch.seed = rng.sequence_seeds(1234, size).to(dev)  # the keys verify_sample(seed=1234) uses
+    batch.offset = torch.zeros(size, dtype=torch.int64, device=dev)
     out = verify_sample_triton(batch)
     again = verify_sample_triton(batch)
     other = verify_sample_triton(batch, waves=batch.target_logits.numel() * batch.target_logits.element_size() < WAVE_MIN_BYTES)
@@ -165,7 +166,7 @@ def run_sample(size, k, vocab, dtype, alpha, bw, with_reference):
         res["reference"] = bench(
             lambda: reference_verify_sample(
                 w.target_logits, w.draft_tokens, w.num_draft, k, w.draft_probs, batch.temperature.cpu(),
-                batch.top_k.cpu(), batch.top_p.cpu(), 1234, 0,
+                batch.top_k.cpu(), batch.top_p.cpu(), batch.seed.cpu(), batch.offset.cpu(),
             ),
             rep=20,
         )

@@ -6,8 +6,8 @@ k_b = 32 and > 32 (the ballot scan's loop), V not a multiple of the block size o
 B = 256 at V = 128256. Outputs come from the caching allocator after it was filled with a
 poison value, and must contain no poison.
 
-Sampling: the kernel draws the reference's Philox numbers, so tokens match for the same
-seed/offset except at near-ties, where float rounding differs (the softmax sum is accumulated
+Sampling: the kernel draws the reference's Philox numbers (per sequence: its own key and offset,
+at rows local to it), so tokens match for the same seeds/offsets except at near-ties, where float rounding differs (the softmax sum is accumulated
 in another order, and expf/logf differ by an ulp from torch's CPU versions): an accept test
 with u * q(x) within an ulp of p(x), or two race keys within an ulp. Those are rare (about
 one in 10^5 tests); the tests allow a tiny fraction, and a chi-square test checks that the
@@ -24,6 +24,7 @@ from verispec.verify.reference import reference_verify_greedy
 from verispec.verify.api import canonical_batch
 from stats import chi2_pvalue
 from verispec.verify.workloads import greedy_workload, sampling_workload
+from ragged import batch_independence
 
 pytestmark = [
     pytest.mark.gpu,
@@ -191,15 +192,19 @@ def test_greedy_cuda_graph_replay():
 
 
 # ---- sampling ------------------------------------------------------------------------------
+def _on(value, device):
+    return value.to(device) if isinstance(value, torch.Tensor) else value
+
+
 def _sample_both(logits, drafts, num_draft, q, temperature, seed, offset=0):
-    common = dict(temperature=temperature, seed=seed, offset=offset)
+    """seed / offset: ints (one for the batch) or [B] tensors (one per sequence)."""
     _poison_allocator()
-    out = verify_sample(logits, drafts, num_draft, q, backend="cuda", **common)
+    out = verify_sample(logits, drafts, num_draft, q, backend="cuda", temperature=_on(temperature, "cuda"),
+                        seed=_on(seed, "cuda"), offset=_on(offset, "cuda"))
     torch.cuda.synchronize()
     _assert_written(out.tokens, out.num_accepted, out.num_emitted)
     ref = verify_sample(logits.cpu(), drafts.cpu(), num_draft.cpu(), None if q is None else q.cpu(), backend="torch",
-                        temperature=temperature.cpu() if isinstance(temperature, torch.Tensor) else temperature,
-                        seed=seed, offset=offset)
+                        temperature=_on(temperature, "cpu"), seed=_on(seed, "cpu"), offset=_on(offset, "cpu"))
     return out, ref
 
 
@@ -216,7 +221,10 @@ def test_sample_matches_reference(dtype, with_q, alpha):
     for trial in range(2):
         w = sampling_workload(48, [0, 1, 3, 8, 33, 5] * 8, 3001, alpha, dtype=dtype, device="cuda",
                               seed=trial, draft_probs=with_q)
-        out, ref = _sample_both(w.target_logits, w.draft_tokens, w.num_draft, w.draft_probs, 1.0, seed=1234 + trial, offset=trial)
+        g = torch.Generator().manual_seed(trial)  # per-sequence keys over the whole 64-bit range
+        seeds = torch.randint(-(2**63), 2**63 - 1, (w.batch_size,), generator=g)
+        offsets = torch.randint(0, 2**40, (w.batch_size,), generator=g)
+        out, ref = _sample_both(w.target_logits, w.draft_tokens, w.num_draft, w.draft_probs, 1.0, seed=seeds, offset=offsets)
         total += w.batch_size
         bad += _mismatching_sequences(out, ref)
     assert bad <= max(1, total // 100), f"{bad}/{total} sequences differ from the reference (near-ties only expected)"
@@ -248,6 +256,23 @@ def test_sample_llama_vocab():
     w = sampling_workload(32, 8, 128256, 0.6, dtype=torch.bfloat16, device="cuda", seed=2)
     out, ref = _sample_both(w.target_logits, w.draft_tokens, w.num_draft, w.draft_probs, 1.0, seed=7)
     assert _mismatching_sequences(out, ref) <= 1
+
+
+def test_sample_batch_seed_matches_reference():
+    """One int seed for the batch: expanded to per-sequence keys the same way on both backends."""
+    w = sampling_workload(40, [0, 2, 5, 9] * 10, 2000, 0.7, dtype=torch.float32, device="cuda", seed=4, draft_probs=True)
+    out, ref = _sample_both(w.target_logits, w.draft_tokens, w.num_draft, w.draft_probs, 0.9, seed=31, offset=6)
+    assert _mismatching_sequences(out, ref) <= 1
+
+
+def test_sample_sequence_tokens_do_not_depend_on_the_batch():
+    """Per-sequence seeds: a sequence alone and inside a larger ragged batch emits the same tokens.
+    The vocabulary split of the row statistics follows the batch's row count, so the softmax sums
+    may round differently: a near-tie may flip (as against the reference), nothing more."""
+    mismatches, accepted = batch_independence(trials=100, vocab=3001, max_k=8, max_others=12, backend="cuda",
+                                              device="cuda", gen_seed=3, filters=False)
+    assert mismatches <= 1, f"{mismatches}/100 sequences changed with their batch"
+    assert accepted > 100
 
 
 def test_sample_first_token_chi_square():

@@ -2,7 +2,8 @@
 
 The brute force restates the semantics one sequence and one position at a time, with plain
 Python lists for the top-k/top-p cuts, and draws its randomness from the same Philox stream
-(that stream *is* part of the specification: see verispec/rng.py).
+(that stream *is* part of the specification: see verispec/verify/rng.py): sequence b with its
+own key seeds[b] and offset offsets[b], at local rows 0..k_b.
 """
 
 import math
@@ -10,6 +11,7 @@ import math
 import torch
 from hypothesis import given, settings, strategies as st
 
+from ragged import batch_independence
 from verispec import verify_greedy, verify_sample
 from verispec.verify import rng
 
@@ -40,7 +42,8 @@ def brute_probs(row: torch.Tensor, temperature: float, top_k: int, top_p: float)
     return torch.softmax(masked, dim=0)
 
 
-def brute_verify(logits, drafts, num_draft, draft_probs, temps, top_ks, top_ps, seed, offset):
+def brute_verify(logits, drafts, num_draft, draft_probs, temps, top_ks, top_ps, seeds, offsets):
+    """seeds / offsets: one int per sequence."""
     outputs = []
     row = 0
     draft_index = 0
@@ -48,7 +51,7 @@ def brute_verify(logits, drafts, num_draft, draft_probs, temps, top_ks, top_ps, 
         emitted = []
         for i in range(k + 1):
             p = brute_probs(logits[row], temps[b], top_ks[b], top_ps[b])
-            exponentials = -torch.log(rng.uniform(seed, offset, row, torch.arange(p.shape[0]), rng.RACE))
+            exponentials = -torch.log(rng.uniform(seeds[b], offsets[b], i, torch.arange(p.shape[0]), rng.RACE))
             if i == k:
                 emitted.append(int(p.argmax()) if temps[b] == 0 else int(torch.argmax(p / exponentials)))
                 break
@@ -61,7 +64,7 @@ def brute_verify(logits, drafts, num_draft, draft_probs, temps, top_ks, top_ps, 
             if temps[b] == 0:
                 ok = x == int(p.argmax())
             else:
-                ok = float(rng.uniform(seed, offset, row, 0, rng.ACCEPT)) * float(q[x]) < float(p[x])
+                ok = float(rng.uniform(seeds[b], offsets[b], i, 0, rng.ACCEPT)) * float(q[x]) < float(p[x])
             if ok:
                 emitted.append(x)
                 row += 1
@@ -116,7 +119,7 @@ def test_greedy_matches_brute_force(batch, dtype):
     out = verify_greedy(logits, torch.tensor(drafts, dtype=torch.int64), num_draft)
     zeros = [0] * len(num_draft)
     ones = [1.0] * len(num_draft)
-    expected = brute_verify(logits.float(), drafts, num_draft, None, zeros, zeros, ones, 0, 0)
+    expected = brute_verify(logits.float(), drafts, num_draft, None, zeros, zeros, ones, zeros, zeros)
     assert as_lists(out) == expected
     assert out.tokens.shape == (len(num_draft), max(num_draft) + 1)
     # padding past each sequence's emitted tokens is -1
@@ -129,25 +132,32 @@ def test_greedy_matches_brute_force(batch, dtype):
 @given(
     ragged_batches(),
     st.booleans(),
+    st.booleans(),
     st.data(),
 )
-def test_sample_matches_brute_force(batch, with_draft_probs, data):
+def test_sample_matches_brute_force(batch, with_draft_probs, per_sequence, data):
     logits, drafts, num_draft, seed = batch
     size, vocab = len(num_draft), logits.shape[1]
     temps = data.draw(st.lists(st.sampled_from([0.0, 0.5, 1.0, 1.7]), min_size=size, max_size=size))
     top_ks = data.draw(st.lists(st.sampled_from([0, 1, 2, max(1, vocab // 2)]), min_size=size, max_size=size))
     top_ps = data.draw(st.lists(st.sampled_from([1.0, 0.9, 0.55]), min_size=size, max_size=size))
-    offset = data.draw(st.integers(0, 1000))
+    if per_sequence:  # one key and one offset per sequence, any 64-bit pattern for the key
+        seeds = data.draw(st.lists(st.integers(-(2**63), 2**63 - 1), min_size=size, max_size=size))
+        offsets = data.draw(st.lists(st.integers(0, 1000), min_size=size, max_size=size))
+        stream = dict(seed=torch.tensor(seeds), offset=torch.tensor(offsets))
+    else:  # one batch seed, expanded by SplitMix64; one shared offset
+        offset = data.draw(st.integers(0, 1000))
+        seeds, offsets = rng.sequence_seeds(seed, size).tolist(), [offset] * size
+        stream = dict(seed=seed, offset=offset)
     draft_probs = None
     if with_draft_probs:
         gen = torch.Generator().manual_seed(seed + 1)
         draft_probs = torch.softmax(torch.randn(len(drafts), vocab, generator=gen) * 2, dim=1)
     out = verify_sample(
         logits, torch.tensor(drafts, dtype=torch.int64), num_draft, draft_probs,
-        temperature=torch.tensor(temps), top_k=torch.tensor(top_ks), top_p=torch.tensor(top_ps),
-        seed=seed, offset=offset,
+        temperature=torch.tensor(temps), top_k=torch.tensor(top_ks), top_p=torch.tensor(top_ps), **stream,
     )
-    expected = brute_verify(logits, drafts, num_draft, draft_probs, temps, top_ks, top_ps, seed, offset)
+    expected = brute_verify(logits, drafts, num_draft, draft_probs, temps, top_ks, top_ps, seeds, offsets)
     assert as_lists(out) == expected
     # every emitted token has positive probability under the filtered target distribution
     row = 0
@@ -171,6 +181,29 @@ def test_sample_is_reproducible_per_seed_and_generator():
     # different offsets draw different streams
     outs = {tuple(verify_sample(logits, drafts, [3, 0, 3], seed=7, offset=o).tokens.flatten().tolist()) for o in range(20)}
     assert len(outs) > 1
+
+
+def test_sequence_tokens_do_not_depend_on_the_batch():
+    """Per-sequence seeds: a sequence alone (B = 1) and at a random row of a larger ragged batch
+    emits the same tokens, for 80 random sequences, seeds and neighbourhoods."""
+    mismatches, accepted = batch_independence(trials=80, vocab=30, max_k=6, max_others=5, backend="torch",
+                                              device="cpu", gen_seed=0)
+    assert mismatches == 0
+    assert accepted > 40  # acceptance runs were exercised, not only first-position rejections
+
+
+def test_scalar_seed_gives_each_sequence_its_own_stream():
+    """Identical sequences in one call with one batch seed draw different numbers (the chi-square
+    tests rely on it), and the batch seed means exactly the keys rng.sequence_seeds(S, B)."""
+    torch.manual_seed(2)
+    logits = torch.randn(2, 40).repeat(64, 1)  # 64 copies of one sequence with k = 1
+    drafts = torch.full((64,), 3)
+    out = verify_sample(logits, drafts, [1] * 64, seed=5, offset=2)
+    assert len(set(map(tuple, out.tokens.tolist()))) > 4
+    keys = verify_sample(logits, drafts, [1] * 64, seed=rng.sequence_seeds(5, 64), offset=torch.full((64,), 2))
+    assert torch.equal(out.tokens, keys.tokens)
+    # a 0-d tensor batch seed is expanded the same way (on its device)
+    assert torch.equal(verify_sample(logits, drafts, [1] * 64, seed=torch.tensor(5), offset=2).tokens, out.tokens)
 
 
 def test_temperature_zero_rows_equal_greedy_in_mixed_batch():

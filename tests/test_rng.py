@@ -50,3 +50,44 @@ def test_uniforms_are_open_interval_and_uniform():
     u = rng.uniform(3, 0, torch.arange(200)[:, None], torch.arange(500)[None, :], rng.RACE)
     assert float(u.min()) > 0 and float(u.max()) < 1
     assert abs(float(u.mean()) - 0.5) < 0.005
+
+
+def test_tensor_keys_equal_python_integers_and_triton():
+    """Per-element keys (as verify_sample passes them), including keys with the top bit set,
+    which int64 tensors hold as negative numbers."""
+    r = random.Random(1)
+    keys = [r.getrandbits(64) for _ in range(50)]
+    rows = [r.getrandbits(8) for _ in keys]
+    key_t = torch.tensor([rng.as_int64(k) for k in keys])
+    got = rng.uniform(key_t, 7, torch.tensor(rows), 3, rng.RACE)
+    for key, row, u in zip(keys, rows, got.tolist()):
+        x = python_philox((3, row, 7, rng.RACE), (key & M32, key >> 32))[0]
+        assert u == ((x >> 9) * 2 + 1) * 2.0**-24
+    for key in keys[:4]:
+        out = torch.empty(64)
+        _uniform_kernel[(1,)](out, rng.as_int64(key), 7, 5, 0, N=64)
+        assert torch.equal(out, rng.uniform(rng.as_int64(key), 7, 5, torch.arange(64), 0))
+
+
+def python_splitmix64(state, count):
+    """The first ``count`` outputs of SplitMix64 seeded with ``state``, in Python integers."""
+    out = []
+    for _ in range(count):
+        state = (state + 0x9E3779B97F4A7C15) % 2**64
+        z = state
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 % 2**64
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EB % 2**64
+        out.append(z ^ (z >> 31))
+    return out
+
+
+def test_sequence_seeds_are_splitmix64_on_host_and_device():
+    # the published first outputs of SplitMix64 seeded with 0
+    assert [k % 2**64 for k in rng.sequence_seeds(0, 3).tolist()] == [
+        0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F]
+    r = random.Random(2)
+    for seed in [1, 2**63 - 1, 2**64 - 1, -5] + [r.getrandbits(64) for _ in range(20)]:
+        host = rng.sequence_seeds(seed, 9)
+        assert [k % 2**64 for k in host.tolist()] == python_splitmix64(seed % 2**64, 9)
+        assert torch.equal(rng.sequence_seeds(torch.tensor(rng.as_int64(seed)), 9), host)
+    assert len(set(rng.sequence_seeds(123, 1000).tolist())) == 1000

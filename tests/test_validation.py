@@ -55,12 +55,33 @@ def test_bad_shapes_and_values(fn, kwargs, match):
         (dict(draft_probs=-torch.softmax(torch.randn(3, 8), 1)), "non-negative"),
         (dict(draft_probs=torch.eye(8)[[0, 0, 0]]), "probability 0 to a drafted token"),
         (dict(backend="tpu"), "backend must be one of"),
+        (dict(seed=torch.tensor([1])), r"seed must be an int, a 0-d tensor .* or a \[B\]=2 tensor"),
+        (dict(seed=torch.tensor([1, 2, 3])), r"seed must be .* \[B\]=2 tensor"),
+        (dict(seed=torch.tensor([[1, 2]])), r"seed must be .* got shape \(1, 2\)"),
+        (dict(seed=torch.tensor([1.0, 2.0])), "seed must be an integer tensor"),
+        (dict(seed=torch.tensor([True, False])), "seed must be an integer tensor"),
+        (dict(seed=1.5), "seed must be an int or an integer tensor"),
+        (dict(seed=True), "seed must be an int or an integer tensor"),
+        (dict(seed=2**64), "seed must fit in 64 bits"),
+        (dict(offset=torch.tensor([0])), r"offset must be an int, a 0-d tensor .* \[B\]=2 tensor"),
+        (dict(offset=torch.tensor(0.0)), "offset must be an integer tensor"),
+        (dict(offset="0"), "offset must be an int or an integer tensor"),
     ],
 )
 def test_bad_sampling_arguments(kwargs, match):
     args = dict(target_logits=LOGITS, draft_tokens=DRAFTS, num_draft=NUM_DRAFT) | kwargs
     with pytest.raises(ValueError, match=match):
         verify_sample(**args)
+
+
+@pytest.mark.parametrize(
+    "seed, offset",
+    [(7, 3), (2**64 - 1, 0), (-(2**63), 0), (torch.tensor(7), torch.tensor(3)),
+     (torch.tensor([7, 8], dtype=torch.int32), torch.tensor([3, 4])), (torch.tensor([7, 8]), 5)],
+)
+def test_good_seed_and_offset_forms(seed, offset):
+    out = verify_sample(LOGITS, DRAFTS, NUM_DRAFT, seed=seed, offset=offset)
+    assert out.tokens.shape == (2, 3)
 
 
 def test_cuda_backend_on_cpu_tensors_is_a_clear_error():

@@ -17,6 +17,8 @@ from verispec.verify.reference import reference_verify_greedy
 from verispec.verify.api import canonical_batch, verify_sample
 from stats import chi2_pvalue
 from triton_interpreter import DEVICE
+from verispec.verify import rng
+from ragged import batch_independence
 
 needs_gpu = pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU (and TRITON_INTERPRET unset)")
 FEW = settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
@@ -117,9 +119,11 @@ def _sampling_case(num_draft, vocab, dtype, with_q, gen):
     waves=st.booleans(),
     seed=st.integers(0, 2**31 - 1),
     offset=st.integers(0, 2**40),
+    per_sequence=st.booleans(),
 )
-def test_sample_matches_reference(num_draft, vocab, dtype, with_q, params, tiling, waves, seed, offset):
-    """Exact equality with the reference on the same stream.
+def test_sample_matches_reference(num_draft, vocab, dtype, with_q, params, tiling, waves, seed, offset, per_sequence):
+    """Exact equality with the reference on the same stream (per-sequence seeds / offsets, or one
+    batch seed expanded by rng.sequence_seeds and one shared offset).
 
     Continuous random logits make every comparison that could flip by float rounding (accept
     test, race keys, top-p cut) a near-tie of probability ~1e-7, so exact equality is required.
@@ -130,15 +134,19 @@ def test_sample_matches_reference(num_draft, vocab, dtype, with_q, params, tilin
     temperature = torch.tensor([p[0] for p in params[:size]])
     top_k = torch.tensor([p[1] for p in params[:size]], dtype=torch.int32)
     top_p = torch.tensor([p[2] for p in params[:size]])
-    args = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, offset=offset)
+    if per_sequence:  # keys over the whole 64-bit range, offsets past 2**32 (taken mod 2**32)
+        seeds = torch.randint(-(2**63), 2**63 - 1, (size,), generator=gen)
+        offsets = offset + torch.randint(0, 2**33, (size,), generator=gen)
+    else:
+        seeds, offsets = rng.sequence_seeds(seed, size), torch.full((size,), offset)
+    args = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seeds, offset=offsets)
     expected = verify_sample(logits, drafts, num_draft, q, backend="torch", **args)
     # same validation path, then the kernel with the forced tiling
     dev = lambda t: None if t is None else t.to(DEVICE)  # noqa: E731
     batch = canonical_batch(logits.to(DEVICE), drafts.to(DEVICE), torch.tensor(num_draft), None, True)
     batch.draft_probs = dev(q)
     batch.temperature, batch.top_k, batch.top_p = dev(temperature), dev(top_k), dev(top_p.float())
-    batch.seed = torch.tensor([seed], device=DEVICE)
-    batch.offset = torch.tensor([offset], device=DEVICE)
+    batch.seed, batch.offset = seeds.to(DEVICE), offsets.to(DEVICE)
     out = verify_sample_triton(batch, block=tiling[0], num_splits=tiling[1], num_race_splits=tiling[1], waves=waves)
     assert torch.equal(out.tokens.cpu(), expected.tokens)
     assert torch.equal(out.num_accepted.cpu(), expected.num_accepted)
@@ -159,7 +167,7 @@ def test_sample_split_paths_match_reference(with_q, waves):
     batch.temperature = temperature.to(DEVICE)
     batch.top_k = torch.zeros(5, dtype=torch.int32, device=DEVICE)
     batch.top_p = torch.ones(5, device=DEVICE)
-    batch.seed, batch.offset = torch.tensor([5], device=DEVICE), torch.tensor([9], device=DEVICE)
+    batch.seed, batch.offset = rng.sequence_seeds(5, 5).to(DEVICE), torch.full((5,), 9, device=DEVICE)
     out = verify_sample_triton(batch, block=16, num_splits=4, num_race_splits=4, waves=waves)
     assert expected.num_accepted.sum() > 3  # the test must see accepted drafts
     assert torch.equal(out.tokens.cpu(), expected.tokens)
@@ -204,9 +212,19 @@ def test_sampling_is_reproducible_per_seed_and_offset():
     assert torch.equal(runs[0], runs[1])
     assert not torch.equal(runs[0], runs[2]), "another offset must give another stream"
     assert not torch.equal(runs[0], runs[3]), "another seed must give another stream"
-    seed_t = torch.tensor([9], device=DEVICE)  # device-tensor seed/offset give the same stream
-    again = verify_sample(*args, seed=seed_t, offset=torch.tensor([1], device=DEVICE), backend="triton")
+    seed_t = torch.tensor(9, device=DEVICE)  # 0-d device-tensor seed/offset give the same stream
+    again = verify_sample(*args, seed=seed_t, offset=torch.tensor(1, device=DEVICE), backend="triton")
     assert torch.equal(again.tokens.cpu(), runs[0])
+
+
+def test_sequence_tokens_do_not_depend_on_the_batch():
+    """Per-sequence seeds: a sequence alone (B = 1) and at a random row of a larger ragged batch
+    (other sequences, other temperatures / filters around it) emits the same tokens."""
+    trials = 40 if DEVICE == "cuda" else 16
+    mismatches, accepted = batch_independence(trials=trials, vocab=50, max_k=5, max_others=4, backend="triton",
+                                              device=DEVICE, gen_seed=1)
+    assert mismatches == 0
+    assert accepted > trials // 2  # acceptance runs were exercised
 
 
 @needs_gpu
@@ -246,8 +264,8 @@ def test_gpu_sample_is_graph_capturable():
     from verispec.verify.workloads import sampling_workload
 
     w = sampling_workload(4, 4, 32000, 0.6, dtype=torch.float32, device="cuda", seed=0)
-    seed = torch.tensor([5], device="cuda")
-    offset = torch.tensor([0], device="cuda")
+    seed = torch.tensor([5, 6, 7, 8], device="cuda")  # per sequence
+    offset = torch.zeros(4, dtype=torch.int64, device="cuda")
     call = lambda: verify_sample(  # noqa: E731
         w.target_logits, w.draft_tokens, w.num_draft, w.draft_probs, seed=seed, offset=offset,
         max_num_draft=4, backend="triton", check_values=False,
@@ -263,3 +281,24 @@ def test_gpu_sample_is_graph_capturable():
     graph.replay()
     other = call().tokens
     assert torch.equal(out.tokens, other)
+
+
+@needs_gpu
+def test_gpu_sample_with_batch_seed_tensor_is_graph_capturable():
+    """A 0-d device seed is expanded to per-sequence keys on the device, inside the graph."""
+    from verispec.verify.workloads import sampling_workload
+
+    w = sampling_workload(6, 3, 32000, 0.6, dtype=torch.float32, device="cuda", seed=1)
+    seed, offset = torch.tensor(5, device="cuda"), torch.tensor(2, device="cuda")
+    call = lambda: verify_sample(  # noqa: E731
+        w.target_logits, w.draft_tokens, w.num_draft, w.draft_probs, seed=seed, offset=offset,
+        max_num_draft=3, backend="triton", check_values=False,
+    )
+    call()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = verify_sample(w.target_logits, w.draft_tokens, w.num_draft, w.draft_probs, seed=5, offset=2, backend="triton")
+    assert torch.equal(out.tokens, eager.tokens)

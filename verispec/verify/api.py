@@ -5,7 +5,9 @@
 
 The layout and the semantics are documented in ``verispec.verify.reference`` (the oracle); every
 backend returns exactly what the reference returns (sampling: for the same ``seed``/``offset``,
-up to float rounding at near-ties, see docs/verification.md).
+up to float rounding at near-ties, see docs/verification.md). Sampling draws each sequence's
+random numbers from its own key and offset (``verispec.verify.rng``), so with per-sequence seeds
+a sequence's tokens do not depend on what else is in the batch.
 
 Backends: ``"torch"`` (the reference), ``"triton"`` and ``"cuda"`` (GPU kernels; triton also
 runs on CPU tensors under ``TRITON_INTERPRET=1``). ``backend=None`` picks the fastest one
@@ -21,6 +23,7 @@ logits of its own passes).
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -45,7 +48,8 @@ class VerifyBatch:
     max_num_draft: host int, width of the output is max_num_draft + 1
     draft_probs:   [N, V] float or None (point-mass drafts)
     temperature:   [B] float32 (0 = greedy row)      top_k: [B] int32 (0 = off)
-    top_p:         [B] float32 (1 = off)              seed, offset: [1] int64 (stream key)
+    top_p:         [B] float32 (1 = off)
+    seed, offset:  [B] int64, each sequence's Philox key and counter offset (verify.rng)
     """
 
     target_logits: torch.Tensor
@@ -103,15 +107,33 @@ def per_sequence(value, batch: int, dtype: torch.dtype, device, name: str, defau
     return torch.full((batch,), value, dtype=dtype, device=device)
 
 
-def stream_key(value, name: str, device) -> torch.Tensor:
-    """``seed`` / ``offset`` as a [1] int64 tensor on ``device``: a Python int (64-bit, see
-    ``sampling.check_seed``) or a 1-element integer tensor (kept on its device: graph capture)."""
+def stream_keys(value, batch: int, device, name: str, expand_scalar) -> torch.Tensor:
+    """``seed`` / ``offset`` as a [B] int64 tensor on ``device``, without a host sync.
+
+    Accepted: a Python int or a 0-d integer tensor (one value for the batch, turned into B values
+    by ``expand_scalar``), or a [B] integer tensor (one per sequence, used as is). A [1] tensor
+    for B > 1 is refused: it would be unclear whether it is a batch value or a sequence's.
+    """
+    if not isinstance(value, torch.Tensor):
+        value = check_seed(value, name)   # an int of 64 bits: floats and bools are refused, never truncated
+        return to_device(expand_scalar(value, batch), device, torch.int64)
+    if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor, got {value.dtype}")
+    if value.dim() == 0:
+        return expand_scalar(to_device(value, device, torch.int64), batch)
+    if value.shape != (batch,):
+        raise ValueError(
+            f"{name} must be an int, a 0-d tensor (one for the batch) or a [B]={batch} tensor (one per "
+            f"sequence), got shape {tuple(value.shape)}"
+        )
+    return to_device(value, device, torch.int64).contiguous()
+
+
+def _broadcast(value, batch: int):
+    """A scalar offset: every sequence uses it."""
     if isinstance(value, torch.Tensor):
-        if value.numel() != 1 or value.dtype.is_floating_point or value.dtype == torch.bool:
-            raise TypeError(f"{name} must be an int or a 1-element integer tensor, got {value.dtype} "
-                            f"shape {tuple(value.shape)}")
-        return to_device(value.reshape(1), device, torch.int64)
-    return to_device(torch.tensor([check_seed(value, name)], dtype=torch.int64), device)
+        return value.reshape(1).expand(batch).contiguous()
+    return torch.full((batch,), rng.as_int64(value), dtype=torch.int64)
 
 
 def check_rows(target_logits: torch.Tensor, scale: torch.Tensor | None = None) -> None:
@@ -290,11 +312,15 @@ def verify_sample(
             finite and >= ``sampling.MIN_TEMPERATURE`` (1e-6).
         top_k: None/int, list or [B] integer tensor; 0 or None = no top-k (>= V: no top-k either).
         top_p: None/float, list or [B] tensor in (0, 1]; None or 1 = no top-p.
-        generator: a torch.Generator the stream seed is drawn from (when ``seed`` is None).
-        seed: int in [-2**63, 2**64) (its 64 bits key the Philox stream, see ``verispec.verify.rng``) or
-            a [1] int64 tensor; a device tensor keeps the call CUDA-graph capturable. Floats are
-            refused, not truncated.
-        offset: int or [1] int64 tensor; advance it between calls that share a seed.
+        generator: a torch.Generator the batch seed is drawn from (when ``seed`` is None).
+        seed: the Philox keys (``verispec.verify.rng``). A [B] integer tensor gives sequence b the
+            key seed[b]: its tokens then depend only on its own seed, offset, logits and drafts,
+            never on the other sequences or its position in the batch (what a continuous-batching
+            server needs). An int or 0-d tensor S is one seed for the batch, expanded to the keys
+            ``rng.sequence_seeds(S, B)`` (SplitMix64): sequences of one call stay independent, but
+            sequence b's key depends on b. Device tensors keep the call CUDA-graph capturable.
+        offset: int, 0-d or [B] integer tensor (a scalar is shared by every sequence); advance a
+            sequence's offset between calls that share its seed. Taken modulo 2**32.
 
     Returns:
         VerifyOutput as in ``verify_greedy``.
@@ -359,13 +385,13 @@ def verify_sample(
                 raise ValueError("draft_probs gives probability 0 to a drafted token: q must be the distribution the draft was sampled from")
     if seed is None:
         seed = rng.seed_from(generator)
-    batch.seed = stream_key(seed, "seed", device)
-    batch.offset = stream_key(offset, "offset", device)
+    batch.seed = stream_keys(seed, size, device, "seed", rng.sequence_seeds)
+    batch.offset = stream_keys(offset, size, device, "offset", _broadcast)
     chosen = pick_backend(backend, device)
     if chosen == "torch":
         return reference_verify_sample(
             batch.target_logits, batch.draft_tokens, batch.num_draft, batch.max_num_draft, batch.draft_probs,
-            batch.temperature.cpu(), batch.top_k.cpu(), batch.top_p.cpu(), int(batch.seed), int(batch.offset),
+            batch.temperature.cpu(), batch.top_k.cpu(), batch.top_p.cpu(), batch.seed.cpu(), batch.offset.cpu(),
         )
     if chosen == "triton":
         from .triton.rejection import verify_sample_triton

@@ -17,8 +17,9 @@ Ragged, flattened layout (B sequences, sequence b proposes k_b >= 0 drafts):
                                     scoring its drafts, then one bonus row
     tokens (out)   [B, max_k + 1]   int32: accepted drafts, then the recovered/bonus token, -1 pad
 
-Randomness comes from ``verispec.verify.rng`` keyed by ``(seed, offset)``; row indices in the stream
-are the target_logits row indices above.
+Randomness comes from ``verispec.verify.rng``: sequence b draws with its own key seed[b] and
+offset[b], at the *local* row i in [0, k_b] (draft position i, bonus row k_b), so its tokens do
+not depend on the other sequences of the batch or on its position in it.
 """
 
 from __future__ import annotations
@@ -53,6 +54,15 @@ def _race(weights: torch.Tensor, exponentials: torch.Tensor) -> torch.Tensor:
     Ties (probability ~0) go to the lowest index, like torch.argmax.
     """
     return torch.argmax(weights / exponentials, dim=-1)
+
+
+def _stream_keys(value, batch: int, name: str) -> torch.Tensor:
+    """``value`` as a CPU [B] int64 tensor; a scalar is refused, as it would silently give every
+    sequence the same stream (``verify_sample`` expands a batch seed with rng.sequence_seeds)."""
+    if not isinstance(value, torch.Tensor) or value.shape != (batch,):
+        shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+        raise ValueError(f"{name} must be a [B]={batch} integer tensor (one per sequence), got {shape}")
+    return value.cpu().to(torch.int64)
 
 
 def reference_verify_greedy(
@@ -94,8 +104,8 @@ def reference_verify_sample(
     temperature: torch.Tensor,
     top_k: torch.Tensor,
     top_p: torch.Tensor,
-    seed: int,
-    offset: int,
+    seed: torch.Tensor,
+    offset: torch.Tensor,
 ) -> VerifyOutput:
     """Leviathan et al. rejection sampling, per sequence, with per-sequence T / top-k / top-p.
 
@@ -107,6 +117,8 @@ def reference_verify_sample(
     n-gram mode (draft_probs None): q is the point mass at x, so the accept test is u < p(x)
     and the recovery distribution is p with x removed.
     Temperature 0 rows behave exactly as greedy (no randomness used).
+    seed, offset: [B] int64, sequence b's Philox key and counter offset (``verispec.verify.rng``);
+    u_r is drawn at sequence b's local row i, as is the race of its stop row.
 
     Three stages: (1) the accept decision of every draft, (2) each sequence's first rejection,
     (3) one sample per sequence from its stop row (recovery or bonus).
@@ -123,6 +135,8 @@ def reference_verify_sample(
     cu_num_draft[1:] = torch.cumsum(counts, 0)
     draft_row = torch.arange(num_drafts_total) + seq_of_draft  # draft j of seq b -> row j + b
     greedy_seq = temperature.cpu() == 0
+    seed, offset = _stream_keys(seed, batch, "seed"), _stream_keys(offset, batch, "offset")
+    pos_in_seq = torch.arange(num_drafts_total) - cu_num_draft[seq_of_draft]  # local row of each draft
     p_all = filtered_probs(logits, temperature[seq_of_row], top_k[seq_of_row], top_p[seq_of_row])
 
     # (1) accept decisions, one per draft
@@ -134,7 +148,7 @@ def reference_verify_sample(
         q_draft[torch.arange(num_drafts_total), drafts] = 1.0
     p_x = p_draft[torch.arange(num_drafts_total), drafts]
     q_x = q_draft[torch.arange(num_drafts_total), drafts]
-    u = rng.uniform(seed, offset, draft_row, 0, rng.ACCEPT)
+    u = rng.uniform(seed[seq_of_draft], offset[seq_of_draft], pos_in_seq, 0, rng.ACCEPT)
     # u * q(x) in float64 is exact (two 24-bit mantissas), so the test has one answer on
     # every backend given the same float32 p(x) and q(x).
     sampled_accept = u.double() * q_x.double() < p_x.double()
@@ -152,7 +166,6 @@ def reference_verify_sample(
     num_accepted = torch.tensor(accepted_list, dtype=torch.int32)
     # accepted drafts, left-aligned: draft i of sequence b is kept iff i < num_accepted[b]
     if num_drafts_total:
-        pos_in_seq = torch.arange(num_drafts_total) - cu_num_draft[seq_of_draft]
         kept = pos_in_seq < num_accepted[seq_of_draft]
         tokens[seq_of_draft[kept], pos_in_seq[kept]] = drafts[kept].to(torch.int32)
 
@@ -169,7 +182,9 @@ def reference_verify_sample(
         weights = torch.where(is_bonus, p_stop, residual)
     else:
         weights = p_stop
-    exponentials = -torch.log(rng.uniform(seed, offset, stop_row[:, None], torch.arange(vocab)[None, :], rng.RACE))
+    race_u = rng.uniform(seed[:, None], offset[:, None], num_accepted.long()[:, None], torch.arange(vocab)[None, :],
+                         rng.RACE)  # the stop row is local row num_accepted
+    exponentials = -torch.log(race_u)
     sampled = _race(weights, exponentials)
     emitted = torch.where(greedy_seq, p_stop.argmax(dim=1), sampled)
     tokens[torch.arange(batch), num_accepted.long()] = emitted.to(torch.int32)

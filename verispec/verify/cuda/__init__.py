@@ -88,6 +88,9 @@ def greedy_scan_cuda(target_argmax: torch.Tensor, batch, variant: str = DEFAULT_
 def verify_sample_cuda(batch) -> VerifyOutput:
     """Rejection-sampling verification of a ``verify.VerifyBatch`` (temperature per sequence).
 
+    ``batch.seed`` / ``batch.offset``: [B] int64 device tensors, each sequence's Philox key and
+    offset; the kernel draws at rows local to each sequence (``verispec.verify.rng``).
+
     top-k / top-p are not implemented here: a batch that uses them raises NotImplementedError
     (checked on the host, which syncs; under CUDA-graph capture the check is impossible and such
     sequences come back with num_accepted = -1 instead).

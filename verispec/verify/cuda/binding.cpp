@@ -98,6 +98,11 @@ std::vector<at::Tensor> verify_sample(const at::Tensor& logits, const at::Tensor
     check_int(offset, at::kLong, "offset");
     const c10::cuda::CUDAGuard guard(logits.device());
     const int rows = logits.size(0), vocab = logits.size(1), batch = num_draft.size(0);
+    // one Philox key and one offset per sequence (verispec/verify/rng.py)
+    TORCH_CHECK(seed.dim() == 1 && seed.size(0) == batch,
+                "seed must be a [B] int64 tensor (one key per sequence)");
+    TORCH_CHECK(offset.dim() == 1 && offset.size(0) == batch,
+                "offset must be a [B] int64 tensor (one per sequence)");
     const int chunks = vs_argmax_chunks(rows, vocab, num_sms(logits));
     auto fopts = logits.options().dtype(at::kFloat);
     auto iopts = logits.options().dtype(at::kInt);

@@ -5,8 +5,9 @@
 //     vector body, scalar tail), so V need not be a multiple of anything
 //   - argmax with torch.argmax's tie-break (lowest index wins) through __shfl_down_sync
 //   - online softmax statistics (running max m, running sum s of exp(z - m)) and their merge
-//   - Philox-4x32-10 exactly as verispec/verify/rng.py (counter (col, row, offset, purpose), key
-//     (seed_lo, seed_hi)), and its uniform map ((x >> 9) * 2 + 1) * 2^-24
+//   - Philox-4x32-10 exactly as verispec/verify/rng.py (counter (col, row, offset, purpose) with
+//     row local to the sequence, key (seed_lo, seed_hi) of the sequence's seed), and its uniform
+//     map ((x >> 9) * 2 + 1) * 2^-24
 //
 // Plain CUDA C++: no torch headers, so every .cu compiles standalone with nvcc (CPU CI).
 #pragma once
@@ -173,7 +174,8 @@ __device__ __forceinline__ uint32_t philox_x0(uint32_t c0, uint32_t c1, uint32_t
     return c0;
 }
 
-// Uniform in (0, 1), exact in float32: 23 random bits with the lowest bit set.
+// Uniform in (0, 1), exact in float32: 23 random bits with the lowest bit set. seed / offset are
+// one sequence's; row is local to that sequence (draft position, bonus row = k_b).
 __device__ __forceinline__ float vs_uniform(uint64_t seed, uint64_t offset, uint32_t row, uint32_t col,
                                             uint32_t purpose) {
     const uint32_t x = philox_x0(col, row, (uint32_t)offset, purpose, (uint32_t)seed, (uint32_t)(seed >> 32));

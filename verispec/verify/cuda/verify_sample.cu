@@ -1,12 +1,15 @@
 // verify_sample.cu: rejection-sampling verification (Leviathan et al.), exact in distribution.
 //
-// Semantics (verispec/verify/reference.py, reference_verify_sample), per sequence b with temperature T:
+// Semantics (verispec/verify/reference.py, reference_verify_sample), per sequence b with
+// temperature T, key seed[b] and offset[b]:
 //   draft row i (target row r, draft x, draft distribution q, p = softmax(logits[r] / T)):
-//       accept iff u_r * q(x) < p(x),  u_r = uniform(seed, offset, row=r, col=0, ACCEPT)
-//       else emit argmax_v max(0, p_v - q_v) / -log(u_v),  u_v = uniform(..., r, v, RACE)
+//       accept iff u_i * q(x) < p(x),  u_i = uniform(seed[b], offset[b], row=i, col=0, ACCEPT)
+//       else emit argmax_v max(0, p_v - q_v) / -log(u_v),  u_v = uniform(..., row=i, v, RACE)
 //            (the exponential race: a sample of norm(max(0, p - q)); p itself if that is empty)
 //   all accepted: emit argmax_v p_v / -log(u_v) on the bonus row.
 //   n-gram drafts (draft_probs null): q = point mass at x.   T == 0: greedy on the argmax.
+// The stream row is the local row i in [0, k_b], not the global r, so a sequence's tokens do
+// not depend on its batch neighbours or its position.
 // Every random number comes from the shared Philox stream (common.cuh == verispec/verify/rng.py), so
 // the kernel emits the reference's tokens, up to float rounding at near-ties (p(x) within an
 // ulp of u * q(x), or two race keys within an ulp): softmax sums are accumulated in a different
@@ -16,10 +19,10 @@
 //   row_stats_partial_kernel  grid (R, chunks): per (row, vocab chunk) the online-softmax
 //       statistics (max m, sum exp(z - m)) of z = logits / T, or for T == 0 the argmax with
 //       torch's tie-break. 16-byte loads, warp-shuffle reductions (the argmax of
-//       verify_greedy.cu's v2, extended to softmax statistics).
+//       verify_greedy.cu's version 2, extended to softmax statistics).
 //   rejection_kernel          grid B, 256 threads: warp 0 merges the chunk statistics of the
 //       sequence's rows and runs the accept tests of all its drafts at once, __ballot_sync
-//       finding the first rejection (as the ballot scan of verify_greedy.cu); then the whole block runs the exponential race
+//       finding the first rejection; then the whole block runs the exponential race
 //       over the emitted row (recovered or bonus): one pass over V with one Philox draw per
 //       vocabulary id, block argmax through __shfl_down_sync.
 //
@@ -84,7 +87,8 @@ rejection_kernel(const T* __restrict__ logits, long long row_stride, int vocab,
                  long long q_stride,
                  const int* __restrict__ num_draft, const int* __restrict__ cu_num_draft, int batch,
                  const float* __restrict__ temperature, const int* __restrict__ top_k, const float* __restrict__ top_p,
-                 const long long* __restrict__ seed_ptr, const long long* __restrict__ offset_ptr,
+                 const long long* __restrict__ seed_ptr,    // [B] per-sequence Philox keys
+                 const long long* __restrict__ offset_ptr,  // [B] per-sequence counter offsets
                  int width, int* __restrict__ tokens, int* __restrict__ num_accepted, int* __restrict__ num_emitted) {
     __shared__ int s_acc;
     __shared__ int s_token;  // T == 0: the emitted argmax
@@ -93,7 +97,7 @@ rejection_kernel(const T* __restrict__ logits, long long row_stride, int vocab,
     const int lane = threadIdx.x & 31;
     const float temp = temperature[b];
     const int k = num_draft[b], d0 = cu_num_draft[b], row0 = d0 + b;
-    const uint64_t seed = (uint64_t)seed_ptr[0], offset = (uint64_t)offset_ptr[0];
+    const uint64_t seed = (uint64_t)seed_ptr[b], offset = (uint64_t)offset_ptr[b];
     int* out = tokens + (long long)b * width;
 
     const bool filtered = temp != 0.0f && ((top_k[b] > 0 && top_k[b] < vocab) || top_p[b] < 1.0f);
@@ -119,7 +123,7 @@ rejection_kernel(const T* __restrict__ logits, long long row_stride, int vocab,
                     const float z = to_float(logits[(long long)r * row_stride + x]) / temp;
                     const float p_x = expf(z - st.m) * (1.0f / st.s);
                     const float q_x = draft_probs ? to_float(draft_probs[(long long)(d0 + i) * q_stride + x]) : 1.0f;
-                    const float u = vs_uniform(seed, offset, (uint32_t)r, 0u, VS_PURPOSE_ACCEPT);
+                    const float u = vs_uniform(seed, offset, (uint32_t)i, 0u, VS_PURPOSE_ACCEPT);  // local row
                     // the reference compares Python floats (double): u * q(x) < p(x)
                     reject = !((double)u * (double)q_x < (double)p_x);
                 }
@@ -155,7 +159,7 @@ rejection_kernel(const T* __restrict__ logits, long long row_stride, int vocab,
         int any_res = 0;
         for_each_element<T, 2>(logits + (long long)row * row_stride, vocab, [&](float l, int v) {
             const float p = expf(l / temp - m) * inv_s;
-            const float e = -logf(vs_uniform(seed, offset, (uint32_t)row, (uint32_t)v, VS_PURPOSE_RACE));
+            const float e = -logf(vs_uniform(seed, offset, (uint32_t)acc, (uint32_t)v, VS_PURPOSE_RACE));
             argmax_update(key_p, p / e, v);
             if (recovery) {
                 const float q = q_row ? to_float(q_row[v]) : (v == x ? 1.0f : 0.0f);

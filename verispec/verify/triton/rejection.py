@@ -16,6 +16,9 @@ from the reference only where two candidates tie to within those ulps (see the t
 
 Three launches (two when one program per sequence already fills the GPU), all CUDA-graph
 capturable: seed / offset are read from device tensors, grids depend on host ints only.
+Random numbers: sequence b's program reads its own seed[b] / offset[b] and draws at local rows
+i in [0, k_b] (``verispec.verify.rng``), never at the global row index, so a sequence's tokens
+do not depend on its batch neighbours.
 
   1. ``_row_stats_kernel``  grid (B, max_k + 1, S)
      Program (b, i, s) streams V-chunk s of row i of sequence b with an online max / sum-exp
@@ -58,7 +61,8 @@ _LOG2E = tl.constexpr(1.4426950408889634)
 def _uniform(seed, offset, row, col, PURPOSE: tl.constexpr):
     """``verispec.verify.rng.uniform``: Philox-4x32-10 at counter (col, row, offset, purpose), word 0.
 
-    ``row`` / ``col`` are int32 blocks of one shape; the result is float32 in (0, 1), exact.
+    ``seed`` / ``offset``: one sequence's int64 key and offset; ``row`` (local to the sequence) /
+    ``col`` are int32 blocks of one shape; the result is float32 in (0, 1), exact.
     """
     c0 = col.to(tl.int32)
     c1 = row.to(tl.int32) + tl.zeros_like(c0)
@@ -125,8 +129,8 @@ def _row_stats_kernel(
     logits_ptr,  # [R, V] float
     draft_probs_ptr,  # [N, V] float (read only by the wave check)
     draft_tokens_ptr,  # [N] int64
-    seed_ptr,  # [1] int64
-    offset_ptr,  # [1] int64
+    seed_ptr,  # [B] int64
+    offset_ptr,  # [B] int64
     num_draft_ptr,  # [B] int32
     cu_num_draft_ptr,  # [B + 1] int32
     temperature_ptr,  # [B] float32
@@ -165,7 +169,7 @@ def _row_stats_kernel(
             num_accepted, _, _, _, _, _ = _first_rejection(
                 logits_ptr, draft_probs_ptr, draft_tokens_ptr, part_max_ptr, part_sum_ptr, part_idx_ptr,
                 row_cut_ptr, stride_row, stride_q, num_splits, draft0 + b, draft0, k, first_pos, scale, sampled,
-                tl.load(seed_ptr), tl.load(offset_ptr), HAS_DRAFT_PROBS, BLOCK_K, BLOCK_S,
+                tl.load(seed_ptr + b), tl.load(offset_ptr + b), HAS_DRAFT_PROBS, BLOCK_K, BLOCK_S,
             )
             needed = num_accepted >= first_pos
     if needed:
@@ -275,6 +279,7 @@ def _first_rejection(
 ):
     """Merge the row partials of one sequence and run its accept tests at positions < limit.
 
+    ``seed`` / ``offset``: this sequence's; the accept uniform of position i is drawn at local row i.
     Returns num_accepted (the first rejected position, or limit) and, per position i, the
     merged (M_i, Z_i, thr_i, argmax_i) and the draft token. Partials of rows past the first
     rejection may be unwritten (wave mode): they can only produce more rejections after it,
@@ -304,7 +309,7 @@ def _first_rejection(
         q_x = tl.load(q_ptrs, mask=is_draft, other=1.0).to(tl.float32)
     else:
         q_x = tl.full([BLOCK_K], 1.0, tl.float32)
-    u = _uniform(seed, offset, rows, tl.zeros_like(rows), 0)  # rng.ACCEPT
+    u = _uniform(seed, offset, pos, tl.zeros_like(pos), 0)  # rng.ACCEPT, local row i
     # u * q(x) formed exactly in float64, as the reference does (two 24-bit mantissas)
     exact_uq = u.to(tl.float64) * q_x.to(tl.float64)
     accepted = tl.where(sampled, exact_uq < p_x.to(tl.float64), draft == row_argmax)
@@ -320,8 +325,8 @@ def _accept_race_kernel(
     num_draft_ptr,  # [B] int32
     cu_num_draft_ptr,  # [B + 1] int32
     temperature_ptr,  # [B] float32
-    seed_ptr,  # [1] int64
-    offset_ptr,  # [1] int64
+    seed_ptr,  # [B] int64
+    offset_ptr,  # [B] int64
     part_max_ptr,  # [R, S] float32
     part_sum_ptr,  # [R, S] float32
     part_idx_ptr,  # [R, S] int32
@@ -352,8 +357,8 @@ def _accept_race_kernel(
     temp = tl.load(temperature_ptr + b)
     sampled = temp > 0
     scale = _LOG2E / tl.where(sampled, temp, 1.0)
-    seed = tl.load(seed_ptr)
-    offset = tl.load(offset_ptr)
+    seed = tl.load(seed_ptr + b)
+    offset = tl.load(offset_ptr + b)
 
     pos = tl.arange(0, BLOCK_K)
     rows = row0 + pos
@@ -392,7 +397,8 @@ def _accept_race_kernel(
                 q = tl.load(q_row_ptr + idx, mask=in_row & is_recovery, other=0.0).to(tl.float32)
             else:
                 q = tl.where((idx == stop_draft) & is_recovery, 1.0, 0.0)
-            exponential = -tl.log(_uniform(seed, offset, stop_row + tl.zeros_like(idx), idx, 1))  # rng.RACE
+            # rng.RACE at the stop row's local index, num_accepted
+            exponential = -tl.log(_uniform(seed, offset, num_accepted + tl.zeros_like(idx), idx, 1))
             key = tl.where(in_row, tl.fdiv(tl.maximum(p - q, 0.0), exponential), -1.0)
             better = key > best_key
             best_key = tl.where(better, key, best_key)
@@ -408,7 +414,7 @@ def _accept_race_kernel(
             in_row = idx < vocab
             y = tl.load(stop_ptr + idx, mask=in_row, other=-float("inf")).to(tl.float32) * scale
             p = tl.where(y >= stop_cut, tl.exp2(y - stop_max) * inv_sum, 0.0)
-            exponential = -tl.log(_uniform(seed, offset, stop_row + tl.zeros_like(idx), idx, 1))
+            exponential = -tl.log(_uniform(seed, offset, num_accepted + tl.zeros_like(idx), idx, 1))
             key = tl.where(in_row, tl.fdiv(p, exponential), -1.0)
             better = key > fall_key
             fall_key = tl.where(better, key, fall_key)
@@ -486,7 +492,7 @@ def verify_sample_triton(
     """Rejection-sampling verification of a validated ``verispec.verify.VerifyBatch``.
 
     ``batch.temperature`` / ``top_k`` / ``top_p`` are [B] device tensors, ``batch.seed`` /
-    ``batch.offset`` [1] int64 device tensors. ``block`` / ``num_splits`` / ``num_race_splits``
+    ``batch.offset`` [B] int64 device tensors (each sequence's key and offset). ``block`` / ``num_splits`` / ``num_race_splits``
     override the tiling (tests use them to force the split paths).
 
     ``waves``: compute the row statistics position by position in doubling waves, each skipping
