@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import verispec.cli as cli
-from test_engine_fake import FakeModel
+from fakes import FakeModel
 from verispec import verify_greedy, verify_sample
 from verispec.drafters import DraftModel
 from verispec.engine import Stats

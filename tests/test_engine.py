@@ -260,11 +260,11 @@ def test_bad_inputs_fail_before_any_work(target):
         SpeculativeDecoder(target, PromptLookup(), k=0)
     with pytest.raises(ValueError, match="draft model vocab 41 != target vocab 40"):
         SpeculativeDecoder(target, DraftModel(FakeModel(vocab_size=41)))
-    with pytest.raises(ValueError, match="empty prompt"):
+    with pytest.raises(ValueError, match="prompt is an empty list"):
         generate(target, [], max_new_tokens=4)
-    with pytest.raises(ValueError, match="empty prompt"):
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
         generate(target, [[1, 2], []], max_new_tokens=4)
-    with pytest.raises(ValueError, match="empty prompt"):
+    with pytest.raises(ValueError, match="prompt is an empty string"):
         generate(target, "", max_new_tokens=4)
     with pytest.raises(ValueError, match="max_seq_len 10 is too small"):
         generate(target, [1] * 8, drafter=PromptLookup(), k=4, max_new_tokens=4, max_seq_len=10)

@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from test_engine_fake import FakeModel, FakeTokenizer, greedy_reference
+from fakes import FakeModel, FakeTokenizer, greedy_reference
 from verispec.drafters import DraftModel, PromptLookup, SelfSpeculative
 from verispec.engine import SpeculativeDecoder
 from verispec.engine.guards import (ModelLease, check_drafter, check_k, check_max_new_tokens, check_prompt,
