@@ -94,3 +94,18 @@ def test_minus_inf_logits_are_allowed_and_never_emitted():
     logits[:, 0] = float("-inf")
     out = verify_sample(logits, torch.tensor([1, 2, 3]), NUM_DRAFT, seed=1)
     assert (out.tokens[out.tokens >= 0] != 0).all()
+
+
+def test_reference_needs_per_sequence_keys():
+    """The oracle takes the [B] keys verify_sample computed: a scalar there would silently give
+    every sequence one stream."""
+    from verispec.verify.reference import reference_verify_sample
+
+    args = (LOGITS, DRAFTS, torch.tensor(NUM_DRAFT), 2, None, torch.ones(2), torch.zeros(2, dtype=torch.int32),
+            torch.ones(2))
+    with pytest.raises(ValueError, match=r"seed must be a \[B\]=2 integer tensor"):
+        reference_verify_sample(*args, 7, torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"offset must be a \[B\]=2 integer tensor"):
+        reference_verify_sample(*args, torch.tensor([1, 2]), torch.zeros(2))
+    out = reference_verify_sample(*args, torch.tensor([1, 2]), torch.zeros(2, dtype=torch.int64))
+    assert out.tokens.shape == (2, 3)

@@ -59,9 +59,11 @@ def _race(weights: torch.Tensor, exponentials: torch.Tensor) -> torch.Tensor:
 def _stream_keys(value, batch: int, name: str) -> torch.Tensor:
     """``value`` as a CPU [B] int64 tensor; a scalar is refused, as it would silently give every
     sequence the same stream (``verify_sample`` expands a batch seed with rng.sequence_seeds)."""
-    if not isinstance(value, torch.Tensor) or value.shape != (batch,):
-        shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-        raise ValueError(f"{name} must be a [B]={batch} integer tensor (one per sequence), got {shape}")
+    is_int = isinstance(value, torch.Tensor) and not (value.dtype.is_floating_point or value.dtype.is_complex
+                                                      or value.dtype == torch.bool)
+    if not is_int or value.shape != (batch,):
+        got = f"{tuple(value.shape)} {value.dtype}" if isinstance(value, torch.Tensor) else type(value).__name__
+        raise ValueError(f"{name} must be a [B]={batch} integer tensor (one per sequence), got {got}")
     return value.cpu().to(torch.int64)
 
 

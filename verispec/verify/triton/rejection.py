@@ -361,7 +361,6 @@ def _accept_race_kernel(
     offset = tl.load(offset_ptr + b)
 
     pos = tl.arange(0, BLOCK_K)
-    rows = row0 + pos
     is_draft = pos < k
     num_accepted, row_max, row_sum, row_cut, row_argmax, draft = _first_rejection(
         logits_ptr, draft_probs_ptr, draft_tokens_ptr, part_max_ptr, part_sum_ptr, part_idx_ptr, row_cut_ptr,
