@@ -3,6 +3,7 @@
     verispec demo                                   prompt lookup on an echo-heavy prompt, vs plain decoding
     verispec generate "PROMPT" [--draft-lookup | --draft MODEL | --draft-self L] [-k K] [--compare] ...
     verispec verify-demo [--batch-size B --num-draft K --vocab-size V --acceptance-rate A]
+    verispec serve [--model M] [--draft-lookup | --draft D | --draft-self L] [-k N|auto] [--port P] ...
 """
 from __future__ import annotations
 
@@ -297,7 +298,15 @@ def main(argv=None) -> int:
     v.add_argument("--device", default=None)
     v.add_argument("--dtype", default=None)
     v.add_argument("--seed", type=int, default=0)
+    from .serve.cli import add_arguments as serve_arguments
+
+    serve_arguments(sub.add_parser("serve", help="an OpenAI-compatible server (continuous batching)"))
     args = parser.parse_args(argv)
+
+    if args.command == "serve":
+        from .serve.cli import main as serve_main
+
+        return serve_main(args)
 
     if args.command == "verify-demo":
         return _run_verify_demo(args)
