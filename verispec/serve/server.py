@@ -1,8 +1,11 @@
 """Assembling the server: the model, the drafter, the k policy, the engine thread, uvicorn, signals."""
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
+import threading
 
 from ..engine import Scheduler, SchedulerConfig
 from ..engine.auto_k import AutoK, CostTable, default_batch_sizes, measure_costs
@@ -74,6 +77,20 @@ def run_server(args) -> int:
             # graceful shutdown has nothing to wait for
             engine.stop()
             super().handle_exit(sig, frame)
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            # uvicorn's own version re-raises the signal after shutting down, which would kill the process
+            # before the engine thread is joined; here the process exits through run_server's return
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
 
     server = Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                    timeout_graceful_shutdown=10))
