@@ -4,6 +4,7 @@
     verispec generate "PROMPT" [--draft-lookup | --draft MODEL | --draft-self L] [-k K] [--compare] ...
     verispec generate - < prompt.txt                (the prompt from stdin)
     verispec verify-demo [--batch-size B --num-draft K --vocab-size V --acceptance-rate A]
+    verispec serve [--model M] [--draft-lookup | --draft D | --draft-self L] [-k N|auto] [--port P] ...
 """
 from __future__ import annotations
 
@@ -531,12 +532,19 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--device", default=None, help="cpu | cuda | cuda:i; None = cuda if available, else cpu")
     v.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16; None = float32")
     v.add_argument("--seed", type=int, default=0, help="seed of the synthetic workload, in [0, 2**63)")
+    from .serve.cli import add_arguments as serve_arguments
+
+    serve_arguments(sub.add_parser("serve", help="an OpenAI-compatible server (continuous batching)"))
     return parser
 
 
 def _main(argv) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.command == "serve":
+        from .serve.cli import main as serve_main
+
+        return serve_main(args)
     if args.command == "verify-demo":
         if not 0 <= args.seed < 2**63:
             _die(f"--seed must be in [0, 2**63), got {args.seed}")

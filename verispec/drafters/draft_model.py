@@ -1,14 +1,13 @@
 """``DraftModel``: a smaller model with the target's vocabulary drafts k tokens autoregressively.
 
 Draft-cache bookkeeping per row b (host ints, no device reads): L_b = len(h_b) (the certain token is
-h_b[-1]) and V_b = how many leading tokens of h_b the draft cache holds valid K/V for (V_b <= L_b - 1).
-``propose`` feeds the last T = max(2, max_b(L_b - V_b)) tokens of every history in one pass, after
-rolling each row back to L_b - T; re-writing entries the cache already holds is idempotent, so one
-uniform [B, T] step serves every row:
-  * some drafts rejected last round: V_b = L_b - 1, only the certain token is new;
-  * all k drafts accepted: the cache never saw d_k (it was only ever an output): 2 new tokens;
-  * rounds without drafting (k = 0 chosen for this batch): more new tokens, caught up in the same pass.
-Then k - 1 single-token steps produce d_2..d_k. Total: k draft passes per round.
+h_b[-1]) and V_b = how many leading tokens of h_b the draft cache holds valid K/V for. ``propose`` rolls
+every row back to L_b - 2 and feeds [h_b[-2], h_b[-1]] in one uniform [B, 2] pass (re-writing an entry the
+cache already holds is idempotent), then k - 1 single-token steps: k draft passes per round.
+  * some drafts rejected last round: V_b = L_b - 1, h_b[-2] is re-written;
+  * all k drafts accepted: the cache never saw d_k = h_b[-2] (it was only ever an output);
+  * rounds without drafting (k = 0 chosen for the batch): V_b < L_b - 2; one catch-up pass first
+    (``_catch_up``) brings every row to L_b - 2.
 e.g. k=3, L=10, V=9: rollback to 8, feed h[8], h[9] -> d1; feed d1 -> d2; feed d2 -> d3; V = 12 until
      the commit; if 1 draft is accepted, L' = 12 and V' = min(12, 10 + 1) = 11.
 """
@@ -67,13 +66,29 @@ class DraftModel(Drafter):
         self._steps += [0] * len(prompts)
         self._sampling = self._sampling + sampling
 
+    def _catch_up(self, lengths: list[int]) -> None:
+        """Make the draft cache valid for at least h_b[:L_b - 2] in every row, in one pass of width
+        gap = max_b(L_b - 2 - V_b) (needed only after rounds without drafting). Row b feeds
+        h_b[s_b : s_b + gap] from s_b = max(0, L_b - 2 - gap) (re-writing valid entries is idempotent), padded
+        with token 0 where its history is shorter: pad entries land past its valid length and are never read
+        before being overwritten. e.g. L = [20, 6], V = [10, 5]: gap = 8, row 0 feeds h[10:18], row 1 feeds
+        h[0:6] + [0, 0]; afterwards V = [18, 6]."""
+        gap = max(L - 2 - v for L, v in zip(lengths, self._valid))
+        if gap <= 0:
+            return
+        starts = [max(0, L - 2 - gap) for L in lengths]
+        feed = [(h[s:s + gap] + [0] * gap)[:gap] for h, s in zip(self._hist, starts)]
+        self.model.rollback(torch.tensor(starts, dtype=torch.long))
+        self.model.append(to_device(feed, self.model.device, torch.long))
+        self._valid = [min(s + gap, L) for s, L in zip(starts, lengths)]
+
     def _run(self, k: int, choose: Callable[[int, Tensor], tuple[Tensor, Tensor | None]]):
         """k draft passes for the whole batch; ``choose(i, logits [B, V]) -> (d_i [B], q_i [B, V] | None)``."""
         model = self.model
         lengths = [len(h) for h in self._hist]
-        T = max(2, max(L - v for L, v in zip(lengths, self._valid)))
-        model.rollback(torch.tensor([L - T for L in lengths], dtype=torch.long))
-        feed = to_device([h[-T:] for h in self._hist], model.device, torch.long)         # [B, T]
+        self._catch_up(lengths)
+        model.rollback(torch.tensor([L - 2 for L in lengths], dtype=torch.long))
+        feed = to_device([h[-2:] for h in self._hist], model.device, torch.long)         # [B, 2]
         logits = model.append(feed)[:, -1]                                                # [B, V]
         tokens, probs = [], []
         for i in range(k):

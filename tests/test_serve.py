@@ -1,0 +1,253 @@
+"""`verispec serve` as a subprocess on 127.0.0.1 with the embedded SmolLM2 and prompt lookup, driven by the
+official ``openai`` client: exactness against ``verispec.generate``, streaming, chat, stats, concurrency,
+bad inputs (400), queue overflow (429), disconnects. Greedy only: sampled verification is checked elsewhere."""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import torch
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+K = 4
+MAX_SEQ_LEN = 256
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    from verispec.runtime.loading import embedded_gguf_path
+
+    try:
+        embedded_gguf_path()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "verispec.cli", "serve", "--draft-lookup", "-k", str(K), "--port", str(port),
+           "--max-batch-size", "4", "--max-seq-len", str(MAX_SEQ_LEN), "--max-waiting", "32", "--threads", "1",
+           "--device", "cpu"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                urllib.request.urlopen(base + "/health", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            pytest.fail("the server did not come up in 120 s")
+        yield base, proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server[0] + "/v1", api_key="none", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def model():
+    from verispec.runtime import load_model
+
+    torch.set_num_threads(1)
+    return load_model(device="cpu", dtype=torch.float32)
+
+
+def _alone(model, prompt, max_tokens, *, chat=False, stop=None, drafter=True):
+    from verispec.drafters import PromptLookup
+    from verispec.engine import generate
+
+    return generate(model, prompt, drafter=PromptLookup() if drafter else None, k=K, max_new_tokens=max_tokens,
+                    chat=chat, stop=stop)
+
+
+PROMPT = "Repeat exactly: the quick brown fox jumps over the lazy dog, the quick brown fox jumps"
+
+
+def _post(base, path, body) -> tuple[int, dict]:
+    req = urllib.request.Request(base + path, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_greedy_completion_equals_generate(client, model):
+    out = client.completions.create(model="SmolLM2-135M-Instruct", prompt=PROMPT, max_tokens=20, temperature=0)
+    choice = out.choices[0]
+    ref = _alone(model, PROMPT, 20)
+    assert choice.token_ids == ref.tokens
+    assert choice.text == ref.text
+    assert ref.tokens == _alone(model, PROMPT, 20, drafter=False).tokens
+    st = choice.speculative_decoding_stats
+    assert 0 <= st["draft_tokens_accepted"] <= st["draft_tokens_proposed"] and st["draft_tokens_proposed"] > 0
+    acc = st["accepted_per_position"]
+    assert all(a >= b for a, b in zip(acc, acc[1:])) and sum(acc) == st["draft_tokens_accepted"]
+    assert st["rounds"] >= 1 and out.usage.completion_tokens == len(ref.tokens)
+
+
+def test_stream_concatenates_to_the_same_text(client, model):
+    stream = client.completions.create(model="SmolLM2-135M-Instruct", prompt=PROMPT, max_tokens=20, temperature=0,
+                                       stream=True)
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks) == _alone(model, PROMPT, 20).text
+    assert [t for c in chunks for t in c.choices[0].token_ids] == _alone(model, PROMPT, 20).tokens
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert "speculative_decoding_stats" in chunks[-1].choices[0].model_extra
+
+
+def test_chat_applies_the_template(client, model):
+    msg = "Name three colors."
+    out = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": msg}],
+                                         max_tokens=12, temperature=0)
+    ref = _alone(model, msg, 12, chat=True)
+    assert out.choices[0].message.content == ref.text
+    assert out.choices[0].token_ids == ref.tokens
+    streamed = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": msg}],
+                                              max_tokens=12, temperature=0, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in streamed) == ref.text
+
+
+def test_concurrent_requests_each_equal_alone(client, model):
+    jobs = [(f"Repeat exactly: {w} one two three {w} one two three {w}" + " x" * i, 4 + (i % 5) * 3,
+             [" three"] if i % 4 == 0 else None) for i, w in enumerate(
+                 "apple river cloud stone maple ocean tiger piano lemon candle violet rocket amber cedar frost honey"
+                 .split())]
+
+    def one(job):
+        prompt, n, stop = job
+        return client.completions.create(model="SmolLM2-135M-Instruct", prompt=prompt, max_tokens=n, temperature=0,
+                                         stop=stop).choices[0]
+
+    with cf.ThreadPoolExecutor(len(jobs)) as pool:
+        got = list(pool.map(one, jobs))
+    assert len(got) == 16
+    for (prompt, n, stop), choice in zip(jobs, got):
+        ref = _alone(model, prompt, n, stop=stop)
+        assert (choice.token_ids, choice.text) == (ref.tokens, ref.text), prompt
+
+
+BAD = [
+    ({}, "prompt"),
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": 3}, "prompt"),
+    ({"prompt": ["a", "b"]}, "prompt"),
+    ({"prompt": [1, -5]}, "prompt"),
+    ({"prompt": "hi", "temperature": -0.5}, "temperature"),
+    ({"prompt": "hi", "temperature": "hot"}, "temperature"),
+    ({"prompt": "hi", "top_p": 0}, "top_p"),
+    ({"prompt": "hi", "top_p": 1.5}, "top_p"),
+    ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "hi", "max_tokens": 2.5}, "max_tokens"),
+    ({"prompt": "hi", "max_tokens": MAX_SEQ_LEN}, "max_tokens"),
+    ({"prompt": "hi", "n": 2}, "n"),
+    ({"prompt": "hi", "model": "gpt-9"}, "model"),
+    ({"prompt": "hi", "stop": 5}, "stop"),
+    ({"prompt": "hi", "stop": [""]}, "stop"),
+    ({"prompt": "hi", "seed": "abc"}, "seed"),
+    ({"prompt": "hi", "seed": 1.5}, "seed"),
+    ({"prompt": "hi", "stream": "yes"}, "stream"),
+    ({"prompt": "hi", "top_k": -3}, "top_k"),
+    ({"prompt": "hi", "logprobs": 2}, "logprobs"),
+    ({"prompt": "hi", "presence_penalty": 1.0}, "presence_penalty"),
+]
+
+
+@pytest.mark.parametrize("body,param", BAD, ids=[f"{i}-{p}" for i, (_, p) in enumerate(BAD)])
+def test_bad_input_gets_400_naming_the_field(server, body, param):
+    status, err = _post(server[0], "/v1/completions", body)
+    assert status == 400 and err["error"]["param"] == param, err
+
+
+@pytest.mark.parametrize("body,param", [({"messages": []}, "messages"), ({"messages": [{"role": "robot",
+                                        "content": "x"}]}, "messages[0].role"),
+                                        ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content")])
+def test_bad_chat_input_gets_400(server, body, param):
+    status, err = _post(server[0], "/v1/chat/completions", body)
+    assert status == 400 and err["error"]["param"] == param, err
+
+
+def test_invalid_json_gets_400(server):
+    req = urllib.request.Request(server[0] + "/v1/completions", data=b"{nope", method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=30)
+    assert e.value.code == 400
+
+
+def _metric(base, name) -> float:
+    text = urllib.request.urlopen(base + "/metrics", timeout=30).read().decode()
+    prefix = f"verispec_{name}" + ("" if "{" in name else "{")
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
+
+
+def test_disconnect_mid_stream_frees_the_slot(server, client):
+    base = server[0]
+    cancelled = 'requests_total{model="SmolLM2-135M-Instruct",finish_reason="cancelled"'
+    before = _metric(base, cancelled)
+    stream = client.completions.create(model="SmolLM2-135M-Instruct", prompt=PROMPT, max_tokens=200, temperature=0,
+                                       stream=True)
+    next(iter(stream))
+    stream.close()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and _metric(base, cancelled) == before:
+        time.sleep(0.2)
+    assert _metric(base, cancelled) == before + 1
+    assert _metric(base, "num_requests_running") == 0
+    out = client.completions.create(model="SmolLM2-135M-Instruct", prompt="Hello", max_tokens=3, temperature=0)
+    assert len(out.choices[0].token_ids) == 3
+
+
+def test_queue_overflow_gets_429(server):
+    base = server[0]
+    body = {"prompt": PROMPT, "max_tokens": 30, "temperature": 0}
+    with cf.ThreadPoolExecutor(48) as pool:
+        statuses = [s for s, _ in pool.map(lambda _: _post(base, "/v1/completions", body), range(48))]
+    assert 429 in statuses and set(statuses) <= {200, 429}
+    assert statuses.count(200) >= 4 + 32 - 8   # the running rows and (most of) the queue were served
+
+
+def test_models_health_metrics(server):
+    base = server[0]
+    models = json.loads(urllib.request.urlopen(base + "/v1/models", timeout=30).read())
+    assert models["data"][0]["id"] == "SmolLM2-135M-Instruct"
+    assert json.loads(urllib.request.urlopen(base + "/health", timeout=30).read())["status"] == "ok"
+    assert _metric(base, "draft_tokens_accepted_total") <= _metric(base, "draft_tokens_proposed_total")
+    assert _metric(base, "generation_tokens_total") > 0
+
+
+def test_sigterm_exits_cleanly(server):
+    proc = server[1]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 0
+    assert "[verispec serve] stopped" in proc.stdout.read()

@@ -1,0 +1,12 @@
+"""verispec.serve: an OpenAI-compatible HTTP server over the engine's continuous-batching scheduler.
+
+    cli.py        ``verispec serve`` arguments and main (no web framework imported until it runs)
+    server.py     assembling it: model, drafter, k policy, engine thread, uvicorn, signals
+    engine.py     the engine thread: the only thread touching the model; an inbox in, callbacks out
+    app.py        the FastAPI endpoints
+    protocol.py   request checking (400s naming the field), error bodies, the stats of a choice
+    text.py       incremental detokenization for streaming
+    metrics.py    counters and their Prometheus text
+
+Needs the ``serve`` extra (fastapi, uvicorn). See docs/serving.md.
+"""

@@ -1,0 +1,106 @@
+"""Assembling the server: the model, the drafter, the k policy, the engine thread, uvicorn, signals."""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+
+from ..engine import Scheduler, SchedulerConfig
+from ..engine.auto_k import AutoK, CostTable, default_batch_sizes, measure_costs
+from .app import ServedModel, build_app
+from .cli import served_name
+from .engine import EngineLoop
+from .metrics import Metrics
+
+
+def _log(message: str) -> None:
+    print(f"[verispec serve] {message}", file=sys.stderr, flush=True)
+
+
+def load_target_and_drafter(args):
+    from ..drafters import DraftModel, PromptLookup, SelfSpeculative
+    from ..runtime import load_model
+
+    target = load_model(args.model, device=args.device, dtype=args.dtype)
+    if target.tokenizer is None:
+        raise ValueError(f"{args.model} has no tokenizer (random weights?): the server needs one")
+    if args.draft_lookup:
+        drafter = PromptLookup()
+    elif args.draft_self is not None:
+        drafter = SelfSpeculative(layers=args.draft_self)
+    elif args.draft is not None:
+        drafter = DraftModel(load_model(args.draft, device=str(target.device), dtype=args.dtype))
+    else:
+        drafter = None
+    if drafter is not None:
+        drafter.attach(target)
+    return target, drafter
+
+
+def cost_table(args, target, drafter, k_max: int) -> CostTable:
+    """Load ``--cost-table`` if it exists; else measure here (and save it when a path was given)."""
+    if args.cost_table and os.path.exists(args.cost_table):
+        with open(args.cost_table, encoding="utf-8") as f:
+            table = CostTable.from_json(f.read())
+        _log(f"k=auto: cost table from {args.cost_table}")
+        return table
+    _log("k=auto: measuring target passes and draft steps on this machine ...")
+    table = measure_costs(target, drafter, k_max, default_batch_sizes(args.max_batch_size))
+    if args.cost_table:
+        with open(args.cost_table, "w", encoding="utf-8") as f:
+            f.write(table.to_json())
+    return table
+
+
+def run_server(args) -> int:
+    import uvicorn
+
+    target, drafter = load_target_and_drafter(args)
+    limit = getattr(target.config, "max_position_embeddings", None)
+    if limit is not None and args.max_seq_len > limit:
+        raise ValueError(f"--max-seq-len {args.max_seq_len} exceeds the model's max_position_embeddings {limit}")
+    auto = args.k == "auto"
+    k = 0 if drafter is None else (args.k_max if auto else args.k)
+    policy = AutoK(cost_table(args, target, drafter, k)) if auto and drafter is not None else None
+    config = SchedulerConfig(args.max_batch_size, args.max_seq_len, k, args.max_waiting)
+    name = served_name(args)
+    metrics = Metrics(name)
+    engine = EngineLoop(lambda: Scheduler(target, drafter, config, k_policy=policy), metrics)
+    served = ServedModel(name, target.tokenizer, target.config.vocab_size, args.max_seq_len, k + 1)
+    app = build_app(engine, served, metrics)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            # stop taking requests and cancel those in flight, so that open streams end and uvicorn's
+            # graceful shutdown has nothing to wait for
+            engine.stop()
+            super().handle_exit(sig, frame)
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            # uvicorn's own version re-raises the signal after shutting down, which would kill the process
+            # before the engine thread is joined; here the process exits through run_server's return
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    server = Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                   timeout_graceful_shutdown=10))
+    engine.start()
+    _log(f"serving {name} on http://{args.host}:{args.port} (drafter {type(drafter).__name__ if drafter else 'none'}, "
+         f"k={'auto' if policy else k}, max batch {args.max_batch_size}, max_seq_len {args.max_seq_len})")
+    try:
+        server.run()
+    finally:
+        engine.stop()
+        engine.join()
+    _log("stopped")
+    return 0
