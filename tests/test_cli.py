@@ -63,15 +63,16 @@ def test_generate_self_speculative_sampling(fake_load, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["generate", "abc", "--draft-lookup", "-k", "0"], "-k must be >= 1, got 0"),
+    (["generate", "abc", "--draft-lookup", "-k", "0"], "-k must be >= 1 (drafts per round), got 0"),
     (["generate", "abc", "--model", "nope"],
-     "cannot load the model nope: 'nope' is neither an existing path nor a known shape name"),
+     "cannot load the model nope: 'nope' is neither an existing path nor a known shape name; known shapes: "
+         "['llama-3.1-8b', 'llama-3.2-1b', 'mistral-7b', 'qwen2.5-0.5b', 'qwen2.5-7b', 'qwen3-0.6b', 'smollm2-135m']"),
     (["generate", "abc", "--draft", "other-vocab"],
      "draft model vocab 41 != target vocab 40: the draft model must share the target's tokenizer and vocabulary"),
     (["generate", "abc", "--draft-self", "9"], "SelfSpeculative(layers=9): need 1 <= layers < the target's 3 layers"),
-    (["generate", ""], "empty prompt: give at least one token (or a non-empty string)"),
-    (["generate", "abc", "--top-p", "1.5", "--temperature", "1"], "top_p must be in (0, 1], got [1.5]"),
-    (["generate"], "give a PROMPT (or --batch-file FILE)"),
+    (["generate", ""], "PROMPT is empty"),
+    (["generate", "abc", "--top-p", "1.5", "--temperature", "1"], "--top-p must be in (0, 1] (1 = off), got 1.5"),
+    (["generate"], "give a PROMPT, - to read it from stdin, or --batch-file FILE"),
 ])
 def test_bad_arguments_exit_with_a_clear_message(fake_load, capsys, argv, message):
     """Exit status 2 and exactly one error line that names the offending value."""
@@ -86,7 +87,7 @@ def test_exclusive_drafters(capsys):
         cli.main(["generate", "abc", "--draft-lookup", "--draft-self", "2"])
     assert e.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
-        "verispec generate: error: argument --draft-self: not allowed with argument --draft-lookup")
+        "verispec: error: verispec generate: argument --draft-self: not allowed with argument --draft-lookup")
 
 
 def test_cuda_device_without_cuda(capsys):
@@ -98,7 +99,7 @@ def test_cuda_device_without_cuda(capsys):
         cli.main(["generate", "abc", "--device", "cuda"])
     assert e.value.code == 2
     assert capsys.readouterr().err.splitlines() == [
-        "verispec: error: --device cuda was asked for but CUDA is not available here; use --device cpu"]
+        "verispec: error: --device: device 'cuda' was asked for but CUDA is not available here; use 'cpu'"]
 
 
 def test_verify_demo(capsys):

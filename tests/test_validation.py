@@ -58,19 +58,22 @@ def test_bad_shapes_and_values(fn, kwargs, match):
         (dict(seed=torch.tensor([1])), r"seed must be an int, a 0-d tensor .* or a \[B\]=2 tensor"),
         (dict(seed=torch.tensor([1, 2, 3])), r"seed must be .* \[B\]=2 tensor"),
         (dict(seed=torch.tensor([[1, 2]])), r"seed must be .* got shape \(1, 2\)"),
-        (dict(seed=torch.tensor([1.0, 2.0])), "seed must be an integer tensor"),
-        (dict(seed=torch.tensor([True, False])), "seed must be an integer tensor"),
-        (dict(seed=1.5), "seed must be an int or an integer tensor"),
-        (dict(seed=True), "seed must be an int or an integer tensor"),
+        (dict(seed=torch.tensor([1.0, 2.0])), "TypeError: seed must be an integer tensor"),
+        (dict(seed=torch.tensor([True, False])), "TypeError: seed must be an integer tensor"),
+        (dict(seed=1.5), r"TypeError: seed must be an integer, got 1.5 \(float\)"),
+        (dict(seed=True), r"TypeError: seed must be an integer, got True \(bool\)"),
         (dict(seed=2**64), "seed must fit in 64 bits"),
         (dict(offset=torch.tensor([0])), r"offset must be an int, a 0-d tensor .* \[B\]=2 tensor"),
-        (dict(offset=torch.tensor(0.0)), "offset must be an integer tensor"),
-        (dict(offset="0"), "offset must be an int or an integer tensor"),
+        (dict(offset=torch.tensor(0.0)), "TypeError: offset must be an integer tensor"),
+        (dict(offset="0"), "TypeError: offset must be an integer, got '0'"),
     ],
 )
 def test_bad_sampling_arguments(kwargs, match):
+    """A wrong value is a ValueError, a wrong type (float or bool seeds, a string) a TypeError ("TypeError: "
+    in the expected message); either names the argument."""
     args = dict(target_logits=LOGITS, draft_tokens=DRAFTS, num_draft=NUM_DRAFT) | kwargs
-    with pytest.raises(ValueError, match=match):
+    kind, match = (TypeError, match[len("TypeError: "):]) if match.startswith("TypeError: ") else (ValueError, match)
+    with pytest.raises(kind, match=match):
         verify_sample(**args)
 
 

@@ -183,7 +183,7 @@ def check_drafter(drafter) -> None:
                         f"(from verispec.drafters)")
     if isinstance(drafter, type) and issubclass(drafter, Drafter):
         raise TypeError(f"drafter={drafter.__name__} is a class: pass an instance, e.g. {drafter.__name__}(...)")
-    if hasattr(drafter, "verify") and hasattr(drafter, "setup_cache"):
+    if hasattr(drafter, "append") and hasattr(drafter, "setup_cache"):
         raise TypeError("drafter is a model: wrap it as drafter=DraftModel(model)")
     raise TypeError(f"drafter must be None or one of {DRAFTER_CLASSES}, got {type(drafter).__name__}")
 

@@ -326,7 +326,7 @@ def load_model(source=None, *, device=None, dtype=None, use_graphs: bool = True,
         >>> model.setup_cache(batch_size=2, max_seq_len=16)
         >>> model.prefill([[1, 2, 3], [4]]).shape                      # last-position logits [B, V]
         torch.Size([2, 64])
-        >>> model.verify(torch.tensor([[5, 6], [7, 8]])).shape         # [B, k, V]
+        >>> model.append(torch.tensor([[5, 6], [7, 8]])).shape         # the target pass: [B, k, V]
         torch.Size([2, 2, 64])
         >>> model.lengths.tolist()
         [5, 3]
