@@ -10,16 +10,19 @@ The rules (this table is the single source: the test parses it):
     runtime     device jit analysis runtime
     drafters    device jit analysis verify runtime drafters
     engine      device jit analysis verify runtime drafters engine
+    distributed device jit analysis verify runtime distributed
     verispec    device jit analysis verify runtime drafters engine verispec
-    cli         device jit analysis verify runtime drafters engine verispec cli
+    bench       device jit analysis verify runtime drafters engine distributed bench
+    cli         device jit analysis verify runtime drafters engine verispec bench cli
 
 A layer is a top-level module or subpackage of verispec (``verispec/verify/triton/greedy.py`` is in
 ``verify``); ``verispec`` is the package's ``__init__.py`` (its re-exports), so ``from verispec import
 generate`` inside the package counts as importing the whole public API. Reading the table: device.py
 and jit.py are the bottom and import nothing of verispec; verification depends only on them; the
 runtime never imports verification, drafters or the engine; drafters may use the runtime, never the
-engine; the engine sits on verify, runtime and drafters; only cli.py (and a future server) sits on
-top. Nothing in verispec/ imports the repository's ``dev`` or ``benchmarks`` packages at all.
+engine; the engine sits on verify, runtime and drafters; distributed (tensor parallelism, SSD and its simulator)
+sits on verify and the runtime; bench (the ``verispec bench`` studies) measures the engine and uses the
+simulator, and only cli.py imports it; only cli.py (and a future server) sits on top. Nothing in verispec/ imports the repository's ``dev`` or ``benchmarks`` packages at all.
 
 Every import counts: ``import a.b``, ``from a import b``, relative imports (resolved against the
 importing file's package), imports inside functions or ``if TYPE_CHECKING:`` blocks, and

@@ -531,12 +531,17 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--device", default=None, help="cpu | cuda | cuda:i; None = cuda if available, else cpu")
     v.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16; None = float32")
     v.add_argument("--seed", type=int, default=0, help="seed of the synthetic workload, in [0, 2**63)")
+    from .bench.command import add_bench_parser
+
+    add_bench_parser(sub)
     return parser
 
 
 def _main(argv) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if hasattr(args, "run_command"):
+        return args.run_command(args)
     if args.command == "verify-demo":
         if not 0 <= args.seed < 2**63:
             _die(f"--seed must be in [0, 2**63), got {args.seed}")
