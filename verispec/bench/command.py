@@ -66,8 +66,8 @@ def run_bench_command(args) -> int:
     from . import markdown
     from .runner import run_studies
 
-    argv_line = "verispec " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("verispec") else \
-        "verispec bench " + " ".join(args.study)
+    argv = sys.argv[1:]
+    argv_line = "verispec " + " ".join(argv[argv.index("bench"):] if "bench" in argv else ["bench", *args.study])
     try:
         if args.study[0] == "report":
             if len(args.study) > 2 or (len(args.study) == 1 and args.out is None):

@@ -23,8 +23,8 @@ SWEEPS = {
     ("cpu", False): dict(ks=(1, 2, 4, 8), alphas=(0.5, 0.7, 0.9), batches=(1, 2, 4), max_new_tokens=48,
                          rates=(1.0, 4.0)),
     ("cpu", True): dict(ks=(1, 2), alphas=(0.6,), batches=(1, 2), max_new_tokens=8, rates=(50.0,)),
-    ("cuda", False): dict(ks=(1, 2, 4, 8), alphas=(0.6, 0.8, 0.9), batches=(1, 4, 16, 32), max_new_tokens=64,
-                          rates=(8.0, 32.0)),
+    ("cuda", False): dict(ks=(2, 4, 8), alphas=(0.6, 0.8, 0.9), batches=(1, 8, 32), max_new_tokens=64,
+                          rates=(16.0,)),
     ("cuda", True): dict(ks=(2, 4), alphas=(0.8,), batches=(1, 8), max_new_tokens=16, rates=(32.0,)),
 }
 

@@ -11,6 +11,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 
 from .. import analysis  # noqa: E402
 
@@ -58,6 +59,8 @@ def kernels(rows, out_dir) -> list[str]:
         ax.scatter([r["bytes"] / 1e6 for r in rs], [r["achieved_gbps"] for r in rs], label=backend)
     ax.axhline(rows[0]["copy_gbps"], color="k", ls="--", label="copy bandwidth (the floor's rate)")
     ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     ax.set_xlabel("bytes moved per call (MB)")
     ax.set_ylabel("achieved bandwidth (GB/s)")
     ax.set_title("verification roofline: achieved bandwidth vs bytes moved")
@@ -84,14 +87,16 @@ def speedup(rows, out_dir) -> list[str]:
         ax.plot([r["point"]["k"] for r in rs], [r["speedup"] for r in rs], "o-", color=color,
                 label=f"measured, {_label_alpha(alpha)} (measured {a:.2f})")
         ax.plot(ks, [analysis.speedup(a, k, c) for k in ks], "--", color=color,
-                label=f"E_SD/(1+K·c), alpha={a:.2f}, c={c:.3f}")
+                label=f"E_SD/(1+K·c), alpha={a:.2f}, c={c:.3g}")
+        ax.plot([r["point"]["k"] for r in rs], [r["predicted_pass"] for r in rs], "x", color=color, ms=9,
+                label="E_SD·T_target/(K·T_draft+T_verify), measured passes")
         for r in auto:
             if r["point"]["alpha"] == alpha:
                 ax.axhline(r["speedup"], color=color, ls=":", label=f"k=auto (cap {r['point']['k']})")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xlabel("K (drafts per round)")
     ax.set_ylabel("speedup over AR (× tokens/s)")
-    ax.set_title("speculative decoding speedup: measured points, analytical curves from measured step times")
+    ax.set_title("SD speedup over AR: measured vs analytical (from measured step times)")
     ax.legend(fontsize=8)
     ax.grid(True, alpha=0.3)
     return [_save(fig, out_dir, "speedup.png")]
@@ -118,7 +123,8 @@ def breakdown(rows, out_dir) -> list[str]:
         ax.text(i, bottom[i], f"{r['tokens_per_round']:.2f} tok", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(rows)), labels, rotation=30, ha="right", fontsize=9)
     ax.set_ylabel("time per round (ms)")
-    ax.set_title(f"per-round latency breakdown, batch {rows[0]['batch']} (label: tokens per sequence per round)")
+    ax.set_ylim(0, max(bottom) * 1.12)
+    ax.set_title(f"time per round, batch {rows[0]['batch']} (labels: tokens per sequence per round)")
     ax.legend(fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)
     return [_save(fig, out_dir, "breakdown.png")]
