@@ -12,8 +12,9 @@ The rules (this table is the single source: the test parses it):
     engine      device jit analysis verify runtime drafters engine
     distributed device jit analysis verify runtime drafters distributed
     serve       device jit analysis verify runtime drafters engine serve
+    bench       device jit analysis verify runtime drafters engine distributed bench
     verispec    device jit analysis verify runtime drafters engine verispec
-    cli         device jit analysis verify runtime drafters engine distributed serve verispec cli
+    cli         device jit analysis verify runtime drafters engine distributed serve bench verispec cli
 
 A layer is a top-level module or subpackage of verispec (``verispec/verify/triton/greedy.py`` is in
 ``verify``); ``verispec`` is the package's ``__init__.py`` (its re-exports), so ``from verispec import
@@ -22,7 +23,8 @@ and jit.py are the bottom and import nothing of verispec; verification depends o
 runtime never imports verification, drafters or the engine; drafters may use the runtime, never the
 engine; the engine sits on verify, runtime and drafters; tensor parallelism and SSD (``distributed``)
 run their own round loop beside the engine, never through it; the server (``serve``) is a skin over the
-engine; only cli.py sits on top. Nothing in verispec/ imports the repository's ``dev`` or ``benchmarks`` packages at all.
+engine; bench (the ``verispec bench`` studies) measures the engine and uses the simulator; only cli.py sits
+on top. Nothing in verispec/ imports the repository's ``dev`` or ``benchmarks`` packages at all.
 
 Every import counts: ``import a.b``, ``from a import b``, relative imports (resolved against the
 importing file's package), imports inside functions or ``if TYPE_CHECKING:`` blocks, and

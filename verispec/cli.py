@@ -535,6 +535,9 @@ def _parser() -> argparse.ArgumentParser:
     from .serve.cli import add_arguments as serve_arguments
 
     serve_arguments(sub.add_parser("serve", help="an OpenAI-compatible server (continuous batching)"))
+    from .bench.command import add_bench_parser
+
+    add_bench_parser(sub)
     return parser
 
 
@@ -545,6 +548,8 @@ def _main(argv) -> int:
         from .serve.cli import main as serve_main
 
         return serve_main(args)
+    if hasattr(args, "run_command"):
+        return args.run_command(args)
     if args.command == "verify-demo":
         if not 0 <= args.seed < 2**63:
             _die(f"--seed must be in [0, 2**63), got {args.seed}")

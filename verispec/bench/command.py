@@ -1,0 +1,90 @@
+"""The ``verispec bench`` subcommand: ``add_bench_parser(subparsers)`` registers it on the CLI's parser.
+
+    verispec bench STUDY [STUDY ...] --out DIR [--model M] [--draft D] [--quick] [--k 1,2,4] ...
+    verispec bench all --out DIR
+    verispec bench report DIR
+
+Every argument is checked before any model loads; a bad one ends with one line on stderr and exit 2.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .options import STUDIES, BenchArgumentError, BenchOptions, check_options, check_studies, parse_list
+
+USAGE = 2
+
+
+def add_bench_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "bench", help="measure which drafter and K pay off, with the analytical model and plots",
+        description="Run benchmark studies into --out DIR (DIR/<study>.md, .jsonl rows, .png plots; rows already "
+                    "in DIR are kept and skipped), or gather them: `verispec bench report DIR`. Studies: "
+                    + ", ".join(STUDIES) + ", all.")
+    p.add_argument("study", nargs="+", help=f"one or more of {', '.join(STUDIES)}, all; or: report DIR")
+    p.add_argument("--out", default=None, help="directory for the reports, rows and plots (created if missing)")
+    p.add_argument("--model", default=None, help="target: HF dir, .gguf, or a shape name (random weights); "
+                   "None = the embedded SmolLM2 on CPU, llama-3.1-8b on CUDA")
+    p.add_argument("--draft", default=None, help="lookup | self:L | oracle[:ALPHA] | a model source; None = lookup "
+                   "on CPU, oracle on CUDA")
+    p.add_argument("--draft-cost", default=None, help="oracle drafts pay the passes of this model (None = "
+                   "llama-3.2-1b on CUDA, free on CPU)")
+    p.add_argument("--quick", action="store_true", help="tiny sweeps (seconds)")
+    p.add_argument("--k", dest="ks", default=None, help="K sweep, comma-separated integers >= 1")
+    p.add_argument("--alphas", default=None, help="oracle acceptance rates, comma-separated in [0, 1]")
+    p.add_argument("--batches", default=None, help="batch sizes, comma-separated integers >= 1")
+    p.add_argument("--rates", default=None, help="batch study: arrival rates in requests/s, comma-separated")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="tokens generated per request")
+    p.add_argument("--prompt-len", type=int, default=32, help="prompt tokens for models without a tokenizer")
+    p.add_argument("--device", default=None, help="cpu | cuda | cuda:i")
+    p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16")
+    p.add_argument("--seed", type=int, default=0, help="seed of prompts, oracle and random weights")
+    p.set_defaults(run_command=run_bench_command)
+    return p
+
+
+def options_from_args(args, argv_line: str = "") -> BenchOptions:
+    """BenchOptions from parsed arguments, checked and resolved (BenchArgumentError on any bad value)."""
+    studies = check_studies(args.study)
+    if args.out is None:
+        raise BenchArgumentError("--out DIR is required (where the reports, rows and plots go)")
+    o = BenchOptions(
+        studies=studies, out=Path(args.out), model=args.model, draft=args.draft, draft_cost=args.draft_cost,
+        device=args.device, dtype=args.dtype, quick=args.quick,
+        ks=parse_list(args.ks, int, "--k") if args.ks is not None else None,
+        alphas=parse_list(args.alphas, float, "--alphas") if args.alphas is not None else None,
+        batches=parse_list(args.batches, int, "--batches") if args.batches is not None else None,
+        rates=parse_list(args.rates, float, "--rates") if args.rates is not None else None,
+        max_new_tokens=args.max_new_tokens, prompt_len=args.prompt_len, seed=args.seed, command=argv_line)
+    return check_options(o)
+
+
+def run_bench_command(args) -> int:
+    """The subcommand's body: 0 on success, 2 (one line on stderr) for bad arguments."""
+    from . import markdown
+    from .runner import run_studies
+
+    argv = sys.argv[1:]
+    argv_line = "verispec " + " ".join(argv[argv.index("bench"):] if "bench" in argv else ["bench", *args.study])
+    try:
+        if args.study[0] == "report":
+            if len(args.study) > 2 or (len(args.study) == 1 and args.out is None):
+                raise BenchArgumentError("usage: verispec bench report DIR")
+            where = Path(args.study[1] if len(args.study) == 2 else args.out)
+            if not where.is_dir():
+                raise BenchArgumentError(f"report: {where} is not a directory")
+            try:
+                path = markdown.gather(where)
+            except FileNotFoundError as e:
+                raise BenchArgumentError(f"report: {e}") from None
+            print(f"[verispec] wrote {path}", file=sys.stderr)
+            return 0
+        options = options_from_args(args, argv_line)
+    except BenchArgumentError as e:
+        print(f"verispec: error: bench: {e}", file=sys.stderr)
+        return USAGE
+    for page in run_studies(options):
+        print(f"[verispec] wrote {page}", file=sys.stderr)
+    return 0
