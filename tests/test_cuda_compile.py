@@ -55,3 +55,35 @@ def test_loader_says_why_without_gpu():
     for loader in (vc.load, gemv.load):
         with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
             loader()
+
+
+# Each extension: its binding and the .cu sources it is built from (as in the loaders).
+EXTENSIONS = {
+    "verispec_verify": ("verispec/verify/cuda/binding.cpp", ["verispec/verify/cuda/verify_greedy.cu",
+                                                             "verispec/verify/cuda/verify_sample.cu"]),
+    "verispec_gemv": ("verispec/runtime/gemv/binding.cpp", ["verispec/runtime/gemv/gemv.cu"]),
+    "verispec_dev": ("dev/binding.cpp", ["dev/kv/kv_compact.cu", "dev/gemv_fused/gemv_fused.cu"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXTENSIONS))
+def test_binding_declares_and_links_every_launcher(name):
+    """The torch binding cannot be compiled here (no CUDA build of torch), so check what would break its
+    build: every ``vs_*`` launcher the binding calls is declared in its ``extern "C"`` block and defined
+    ``extern "C"`` in one of the extension's sources (or a file they include)."""
+    import re
+
+    binding, sources = EXTENSIONS[name]
+    text = (ROOT / binding).read_text()
+    externs = text.split('extern "C" {', 1)[1].split("\n}", 1)[0]
+    declared = set(re.findall(r"\b(vs_\w+)\s*\(", externs))
+    body = text.split("\n}", 1)[1]
+    called = set(re.findall(r"\b(vs_\w+)\s*\(", body))
+    defined = set()
+    for src in sources:
+        src_text = (ROOT / src).read_text()
+        for inc in re.findall(r'#include "(\w+\.cu)"', src_text):   # e.g. gemv_fused.cu includes gemv.cu
+            src_text += next(ROOT.glob(f"verispec/**/{inc}")).read_text()
+        defined |= set(re.findall(r'extern "C"[^(]*?\b(vs_\w+)\s*\(', src_text))
+    assert called <= declared, f"{binding} calls undeclared launchers: {sorted(called - declared)}"
+    assert declared <= defined, f"{binding} declares launchers no source defines: {sorted(declared - defined)}"

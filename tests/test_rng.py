@@ -64,9 +64,9 @@ def test_tensor_keys_equal_python_integers_and_triton():
         x = python_philox((3, row, 7, rng.RACE), (key & M32, key >> 32))[0]
         assert u == ((x >> 9) * 2 + 1) * 2.0**-24
     for key in keys[:4]:
-        out = torch.empty(64)
+        out = torch.empty(64, device=DEVICE)
         _uniform_kernel[(1,)](out, rng.as_int64(key), 7, 5, 0, N=64)
-        assert torch.equal(out, rng.uniform(rng.as_int64(key), 7, 5, torch.arange(64), 0))
+        assert torch.equal(out.cpu(), rng.uniform(rng.as_int64(key), 7, 5, torch.arange(64), 0))
 
 
 def python_splitmix64(state, count):

@@ -18,6 +18,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, event, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from triton_interpreter import DEVICE  # noqa: E402
 from verispec import verify_greedy, verify_sample  # noqa: E402
 
 SPECIAL = [float("nan"), float("inf"), float("-inf"), 1e-40, -1e-45, 3e38, -3e38, 1e30, 0.0, -0.0]
@@ -67,6 +68,11 @@ def _check_output(out, logits, drafts, counts) -> None:
         start += k
 
 
+def _on_device(*tensors):
+    """The Triton backend's inputs on the device its kernels run on (CUDA when there is one)."""
+    return [t.to(DEVICE) for t in tensors]
+
+
 def _same(x, y) -> None:
     assert torch.equal(x.tokens.cpu(), y.tokens.cpu())
     assert torch.equal(x.num_accepted.cpu(), y.num_accepted.cpu())
@@ -83,7 +89,7 @@ DEAD_ROW = (torch.tensor([[0.0, 1.0], [NEG_INF, NEG_INF]]), torch.tensor([1]), t
 def test_fuzz_verify_greedy(batch):
     logits, drafts, counts = batch
     kind, ref = _outcome(verify_greedy, logits, drafts, counts, backend="torch")
-    kind_t, tri = _outcome(verify_greedy, logits, drafts, counts, backend="triton")
+    kind_t, tri = _outcome(verify_greedy, *_on_device(logits, drafts, counts), backend="triton")
     assert kind == kind_t, (ref, tri)
     event(kind)
     if kind == "error":
@@ -118,7 +124,7 @@ def test_fuzz_verify_sample(batch, data):
     if kwargs["seed"] is None:
         kwargs["seed"] = 11
     kind, ref = _outcome(verify_sample, logits, drafts, counts, backend="torch", **kwargs)
-    kind_t, tri = _outcome(verify_sample, logits, drafts, counts, backend="triton", **kwargs)
+    kind_t, tri = _outcome(verify_sample, *_on_device(logits, drafts, counts), backend="triton", **kwargs)
     assert kind == kind_t, (ref, tri)
     event(kind)
     if kind == "error":

@@ -153,7 +153,7 @@ def check_rows(target_logits: torch.Tensor, scale: torch.Tensor | None = None) -
         raise ValueError(f"target_logits rows {dead.nonzero().flatten()[:5].tolist()} are entirely -inf: "
                          f"no token can be emitted from such a row")
     if scale is not None:
-        scaled = row_max.double() * scale.double()
+        scaled = row_max.double() * scale.to(row_max.device).double()
         big = scaled.abs() > 1e38
         if bool(big.any()):
             r = int(big.nonzero()[0])

@@ -6,6 +6,8 @@ using namespace vs_glue;
 
 extern "C" {
 void vs_gemv_config(int dtype, int M, int N, int K, int num_sms, int* version, int* rows, int* split);
+cudaError_t vs_gemv(const void* x, const void* w, const void* b, void* y, int dtype, int M, int N, int K, int version,
+                    int rows, int split, int num_sms, cudaStream_t stream);
 }
 
 namespace {
