@@ -10,6 +10,7 @@ The rules (this table is the single source: the test parses it):
     runtime     device jit analysis runtime
     drafters    device jit analysis verify runtime drafters
     engine      device jit analysis verify runtime drafters engine
+    distributed device jit analysis verify runtime distributed
     verispec    device jit analysis verify runtime drafters engine verispec
     cli         device jit analysis verify runtime drafters engine verispec cli
 
@@ -18,7 +19,8 @@ A layer is a top-level module or subpackage of verispec (``verispec/verify/trito
 generate`` inside the package counts as importing the whole public API. Reading the table: device.py
 and jit.py are the bottom and import nothing of verispec; verification depends only on them; the
 runtime never imports verification, drafters or the engine; drafters may use the runtime, never the
-engine; the engine sits on verify, runtime and drafters; only cli.py (and a future server) sits on
+engine; the engine sits on verify, runtime and drafters; distributed (tensor parallelism, SSD, the
+simulator) sits on verify and runtime with its own round loop, beside the engine; only cli.py (and a future server) sits on
 top. Nothing in verispec/ imports the repository's ``dev`` or ``benchmarks`` packages at all.
 
 Every import counts: ``import a.b``, ``from a import b``, relative imports (resolved against the
