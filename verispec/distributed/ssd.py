@@ -385,7 +385,7 @@ def run_ssd(target_model, draft_model, prompts: list[list[int]], cfg: SSDConfig,
         workers = draft_workers(draft_model, len(prompts), cfg, max_seq_len)
         return None, draft_rank_loop(workers, cfg, prompts, targets)
     if tp_group is not None:
-        target_model = tensor_parallel_model(target_model, tp_group, use_graphs=False)
+        target_model = tensor_parallel_model(target_model, tp_group)
     rounds = TargetRounds(target_model, cfg, prompts, max_seq_len)
     return target_rank_loop(rounds, cfg, draft_rank, rank == 0, target_model.config.vocab_size)
 
