@@ -1,13 +1,18 @@
 """Simulator predictions for AR vs SD vs SSD at 2 GPUs (8B TP1 + 1B draft) and 5 GPUs (70B TP4 + 1B draft).
 
-Step times: H100 measurements in benchmarks/results/decode.md (run D, B = 1, kernels) and run A (B = 32).
-Every number this script writes is a PREDICTION of verispec.distributed.simulator, not a measurement.
+Step times: by default the H100 measurements quoted from benchmarks/results/decode.md (run D, B = 1, kernels;
+run A, B = 32); with ``--calibration PATH`` the ones ``benchmarks/ssd_calibrate.py`` measured (its JSON), for
+every batch size it measured. Every number this script writes is a PREDICTION of
+verispec.distributed.simulator, not a measurement; the one check against reality is the table that puts the
+predicted SD speedup beside each cell ``e2e.md`` measured (single-GPU SD, the draft on the target's GPU).
 
-    python benchmarks/ssd_sim.py [--out benchmarks/results]
+    python benchmarks/ssd_sim.py [--out benchmarks/results] [--calibration benchmarks/results/ssd_calibration.json]
 """
 from __future__ import annotations
 
 import argparse
+import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,14 +34,76 @@ TARGET_70B = PassTime(tuple((n, t * 70.6 / 8.03) for n, t in TARGET_8B.points))
 OVERHEAD_S = 0.2 * MS       # e2e.md: host work per round in untimed runs (~0.2 ms), every method
 LINK_S = 20e-6              # assumed: one small NCCL send/recv between two GPUs of a node
 
-SETUPS = {
-    "2 GPUs: 8B TP1 + 1B": SimConfig(TARGET_8B, DRAFT_1B, alpha=0.8, k=4, fanout=1, link_latency_s=LINK_S,
-                                    overhead_s=OVERHEAD_S),
-    "5 GPUs: 70B TP4 + 1B": SimConfig(TARGET_70B, DRAFT_1B, alpha=0.8, k=4, fanout=1, link_latency_s=LINK_S,
-                                     overhead_s=OVERHEAD_S,
-                                     tp=TensorParallel(ranks=4, num_layers=80, hidden_size=8192,
-                                                       allreduce_latency_s=10e-6, bandwidth_bytes_s=300e9)),
-}
+E2E_MD = Path(__file__).parent / "results" / "e2e.md"
+
+
+def make_setups(target_8b: PassTime, draft_1b: PassTime) -> dict[str, SimConfig]:
+    """The two regimes of the issue; the 70B pass scales the 8B one by the weights it reads."""
+    target_70b = PassTime(tuple((n, t * 70.6 / 8.03) for n, t in target_8b.points))
+    return {
+        "2 GPUs: 8B TP1 + 1B": SimConfig(target_8b, draft_1b, alpha=0.8, k=4, fanout=1, link_latency_s=LINK_S,
+                                        overhead_s=OVERHEAD_S),
+        "5 GPUs: 70B TP4 + 1B": SimConfig(target_70b, draft_1b, alpha=0.8, k=4, fanout=1, link_latency_s=LINK_S,
+                                         overhead_s=OVERHEAD_S,
+                                         tp=TensorParallel(ranks=4, num_layers=80, hidden_size=8192,
+                                                           allreduce_latency_s=10e-6, bandwidth_bytes_s=300e9)),
+    }
+
+
+SETUPS = make_setups(TARGET_8B, DRAFT_1B)
+
+
+# ---------------------------------------------------------------------------------------------- calibration
+def load_calibration(path: Path) -> tuple[dict[int, PassTime], PassTime, dict]:
+    """The JSON of benchmarks/ssd_calibrate.py -> ({B: target PassTime over tokens = B * n}, draft PassTime over
+    rows, the raw JSON). A target PassTime per batch size: passes of equal token counts but different B
+    (32 x 1 vs 8 x 4) do not cost the same, so each batch size interpolates over its own points."""
+    raw = json.loads(Path(path).read_text())
+    for key in ("target", "draft"):
+        if key not in raw:
+            raise ValueError(f"{path}: not an ssd_calibrate.py result (no {key!r} section)")
+    targets = {int(B): PassTime(tuple((int(B) * int(n), s) for n, s in row.items()))
+               for B, row in raw["target"].items()}
+    draft = PassTime(tuple((int(r), s) for r, s in raw["draft"].items()))
+    return targets, draft, raw
+
+
+def measured_sd_cells(path: Path = E2E_MD) -> list[dict]:
+    """The cells of e2e.md's first speculative-decoding grid (the current runtime; later tables are history):
+    B, alpha, K, measured tokens per round, measured speedup over AR."""
+    cells, header = [], None
+    for line in path.read_text().splitlines():
+        cols = [c.strip() for c in line.strip().strip("|").split("|")]
+        if header is None:
+            header = cols if cols[:3] == ["B", "alpha", "K"] else None
+            continue
+        if not line.startswith("|"):
+            break                                        # the end of the first grid
+        if set(line.strip()) <= set("|-"):
+            continue
+        row = dict(zip(header, cols))
+        cells.append(dict(B=int(row["B"]), alpha=float(row["alpha"]), k=int(row["K"]),
+                          tok_round=float(row["tok/round (E_SD)"].split()[0]),
+                          speedup=float(re.sub(r"[*x]", "", row["speedup"]))))
+    if not cells:
+        raise ValueError(f"{path}: no table with columns B | alpha | K | ... found")
+    return cells
+
+
+def sd_check_table(targets: dict[int, PassTime], draft: PassTime) -> list[str]:
+    """Predicted SD speedup (draft on the target's GPU) beside every measured e2e.md cell whose batch size
+    has target times: at the nominal alpha, and at the measured tokens per round (timing model alone)."""
+    lines = ["| B | α | K | measured speedup | predicted (α) | predicted (measured tok/round) |",
+             "|---|---|---|---|---|---|"]
+    for c in measured_sd_cells():
+        if c["B"] not in targets:
+            continue
+        cfg = SimConfig(targets[c["B"]], draft, alpha=c["alpha"], k=c["k"], batch_size=c["B"], overhead_s=OVERHEAD_S)
+        ar, sd = sim.predict(cfg, "ar"), sim.predict(cfg, "sd")
+        at_measured = c["B"] * c["tok_round"] / sd["round_s"] / ar["tokens_per_s"]
+        lines.append(f"| {c['B']} | {c['alpha']} | {c['k']} | {c['speedup']:.2f}x | "
+                     f"{sd['tokens_per_s'] / ar['tokens_per_s']:.2f}x | {at_measured:.2f}x |")
+    return lines
 COLORS = {"ar": "tab:gray", "sd": "tab:blue", "ssd": "tab:red"}
 
 
@@ -53,9 +120,9 @@ def rows_for(cfg: SimConfig) -> dict:
     return out
 
 
-def plot_alpha_k(path: Path) -> None:
+def plot_alpha_k(path: Path, setups: dict) -> None:
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))
-    for row, (name, base) in enumerate(SETUPS.items()):
+    for row, (name, base) in enumerate(setups.items()):
         alphas = [0.5 + 0.05 * i for i in range(10)]
         for m in ("ar", "sd", "ssd"):
             axes[row, 0].plot(alphas, [rows_for(replace(base, alpha=a))[m]["tokens_per_s"] for a in alphas],
@@ -75,10 +142,10 @@ def plot_alpha_k(path: Path) -> None:
     plt.close(fig)
 
 
-def plot_hit_rate(path: Path) -> None:
+def plot_hit_rate(path: Path, setups: dict) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     hits = [i / 20 for i in range(21)]
-    for (name, base), ls in zip(SETUPS.items(), ("-", "--")):
+    for (name, base), ls in zip(setups.items(), ("-", "--")):
         r = [rows_for(replace(base, hit_rate=h)) for h in hits]
         ax.plot(hits, [x["ssd"]["speedup_vs_ar"] for x in r], ls, color="tab:red", label=f"SSD, {name}")
         ax.plot(hits, [x["sd"]["speedup_vs_ar"] for x in r], ls, color="tab:blue", label=f"SD, {name}")
@@ -91,9 +158,9 @@ def plot_hit_rate(path: Path) -> None:
     plt.close(fig)
 
 
-def plot_fanout(path: Path) -> list[dict]:
+def plot_fanout(path: Path, setups: dict) -> list[dict]:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
-    base = SETUPS["2 GPUs: 8B TP1 + 1B"]
+    base = setups["2 GPUs: 8B TP1 + 1B"]
     budgets = list(range(0, 41, 2))
     table = []
     for policy, marker in (("uniform", "o"), ("geometric", "s"), ("profile", "^")):
@@ -118,12 +185,12 @@ def plot_fanout(path: Path) -> list[dict]:
     return table
 
 
-def plot_breakdown(path: Path) -> dict:
+def plot_breakdown(path: Path, setups: dict) -> dict:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     parts = (("target_busy_s", "target compute + host", "tab:green"), ("allreduce_s", "TP all-reduce", "tab:purple"),
              ("link_s", "draft<->target link", "tab:orange"), ("target_waiting_s", "waiting on draft", "tab:blue"))
     out = {}
-    for ax, (name, base) in zip(axes, SETUPS.items()):
+    for ax, (name, base) in zip(axes, setups.items()):
         rows = rows_for(base)
         out[name] = rows
         bottom = [0.0] * 3
@@ -140,20 +207,32 @@ def plot_breakdown(path: Path) -> dict:
     return out
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
-    out = Path(ap.parse_args().out)
+    ap.add_argument("--calibration", default=None,
+                    help="JSON of benchmarks/ssd_calibrate.py: measured step times instead of the quoted ones")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    plot_alpha_k(out / "ssd_alpha_k.png")
-    plot_hit_rate(out / "ssd_hit_rate.png")
-    fan = plot_fanout(out / "ssd_fanout.png")
-    brk = plot_breakdown(out / "ssd_breakdown.png")
-    sd_check = rows_for(replace(SETUPS["2 GPUs: 8B TP1 + 1B"], alpha=0.9, k=4))["sd"]["speedup_vs_ar"]
-    lines = [HEADER.format(sd_check=sd_check)]
+    if args.calibration:
+        targets, draft, raw = load_calibration(Path(args.calibration))
+        if 1 not in targets:
+            raise SystemExit(f"{args.calibration}: no B = 1 target times (the 2- and 5-GPU setups are B = 1)")
+        setups = make_setups(targets[1], draft)
+        inputs = CALIBRATED_INPUTS.format(path=args.calibration, device=raw["env"].get("device", "?"),
+                                          date=raw["env"].get("date", "?"))
+    else:
+        targets, draft, setups, inputs = {1: TARGET_8B}, DRAFT_1B, SETUPS, QUOTED_INPUTS
+    plot_alpha_k(out / "ssd_alpha_k.png", setups)
+    plot_hit_rate(out / "ssd_hit_rate.png", setups)
+    fan = plot_fanout(out / "ssd_fanout.png", setups)
+    brk = plot_breakdown(out / "ssd_breakdown.png", setups)
+    sd_check = rows_for(replace(setups["2 GPUs: 8B TP1 + 1B"], alpha=0.9, k=4))["sd"]["speedup_vs_ar"]
+    lines = [HEADER.format(inputs=inputs, sd_check=sd_check)]
     lines += ["| setup | α | K | method | hit rate | ms/round | tok/round | tok/s | speedup vs AR |",
               "|---|---|---|---|---|---|---|---|---|"]
-    for name, base in SETUPS.items():
+    for name, base in setups.items():
         for a in (0.6, 0.8, 0.9):
             for k in (2, 4, 6):
                 rows = rows_for(replace(base, alpha=a, k=k))
@@ -177,6 +256,11 @@ def main() -> None:
         if r["budget"] in (2, 4, 8, 16, 32):
             lines.append(f"| {r['budget']} | {r['policy']} | {r['fanout']} | {r['hit_rate']:.3f} | "
                          f"{r['tokens_per_s']:.0f} |")
+    lines += ["", "## Check: predicted SD speedup beside every SD cell measured on one GPU (`e2e.md`)", "",
+              "SD with the draft on the target's GPU (no link), host work 0.2 ms per round. `predicted (α)` uses the "
+              "acceptance model at the cell's nominal α; `predicted (measured tok/round)` uses the tokens per round "
+              "the run actually got, so it tests the timing model alone.", ""]
+    lines += sd_check_table(targets, draft)
     lines += ["", "![throughput vs alpha and K](ssd_alpha_k.png)", "![hit-rate sweep](ssd_hit_rate.png)",
               "![fan-out sweep](ssd_fanout.png)", "![per-round breakdown](ssd_breakdown.png)", ""]
     (out / "ssd.md").write_text("\n".join(lines))
@@ -189,10 +273,7 @@ HEADER = """# AR vs SD vs SSD: simulator predictions (NOT measurements)
 `python benchmarks/ssd_sim.py`. Nothing here ran on several GPUs; the multi-GPU run is separate work.
 
 Inputs (cited):
-- 8B target pass vs tokens per pass: `decode.md` run D, llama-3.1-8b, B = 1, kernels: 5.699 / 5.603 / 6.324 /
-  7.403 ms at 1 / 2 / 4 / 8 tokens (9 tokens, K = 8: extrapolated from the last slope).
-- 1B draft step vs batch rows (sequences or pre-speculated branches): `decode.md` run D 1.121 ms (B = 1),
-  1.413 ms (B = 8); run A 1.572 ms (B = 32).
+{inputs}
 - 70B target: the 8B times × 70.6 / 8.03 (a bandwidth-bound pass reads all weights), split over 4 ranks,
   plus 2 all-reduces per layer × 80 layers at 10 µs + size / 300 GB/s each (**assumed**, not measured).
 - Host work per round: 0.2 ms for every method (`e2e.md`: "in untimed runs it is ~0.2 ms").
@@ -201,11 +282,21 @@ Inputs (cited):
 - Hit rate: derived from α and the fan-out (`docs/distributed.md`): with F = 1, p_hit = α. This assumes
   the draft ranks the target's token after a rejection as well as it drafts (β = α), which is likely
   optimistic; the hit-rate sweep shows what lower hit rates give. Hit rates are not yet measured.
-  Check against the one real run that exists (one GPU, SD): at α = 0.9, K = 4, B = 1 the simulator predicts
-  SD at {sd_check:.2f}x over AR; `e2e.md` measured 1.86x (its bound column, from that run's own phase
-  times, 1.98x). The simulator's SD is optimistic by the host work it does not see (timed runs: 1-2 ms).
+  At α = 0.9, K = 4, B = 1 the simulator predicts SD at {sd_check:.2f}x over AR; `e2e.md` measured 1.86x
+  (the check table at the end compares every measured cell). The simulator's SD is optimistic by the host
+  work it does not see (timed runs: 1-2 ms).
 
 """
+
+QUOTED_INPUTS = """- 8B target pass vs tokens per pass: `decode.md` run D, llama-3.1-8b, B = 1, kernels: 5.699 / 5.603 / 6.324 /
+  7.403 ms at 1 / 2 / 4 / 8 tokens (9 tokens, K = 8: extrapolated from the last slope).
+- 1B draft step vs batch rows (sequences or pre-speculated branches): `decode.md` run D 1.121 ms (B = 1),
+  1.413 ms (B = 8); run A 1.572 ms (B = 32)."""
+
+CALIBRATED_INPUTS = """- 8B target pass (B = 1: decode and K + 1 = 3..9 tokens) and 1B draft step vs rows (B x F for B in 1, 8, 32 and
+  F in 1, 2, 4, 8): measured by `benchmarks/ssd_calibrate.py` on {device}, {date} (`{path}`, summarized in
+  `ssd_calibration.md`); the check table uses that file's B = 8 and 32 target times too."""
+
 
 if __name__ == "__main__":
     main()

@@ -4,7 +4,7 @@ One command spawns the ranks locally:
     python -m verispec.distributed --target llama-3.1-8b --draft llama-3.2-1b --tp 1 --backend nccl
 Under torchrun each process runs its own rank (WORLD_SIZE must be tp + 1):
     torchrun --nproc-per-node 2 -m verispec.distributed --target ... --draft ... --tp 1
-Random-weight shapes have no tokenizer: the prompt is given as token ids (--prompt-ids 1,2,3).
+Random-weight shapes have no tokenizer: the prompts are given as token ids (--prompt-ids 1,2,3;4,5 is a batch of two).
 """
 from __future__ import annotations
 
@@ -27,12 +27,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--prompt-ids", default="1,2,3,4", help="comma-separated token ids")
+    p.add_argument("--prompt-ids", default="1,2,3,4",
+                   help="comma-separated token ids; several prompts (a batch) separated by ';', e.g. 1,2;3,4,5")
     p.add_argument("--timeout-s", type=float, default=120.0, help="wall-clock limit of a spawned run")
     args = p.parse_args(argv)
     if args.tp < 1:
         p.error(f"--tp must be >= 1, got {args.tp}")
     return args
+
+
+def parse_prompts(text: str) -> list[list[int]]:
+    try:
+        return [[int(t) for t in prompt.split(",")] for prompt in text.split(";")]
+    except ValueError:
+        raise DistributedError(f"--prompt-ids must be comma-separated integers, prompts separated by ';': "
+                               f"got {text!r}") from None
 
 
 def _load(source: str, rank: int, backend: str):
@@ -50,8 +59,7 @@ def rank_main(rank: int, world_size: int, args: argparse.Namespace):
     draft = _load(args.draft, rank, args.backend) if rank == draft_rank else None
     cfg = SSDConfig(k=args.k, max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                     budget=args.budget)
-    prompt = [int(t) for t in args.prompt_ids.split(",")]
-    tokens, stats = run_ssd(target, draft, prompt, cfg)
+    tokens, stats = run_ssd(target, draft, parse_prompts(args.prompt_ids), cfg)
     return tokens, stats
 
 
@@ -60,6 +68,7 @@ def main(argv=None) -> int:
     world = args.tp + 1
     try:
         check_backend(args.backend)
+        parse_prompts(args.prompt_ids)                       # a bad prompt fails here, before any rank starts
         if "WORLD_SIZE" in os.environ:                        # launched by torchrun
             got = int(os.environ["WORLD_SIZE"])
             if got != world:
@@ -76,8 +85,8 @@ def main(argv=None) -> int:
         return 2
     for rank, (tokens, stats) in sorted(results.items()):
         role = "draft" if rank == world - 1 else "target"
-        if tokens is not None:
-            print(f"rank {rank} ({role}) tokens: {tokens}")
+        for b, seq in enumerate(tokens or []):
+            print(f"rank {rank} ({role}) sequence {b} tokens: {seq}")
         print(f"rank {rank} ({role}) rounds={stats.rounds} hits={stats.hits} misses={stats.misses} "
               f"hit_rate={stats.hit_rate:.2f} target_busy_s={stats.target_busy_s:.3f} "
               f"target_wait_s={stats.target_wait_s:.3f} draft_prespec_s={stats.draft_prespec_s:.3f} "

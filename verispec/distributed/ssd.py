@@ -1,15 +1,17 @@
 """Speculative speculative decoding (SSD): target ranks verify while a draft rank pre-speculates.
 
-Ranks: 0 .. T-1 hold the target (tensor-parallel when T > 1, see tp.py); rank T holds the draft. One
-sequence per run. One round r (time flows down):
+Ranks: 0 .. T-1 hold the target (tensor-parallel when T > 1, see tp.py); rank T holds the draft. A run
+decodes B sequences together: the target verifies all B in one pass per round. One round r (time flows
+down):
 
     target ranks                                   draft rank
-    recv drafts_r ------------------------------<- send drafts_r (+ their q rows)
-    verify pass [c, d_1..d_K] -> K+1 logits rows   pre-speculate round r+1: for each likely outcome
-    verify_greedy / verify_sample                    (j accepted, token t) draft K tokens from
-    -> outcome (j, t); rollback                       h + d_1..d_j + t; store under (seq, j, t)
-    send outcome (j, t) ------------------------->  look (seq, j, t) up: hit -> answer at once,
-                                                     miss -> draft on the spot, answer
+    recv drafts_r [B, K] + q [B, K, V] ---------<- send drafts_r
+    verify pass [c_b, d_b1..d_bK] for every b      pre-speculate round r+1: for each sequence b and
+    verify_greedy / verify_sample                    each likely outcome (j accepted, token t) draft K
+    -> outcomes (j_b, t_b); rollback                 tokens from h_b + d_b1..d_bj + t; store (b, j, t)
+    send outcomes [B] --------------------------->  look each (b, j_b, t_b) up: hits answer from the
+                                                     cache, only the sequences that missed are drafted
+                                                     on the spot, then all B drafts go out
 
 Outcomes pre-speculated: at each position j < K the draft's top-F_j tokens other than d_{j+1} (a recovered
 token is never the rejected draft), at j = K the top-F_K tokens of the draft after d_K (bonus). Candidates
@@ -19,10 +21,15 @@ are ranked by the draft's own (untempered) distribution; the fan-out per positio
 Exactness. Greedy: every draft is a deterministic function of its history, so a hit returns exactly the
 drafts an on-the-spot drafting would, and the output equals SD's and plain greedy decoding's. Sampling: each
 branch's drafts are drawn from the draft's q given that branch's history, and verification uses fresh
-randomness (verify stream offset = round), so whichever of hit or miss supplies the drafts, they are draws
-from q with their q rows attached, and rejection sampling returns the target distribution. With the cache
-disabled the draft rank drafts on the spot every round, drawing from its generator in the same order as
-``sd_generate``: the output is token-identical to single-process SD for the same seed.
+randomness (verify stream offset = round, key = the sequence's row), so whichever of hit or miss supplies the
+drafts, they are draws from q with their q rows attached, and rejection sampling returns the target
+distribution (tested with a chi-square test over hits and misses). With the cache disabled the draft rank
+drafts on the spot every round, drawing from each sequence's generator in the same order as
+``sd_generate``: for one sequence the output is token-identical to single-process SD for the same seed.
+
+The draft rank keeps one ``DraftWorker`` (one draft KV row, weights shared) per sequence and drafts the
+sequences one after another; batching the branches of all sequences into one draft pass is not done yet
+(its cost is what ``benchmarks/ssd_calibrate.py`` measures for the simulator).
 
 Every receive has a timeout: a rank that dies ends the others with DistributedError.
 """
@@ -41,7 +48,7 @@ from ..verify.sampling import filtered_probs
 from .group import DistributedError
 from .simulator import fanout_for_budget
 
-# message header to the draft: [num_accepted, token, done]
+# outcome message to the draft: [done, j_0, t_0, j_1, t_1, ...] (j = drafts accepted, t = the new token)
 _DONE, _GO = 1, 0
 
 
@@ -93,11 +100,11 @@ class SSDStats:
 
 # ----------------------------------------------------------------------------------------- draft side
 class DraftWorker:
-    """Drafts K tokens from any history with a ``verispec.runtime.Model`` holding ONE sequence.
+    """Drafts K tokens from any history of ONE sequence, with its own KV row of the draft model.
 
     The cache holds K/V for ``self.cached`` (a prefix of the last history drafted from plus its drafts); a
     new history reuses the longest common prefix and feeds the rest in one pass, so branches that share
-    the round's history cost only their own suffix."""
+    the round's history cost only their own suffix. ``seed`` keys the sequence's draft sampling stream."""
 
     def __init__(self, model, k: int, temperature: float, seed: int, max_seq_len: int):
         self.model, self.k, self.temperature = model, k, temperature
@@ -137,6 +144,16 @@ class DraftWorker:
         return tokens, torch.stack(qs), raw
 
 
+def draft_workers(draft_model, num_sequences: int, cfg: "SSDConfig", max_seq_len: int) -> list[DraftWorker]:
+    """One worker per sequence; all share ``draft_model``'s weights (a ``Model`` per KV row). Sequence b
+    samples with seed ``cfg.seed + b`` (sequence 0 with ``cfg.seed``, as ``sd_generate``)."""
+    from ..runtime.model import Model
+
+    models = [draft_model] + [Model(draft_model.net, draft_model.tokenizer, num_layers=draft_model.num_active_layers,
+                                    use_graphs=draft_model.use_graphs) for _ in range(num_sequences - 1)]
+    return [DraftWorker(m, cfg.k, cfg.temperature, cfg.seed + b, max_seq_len) for b, m in enumerate(models)]
+
+
 def likely_outcomes(drafts: list[int], raw: list[Tensor], fanouts: tuple[int, ...]) -> list[tuple[int, int]]:
     """(num accepted j, token t) pairs to pre-speculate: the top-F_j draft tokens at position j, skipping the
     rejected draft itself (j < K), most likely first within each position."""
@@ -150,42 +167,72 @@ def likely_outcomes(drafts: list[int], raw: list[Tensor], fanouts: tuple[int, ..
     return out
 
 
-def draft_rank_loop(worker: DraftWorker, cfg: SSDConfig, prompt: list[int], targets: list[int],
-                    seq: int = 0) -> SSDStats:
-    """The draft rank: answer each outcome with drafts (from the speculation cache or on the spot) and
-    pre-speculate the next round while the target verifies."""
+class DraftState:
+    """The draft rank's view of the B sequences: histories (what the target has emitted), the drafts last
+    sent, their raw logits, and the speculation cache {(sequence, j, t): (drafts, q, raw)}."""
+
+    def __init__(self, workers: list[DraftWorker], prompts: list[list[int]]):
+        self.workers = workers
+        self.history = [list(p) for p in prompts]
+        self.drafts: list[list[int]] = [[] for _ in prompts]
+        self.raw: list[list[Tensor]] = [[] for _ in prompts]
+        self.q: list[Tensor | None] = [None for _ in prompts]
+        self.cache: dict[tuple[int, int, int], tuple] = {}
+
+    def prespeculate(self, fanouts: tuple[int, ...]) -> None:
+        for b, worker in enumerate(self.workers):
+            for j, t in likely_outcomes(self.drafts[b], self.raw[b], fanouts):
+                self.cache[(b, j, t)] = worker.draft(self.history[b] + self.drafts[b][:j] + [t])
+
+    def advance(self, outcomes: list[tuple[int, int]]) -> tuple[list[bool], float]:
+        """Apply the round's outcomes; each sequence's next drafts come from the cache (hit) or are drafted
+        on the spot (miss: only that sequence). Returns (hit per sequence, seconds spent drafting on the spot)."""
+        hits, spot = [], 0.0
+        for b, (j, t) in enumerate(outcomes):
+            self.history[b] = self.history[b] + self.drafts[b][:j] + [t]
+            found = self.cache.get((b, j, t))
+            hits.append(found is not None)
+            if found is None:
+                t0 = time.perf_counter()
+                found = self.workers[b].draft(self.history[b])
+                spot += time.perf_counter() - t0
+            self.drafts[b], self.q[b], self.raw[b] = found
+        self.cache = {}                                      # branches of other outcomes are dead
+        return hits, spot
+
+
+def draft_rank_loop(workers: list[DraftWorker], cfg: SSDConfig, prompts: list[list[int]],
+                    targets: list[int]) -> SSDStats:
+    """The draft rank: answer each round's outcomes with drafts (from the speculation cache or on the spot)
+    and pre-speculate the next round while the target verifies."""
     stats = SSDStats()
     timeout = datetime.timedelta(seconds=cfg.recv_timeout_s)
-    fanouts = cfg.fanouts
-    history, drafts, cache = list(prompt), [], {}
+    fanouts, B = cfg.fanouts, len(prompts)
+    state = DraftState(workers, prompts)
+    first_round = True
     while True:
-        header = torch.zeros(3, dtype=torch.long)
-        work = dist.irecv(header, src=targets[0])
-        if drafts and cfg.budget:                            # pre-speculate while the target verifies
+        message = torch.zeros(1 + 2 * B, dtype=torch.long)
+        work = dist.irecv(message, src=targets[0])
+        if not first_round and cfg.budget:                   # pre-speculate while the target verifies
             t0 = time.perf_counter()
-            for j, t in likely_outcomes(drafts, raw, fanouts):
-                cache[(seq, j, t)] = worker.draft(history + drafts[:j] + [t])
+            state.prespeculate(fanouts)
             stats.draft_prespec_s += time.perf_counter() - t0
-        _wait(work, timeout, f"draft rank: outcome from target rank {targets[0]}")
-        j, t, done = header.tolist()
-        if done == _DONE:
+        _wait(work, timeout, f"draft rank: outcomes from target rank {targets[0]}")
+        if int(message[0]) == _DONE:
             return stats
-        first_round = not drafts
-        history = history + drafts[:j] + [t]
-        hit = cache.get((seq, j, t))
-        cache = {}                                           # branches of other outcomes are dead
-        if hit is not None:
-            stats.hits += 1
-            drafts, q, raw = hit
-        else:
-            stats.misses += 0 if first_round else 1
-            t0 = time.perf_counter()
-            drafts, q, raw = worker.draft(history)
-            stats.draft_spot_s += time.perf_counter() - t0
+        outcomes = [tuple(pair) for pair in message[1:].view(B, 2).tolist()]
+        hits, spot = state.advance(outcomes)
+        stats.draft_spot_s += spot
+        if not first_round:                                  # the first drafts are never pre-speculated
+            stats.hits += sum(hits)
+            stats.misses += B - sum(hits)
+        first_round = False
         stats.rounds += 1
+        head = torch.tensor([[int(h)] + d for h, d in zip(hits, state.drafts)], dtype=torch.long)   # [B, 1+K]
+        q = torch.stack(state.q).contiguous()                                                      # [B, K, V]
         for dst in targets:
-            dist.send(torch.tensor([1 if hit is not None else 0] + drafts, dtype=torch.long), dst=dst)
-            dist.send(q.contiguous(), dst=dst)
+            dist.send(head, dst=dst)
+            dist.send(q, dst=dst)
 
 
 def _wait(work, timeout: datetime.timedelta, what: str) -> None:
@@ -204,96 +251,126 @@ def _recv(tensor: Tensor, src: int, timeout: datetime.timedelta, what: str) -> T
 
 # ----------------------------------------------------------------------------------------- target side
 class TargetRounds:
-    """The target's half of a round: verify drafts after the certain token, emit, roll the cache back.
+    """The target's half of a round for B sequences: verify each one's drafts after its certain token in one
+    pass, emit, roll the cache back.
 
-    ``model`` is a ``verispec.runtime.Model`` (or its tensor-parallel shard) holding ONE sequence."""
+    ``model`` is a ``verispec.runtime.Model`` (or its tensor-parallel shard); ``prompts`` B token lists."""
 
-    def __init__(self, model, cfg: SSDConfig, prompt: list[int], max_seq_len: int):
-        self.model, self.cfg = model, cfg
-        model.setup_cache(1, max_seq_len)
-        logits = model.prefill([prompt])                         # [1, V]
+    def __init__(self, model, cfg: SSDConfig, prompts: list[list[int]], max_seq_len: int):
+        if not prompts or any(not p for p in prompts):
+            raise ValueError("prompts must be a non-empty list of non-empty token lists")
+        self.model, self.cfg, self.batch_size = model, cfg, len(prompts)
+        model.setup_cache(len(prompts), max_seq_len)
+        logits = model.prefill(prompts)                          # [B, V]
         self.round = 0
-        self.certain = self._verify(logits, [], None)[1][0]      # the first token, sampled like any bonus
-        self.out = [self.certain]
+        _, emitted = self._verify(logits, [[] for _ in prompts], None)   # the first tokens, sampled like bonuses
+        self.certain = [e[0] for e in emitted]
+        self.out = [[t] for t in self.certain]
 
-    def _verify(self, logits: Tensor, drafts: list[int], q: Tensor | None) -> tuple[int, list[int]]:
-        d = torch.tensor(drafts, dtype=torch.long)
+    def _verify(self, logits: Tensor, drafts: list[list[int]], q: Tensor | None) -> tuple[list[int], list[list[int]]]:
+        """logits [sum(k_b + 1), V], drafts B lists, q [sum(k_b), V] -> (accepted per sequence, emitted)."""
+        d = torch.tensor([t for ds in drafts for t in ds], dtype=torch.long)
+        num = [len(ds) for ds in drafts]
         if self.cfg.temperature == 0:
-            res = verify_greedy(logits, d, [len(drafts)], backend="torch")
+            res = verify_greedy(logits, d, num, backend="torch")
         else:
-            res = verify_sample(logits.float(), d, [len(drafts)], q, temperature=self.cfg.temperature,
+            res = verify_sample(logits.float(), d, num, q, temperature=self.cfg.temperature,
                                 seed=self.cfg.seed, offset=self.round, backend="torch")
         self.round += 1
-        j = int(res.num_accepted[0])
-        return j, res.tokens[0, : j + 1].tolist()
+        accepted = res.num_accepted.tolist()
+        return accepted, [res.tokens[b, : j + 1].tolist() for b, j in enumerate(accepted)]
 
-    def step(self, drafts: list[int], q: Tensor | None) -> tuple[int, int]:
-        """One round: verify ``drafts`` -> (num accepted, recovery/bonus token); appends to ``out``."""
-        n = int(self.model.lengths[0])
-        logits = self.model.append(torch.tensor([[self.certain] + drafts]))[0]   # [K+1, V]
-        j, emitted = self._verify(logits, drafts, q)
-        self.model.rollback(torch.tensor([n + 1 + j]))          # the certain token + accepted drafts
-        self.certain = emitted[-1]
-        self.out += emitted
-        return j, emitted[-1]
+    def step(self, drafts: list[list[int]], q: Tensor | None) -> list[tuple[int, int]]:
+        """One round: verify ``drafts`` (B lists of K) with q [B, K, V] (None when greedy) -> per sequence
+        (num accepted, recovery/bonus token); appends to ``out``."""
+        n = self.model.lengths.tolist()
+        logits = self.model.append(torch.tensor([[c] + d for c, d in zip(self.certain, drafts)]))   # [B, K+1, V]
+        accepted, emitted = self._verify(logits.reshape(-1, logits.shape[-1]), drafts,
+                                         None if q is None else q.reshape(-1, q.shape[-1]))
+        # keep the certain token + the accepted drafts of every sequence
+        self.model.rollback(torch.tensor([n_b + 1 + j for n_b, j in zip(n, accepted)]))
+        self.certain = [e[-1] for e in emitted]
+        for out, e in zip(self.out, emitted):
+            out += e
+        return [(j, e[-1]) for j, e in zip(accepted, emitted)]
 
     @property
     def done(self) -> bool:
-        return len(self.out) >= self.cfg.max_new_tokens
+        return min(len(o) for o in self.out) >= self.cfg.max_new_tokens
+
+    def tokens(self) -> list[list[int]]:
+        return [o[: self.cfg.max_new_tokens] for o in self.out]
 
 
 def target_rank_loop(rounds: TargetRounds, cfg: SSDConfig, draft_rank: int, is_leader: bool,
-                     vocab_size: int) -> tuple[list[int], SSDStats]:
-    """A target rank: receive drafts, verify, (leader) send the outcome. Every target rank of a TP group
-    runs this in lockstep (replicated logits give every rank the same outcome)."""
+                     vocab_size: int) -> tuple[list[list[int]], SSDStats]:
+    """A target rank: receive drafts, verify, (leader) send the outcomes. Every target rank of a TP group
+    runs this in lockstep (replicated logits give every rank the same outcomes)."""
     stats = SSDStats()
     timeout = datetime.timedelta(seconds=cfg.recv_timeout_s)
-    j, t = 0, rounds.certain
+    B = rounds.batch_size
+    outcomes = [(0, t) for t in rounds.certain]
     while True:
         done = rounds.done
         if is_leader:
-            dist.send(torch.tensor([j, t, _DONE if done else _GO]), dst=draft_rank)
+            dist.send(torch.tensor([_DONE if done else _GO] + [x for o in outcomes for x in o]), dst=draft_rank)
         if done:
-            return rounds.out[: cfg.max_new_tokens], stats
+            return rounds.tokens(), stats
         t0 = time.perf_counter()
-        head = _recv(torch.zeros(1 + cfg.k, dtype=torch.long), draft_rank, timeout,
+        head = _recv(torch.zeros(B, 1 + cfg.k, dtype=torch.long), draft_rank, timeout,
                      f"target: drafts from draft rank {draft_rank}")
-        q = _recv(torch.zeros(cfg.k, vocab_size), draft_rank, timeout, f"target: draft probs from rank {draft_rank}")
+        q = _recv(torch.zeros(B, cfg.k, vocab_size), draft_rank, timeout,
+                  f"target: draft probs from rank {draft_rank}")
         t1 = time.perf_counter()
-        hit, drafts = int(head[0]), head[1:].tolist()
-        j, t = rounds.step(drafts, q if cfg.temperature > 0 else None)
+        hits = int(head[:, 0].sum())
+        outcomes = rounds.step(head[:, 1:].tolist(), q if cfg.temperature > 0 else None)
         t2 = time.perf_counter()
         stats.rounds += 1
-        stats.accepted += j
-        stats.hits += hit
-        stats.misses += 0 if (hit or stats.rounds == 1) else 1
+        stats.accepted += sum(j for j, _ in outcomes)
+        if stats.rounds > 1:                                 # the first drafts are never pre-speculated
+            stats.hits += hits
+            stats.misses += B - hits
         stats.target_wait_s += t1 - t0
         stats.target_busy_s += t2 - t1
 
 
 # ----------------------------------------------------------------------------------------- entry points
-def check_same_config(cfg: SSDConfig, vocab_size: int, role: str) -> None:
-    """All ranks exchange (role, vocab, config); DistributedError naming the difference otherwise."""
-    mine = {"role": role, "vocab_size": vocab_size, **asdict(cfg)}
+def check_same_config(cfg: SSDConfig, vocab_size: int, role: str, prompts: list[list[int]]) -> None:
+    """All ranks exchange (role, vocab, config, prompts); DistributedError naming the difference otherwise."""
+    mine = {"role": role, "vocab_size": vocab_size, "prompts": prompts, **asdict(cfg)}
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     vocabs = {e["vocab_size"] for e in everyone}
     if len(vocabs) > 1:
         detail = ", ".join(f"rank {r} ({e['role']}) V={e['vocab_size']}" for r, e in enumerate(everyone))
         raise DistributedError(f"draft and target vocabularies differ: {detail}")
-    for key in asdict(cfg):
+    for key in ["prompts", *asdict(cfg)]:
         values = [e[key] for e in everyone]
         if any(v != values[0] for v in values):
             raise DistributedError(f"SSD configuration differs across ranks: {key} = {values} (rank order)")
 
 
-def run_ssd(target_model, draft_model, prompt: list[int], cfg: SSDConfig, max_seq_len: int = 256):
-    """Run SSD on this rank of an initialized process group: ranks 0..W-2 are the target (tensor-parallel
-    over a subgroup when W > 2), rank W-1 the draft. ``target_model``: the full target ``Model`` (target
-    ranks shard it); ``draft_model``: the draft ``Model`` (used on the draft rank only; None elsewhere).
-    Returns (tokens, SSDStats) on target ranks, (None, SSDStats) on the draft rank."""
+def check_prompts(prompts) -> list[list[int]]:
+    """``prompts`` must be B >= 1 non-empty lists of token ids (a flat list of ints is one prompt)."""
+    if isinstance(prompts, (list, tuple)) and prompts and all(isinstance(t, int) for t in prompts):
+        raise ValueError("prompts must be a list of prompts (lists of token ids); for one sequence pass [prompt]")
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        raise ValueError(f"prompts must be a non-empty list of token-id lists, got {prompts!r}")
+    for b, p in enumerate(prompts):
+        if not isinstance(p, (list, tuple)) or not p or not all(isinstance(t, int) for t in p):
+            raise ValueError(f"prompt {b} must be a non-empty list of token ids, got {p!r}")
+    return [list(p) for p in prompts]
+
+
+def run_ssd(target_model, draft_model, prompts: list[list[int]], cfg: SSDConfig, max_seq_len: int = 256):
+    """Run SSD for the B sequences ``prompts`` on this rank of an initialized process group: ranks 0..W-2
+    are the target (tensor-parallel over a subgroup when W > 2), rank W-1 the draft. ``target_model``: the
+    full target ``Model`` (target ranks shard it); ``draft_model``: the draft ``Model`` (used on the draft
+    rank only; None elsewhere). Returns (B token lists, SSDStats) on target ranks, (None, SSDStats) on the
+    draft rank."""
     from .tp import tensor_parallel_model
 
+    prompts = check_prompts(prompts)
     world, rank = dist.get_world_size(), dist.get_rank()
     if world < 2:
         raise DistributedError(f"SSD needs >= 2 ranks (target ranks + one draft rank), world size is {world}")
@@ -303,31 +380,31 @@ def run_ssd(target_model, draft_model, prompt: list[int], cfg: SSDConfig, max_se
     model = draft_model if is_draft else target_model
     if model is None:
         raise DistributedError(f"rank {rank} ({'draft' if is_draft else 'target'}) was given no model")
-    check_same_config(cfg, model.config.vocab_size, "draft" if is_draft else "target")
+    check_same_config(cfg, model.config.vocab_size, "draft" if is_draft else "target", prompts)
     if is_draft:
-        worker = DraftWorker(draft_model, cfg.k, cfg.temperature, cfg.seed, max_seq_len)
-        return None, draft_rank_loop(worker, cfg, prompt, targets)
+        workers = draft_workers(draft_model, len(prompts), cfg, max_seq_len)
+        return None, draft_rank_loop(workers, cfg, prompts, targets)
     if tp_group is not None:
-        target_model = tensor_parallel_model(target_model, tp_group, use_graphs=False)
-    rounds = TargetRounds(target_model, cfg, prompt, max_seq_len)
+        target_model = tensor_parallel_model(target_model, tp_group)
+    rounds = TargetRounds(target_model, cfg, prompts, max_seq_len)
     return target_rank_loop(rounds, cfg, draft_rank, rank == 0, target_model.config.vocab_size)
 
 
-def sd_generate(target_model, draft_model, prompt: list[int], cfg: SSDConfig, max_seq_len: int = 256):
-    """Single-process speculative decoding with the same draft and verification steps (the reference SSD
-    must reproduce with its speculation cache off)."""
-    worker = DraftWorker(draft_model, cfg.k, cfg.temperature, cfg.seed, max_seq_len)
-    rounds = TargetRounds(target_model, cfg, prompt, max_seq_len)
-    history = list(prompt) + [rounds.certain]
+def sd_generate(target_model, draft_model, prompt: list[int], cfg: SSDConfig, max_seq_len: int = 256) -> list[int]:
+    """Single-process speculative decoding of ONE sequence with the same draft and verification steps (the
+    reference SSD must reproduce with its speculation cache off)."""
+    worker = draft_workers(draft_model, 1, cfg, max_seq_len)[0]
+    rounds = TargetRounds(target_model, cfg, [prompt], max_seq_len)
+    history = list(prompt) + [rounds.certain[0]]
     while not rounds.done:
         drafts, q, _ = worker.draft(history)
-        j, t = rounds.step(drafts, q if cfg.temperature > 0 else None)
+        [(j, t)] = rounds.step([drafts], q[None] if cfg.temperature > 0 else None)
         history += drafts[:j] + [t]
-    return rounds.out[: cfg.max_new_tokens]
+    return rounds.tokens()[0]
 
 
 def greedy_generate(model, prompt: list[int], max_new_tokens: int, max_seq_len: int = 256) -> list[int]:
-    """Plain greedy decoding, one target step per token."""
+    """Plain greedy decoding of one sequence, one target step per token."""
     model.setup_cache(1, max_seq_len)
     tok = int(model.prefill([prompt])[0].argmax())
     out = [tok]

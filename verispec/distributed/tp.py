@@ -9,10 +9,12 @@ Per layer (W ranks, rank r):
 The embedding, norms and LM head are replicated, so every rank computes the full logits. The KV cache of
 each rank holds its KV/W heads: [B, KV/W, S, D] per layer.
 
-The sharded net is an ordinary ``Transformer`` at the sharded config whose post-attention function adds the
-two all-reduces, so ``verispec.runtime.Model`` runs it unchanged (setup_cache / prefill / verify / decode /
-rollback / keep). It runs the torch path of ``append`` (the Triton decode kernels fuse the o and down
-projections into the next norm, which leaves no place for the all-reduce).
+The sharded net is an ordinary ``Transformer`` at the sharded config that sums the o and down projections
+over the ranks: on the torch path (CPU, prefill) its post-attention function does the two all-reduces, on the
+Triton decode-kernel path (CUDA) ``Transformer.all_reduce`` does them after each projection's matmul, before
+the fused add + RMSNorm. So ``verispec.runtime.Model`` runs it unchanged (setup_cache / prefill / verify /
+decode / rollback / keep), CUDA graphs included: the all-reduces are captured with the rest of the pass (NCCL
+supports capture; the graph's warm-up run, outside the capture, creates the communicator).
 """
 from __future__ import annotations
 
@@ -67,8 +69,8 @@ def shard_transformer(net: Transformer, rank: int, world_size: int, group=None) 
     with torch.device("meta"):
         out = Transformer(scfg, dtype)
     out.embed, out.norm, out.lm_head = net.embed, net.norm, net.lm_head
-    out.use_kernels = False
     out._post = functools.partial(tp_post_attention, group=group)
+    out.all_reduce = functools.partial(dist.all_reduce, group=group)
     q_rows = slice(rank * h * D, (rank + 1) * h * D)
     k_rows = slice(H * D + rank * kv * D, H * D + (rank + 1) * kv * D)
     v_rows = slice((H + KV) * D + rank * kv * D, (H + KV) * D + (rank + 1) * kv * D)
@@ -89,7 +91,9 @@ def _param(t: Tensor) -> torch.nn.Parameter:
 
 
 def tensor_parallel_model(model: Model, group=None, *, use_graphs: bool = True) -> Model:
-    """This rank's tensor-parallel ``Model`` from a full ``model`` (same weights on every rank).
+    """This rank's tensor-parallel ``Model`` from a full ``model`` (same weights on every rank); on CUDA it
+    runs the Triton decode kernels (where ``ops.supports`` the sharded shape) and, with ``use_graphs``, CUDA
+    graphs.
 
     Logits equal the single-process model's up to the order of the all-reduce sums."""
     if not dist.is_initialized():

@@ -26,6 +26,7 @@ match to 1e-4 in fp32), gpt-fast model.py (layout), Meta's Llama 3 RoPE scaling.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -140,6 +141,9 @@ class Transformer(nn.Module):
         self._pre, self._post = pre_attention, post_attention
         # decode/verify on CUDA through the Triton kernels of ops.py (False: the torch path, as on the CPU)
         self.use_kernels = ops.supports(cfg)
+        # tensor parallelism (distributed/tp.py): sums the partial [N, E] outputs of the row-sharded o and down
+        # projections over the ranks, in place; None on one device
+        self.all_reduce: Callable[[Tensor], None] | None = None
 
     def compile(self, **kwargs) -> None:
         """torch.compile the per-layer functions (fuses norms / RoPE / SwiGLU; matmuls stay cuBLAS).
@@ -202,6 +206,15 @@ class Transformer(nn.Module):
             return self.append_kernels(tokens, lengths, rope, cache, num_layers)
         return self._append_torch(tokens, lengths, rope, cache, num_layers)
 
+    def _out_proj(self, x: Tensor, w: Tensor, bias: Tensor | None, gemv: bool) -> Tensor:
+        """x @ w.T (+ bias) for the o and down projections; under tensor parallelism each rank holds a slice of
+        w's input columns, so the partial products are summed over the ranks and the bias added once after."""
+        if self.all_reduce is None:
+            return ops.linear(x, w, bias, gemv)
+        out = ops.linear(x, w, None, gemv)
+        self.all_reduce(out)
+        return out if bias is None else out + bias
+
     def _append_torch(self, tokens: Tensor, lengths: Tensor, rope: Tensor, cache, num_layers: int) -> Tensor:
         """``append`` in plain torch (CPU; CUDA with ``use_kernels = False``): SDPA over the whole static cache
         with a boolean mask, K/V written by index_put."""
@@ -251,7 +264,7 @@ class Transformer(nn.Module):
                 qkv = qkv.view(-1, (H + 2 * KV) * D)
             q = ops.rope_kv_write(qkv, rope, pos, cache.k[i], cache.v[i], T, H, KV, D)  # [N, H, D]
             o = ops.decode_attention(q, cache.k[i], cache.v[i], lengths, T, scale)      # [N, H*D]
-            x, h = ops.add_rmsnorm(x, ops.linear(o, L.wo, L.bo, gemv), L.ffn_norm, eps)
-            delta = ops.linear(ops.silu_mul(ops.linear(h, L.w13, None, gemv)), L.w2, None, gemv)
+            x, h = ops.add_rmsnorm(x, self._out_proj(o, L.wo, L.bo, gemv), L.ffn_norm, eps)
+            delta = self._out_proj(ops.silu_mul(ops.linear(h, L.w13, None, gemv)), L.w2, None, gemv)
         _, h = ops.add_rmsnorm(x, delta, self.norm, eps)
         return ops.linear(h, self.lm_head_weight, None, gemv).view(B, T, -1)
