@@ -136,11 +136,19 @@ def _broadcast(value, batch: int):
     return torch.full((batch,), rng.as_int64(value), dtype=torch.int64)
 
 
+MAX_SCALED_LOGIT = 2.0**30   # the largest |logit / T| a sampled row may have (see check_rows)
+
+
 def check_rows(target_logits: torch.Tensor, scale: torch.Tensor | None = None) -> None:
     """Value checks of target_logits [R, V]: no NaN, no +inf, no row entirely -inf (nothing could be
     emitted: argmax would silently say token 0), and, with ``scale`` [R] (1/T of sampled rows, 1 for
-    greedy rows), no row whose max logit * scale leaves [-1e38, 1e38] (the softmax would overflow;
-    the margin under float32's 3.4e38 covers the kernels' log2(e) factor)."""
+    greedy rows), no row whose |max logit * scale| exceeds ``MAX_SCALED_LOGIT``.
+
+    NOTE: the kernels form (z - m) / T in float32 as z * (log2(e) / T) - m * (log2(e) / T), which the GPU
+    contracts into one FMA: for the row's maximum the two products round differently, leaving an error of
+    about |m / T| * 2^-24 in the exponent instead of 0. Below 2^30 that error stays under ~90, so exp2 of
+    it neither underflows nor overflows and the softmax stays exact to float rounding; at |m / T| = 2e30
+    (measured on an H100) the maximum's own term underflowed to 0 and the sampled token was wrong."""
     if bool(torch.isnan(target_logits).any()):
         rows = torch.isnan(target_logits).any(dim=1).nonzero().flatten()[:5].tolist()
         raise ValueError(f"target_logits contains NaN (rows {rows})")
@@ -154,11 +162,12 @@ def check_rows(target_logits: torch.Tensor, scale: torch.Tensor | None = None) -
                          f"no token can be emitted from such a row")
     if scale is not None:
         scaled = row_max.double() * scale.to(row_max.device).double()
-        big = scaled.abs() > 1e38
+        big = scaled.abs() > MAX_SCALED_LOGIT
         if bool(big.any()):
             r = int(big.nonzero()[0])
-            raise ValueError(f"target_logits row {r}: max logit {float(row_max[r]):g} / temperature overflows "
-                             f"float32 (|logit / T| must stay <= 1e38): raise the temperature or rescale")
+            raise ValueError(f"target_logits row {r}: max logit {float(row_max[r]):g} / temperature is beyond "
+                             f"2**30 (|logit / T| must stay <= {MAX_SCALED_LOGIT:g} for the sampled softmax to be "
+                             f"exact in float32): raise the temperature or rescale the logits")
 
 
 def canonical_batch(target_logits, draft_tokens, num_draft, max_num_draft, check_values) -> VerifyBatch:
