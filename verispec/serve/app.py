@@ -86,47 +86,50 @@ def _usage(seq: Sequence) -> dict:
     return {"prompt_tokens": n_prompt, "completion_tokens": n_new, "total_tokens": n_prompt + n_new}
 
 
-def build_app(engine: EngineLoop, served: ServedModel, metrics: Metrics) -> FastAPI:
-    app = FastAPI(title="verispec", docs_url=None, redoc_url=None)
-    tok = served.tokenizer
-    eos = set(tok.eos_token_ids)
+class _Handlers:
+    """The OpenAI endpoints' work: parse a request, submit it to the engine loop, answer whole or streamed."""
 
-    def decode(ids: list[int]) -> str:
-        return tok.decode(ids)
+    def __init__(self, engine: EngineLoop, served: ServedModel, metrics: Metrics):
+        self.engine, self.served, self.metrics = engine, served, metrics
+        self.tok = served.tokenizer
+        self.eos = set(self.tok.eos_token_ids)
 
-    async def body_of(http: HTTPRequest):
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids)
+
+    async def body_of(self, http: HTTPRequest):
         try:
             return await http.json()
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise BadRequest(None, f"the request body is not valid JSON: {e}") from e
 
-    async def generate(http: HTTPRequest, chat: bool):
-        if not engine.alive:
-            return _error(503, "the server is shutting down", "service_unavailable", metrics)
+    async def generate(self, http: HTTPRequest, chat: bool):
+        if not self.engine.alive:
+            return _error(503, "the server is shutting down", "service_unavailable", self.metrics)
         try:
-            params = parse_completion(await body_of(http), chat=chat, model_name=served.name)
-            prompt = _encode(params, served)
-            max_tokens = _max_tokens(params, prompt, served)
+            params = parse_completion(await self.body_of(http), chat=chat, model_name=self.served.name)
+            prompt = _encode(params, self.served)
+            max_tokens = _max_tokens(params, prompt, self.served)
         except BadRequest as e:
-            return _error(400, str(e), "invalid_request_error", metrics, e.param)
+            return _error(400, str(e), "invalid_request_error", self.metrics, e.param)
         seed = params.seed if params.seed is not None else rng.seed_from(None)
         request = Request(prompt, max_tokens, params.temperature, params.top_k, params.top_p, seed, params.stop)
         handle = Handle(request, asyncio.get_running_loop())
         try:
-            await asyncio.wrap_future(engine.submit(handle))
+            await asyncio.wrap_future(self.engine.submit(handle))
         except QueueFull as e:
-            return _error(429, f"too many requests waiting: {e}; retry later", "rate_limit_error", metrics)
+            return _error(429, f"too many requests waiting: {e}; retry later", "rate_limit_error", self.metrics)
         except ValueError as e:
-            return _error(400, str(e), "invalid_request_error", metrics, "max_tokens")
+            return _error(400, str(e), "invalid_request_error", self.metrics, "max_tokens")
         except RuntimeError as e:
-            return _error(503, str(e), "service_unavailable", metrics)
+            return _error(503, str(e), "service_unavailable", self.metrics)
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{request.id}"
         if params.stream:
-            return StreamingResponse(stream(handle, params, chat, ident), media_type="text/event-stream",
+            return StreamingResponse(self.stream(handle, params, chat, ident), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        return await complete(http, handle, chat, ident)
+        return await self.complete(http, handle, chat, ident)
 
-    async def complete(http: HTTPRequest, handle: Handle, chat: bool, ident: str):
+    async def complete(self, http: HTTPRequest, handle: Handle, chat: bool, ident: str):
         try:
             while True:
                 kind, payload = await handle.events.get()
@@ -134,14 +137,14 @@ def build_app(engine: EngineLoop, served: ServedModel, metrics: Metrics) -> Fast
                     break
         finally:
             if not handle.done:              # the handler was cancelled (client gone): free the slot
-                engine.cancel(handle.request.id)
+                self.engine.cancel(handle.request.id)
         seq: Sequence = payload
         if seq.finish_reason == "error":
-            return _error(500, f"generation failed: {seq.error}", "server_error", metrics)
+            return _error(500, f"generation failed: {seq.error}", "server_error", self.metrics)
         if seq.finish_reason == "cancelled":
             return _error(503, "the request was cancelled: the server is shutting down", "service_unavailable",
-                          metrics)
-        gen = seq.result(decode)
+                          self.metrics)
+        gen = seq.result(self.decode)
         choice = {"index": 0, "finish_reason": _finish_reason(seq), "token_ids": gen.tokens,
                   "speculative_decoding_stats": decoding_stats(seq.stats)}
         if chat:
@@ -149,9 +152,9 @@ def build_app(engine: EngineLoop, served: ServedModel, metrics: Metrics) -> Fast
         else:
             choice.update(text=gen.text, logprobs=None)
         return {"id": ident, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-                "model": served.name, "choices": [choice], "usage": _usage(seq)}
+                "model": self.served.name, "choices": [choice], "usage": _usage(seq)}
 
-    def chunk(ident: str, chat: bool, text: str | None, tokens: list[int], finish: str | None = None,
+    def chunk(self, ident: str, chat: bool, text: str | None, tokens: list[int], finish: str | None = None,
               first: bool = False, extra: dict | None = None) -> str:
         if chat:
             delta = {"role": "assistant"} if first else {}
@@ -163,62 +166,68 @@ def build_app(engine: EngineLoop, served: ServedModel, metrics: Metrics) -> Fast
         choice["token_ids"] = tokens
         choice.update(extra or {})
         body = {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion",
-                "created": int(time.time()), "model": served.name, "choices": [choice]}
+                "created": int(time.time()), "model": self.served.name, "choices": [choice]}
         return f"data: {json.dumps(body)}\n\n"
 
-    async def stream(handle: Handle, params: GenerationParams, chat: bool, ident: str):
-        text = IncrementalText(decode, eos, params.stop)
+    async def stream(self, handle: Handle, params: GenerationParams, chat: bool, ident: str):
+        text = IncrementalText(self.decode, self.eos, params.stop)
         try:
             if chat:
-                yield chunk(ident, chat, "", [], first=True)
+                yield self.chunk(ident, chat, "", [], first=True)
             while True:
                 kind, payload = await handle.events.get()
                 if kind == "tokens":
-                    yield chunk(ident, chat, text.add(payload), payload)
+                    yield self.chunk(ident, chat, text.add(payload), payload)
                     continue
                 seq: Sequence = payload
                 if seq.finish_reason == "error":
-                    metrics.http_error(500)
+                    self.metrics.http_error(500)
                     yield f"data: {json.dumps(error_body(f'generation failed: {seq.error}', 'server_error'))}\n\n"
                 elif seq.finish_reason != "cancelled":
-                    rest = text.finish(seq.result(decode).text)
-                    yield chunk(ident, chat, rest, [], finish=_finish_reason(seq),
+                    rest = text.finish(seq.result(self.decode).text)
+                    yield self.chunk(ident, chat, rest, [], finish=_finish_reason(seq),
                                 extra={"speculative_decoding_stats": decoding_stats(seq.stats)})
                     if params.include_usage:
                         usage = {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion",
-                                 "created": int(time.time()), "model": served.name, "choices": [],
+                                 "created": int(time.time()), "model": self.served.name, "choices": [],
                                  "usage": _usage(seq)}
                         yield f"data: {json.dumps(usage)}\n\n"
                 yield "data: [DONE]\n\n"
                 return
         finally:
             if not handle.done:              # the client went away mid-stream: free the slot
-                engine.cancel(handle.request.id)
+                self.engine.cancel(handle.request.id)
+
+
+def build_app(engine: EngineLoop, served: ServedModel, metrics: Metrics) -> FastAPI:
+    """The FastAPI app: each route is one line over ``_Handlers``."""
+    app = FastAPI(title="verispec", docs_url=None, redoc_url=None)
+    h = _Handlers(engine, served, metrics)
 
     @app.post("/v1/completions")
     async def completions(http: HTTPRequest):
-        return await generate(http, chat=False)
+        return await h.generate(http, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(http: HTTPRequest):
-        if not getattr(tok, "chat_template", None):
-            return _error(400, f"model {served.name!r} has no chat template: use /v1/completions",
-                          "invalid_request_error", metrics, "messages")
-        return await generate(http, chat=True)
+        if not getattr(h.tok, "chat_template", None):
+            return _error(400, f"model {h.served.name!r} has no chat template: use /v1/completions",
+                          "invalid_request_error", h.metrics, "messages")
+        return await h.generate(http, chat=True)
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": served.name, "object": "model", "created": 0,
-                                            "owned_by": "verispec", "max_model_len": served.max_seq_len}]}
+        return {"object": "list", "data": [{"id": h.served.name, "object": "model", "created": 0,
+                                            "owned_by": "verispec", "max_model_len": h.served.max_seq_len}]}
 
     @app.get("/health")
     async def health():
-        if engine.alive:
+        if h.engine.alive:
             return {"status": "ok"}
         return JSONResponse({"status": "unavailable"}, status_code=503)
 
     @app.get("/metrics")
     async def prometheus():
-        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(h.metrics.render(), media_type="text/plain; version=0.0.4")
 
     return app

@@ -290,6 +290,55 @@ def verify_greedy(
     return verify_greedy_cuda(batch)
 
 
+def _checked_draft_probs(draft_probs, batch: VerifyBatch) -> torch.Tensor:
+    """draft_probs after the metadata checks: [sum(num_draft), V] float on the logits' device, last dim
+    contiguous."""
+    vocab, device = batch.vocab_size, batch.target_logits.device
+    if not isinstance(draft_probs, torch.Tensor) or draft_probs.dim() != 2:
+        raise ValueError("draft_probs must be a 2-D [sum(num_draft), V] tensor or None")
+    if draft_probs.shape != (batch.draft_tokens.shape[0], vocab):
+        raise ValueError(
+            f"draft_probs has shape {tuple(draft_probs.shape)}, expected [sum(num_draft), V] = "
+            f"[{batch.draft_tokens.shape[0]}, {vocab}] (draft vocab must equal the target vocab)"
+        )
+    if draft_probs.dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"draft_probs must be a float tensor, got {draft_probs.dtype}")
+    if draft_probs.device != device:
+        raise ValueError(f"draft_probs is on {draft_probs.device} but target_logits is on {device}")
+    return draft_probs if draft_probs.stride(1) == 1 else draft_probs.contiguous()
+
+
+def _check_sampling_values(batch: VerifyBatch) -> None:
+    """The value checks of a sampling batch (they read the device: a host sync): temperatures, the logits
+    rows at their temperature (``check_rows``), top-k / top-p, and q rows that are distributions giving
+    their own draft a positive probability."""
+    size = batch.batch_size
+    temps = batch.temperature.cpu()
+    if bool((temps < 0).any()) or not bool(torch.isfinite(temps).all()) or \
+            bool(((temps > 0) & (temps < MIN_TEMPERATURE)).any()):
+        raise ValueError(f"temperature must be 0 (greedy) or finite and >= {MIN_TEMPERATURE:g}, "
+                         f"got {temps.tolist()}")
+    seq_of_row = torch.repeat_interleave(torch.arange(size), batch.num_draft.cpu().long() + 1)
+    scale = torch.where(temps > 0, 1.0 / temps.double().clamp(min=MIN_TEMPERATURE), 1.0)[seq_of_row]
+    check_rows(batch.target_logits, scale)
+    if bool((batch.top_k.cpu() < 0).any()):
+        raise ValueError(f"top_k must be >= 0 (0 = off), got {batch.top_k.tolist()}")
+    top_ps = batch.top_p.cpu()
+    if bool(((top_ps <= 0) | (top_ps > 1) | torch.isnan(top_ps)).any()):
+        raise ValueError(f"top_p must be in (0, 1], got {top_ps.tolist()}")
+    q = batch.draft_probs
+    if q is not None and q.numel():
+        if bool(torch.isnan(q).any()) or bool((q < 0).any()):
+            raise ValueError("draft_probs must be non-negative and free of NaN")
+        sums = q.float().sum(dim=-1)
+        if bool(((sums - 1).abs() > 1e-2).any()):
+            raise ValueError(f"each draft_probs row must sum to 1, got sums like {sums[:4].tolist()}")
+        q_of_draft = q.gather(1, batch.draft_tokens[:, None]).squeeze(1)
+        if bool((q_of_draft <= 0).any()):
+            raise ValueError("draft_probs gives probability 0 to a drafted token: q must be the distribution "
+                             "the draft was sampled from")
+
+
 def verify_sample(
     target_logits: torch.Tensor,
     draft_tokens: torch.Tensor,
@@ -349,49 +398,16 @@ def verify_sample(
     check_values = check_values and not capturing
     batch = canonical_batch(target_logits, draft_tokens, num_draft, max_num_draft, check_values)
     device = batch.target_logits.device
-    size, vocab = batch.batch_size, batch.vocab_size
+    size = batch.batch_size
     batch.temperature = per_sequence(temperature, size, torch.float32, device, "temperature", 1.0, check_temperature)
     batch.top_k = per_sequence(top_k, size, torch.int32, device, "top_k", 0, check_top_k)
     batch.top_p = per_sequence(top_p, size, torch.float32, device, "top_p", 1.0, check_top_p)
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
     if draft_probs is not None:
-        if not isinstance(draft_probs, torch.Tensor) or draft_probs.dim() != 2:
-            raise ValueError("draft_probs must be a 2-D [sum(num_draft), V] tensor or None")
-        if draft_probs.shape != (batch.draft_tokens.shape[0], vocab):
-            raise ValueError(
-                f"draft_probs has shape {tuple(draft_probs.shape)}, expected [sum(num_draft), V] = "
-                f"[{batch.draft_tokens.shape[0]}, {vocab}] (draft vocab must equal the target vocab)"
-            )
-        if draft_probs.dtype not in _FLOAT_DTYPES:
-            raise ValueError(f"draft_probs must be a float tensor, got {draft_probs.dtype}")
-        if draft_probs.device != device:
-            raise ValueError(f"draft_probs is on {draft_probs.device} but target_logits is on {device}")
-        batch.draft_probs = draft_probs if draft_probs.stride(1) == 1 else draft_probs.contiguous()
+        batch.draft_probs = _checked_draft_probs(draft_probs, batch)
     if check_values:
-        temps = batch.temperature.cpu()
-        if bool((temps < 0).any()) or not bool(torch.isfinite(temps).all()) or \
-                bool(((temps > 0) & (temps < MIN_TEMPERATURE)).any()):
-            raise ValueError(f"temperature must be 0 (greedy) or finite and >= {MIN_TEMPERATURE:g}, "
-                             f"got {temps.tolist()}")
-        seq_of_row = torch.repeat_interleave(torch.arange(size), batch.num_draft.cpu().long() + 1)
-        scale = torch.where(temps > 0, 1.0 / temps.double().clamp(min=MIN_TEMPERATURE), 1.0)[seq_of_row]
-        check_rows(batch.target_logits, scale)
-        if bool((batch.top_k.cpu() < 0).any()):
-            raise ValueError(f"top_k must be >= 0 (0 = off), got {batch.top_k.tolist()}")
-        top_ps = batch.top_p.cpu()
-        if bool(((top_ps <= 0) | (top_ps > 1) | torch.isnan(top_ps)).any()):
-            raise ValueError(f"top_p must be in (0, 1], got {top_ps.tolist()}")
-        if batch.draft_probs is not None and batch.draft_probs.numel():
-            q = batch.draft_probs
-            if bool(torch.isnan(q).any()) or bool((q < 0).any()):
-                raise ValueError("draft_probs must be non-negative and free of NaN")
-            sums = q.float().sum(dim=-1)
-            if bool(((sums - 1).abs() > 1e-2).any()):
-                raise ValueError(f"each draft_probs row must sum to 1, got sums like {sums[:4].tolist()}")
-            q_of_draft = q.gather(1, batch.draft_tokens[:, None]).squeeze(1)
-            if bool((q_of_draft <= 0).any()):
-                raise ValueError("draft_probs gives probability 0 to a drafted token: q must be the distribution the draft was sampled from")
+        _check_sampling_values(batch)
     if seed is None:
         seed = rng.seed_from(generator)
     batch.seed = stream_keys(seed, size, device, "seed", rng.sequence_seeds)
