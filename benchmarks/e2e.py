@@ -30,6 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import environment, table_header, table_row  # noqa: E402
 from verispec.analysis import expected_tokens_per_round, speedup_from_times  # noqa: E402
+from verispec.bench.peaked import make_peaked  # noqa: E402
 from verispec.drafters import OracleDraft, PromptLookup  # noqa: E402
 from verispec.engine import SpeculativeDecoder  # noqa: E402
 from verispec.runtime import load_model  # noqa: E402
@@ -80,24 +81,6 @@ def _steady_throughput(decoder, prompts, max_new) -> float:
 
 
 # ---------------------------------------------------------------------------------------------- GPU
-@torch.no_grad()
-def make_peaked(model, embed_scale: float = 1e4, seed: int = 0) -> None:
-    """Give a random-weight model a well-separated greedy argmax (same shapes, same cost).
-
-    With N(0, 0.02) weights the top-2 logits of a 128k vocabulary are often closer than bf16 noise,
-    and the noise depends on the batch shape (a [B, K+1] verify pass and a [B, 1] decode step use
-    different GEMM kernels), so the greedy path of AR and speculative decoding can split at a near-tie
-    and the oracle's replayed continuation becomes useless. Here the residual stream is dominated by
-    the (scaled) token embedding and the LM head is a row permutation of the embedding, so the next
-    token is perm^-1(current token) by a margin of ~sqrt(hidden) standard deviations.
-    """
-    net = model.net
-    perm = torch.randperm(net.cfg.vocab_size, generator=torch.Generator().manual_seed(seed)).to(net.embed.device)
-    head = net.embed[perm].clone()
-    net.embed.mul_(embed_scale)
-    if net.lm_head is None:
-        raise ValueError("make_peaked needs an untied LM head")
-    net.lm_head.copy_(head)
 
 
 def _pick_verify_backend(dev):

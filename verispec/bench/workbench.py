@@ -22,6 +22,7 @@ import torch
 from ..drafters import DraftModel, OracleDraft, PromptLookup, SelfSpeculative
 from ..runtime import load_model
 from .options import BenchOptions
+from .peaked import make_peaked
 
 # Echo-heavy requests: prompt lookup finds most of the answer in the prompt (its favourable case), and the
 # last one asks for free text (its unfavourable case), so the measured acceptance is a realistic mix.
@@ -50,6 +51,10 @@ class Workbench:
         if self._target is None:
             o = self.options
             self._target = load_model(o.model, device=o.device, dtype=o.dtype, seed=o.seed)
+            if self.uses_oracle and self._target.tokenizer is None and self._target.net.lm_head is not None:
+                # random weights: without a clear argmax, bf16 noise that differs between a verify pass and a
+                # decode step splits the greedy paths and the oracle's replayed continuation stops matching
+                make_peaked(self._target, seed=o.seed)
         return self._target
 
     @property
