@@ -51,3 +51,33 @@ def test_request_admitted_mid_generation_equals_alone(target, name, k):
         assert sum(s.stats.proposed for s in seqs) > 0
         if k == "auto":
             assert policy.last_k <= k_max and all(s.stats.num_draft_last <= k_max for s in seqs)
+
+
+def _run_sampled(target, name, requests, late=(), after=3):
+    """Run ``requests`` on a fresh scheduler (``late`` ones join after ``after`` steps); tokens by request id."""
+    drafter = None if name is None else DRAFTERS[name](target, None)
+    if drafter is not None:
+        drafter.attach(target)
+    sched = Scheduler(target, drafter, SchedulerConfig(4, 64, 3))
+    seqs = [sched.submit(r) for r in requests]
+    for _ in range(after if late else 0):
+        sched.step()
+    seqs += [sched.submit(r) for r in late]
+    while not sched.idle:
+        sched.step()
+    return {s.request.id: s.generated for s in seqs}
+
+
+@pytest.mark.parametrize("name", ["draft-model", "self-speculative", "prompt-lookup", None])
+def test_seeded_sampling_does_not_depend_on_the_batch(target, name):
+    """A sampled request (T = 1, its own seed) emits the same tokens alone and when it joins a running batch at
+    another row, among other sampled and greedy requests: verification and the draft model's draws come from the
+    request's own stream. Another seed changes them (the check can fail)."""
+    def req(rid, prompt, seed, temperature=1.0):
+        return Request(list(prompt), N_NEW, temperature=temperature, seed=seed, id=rid)
+
+    alone = _run_sampled(target, name, [req(9, LATE[0], seed=1234)])[9]
+    others = [req(i, p, seed=100 + i, temperature=(0.0 if i % 2 else 0.7)) for i, p in enumerate(PROMPTS[:3])]
+    joined = _run_sampled(target, name, others, late=[req(9, LATE[0], seed=1234)])[9]
+    assert joined == alone
+    assert _run_sampled(target, name, [req(9, LATE[0], seed=4321)])[9] != alone
