@@ -50,3 +50,20 @@ def test_percentile_and_arrivals():
     assert times[0] == 0 and times == sorted(times)
     assert times[-1] / 1999 == pytest.approx(1 / 50, rel=0.1)    # mean gap 1 / rate
     assert serve.poisson_arrivals(5, 3.0, 1) == serve.poisson_arrivals(5, 3.0, 1)
+
+
+def test_oracle_mode_with_steady_state(tmp_path):
+    """The GPU mode's code path (peaked target, OracleDraft keyed by request id, closed loop at C = 8) on tiny
+    models: the oracle's acceptance is the alpha asked for, and outputs equal plain decoding's."""
+    target = load_model(TINY, device="cpu", dtype=None, seed=0)
+    draft = load_model(TINY, device="cpu", dtype=None, seed=1)
+    rows = serve.main(["--quick", "--requests", "16", "--rates", "50", "--max-batch", "8", "--alpha", "0.8",
+                       "--out", str(tmp_path)], target=target, draft=draft)
+    assert all(r["completed"] == 16 and r["identical"] for r in rows)
+    sd = next(r for r in rows if r["method"] == "SD K=4")
+    assert 0.5 < sd["accepted"] < 3.5          # E[accepted] = 0.8 + .64 + .512 + .41 = 2.36 at alpha 0.8
+    page = (tmp_path / "serve.md").read_text()
+    steady = [line for line in page.splitlines() if line.startswith("| 8 |")]
+    assert len(steady) == 1, page
+    accept = float(steady[0].split("|")[5])
+    assert 0.7 < accept < 0.9                   # the oracle's per-position acceptance, asked for 0.8
