@@ -269,7 +269,8 @@ def main(argv=None, target=None, draft=None) -> list[dict]:
         p.error("rates and --requests must be positive")
     command = "python benchmarks/serve.py " + " ".join(argv if argv is not None else sys.argv[1:])
     t0 = time.perf_counter()
-    target, make_drafter, prompts, outputs, reference, desc = setup_cpu(args, target) if cpu else setup_gpu(args, target, draft)
+    setup = setup_cpu(args, target) if cpu else setup_gpu(args, target, draft)
+    target, make_drafter, prompts, outputs, reference, desc = setup
     costs = measure_costs(target, make_drafter(), args.k, default_batch_sizes(args.max_batch))
     methods = [("AR", lambda: None, 0, lambda: None),
                (f"SD K={args.k}", make_drafter, args.k, lambda: None),
@@ -302,7 +303,8 @@ def write(args, rows, steady, desc, command, seconds) -> None:
              *markdown_table(COLUMNS, [row_cells(r) for r in rows]), "", f"![TPOT vs throughput]({name}.png)", ""]
     if steady:
         lines += ["## Steady state (closed loop: exactly C requests in flight)", "",
-                  *markdown_table(["C", "AR tok/s", f"SD K={args.k} tok/s", "measured speedup", "alpha (per tested position)",
+                  *markdown_table(["C", "AR tok/s", f"SD K={args.k} tok/s", "measured speedup",
+                                   "alpha (per tested position)",
                                    "bound (analysis, measured step times)", "measured / bound"],
                                   [[c, f"{a:.0f}", f"{s:.0f}", f"{s / a:.2f}x", f"{al:.2f}", f"{b:.2f}x",
                                     f"{s / a / b:.2f}"] for c, a, s, al, b in steady]), ""]
