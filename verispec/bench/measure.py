@@ -35,6 +35,7 @@ class EngineRun:
     phase_s: dict                  # draft / target / verification / commit seconds, summed over rounds
     latencies_s: list[float]       # per request: submission to its last token
     outputs: list[list[int]] = field(repr=False, default_factory=list)
+    stats: list = field(repr=False, default_factory=list)   # per request: its Stats (TTFT, TPOT, acceptance)
 
     @property
     def tokens_per_s(self) -> float:
@@ -54,14 +55,19 @@ class EngineRun:
         return 1e3 * statistics.median(self.latencies_s) / (self.new_tokens / self.batch)
 
 
-def run_engine(target, drafter, prompts: list[list[int]], *, k: int, max_new_tokens: int, timing: bool = False,
-               k_policy=None, arrivals: list[float] | None = None, max_batch: int | None = None) -> EngineRun:
-    """One greedy run of ``prompts`` (see the module docstring); ``drafter=None`` = autoregressive."""
+def run_engine(target, drafter, prompts: list[list[int]], *, k: int, max_new_tokens: int | list[int],
+               timing: bool = False, k_policy=None, arrivals: list[float] | None = None,
+               max_batch: int | None = None) -> EngineRun:
+    """One greedy run of ``prompts`` (see the module docstring); ``drafter=None`` = autoregressive.
+    ``max_new_tokens``: one limit for every request, or one per request. Request i has id i and seed i."""
     k = k if drafter is not None else 0
-    longest = max(len(p) for p in prompts)
-    config = SchedulerConfig(max_batch or len(prompts), longest + max_new_tokens + k + 1, k)
+    limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    if len(limits) != len(prompts):
+        raise ValueError(f"run_engine: {len(limits)} max_new_tokens for {len(prompts)} prompts")
+    longest = max(len(p) + n for p, n in zip(prompts, limits))
+    config = SchedulerConfig(max_batch or len(prompts), longest + k + 1, k)
     scheduler = Scheduler(target, drafter, config, k_policy=k_policy, timing=timing)
-    requests = [Request(list(p), max_new_tokens, id=i, seed=i) for i, p in enumerate(prompts)]
+    requests = [Request(list(p), n, id=i, seed=i) for i, (p, n) in enumerate(zip(prompts, limits))]
     start = time.perf_counter()
     if arrivals is None:
         for r in requests:
@@ -84,7 +90,8 @@ def run_engine(target, drafter, prompts: list[list[int]], *, k: int, max_new_tok
         raise RuntimeError(f"a benchmark request failed: {errors[0]}")
     return EngineRun(len(prompts), k, new, decode_tokens, seconds, t.rounds, t.proposed, t.accepted,
                      {p: getattr(t, f"{p}_s") for p in ("draft", "target", "verification", "commit")},
-                     [s.stats.total_s for s in seqs], [list(s.generated) for s in seqs])
+                     [s.stats.total_s for s in seqs], [list(s.generated) for s in seqs],
+                     [s.stats for s in seqs])
 
 
 def _run_arrivals(scheduler, requests, arrivals, start):
