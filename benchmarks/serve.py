@@ -189,7 +189,9 @@ def plot(rows, path: Path, title: str) -> None:
             ax.annotate(f"{rate:g}/s", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
     ax.set_xlabel("throughput (generated tokens/s)")
     ax.set_ylabel("TPOT p50 (ms per output token)")
-    ax.set_title(title, fontsize=10)
+    import textwrap
+
+    ax.set_title("\n".join(textwrap.wrap(title, 90)), fontsize=9)   # long model descriptions wrap, never clip
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
