@@ -1,0 +1,81 @@
+"""The speculative round reads the device exactly once: the outcome (num_accepted + tokens) that the host needs
+for stop checks, streaming and the drafter's history. Checked on the sampled draft-model path, the one with the
+most host-side work (per-row settings, q, ragged rows).
+
+CPU: every tensor -> host conversion (``item``, ``tolist``, ``__bool__``, ``__int__``, ``__float__``, ``cpu``)
+made from verispec's own code during one round is recorded with its call site; only the documented outcome read
+in ``engine/round.py`` may appear (plus the conversions of that outcome, already on the host, in the same
+function). ``verify/sampling.py``'s filters decide on host copies of the settings, so they are allowed there only
+when those are host tensors. GPU: ``torch.cuda.set_sync_debug_mode("warn")`` counts real synchronizations.
+"""
+from __future__ import annotations
+
+import collections
+import inspect
+import warnings
+
+import pytest
+import torch
+
+from fakes import FakeModel
+from test_engine import noisy_copy
+from verispec.drafters import DraftModel
+from verispec.engine import Request, Scheduler, SchedulerConfig
+
+CONVERSIONS = ("item", "tolist", "__bool__", "__int__", "__float__", "cpu")
+
+
+def _sampled_scheduler(target, drafter, backend):
+    drafter.attach(target)
+    sched = Scheduler(target, drafter, SchedulerConfig(2, 64, 3), verify_backend=backend)
+    for i, prompt in enumerate([[1, 2, 3], [4, 5]]):
+        sched.submit(Request(prompt, 20, temperature=1.0, top_k=5, top_p=0.9, seed=i, id=i))
+    sched.step()                       # admission and a first round: the round below is a steady one
+    return sched
+
+
+def test_a_sampled_round_reads_the_host_only_for_its_outcome(monkeypatch):
+    target = FakeModel(seed=0, eos_bias=-30.0)
+    sched = _sampled_scheduler(target, DraftModel(noisy_copy(target, 0.15)), "triton")
+    sites = collections.Counter()
+
+    def recorder(name, original):
+        def conversion(self, *args, **kwargs):
+            caller = inspect.currentframe().f_back
+            path = caller.f_code.co_filename.replace("\\", "/")
+            if "/verispec/" in path:
+                host_settings = name == "__bool__" and caller.f_code.co_name == "_any" and self.device.type == "cpu"
+                if not host_settings:
+                    sites[(path.split("/verispec/")[1], caller.f_code.co_name, name)] += 1
+            return original(self, *args, **kwargs)
+        return conversion
+
+    for name in CONVERSIONS:
+        monkeypatch.setattr(torch.Tensor, name, recorder(name, getattr(torch.Tensor, name)))
+    sched._round()
+    monkeypatch.undo()
+    assert sites == {("engine/round.py", "run_round", "cpu"): 1,         # the one read of the outcome
+                     ("engine/round.py", "run_round", "tolist"): 2}      # ... split on the host
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="counts CUDA synchronizations: needs a CUDA GPU")
+def test_a_sampled_round_synchronizes_once_on_the_gpu():
+    from verispec.runtime import ModelConfig, load_model
+
+    cfg = ModelConfig(vocab_size=256, num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
+                      intermediate_size=128)
+    target = load_model(cfg, device="cuda", dtype=torch.float32, seed=0)
+    draft = load_model(cfg.replace(num_layers=1), device="cuda", dtype=torch.float32, seed=1)
+    sched = _sampled_scheduler(target, DraftModel(draft), None)
+    sched._round()                     # graphs captured, extensions loaded: the next round is a steady one
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            sched._round()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    assert len(syncs) == 1, [str(w.message) for w in syncs]
