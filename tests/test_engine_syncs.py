@@ -6,13 +6,16 @@ CPU: every tensor -> host conversion (``item``, ``tolist``, ``__bool__``, ``__in
 made from verispec's own code during one round is recorded with its call site; only the documented outcome read
 in ``engine/round.py`` may appear (plus the conversions of that outcome, already on the host, in the same
 function). ``verify/sampling.py``'s filters decide on host copies of the settings, so they are allowed there only
-when those are host tensors. GPU: ``torch.cuda.set_sync_debug_mode("warn")`` counts real synchronizations.
+when those are host tensors. GPU: the round runs under ``torch.cuda.set_sync_debug_mode("error")``, which raises
+at any synchronizing call torch detects (``item``, ``nonzero``, blocking copies, ...). It does not flag the
+outcome read itself (measured on an H100: a device -> host ``.cpu()`` is not among the calls it detects), so on
+the GPU the round must pass with no detected synchronization at all.
 """
 from __future__ import annotations
 
 import collections
 import inspect
-import warnings
+import os
 
 import pytest
 import torch
@@ -34,6 +37,8 @@ def _sampled_scheduler(target, drafter, backend):
     return sched
 
 
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="the fake runtime's CPU tensors need the Triton interpreter; on a GPU the test below runs")
 def test_a_sampled_round_reads_the_host_only_for_its_outcome(monkeypatch):
     target = FakeModel(seed=0, eos_bias=-30.0)
     sched = _sampled_scheduler(target, DraftModel(noisy_copy(target, 0.15)), "triton")
@@ -60,7 +65,7 @@ def test_a_sampled_round_reads_the_host_only_for_its_outcome(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="counts CUDA synchronizations: needs a CUDA GPU")
-def test_a_sampled_round_synchronizes_once_on_the_gpu():
+def test_a_sampled_round_has_no_hidden_synchronization_on_the_gpu():
     from verispec.runtime import ModelConfig, load_model
 
     cfg = ModelConfig(vocab_size=256, num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
@@ -68,14 +73,11 @@ def test_a_sampled_round_synchronizes_once_on_the_gpu():
     target = load_model(cfg, device="cuda", dtype=torch.float32, seed=0)
     draft = load_model(cfg.replace(num_layers=1), device="cuda", dtype=torch.float32, seed=1)
     sched = _sampled_scheduler(target, DraftModel(draft), None)
-    sched._round()                     # graphs captured, extensions loaded: the next round is a steady one
+    sched._round()                     # graphs captured, kernels compiled: the next round is a steady one
     torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("warn")
+    torch.cuda.set_sync_debug_mode("error")
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            sched._round()
+        sched._round()                 # raises RuntimeError at the first synchronizing call torch detects
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    syncs = [w for w in caught if "synchroniz" in str(w.message)]
-    assert len(syncs) == 1, [str(w.message) for w in syncs]
+    assert all(s.finish_reason is None for s in sched.running)
