@@ -35,7 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import environment, environment_line, markdown_table  # noqa: E402
 from verispec.analysis import speedup_from_times  # noqa: E402
-from verispec.bench.measure import run_engine  # noqa: E402
+from verispec.bench.measure import poisson_arrivals, run_engine  # noqa: E402
 from verispec.engine import Request, Scheduler, SchedulerConfig  # noqa: E402
 from verispec.engine.auto_k import AutoK, default_batch_sizes, measure_costs  # noqa: E402
 
@@ -59,16 +59,6 @@ def workload(n: int, seed: int, prompt_range, output_range, vocab: int, texts=No
             prompts.append([rng.randrange(vocab) for _ in range(length)])
         outputs.append(rng.randint(*output_range))
     return prompts, outputs
-
-
-def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
-    """Seconds after the start of n arrivals of a Poisson process of ``rate`` per second (the first at 0)."""
-    rng = random.Random(seed)
-    t, times = 0.0, []
-    for _ in range(n):
-        times.append(t)
-        t += rng.expovariate(rate)
-    return times
 
 
 class RecordK:

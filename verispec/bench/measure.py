@@ -13,6 +13,7 @@ the CPU): per round, ``draft_s`` (K draft steps), ``target_s`` (the target pass 
 """
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -151,3 +152,14 @@ def pass_seconds(model, batch: int, tokens: int, *, reps: int = 3, prompt_len: i
         if i:                                   # the first pass warms up (graph capture, allocator)
             times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
+    """Seconds after the start of n arrivals of a Poisson process of ``rate`` per second (the first at 0),
+    reproducible from ``seed``."""
+    rng = random.Random(seed)
+    t, times = 0.0, []
+    for _ in range(n):
+        times.append(t)
+        t += rng.expovariate(rate)
+    return times

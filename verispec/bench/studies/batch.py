@@ -9,9 +9,8 @@ all sequences; latency = the median request's milliseconds per generated token.
 """
 from __future__ import annotations
 
-import random
 
-from ..measure import run_engine
+from ..measure import poisson_arrivals, run_engine
 from .shared import ar_runs, auto_runs, drafter_factory, has_auto_policy, mid_alpha, sd_k, sd_runs
 
 STUDY = "batch"
@@ -23,15 +22,6 @@ def points(bench) -> list[dict]:
     pts = [{"mode": "static", "method": m, "batch": b} for b in o.batches for m in methods]
     pts += [{"mode": "arrivals", "method": m, "rate": r} for r in o.rates for m in ("ar", "sd")]
     return pts
-
-
-def arrival_times(n: int, rate: float, seed: int) -> list[float]:
-    rng = random.Random(seed)
-    t, out = 0.0, []
-    for _ in range(n):
-        out.append(t)
-        t += rng.expovariate(rate)
-    return out
 
 
 def _row(run, k) -> dict:
@@ -53,7 +43,7 @@ def measure(bench, point: dict) -> list[dict]:
     rows = max(o.batches)
     n = 2 * rows
     prompts = bench.prompts(n)
-    arrivals = arrival_times(n, point["rate"], o.seed)
+    arrivals = poisson_arrivals(n, point["rate"], o.seed)
     make = (lambda: None) if point["method"] == "ar" else drafter_factory(bench, n, alpha)
     kk = 0 if point["method"] == "ar" else k
     if bench.device_type == "cuda":   # warm-up: CUDA graphs for every batch bucket the arrivals meet
