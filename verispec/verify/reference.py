@@ -39,11 +39,14 @@ class VerifyOutput:
     tokens:       [B, max_k + 1] int32, emitted tokens left-aligned, padded with -1
     num_accepted: [B] int32, accepted drafts per sequence (0 <= num_accepted <= k_b)
     num_emitted:  [B] int32, num_accepted + 1
+    status:       [B] int32, 0 = sequence b's inputs were clean (``verispec.verify.status``); a non-zero
+                  word means that sequence's tokens must not be used
     """
 
     tokens: torch.Tensor
     num_accepted: torch.Tensor
     num_emitted: torch.Tensor
+    status: torch.Tensor | None = None
 
 
 def _race(weights: torch.Tensor, exponentials: torch.Tensor) -> torch.Tensor:
