@@ -32,9 +32,33 @@ from ..device import sm_count
 try:
     import triton
     import triton.language as tl
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
     AVAILABLE = True
 except ImportError:  # pragma: no cover - triton ships with CUDA torch
     AVAILABLE = False
+
+# Programmatic dependent launch (PDL, sm_90+): every kernel of the pass is launched so that it may start while
+# the previous one finishes. Each kernel first lets its own dependents launch, then waits for its predecessor's
+# completion before reading anything (``_pdl_prologue``), so a pass stays ordered kernel by kernel; what is
+# gained is the launch latency and, in gemv.cu, the first weight loads (prefetched into L2 before the wait).
+# The results are the same bit for bit. VERISPEC_PDL=0 turns it off.
+PDL = os.environ.get("VERISPEC_PDL", "1") != "0"
+_capability: dict[int, tuple[int, int]] = {}
+
+
+def use_pdl(device: torch.device) -> bool:
+    """Whether kernels on ``device`` launch with PDL: CUDA, compute capability 9.0 or newer, ``PDL`` on."""
+    if not PDL or device.type != "cuda":
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _capability:
+        _capability[index] = torch.cuda.get_device_capability(index)
+    return _capability[index] >= (9, 0)
+
+
+def _launch_options(device: torch.device) -> dict:
+    """Keyword arguments of a Triton launch: the PDL constexpr and, when on, the launch attribute."""
+    return dict(PDL=True, launch_pdl=True) if use_pdl(device) else dict(PDL=False)
 
 
 def _pow2(n: int) -> int:
@@ -44,7 +68,10 @@ def _pow2(n: int) -> int:
 if AVAILABLE:
     @triton.jit
     def _add_rmsnorm_kernel(x_ptr, d_ptr, xo_ptr, h_ptr, w_ptr, E, eps,
-                            HAS_ADD: tl.constexpr, BLOCK: tl.constexpr):
+                            HAS_ADD: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        if PDL:                                        # see use_pdl: start early, wait for the predecessor
+            gdc_launch_dependents()
+            gdc_wait()
         row = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK)
         msk = offs < E
@@ -60,7 +87,10 @@ if AVAILABLE:
 
     @triton.jit
     def _rope_kv_kernel(qkv_ptr, rope_ptr, pos_ptr, q_ptr, k_ptr, v_ptr, T, H, KV,
-                        s_qkv, s_cb, s_ch, s_cs, D: tl.constexpr, HALF: tl.constexpr):
+                        s_qkv, s_cb, s_ch, s_cs, D: tl.constexpr, HALF: tl.constexpr, PDL: tl.constexpr):
+        if PDL:                                        # see use_pdl: start early, wait for the predecessor
+            gdc_launch_dependents()
+            gdc_wait()
         n = tl.program_id(0)                           # token b*T + i
         h = tl.program_id(1)                           # head: [0, H) q, [H, H+KV) k, [H+KV, H+2KV) v
         b = (n // T).to(tl.int64)
@@ -92,7 +122,10 @@ if AVAILABLE:
     def _attn_split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, acc_ptr, ml_ptr, T, H, KV, G, SPLIT, NSPLIT,
                            s_cb, s_ch, s_cs, scale_log2,
                            D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                           PREC: tl.constexpr):
+                           PREC: tl.constexpr, PDL: tl.constexpr):
+        if PDL:                                        # see use_pdl: start early, wait for the predecessor
+            gdc_launch_dependents()
+            gdc_wait()
         bk = tl.program_id(0)                          # b * KV + kv head
         sp = tl.program_id(1)                          # split of the cache slots
         b = bk // KV
@@ -137,7 +170,10 @@ if AVAILABLE:
 
     @triton.jit
     def _attn_combine_kernel(acc_ptr, ml_ptr, o_ptr, T, H, KV, G, NSPLIT,
-                             D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr):
+                             D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr):
+        if PDL:                                        # see use_pdl: start early, wait for the predecessor
+            gdc_launch_dependents()
+            gdc_wait()
         bk = tl.program_id(0)
         r = tl.program_id(1)                           # row g * T + i, < G * T
         b = bk // KV
@@ -158,7 +194,10 @@ if AVAILABLE:
         tl.store(o_ptr + (n * H + kvh * G + g) * D + offs_d, out.to(o_ptr.dtype.element_ty))
 
     @triton.jit
-    def _silu_mul_kernel(gu_ptr, o_ptr, I, BLOCK: tl.constexpr):
+    def _silu_mul_kernel(gu_ptr, o_ptr, I, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        if PDL:                                        # see use_pdl: start early, wait for the predecessor
+            gdc_launch_dependents()
+            gdc_wait()
         row = tl.program_id(0).to(tl.int64)
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         msk = offs < I
@@ -182,7 +221,8 @@ def add_rmsnorm(x: Tensor, delta: Tensor | None, weight: Tensor, eps: float) -> 
     xo = torch.empty_like(x) if delta is not None else x
     BLOCK = _pow2(E)
     _add_rmsnorm_kernel[(N,)](x, delta if delta is not None else x, xo, h, weight, E, eps,
-                              HAS_ADD=delta is not None, BLOCK=BLOCK, num_warps=8 if BLOCK >= 4096 else 4)
+                              HAS_ADD=delta is not None, BLOCK=BLOCK, num_warps=8 if BLOCK >= 4096 else 4,
+                              **_launch_options(x.device))
     return xo, h
 
 
@@ -196,7 +236,7 @@ def rope_kv_write(qkv: Tensor, rope: Tensor, pos: Tensor, k_cache: Tensor, v_cac
     q = torch.empty(N, H, D, device=qkv.device, dtype=k_cache.dtype)
     _rope_kv_kernel[(N, H + 2 * KV)](qkv, rope, pos, q, k_cache, v_cache, T, H, KV, qkv.stride(0),
                                      k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-                                     D=D, HALF=D // 2, num_warps=1)
+                                     D=D, HALF=D // 2, num_warps=1, **_launch_options(qkv.device))
     return q
 
 
@@ -226,10 +266,12 @@ def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, lengths: Tenso
     _attn_split_kernel[(B * KV, nsplit)](
         q, k_cache, v_cache, lengths, acc, ml, T, H, KV, G, split, nsplit,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), scale * 1.4426950408889634,
-        D=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, PREC="ieee" if fp32 else "tf32", num_warps=4)
+        D=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, PREC="ieee" if fp32 else "tf32", num_warps=4,
+        **_launch_options(q.device))
     o = torch.empty(N, H * D, device=q.device, dtype=q.dtype)
     _attn_combine_kernel[(B * KV, G * T)](acc, ml, o, T, H, KV, G, nsplit, D=D, BLOCK_M=BLOCK_M,
-                                          BLOCK_S=max(2, _pow2(nsplit)), num_warps=4)
+                                          BLOCK_S=max(2, _pow2(nsplit)), num_warps=4,
+                                          **_launch_options(q.device))
     return o
 
 
@@ -240,7 +282,7 @@ def silu_mul(gu: Tensor) -> Tensor:
     assert gu.is_contiguous()
     o = torch.empty(N, I, device=gu.device, dtype=gu.dtype)
     BLOCK = 1024
-    _silu_mul_kernel[(N, -(-I // BLOCK))](gu, o, I, BLOCK=BLOCK, num_warps=4)
+    _silu_mul_kernel[(N, -(-I // BLOCK))](gu, o, I, BLOCK=BLOCK, num_warps=4, **_launch_options(gu.device))
     return o
 
 
@@ -287,5 +329,5 @@ def linear(x: Tensor, w: Tensor, b: Tensor | None = None, gemv: bool = False) ->
         from .gemv import gemv_cuda, gemv_supported
 
         if gemv_supported(x, w):
-            return gemv_cuda(x, w, b, version=1, rows=4, split=8)
+            return gemv_cuda(x, w, b, version=1, rows=4, split=8, pdl=use_pdl(x.device))
     return torch.nn.functional.linear(x, w, b)

@@ -51,7 +51,7 @@ def gemv_supported(x: torch.Tensor, w: torch.Tensor) -> bool:
 
 def gemv_cuda(
     x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
-    version: int = 0, rows: int = 0, split: int = 0,
+    version: int = 0, rows: int = 0, split: int = 0, pdl: bool = False,
 ) -> torch.Tensor:
     """``F.linear(x, w, b)`` for the decode step's few tokens: x [..., K], w [N, K], b [N] -> [..., N].
 
@@ -64,6 +64,9 @@ def gemv_cuda(
     version: 1 (fp32 FMAs) or 2 (tensor cores, bf16/fp16 only); rows (v1): rows per warp group
     (1, 2, 4); split: warps per row group (1, 2, 4, 8). 0 = the launcher's choice for the shape
     and dtype (see ``gemv_config``); benchmarks/gemv.py sweeps them.
+    pdl: launch with programmatic dependent launch (sm_90+): the kernel may start while the previous
+    kernel on the stream finishes, prefetching its first weights into L2 before it waits for x (gemv.cu's
+    pdl_wait). Same result bit for bit.
 
     Example: ``gemv_cuda(torch.ones(1, 8, device="cuda"), torch.ones(3, 8, device="cuda"))``
     -> ``tensor([[8., 8., 8.]], device='cuda:0')``.
@@ -97,7 +100,7 @@ def gemv_cuda(
     if x2.data_ptr() % 16:  # a fresh copy is 16-byte aligned
         x2 = x2.clone()
     y = load().gemv(x2, w, None if b is None else b.contiguous(), None if out is None else out.view(-1, N),
-                    version, rows, split)
+                    version, rows, split, bool(pdl))
     return y.view(out_shape) if out is None else out
 
 

@@ -7,7 +7,7 @@ using namespace vs_glue;
 extern "C" {
 void vs_gemv_config(int dtype, int M, int N, int K, int num_sms, int* version, int* rows, int* split);
 cudaError_t vs_gemv(const void* x, const void* w, const void* b, void* y, int dtype, int M, int N, int K, int version,
-                    int rows, int split, int num_sms, cudaStream_t stream);
+                    int rows, int split, int num_sms, cudaStream_t stream, int pdl);
 }
 
 namespace {
@@ -16,7 +16,7 @@ namespace {
 // y [M, N] = x [M, K] @ w [N, K]^T (+ b [N]); M <= 8, K * elem % 16 == 0, 16-byte aligned x, w
 // (verispec/runtime/gemv/__init__.py checks and falls back to F.linear first). out: written in place.
 at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
-                const std::optional<at::Tensor>& out, int64_t version, int64_t rows, int64_t split) {
+                const std::optional<at::Tensor>& out, int64_t version, int64_t rows, int64_t split, bool pdl) {
     TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.is_contiguous(), "x must be a contiguous CUDA [M, K] tensor");
     TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.size(1) == x.size(1), "w must be a contiguous [N, K] tensor, K = ",
                 x.size(1), ", got ", w.sizes());
@@ -42,7 +42,7 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, const std::optional<at
     }
     const c10::cuda::CUDAGuard guard(x.device());
     check_launch(vs_gemv(x.data_ptr(), w.data_ptr(), bp, y.data_ptr(), dtype_code(x, "x"), M, N, K, (int)version,
-                         (int)rows, (int)split, num_sms(x), at::cuda::getCurrentCUDAStream()),
+                         (int)rows, (int)split, num_sms(x), at::cuda::getCurrentCUDAStream(), pdl ? 1 : 0),
                  "gemv");
     return y;
 }
@@ -59,6 +59,6 @@ std::vector<int64_t> gemv_config(const at::Tensor& w, int64_t M) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "verispec decode GEMV (see verispec/runtime/gemv/gemv.cu)";
-    m.def("gemv", &gemv, "y = x @ w^T (+ b) for M <= 8 rows of x (version, rows, split: 0 = auto)");
+    m.def("gemv", &gemv, "y = x @ w^T (+ b) for M <= 8 rows of x (version, rows, split: 0 = auto; pdl: programmatic dependent launch)");
     m.def("gemv_config", &gemv_config, "the automatic (version, rows, split) of vs_gemv for w [N, K] and M rows");
 }

@@ -59,6 +59,25 @@ __device__ __forceinline__ uint4 load_stream16(const uint4* p) {
     return v;
 }
 
+// Programmatic dependent launch (sm_90+; no-ops when the kernel was launched without the attribute).
+// A pass is a chain of short kernels, each reading the previous one's output. Launched with PDL, the next
+// kernel's blocks start while this one finishes; each kernel lets its dependents launch as soon as all of
+// its own blocks are resident (launch_dependents), and waits for its predecessor's completion and memory
+// (wait) before touching anything the predecessor writes. Every block executes the wait, so a kernel's
+// completion implies its predecessor's: the chain stays ordered transitively.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+// Pull 16 bytes into L2 (no register, no wait): the weights do not depend on the previous kernel.
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
 // The 16 / sizeof(T) elements of a 16-byte vector, as float.
 template <typename T>
 struct Vec16 {
@@ -226,6 +245,20 @@ gemv_kernel(const T* __restrict__ x,     // [M, K]
     }
     const uint4* xrow = reinterpret_cast<const uint4*>(x);
 
+    // Under PDL this runs while the previous kernel (the one producing x) finishes: warm L2 with the
+    // thread's first U vectors of each row, then wait for x.
+    pdl_launch_dependents();
+    if (row0 < N) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int c = part * 32 + lane + u * stride;
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r)
+                if (c < kvec) prefetch_l2(wrow[r] + c);
+        }
+    }
+    pdl_wait();
+
     float acc[V];
 #pragma unroll
     for (int i = 0; i < V; ++i) acc[i] = 0.0f;
@@ -356,6 +389,8 @@ gemv_mma_kernel(const T* __restrict__ x,     // [M, K]
     const int nsteps = (K + 31) / 32;
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    pdl_launch_dependents();
+    pdl_wait();   // x comes from the previous kernel (see pdl_wait)
 
     // Full steps (every lane inside K) unpredicated, so the compiler issues all U steps' loads
     // before the first MMA; the one partial step (K % 32 != 0) goes through the predicated tail.
@@ -430,51 +465,66 @@ extern "C" int vs_gemv_mma_split(int N, int K, int num_sms) {
 // everywhere at M <= 4 (benchmarks/results/gemv.md).
 extern "C" int vs_gemv_version(int dtype, int M, int N, int K) { return dtype != VS_F32 && M >= 6 && N > K ? 2 : 1; }
 
+// One launch of a GEMV kernel on `stream`; pdl: with the programmatic-stream-serialization attribute, so
+// that the kernel may start before the previous kernel on the stream completes (see pdl_wait).
+template <typename... Params, typename... Args>
+static cudaError_t launch_pdl(void (*kernel)(Params...), unsigned blocks, cudaStream_t stream, int pdl,
+                              Args... args) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(blocks);
+    config.blockDim = dim3(GEMV_THREADS);
+    config.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attr;
+    config.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+}
+
 template <typename T>
 static cudaError_t launch_mma(const void* x, const void* w, const void* b, void* y, int M, int N, int K, int split,
-                              cudaStream_t stream) {
+                              cudaStream_t stream, int pdl) {
     const int rows_per_block = GEMV_MMA_ROWS * (GEMV_WARPS / split);
     const long long blocks = ((long long)N + rows_per_block - 1) / rows_per_block;
     if (blocks > 0x7fffffffLL) return cudaErrorInvalidValue;
-    gemv_mma_kernel<T><<<(unsigned)blocks, GEMV_THREADS, 0, stream>>>((const T*)x, (const T*)w, (const T*)b, (T*)y, M,
-                                                                       N, K, split);
-    return cudaGetLastError();
+    return launch_pdl(gemv_mma_kernel<T>, (unsigned)blocks, stream, pdl, (const T*)x, (const T*)w, (const T*)b, (T*)y,
+                      M, N, K, split);
 }
 
 template <typename T, int M, int ROWS>
 static cudaError_t launch_rows(const void* x, const void* w, const void* b, void* y, int N, int K, int split,
-                               cudaStream_t stream) {
+                               cudaStream_t stream, int pdl) {
     const int rows_per_block = ROWS * (GEMV_WARPS / split);
     const long long blocks = ((long long)N + rows_per_block - 1) / rows_per_block;
     if (blocks > 0x7fffffffLL) return cudaErrorInvalidValue;
-    gemv_kernel<T, M, ROWS><<<(unsigned)blocks, GEMV_THREADS, 0, stream>>>(
-        (const T*)x, (const T*)w, (const T*)b, (T*)y, N, K, split);
-    return cudaGetLastError();
+    return launch_pdl(gemv_kernel<T, M, ROWS>, (unsigned)blocks, stream, pdl, (const T*)x, (const T*)w, (const T*)b,
+                      (T*)y, N, K, split);
 }
 
 template <typename T, int M>
 static cudaError_t launch_m(const void* x, const void* w, const void* b, void* y, int N, int K, int rows, int split,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, int pdl) {
     switch (rows) {
-        case 1: return launch_rows<T, M, 1>(x, w, b, y, N, K, split, stream);
-        case 2: return launch_rows<T, M, 2>(x, w, b, y, N, K, split, stream);
-        case 4: return launch_rows<T, M, 4>(x, w, b, y, N, K, split, stream);
+        case 1: return launch_rows<T, M, 1>(x, w, b, y, N, K, split, stream, pdl);
+        case 2: return launch_rows<T, M, 2>(x, w, b, y, N, K, split, stream, pdl);
+        case 4: return launch_rows<T, M, 4>(x, w, b, y, N, K, split, stream, pdl);
         default: return cudaErrorInvalidValue;
     }
 }
 
 template <typename T>
 static cudaError_t launch_t(const void* x, const void* w, const void* b, void* y, int M, int N, int K, int rows,
-                            int split, cudaStream_t stream) {
+                            int split, cudaStream_t stream, int pdl) {
     switch (M) {
-        case 1: return launch_m<T, 1>(x, w, b, y, N, K, rows, split, stream);
-        case 2: return launch_m<T, 2>(x, w, b, y, N, K, rows, split, stream);
-        case 3: return launch_m<T, 3>(x, w, b, y, N, K, rows, split, stream);
-        case 4: return launch_m<T, 4>(x, w, b, y, N, K, rows, split, stream);
-        case 5: return launch_m<T, 5>(x, w, b, y, N, K, rows, split, stream);
-        case 6: return launch_m<T, 6>(x, w, b, y, N, K, rows, split, stream);
-        case 7: return launch_m<T, 7>(x, w, b, y, N, K, rows, split, stream);
-        case 8: return launch_m<T, 8>(x, w, b, y, N, K, rows, split, stream);
+        case 1: return launch_m<T, 1>(x, w, b, y, N, K, rows, split, stream, pdl);
+        case 2: return launch_m<T, 2>(x, w, b, y, N, K, rows, split, stream, pdl);
+        case 3: return launch_m<T, 3>(x, w, b, y, N, K, rows, split, stream, pdl);
+        case 4: return launch_m<T, 4>(x, w, b, y, N, K, rows, split, stream, pdl);
+        case 5: return launch_m<T, 5>(x, w, b, y, N, K, rows, split, stream, pdl);
+        case 6: return launch_m<T, 6>(x, w, b, y, N, K, rows, split, stream, pdl);
+        case 7: return launch_m<T, 7>(x, w, b, y, N, K, rows, split, stream, pdl);
+        case 8: return launch_m<T, 8>(x, w, b, y, N, K, rows, split, stream, pdl);
         default: return cudaErrorInvalidValue;
     }
 }
@@ -482,9 +532,10 @@ static cudaError_t launch_t(const void* x, const void* w, const void* b, void* y
 // y[M, N] = x[M, K] @ w[N, K]^T (+ b). version: 1 (FMA), 2 (tensor cores, bf16/fp16), 0 =
 // vs_gemv_version. rows (v1 only): 1, 2 or 4, 0 = vs_gemv_rows; split: 1, 2, 4 or 8 warps per row
 // group, 0 = the version's automatic choice. Returns cudaErrorInvalidValue for a shape or
-// alignment outside the requirements in the header (nothing is launched then).
+// alignment outside the requirements in the header (nothing is launched then). pdl: launch with
+// programmatic dependent launch (sm_90+; see pdl_wait).
 extern "C" cudaError_t vs_gemv(const void* x, const void* w, const void* b, void* y, int dtype, int M, int N, int K,
-                               int version, int rows, int split, int num_sms, cudaStream_t stream) {
+                               int version, int rows, int split, int num_sms, cudaStream_t stream, int pdl) {
     const int elem = dtype == VS_F32 ? 4 : 2;
     if (M < 1 || M > 8 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (((long long)K * elem) % 16 != 0) return cudaErrorInvalidValue;
@@ -497,16 +548,16 @@ extern "C" cudaError_t vs_gemv(const void* x, const void* w, const void* b, void
     if (version == 2) {
         if (split == 0) split = vs_gemv_mma_split(N, K, num_sms);
         if (split != 1 && split != 2 && split != 4 && split != 8) return cudaErrorInvalidValue;
-        return dtype == VS_BF16 ? launch_mma<__nv_bfloat16>(x, w, b, y, M, N, K, split, stream)
-                                : launch_mma<__half>(x, w, b, y, M, N, K, split, stream);
+        return dtype == VS_BF16 ? launch_mma<__nv_bfloat16>(x, w, b, y, M, N, K, split, stream, pdl)
+                                : launch_mma<__half>(x, w, b, y, M, N, K, split, stream, pdl);
     }
     if (rows == 0) rows = vs_gemv_rows(M);
     if (split == 0) split = vs_gemv_split(M, N, K, rows, elem, num_sms);
     if (split != 1 && split != 2 && split != 4 && split != 8) return cudaErrorInvalidValue;
     switch (dtype) {
-        case VS_F32: return launch_t<float>(x, w, b, y, M, N, K, rows, split, stream);
-        case VS_BF16: return launch_t<__nv_bfloat16>(x, w, b, y, M, N, K, rows, split, stream);
-        default: return launch_t<__half>(x, w, b, y, M, N, K, rows, split, stream);
+        case VS_F32: return launch_t<float>(x, w, b, y, M, N, K, rows, split, stream, pdl);
+        case VS_BF16: return launch_t<__nv_bfloat16>(x, w, b, y, M, N, K, rows, split, stream, pdl);
+        default: return launch_t<__half>(x, w, b, y, M, N, K, rows, split, stream, pdl);
     }
 }
 
