@@ -317,6 +317,7 @@ def main(argv=None):
                    help="old spelling: off = eager, on = compiled, both = eager,compiled (torch path)")
     p.add_argument("--profile", action="store_true", help="kernel-time breakdown of decode at the smallest B")
     p.add_argument("--no-gemv", action="store_true", help="kernels variant: cuBLAS for every matmul (no gemv.cu)")
+    p.add_argument("--gemv-config", default=None, help="ROWSxSPLIT of the fixed gemv.cu configuration (default: ops.GEMV_CONFIG)")
     p.add_argument("--out", default=None, help="markdown path (GPU default: benchmarks/results/decode.md)")
     args = p.parse_args(argv)
     cuda = torch.cuda.is_available()
@@ -330,6 +331,9 @@ def main(argv=None):
     args.ks = [int(x) for x in args.ks.split(",")]
     models = [(m, named_shape(m)) for m in args.models.split(",")]
     ops_mod().CUDA_GEMV = not args.no_gemv
+    if args.gemv_config:
+        rows, split = (int(v) for v in args.gemv_config.lower().split("x"))
+        ops_mod().GEMV_CONFIG = (rows, split)
     if not cuda:  # smoke: a tiny model, tiny sizes, so the script itself is tested on CPU
         models, args.batches, args.ks = [("smoke-tiny", SMOKE_CFG)], [1, 2], [1, 2]
         args.prompt_len, args.iters, args.hf_tokens = 16, 3, min(args.hf_tokens, 4)

@@ -296,6 +296,7 @@ def silu_mul(gu: Tensor) -> Tensor:
 # sequences use cuBLAS throughout (its kernel choice is the same for the decode and verify shapes seen).
 # VERISPEC_GEMV=0 (or CUDA_GEMV = False): cuBLAS everywhere.
 CUDA_GEMV = os.environ.get("VERISPEC_GEMV", "1") != "0"
+GEMV_CONFIG = (4, 8)   # (rows per warp group, warps per row group) of gemv.cu v1: the one fixed configuration
 _gemv_ready: bool | None = None   # None: not tried yet; False: unavailable (no nvcc / build failed)
 
 
@@ -329,5 +330,6 @@ def linear(x: Tensor, w: Tensor, b: Tensor | None = None, gemv: bool = False) ->
         from .gemv import gemv_cuda, gemv_supported
 
         if gemv_supported(x, w):
-            return gemv_cuda(x, w, b, version=1, rows=4, split=8, pdl=use_pdl(x.device))
+            rows, split = GEMV_CONFIG
+            return gemv_cuda(x, w, b, version=1, rows=rows, split=split, pdl=use_pdl(x.device))
     return torch.nn.functional.linear(x, w, b)
