@@ -226,10 +226,9 @@ def vllm_rows(on_gpu: bool) -> tuple[str, list[dict]]:
         for size in (1, 128):
             w = greedy_workload(size, 8, GPU_GRID["vocab"], ALPHA, dtype=torch.float32, device="cuda", seed=size + 8)
             counts = w.num_draft.long()
-            seq_of_row = torch.repeat_interleave(torch.arange(size, device="cuda"), counts + 1)
-            first_row = torch.cumsum(counts + 1, 0) - counts - 1
-            is_bonus = torch.zeros(seq_of_row.shape[0], dtype=torch.bool, device="cuda")
-            is_bonus[first_row + counts] = True
+            bonus_row = torch.cumsum(counts + 1, 0) - 1           # each sequence's last row
+            is_bonus = torch.zeros(w.target_logits.shape[0], dtype=torch.bool, device="cuda")
+            is_bonus[bonus_row] = True
             draft_logits = w.target_logits[~is_bonus].contiguous()
             bonus_logits = w.target_logits[is_bonus].contiguous()
             cu = torch.cumsum(w.num_draft, 0).to(torch.int32)
