@@ -10,8 +10,8 @@ random numbers from its own key and offset (``verispec.verify.rng``), so with pe
 a sequence's tokens do not depend on what else is in the batch.
 
 Backends: ``"torch"`` (the reference), ``"triton"`` and ``"cuda"`` (GPU kernels; triton also
-runs on CPU tensors under ``TRITON_INTERPRET=1``). ``backend=None`` picks the fastest one
-available for the tensors' device.
+runs on CPU tensors under ``TRITON_INTERPRET=1``). ``backend=None`` picks the one measured fastest
+on this GPU for the batch's B, K, V, dtype and mode (``verispec.verify.backend``).
 
 Validation has two parts. Shape/dtype/device/type checks read only metadata (and Python
 arguments) and always run. Value checks (NaN / +inf logits, rows entirely -inf, logits / T
@@ -30,10 +30,10 @@ import torch
 
 from . import rng
 from ..device import is_capturing, to_device
+from .backend import BACKENDS, choose_backend, fallback_backend, filters_possible
 from .reference import VerifyOutput, reference_verify_greedy, reference_verify_sample
 from .sampling import MIN_TEMPERATURE, check_seed, check_temperature, check_top_k, check_top_p
 
-BACKENDS = ("torch", "triton", "cuda")
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -232,9 +232,15 @@ def canonical_batch(target_logits, draft_tokens, num_draft, max_num_draft, check
     )
 
 
-def pick_backend(backend: str | None, device: torch.device) -> str:
+def pick_backend(backend: str | None, device: torch.device, batch: VerifyBatch | None = None, *,
+                 greedy: bool = True, filters: bool = False) -> str:
+    """``backend`` checked, or for None the measured choice for ``batch`` (``backend.choose_backend``; without a
+    batch, the device's fallback). ``filters``: top-k / top-p may be in play (sampling)."""
     if backend is None:
-        return "triton" if device.type == "cuda" else "torch"
+        if batch is None:
+            return fallback_backend(device)
+        return choose_backend(device, batch.batch_size, batch.max_num_draft, batch.vocab_size,
+                              batch.target_logits.dtype, greedy, filters=filters)
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS} or None, got {backend!r}")
     if backend == "cuda" and device.type != "cuda":
@@ -260,7 +266,7 @@ def verify_greedy(
         num_draft: [B] integer k_b >= 0 (tensor or list).
         max_num_draft: output width - 1; required only when num_draft lives on the GPU and no
             host sync is allowed (CUDA-graph capture). Default max(num_draft).
-        backend: "torch" | "triton" | "cuda" | None (fastest for the device).
+        backend: "torch" | "triton" | "cuda" | None (the measured fastest, ``verispec.verify.backend``).
         check_values: run the value checks that need a host sync (NaN, id range, sums).
 
     Returns:
@@ -278,7 +284,7 @@ def verify_greedy(
     batch = canonical_batch(target_logits, draft_tokens, num_draft, max_num_draft, check_values)
     if check_values:
         check_rows(batch.target_logits)
-    chosen = pick_backend(backend, batch.target_logits.device)
+    chosen = pick_backend(backend, batch.target_logits.device, batch)
     if chosen == "torch":
         return reference_verify_greedy(batch.target_logits, batch.draft_tokens, batch.num_draft, batch.max_num_draft)
     if chosen == "triton":
@@ -412,7 +418,7 @@ def verify_sample(
         seed = rng.seed_from(generator)
     batch.seed = stream_keys(seed, size, device, "seed", rng.sequence_seeds)
     batch.offset = stream_keys(offset, size, device, "offset", _broadcast)
-    chosen = pick_backend(backend, device)
+    chosen = pick_backend(backend, device, batch, greedy=False, filters=filters_possible(top_k, top_p))
     if chosen == "torch":
         return reference_verify_sample(
             batch.target_logits, batch.draft_tokens, batch.num_draft, batch.max_num_draft, batch.draft_probs,
