@@ -9,7 +9,8 @@ For each model shape (random weights) and prompt length T, the public ``Model.pr
   * floors (ms): compute = 2 * params * T / 989 TFLOP/s (dense BF16 peak of an H100 SXM; the issue's
     definition, which counts the embedding and LM head as if every token paid for them); attention =
     the causal attention's 2 * T^2 * H * D * layers FLOPs at that rate (not in the compute floor);
-    weights = weight bytes / measured copy bandwidth (every weight is read at least once);
+    weights = the bytes a decode step reads (layers, final norm, LM head) / measured copy bandwidth (every
+    weight is read at least once);
   * what the parts cost alone, each as one CUDA graph: the layer matmuls at M = T (+ the LM head at M = 1,
     cuBLAS) and the attention (torch SDPA, causal, GQA, all layers): how far cuBLAS + flash alone are from
     the floor, so the rest is the kernels' and the launches' share.
@@ -37,6 +38,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import capture_graph, copy_bandwidth, environment, environment_line, floor_s, table_header, \
     table_row, time_calls  # noqa: E402
+from benchmarks.decode import pass_bytes  # noqa: E402
 from verispec.runtime import ModelConfig, load_model, named_shape  # noqa: E402
 
 PEAK_FLOPS = 989e12          # H100 SXM dense BF16 tensor-core peak (the issue's floor)
@@ -62,9 +64,9 @@ def iters_for(T: int, base: int) -> int:
 
 def floors(model, T: int, bw: float) -> dict:
     """The floors of one prefill of T tokens (ms): compute (the issue's), attention FLOPs, weight read."""
-    c, net = model.config, model.net
+    c = model.config
     attn_flops = 2 * T * T * c.num_heads * c.head_dim * model.num_active_layers
-    weight_bytes = sum(p.numel() * p.element_size() for p in net.parameters())
+    weight_bytes, _ = pass_bytes(model)           # layers + final norm + LM head, as a decode step reads them
     return dict(floor_ms=2 * c.num_params * T / PEAK_FLOPS * 1e3, attn_floor_ms=attn_flops / PEAK_FLOPS * 1e3,
                 weight_floor_ms=floor_s(weight_bytes, bw) * 1e3)
 
@@ -211,7 +213,8 @@ def write_markdown(path: Path, rows, meta):
         issue = ISSUE_OLD_MS.get(r["T"]) if r["model"] == "llama-3.1-8b" else None
         out.append(table_row([
             r["model"], r["T"], _ms(r["old_ms"]), _ms(new), r.get("path", "–"), _ms(r.get("new_eager_ms")),
-            _ms(r["floor_ms"]), f"{new / r['floor_ms']:.2f}×" if new else "–", f"{r['old_ms'] / r['floor_ms']:.2f}×",
+            _ms(r["floor_ms"]), f"{new / r['floor_ms']:.2f}×" if new else "–",
+            f"{r['old_ms'] / r['floor_ms']:.2f}×",
             _ms(issue), _ms(r["attn_floor_ms"]), _ms(r["weight_floor_ms"]), _ms(r.get("matmuls_ms")),
             f"{_ms(r.get('attn_flash_ms'))} / {_ms(r.get('attn_cudnn_ms'))}",
             f"{r['rel_err']:.1e}" if "rel_err" in r else "–"]))

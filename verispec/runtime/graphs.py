@@ -10,8 +10,8 @@ logits out (callers may hold logits across calls). Nothing here reads a device v
 
 Prefill (``PrefillGraphs``): one graph per (prompts n, token bucket T) of ``Model.admit``; see the class.
 
-The graphs of one ``GraphCache`` (of one ``PrefillGraphs``) share one memory pool: they are replayed one at a time, so their
-intermediates may overlap; each graph's output buffer stays alive because the graph holds it.
+The graphs of one ``GraphCache`` (of one ``PrefillGraphs``) share one memory pool: they are replayed one at a
+time, so their intermediates may overlap; each graph's output buffer stays alive because the graph holds it.
 """
 from __future__ import annotations
 
