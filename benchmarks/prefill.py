@@ -6,6 +6,8 @@ For each model shape (random weights) and prompt length T, the public ``Model.pr
   * new: the fused-kernel path (``Transformer.prefill_kernels``), replayed as the CUDA graph of the prompt's
     token bucket where ``Model.prefill_bucket`` gives one, eagerly otherwise;
   * new eager: the same kernels without the graph (bucketed lengths only): what the graph pays;
+  * new, cuDNN attention: the eager new path with SDPA's cuDNN backend for the attention (longer lengths
+    only; ``ops.PREFILL_CUDNN_MIN_TOKENS``, off by default): whether switching it on pays;
   * floors (ms): compute = 2 * params * T / 989 TFLOP/s (dense BF16 peak of an H100 SXM; the issue's
     definition, which counts the embedding and LM head as if every token paid for them); attention =
     the causal attention's 2 * T^2 * H * D * layers FLOPs at that rate (not in the compute floor);
@@ -42,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import capture_graph, copy_bandwidth, environment, environment_line, floor_s, table_header, \
     table_row, time_calls  # noqa: E402
 from benchmarks.decode import pass_bytes  # noqa: E402
-from verispec.runtime import ModelConfig, load_model, named_shape  # noqa: E402
+from verispec.runtime import ModelConfig, load_model, named_shape, ops  # noqa: E402
 from verispec.runtime.model import Model  # noqa: E402
 
 PEAK_FLOPS = 989e12          # H100 SXM dense BF16 tensor-core peak (the issue's floor)
@@ -167,27 +169,48 @@ def timed_prefill(model, prompt: list[int], iters: int, *, kernels: bool, graphs
     return time_calls(lambda: model.prefill([prompt]), iters=iters, warmup=2) * 1e3, first_s
 
 
+def cudnn_variant_ms(model, prompt: list[int], iters: int, old_logits: torch.Tensor, args) -> float | None:
+    """The new path (eager) with its attention on SDPA's cuDNN backend (``ops.PREFILL_CUDNN_MIN_TOKENS = 1``),
+    checked against the old path first: median ms, or None where cuDNN refuses the shape."""
+    saved = ops.PREFILL_CUDNN_MIN_TOKENS
+    ops.PREFILL_CUDNN_MIN_TOKENS = 1
+    try:
+        model.net.use_kernels, model.use_graphs = True, False
+        err = rel(model.prefill([prompt]), old_logits)
+        if not err < args.max_rel_err:
+            raise AssertionError(f"T={len(prompt)}: the cuDNN attention variant vs old logits rel err {err:.2e}")
+        return timed_prefill(model, prompt, iters, kernels=True, graphs=False)[0]
+    except RuntimeError:
+        return None
+    finally:
+        ops.PREFILL_CUDNN_MIN_TOKENS = saved
+
+
 def bench_length(name, model, T: int, args, bw: float, log, ref: torch.Tensor | None) -> dict:
     cuda = model.device.type == "cuda"
     prompt = random_prompt(model.config.vocab_size, T)
     iters = iters_for(T, args.iters)
     row = dict(model=name, T=T, **floors(model, T, bw))
     kernels0, graphs0 = model.net.use_kernels, model.use_graphs
-    model.net.use_kernels = False
-    old_logits = model.prefill([prompt])
-    row["old_ms"], _ = timed_prefill(model, prompt, iters, kernels=False, graphs=graphs0)
-    if cuda and kernels0:
-        model.net.use_kernels, model.use_graphs = True, graphs0
-        bucket = model.prefill_bucket(1, T)
-        check_new_path(name, T, model.prefill([prompt]), old_logits, ref, args, row)
-        row["path"] = f"graph {bucket}" if bucket else "eager"
-        row["new_ms"], row["first_call_s"] = timed_prefill(model, prompt, iters, kernels=True, graphs=graphs0)
-        if bucket:
-            row["new_eager_ms"], _ = timed_prefill(model, prompt, iters, kernels=True, graphs=False)
-        row["matmuls_ms"] = matmuls_alone_ms(model, T, iters)
-        row["attn_flash_ms"] = attention_alone_ms(model, T, iters, "flash")
-        row["attn_cudnn_ms"] = attention_alone_ms(model, T, iters, "cudnn")
-    model.net.use_kernels, model.use_graphs = kernels0, graphs0
+    try:
+        model.net.use_kernels = False
+        old_logits = model.prefill([prompt])
+        row["old_ms"], _ = timed_prefill(model, prompt, iters, kernels=False, graphs=graphs0)
+        if cuda and kernels0:
+            model.net.use_kernels, model.use_graphs = True, graphs0
+            bucket = model.prefill_bucket(1, T)
+            check_new_path(name, T, model.prefill([prompt]), old_logits, ref, args, row)
+            row["path"] = f"graph {bucket}" if bucket else "eager"
+            row["new_ms"], row["first_call_s"] = timed_prefill(model, prompt, iters, kernels=True, graphs=graphs0)
+            if bucket:
+                row["new_eager_ms"], _ = timed_prefill(model, prompt, iters, kernels=True, graphs=False)
+            else:
+                row["new_cudnn_ms"] = cudnn_variant_ms(model, prompt, iters, old_logits, args)
+            row["matmuls_ms"] = matmuls_alone_ms(model, T, iters)
+            row["attn_flash_ms"] = attention_alone_ms(model, T, iters, "flash")
+            row["attn_cudnn_ms"] = attention_alone_ms(model, T, iters, "cudnn")
+    finally:
+        model.net.use_kernels, model.use_graphs = kernels0, graphs0
     new = row.get("new_ms")
     log(f"  T={T:6d}: old {row['old_ms']:9.3f} ms ({row['old_ms'] / row['floor_ms']:5.2f}x floor)"
         + (f"  new {new:9.3f} ms ({new / row['floor_ms']:5.2f}x floor, {row['path']}, first call "
@@ -195,6 +218,7 @@ def bench_length(name, model, T: int, args, bw: float, log, ref: torch.Tensor | 
            + (f", vs fp32 new {row['rel_err_fp32_new']:.1e} old {row['rel_err_fp32_old']:.1e}"
               if "rel_err_fp32_new" in row else "") + ")" if new else "")
         + (f"  new eager {row['new_eager_ms']:.3f} ms" if "new_eager_ms" in row else "")
+        + (f"  new, cuDNN attention {_ms(row['new_cudnn_ms'])} ms" if "new_cudnn_ms" in row else "")
         + f"  floors: compute {row['floor_ms']:.3f}, attention {row['attn_floor_ms']:.3f}, weights "
           f"{row['weight_floor_ms']:.3f} ms"
         + (f"; matmuls alone {row['matmuls_ms']:.3f} ms" if "matmuls_ms" in row else ""))
@@ -236,24 +260,27 @@ def write_markdown(path: Path, rows, meta):
            "`old` = the torch path (`net.use_kernels = False`), `new` = the fused-kernel path "
            "(`Transformer.prefill_kernels`: Triton add+RMSNorm, RoPE + KV write, SwiGLU; cuBLAS matmuls; SDPA), "
            "a CUDA graph of the prompt's bucket (`graph T`) or eager; `new eager` = the same kernels without the "
-           "graph. All are the public `Model.prefill([prompt])` call (host packing and copy included), median of "
+           "graph; `new, cuDNN attention` = the eager new path with its attention on SDPA's cuDNN backend "
+           "(`ops.PREFILL_CUDNN_MIN_TOKENS`, off by default; lengths past the graph buckets). All are the public `Model.prefill([prompt])` call (host packing and copy included), median of "
            "CUDA-event timings. Floors: `compute` = 2 · params · T / 989 TFLOP/s (the issue's), `attention` = "
            "2 · T² · H · D · layers FLOPs at that rate (not in `compute`), `weights` = weight bytes / copy "
            "bandwidth. `matmuls` / `attention (flash / cuDNN)` = those parts alone, each one CUDA graph (cuDNN "
            "with K/V repeated to H heads). `rel err` = max |new − old| / max |old| of the last-token logits; `vs fp32` "
            "= the same for new and old against an fp32 copy of the weights (where it fits).\n",
-           *table_header(["model", "T", "old ms", "new ms", "path", "new eager ms", "compute floor ms",
+           *table_header(["model", "T", "old ms", "new ms", "path", "new eager ms", "new, cuDNN attention ms",
+                          "compute floor ms",
                           "new / floor", "old / floor", "issue's old ms", "attention floor ms", "weights floor ms",
                           "matmuls alone ms", "attention alone ms (flash / cuDNN)", "rel err",
                           "vs fp32 (new / old)"])]
     for r in rows:
         if "error" in r:
-            out.append(table_row([r["model"], r["T"], r["error"], *["–"] * 13]))
+            out.append(table_row([r["model"], r["T"], r["error"], *["–"] * 14]))
             continue
         new = r.get("new_ms")
         issue = ISSUE_OLD_MS.get(r["T"]) if r["model"] == "llama-3.1-8b" else None
         out.append(table_row([
             r["model"], r["T"], _ms(r["old_ms"]), _ms(new), r.get("path", "–"), _ms(r.get("new_eager_ms")),
+            _ms(r.get("new_cudnn_ms")),
             _ms(r["floor_ms"]), f"{new / r['floor_ms']:.2f}×" if new else "–",
             f"{r['old_ms'] / r['floor_ms']:.2f}×",
             _ms(issue), _ms(r["attn_floor_ms"]), _ms(r["weight_floor_ms"]), _ms(r.get("matmuls_ms")),

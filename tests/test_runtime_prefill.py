@@ -166,3 +166,33 @@ def test_prefill_kernels_bf16_real_heads_gpu(T):
     exact = ref32.prefill(prompts)
     assert rel(new, old) <= 2e-2
     assert rel(new, exact) <= 2 * rel(old, exact) + 1e-3
+
+
+def test_prefill_attention_is_causal_gqa():
+    """ops.prefill_attention: query head h reads KV head h // G, token t sees tokens <= t (vs a masked softmax)."""
+    torch.manual_seed(0)
+    B, H, KV, T, D = 2, 6, 2, 9, 16
+    q, k, v = torch.randn(B, H, T, D), torch.randn(B, KV, T, D), torch.randn(B, KV, T, D)
+    kk, vv = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)
+    scores = (q @ kk.transpose(-1, -2)) / D ** 0.5
+    scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    torch.testing.assert_close(ops.prefill_attention(q, k, v), scores.softmax(-1) @ vv, rtol=1e-5, atol=1e-5)
+
+
+@needs_gpu
+def test_prefill_cudnn_attention_switch_gpu(monkeypatch):
+    """ops.PREFILL_CUDNN_MIN_TOKENS: the cuDNN attention (K/V repeated to H heads) gives the default path's
+    logits within bf16 noise; prompts below the threshold keep the default attention."""
+    cfg = ModelConfig(vocab_size=1000, num_layers=2, hidden_size=512, num_heads=16, num_kv_heads=4,
+                      head_dim=128, intermediate_size=1024, rope_theta=500000.0)
+    m = load_model(cfg, device="cuda", dtype=torch.bfloat16, seed=6, use_graphs=False)
+    m.setup_cache(1, 1024)
+    long, short = random_prompts([700, 100], cfg.vocab_size, seed=6)
+    default = [m.prefill([long]), m.prefill([short])]
+    monkeypatch.setattr(ops, "PREFILL_CUDNN_MIN_TOKENS", 512)
+    try:
+        cudnn_long = m.prefill([long])
+    except RuntimeError as e:
+        pytest.skip(f"SDPA's cuDNN backend is unavailable here: {str(e)[:200]}")
+    assert rel(cudnn_long, default[0]) <= 2e-2
+    assert torch.equal(m.prefill([short]), default[1])

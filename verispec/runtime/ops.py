@@ -19,7 +19,7 @@ path). The weight matmuls go through ``linear``: verispec/runtime/gemv/gemv.cu i
 configuration for a single sequence's passes of <= 8 tokens, cuBLAS otherwise (see ``use_gemv``).
 
 The prefill (``Transformer.prefill_kernels``) reuses ``add_rmsnorm`` and ``silu_mul``, runs its matmuls on
-cuBLAS and its attention in torch's SDPA (flash), and has one kernel of its own:
+cuBLAS and its attention in torch's SDPA (``prefill_attention``), and has one kernel of its own:
   * ``prefill_rope_kv_write`` RoPE on the q and k heads of B prompts' fused QKV output, token t at position t;
                       q, k, v to contiguous [B, heads, T, D] buffers for SDPA, k and v also to cache rows
                       first_row + b (first_row read on the device, so one CUDA graph serves every row).
@@ -271,6 +271,27 @@ def prefill_rope_kv_write(qkv: Tensor, rope: Tensor, first_row: Tensor, k_cache:
         qkv, rope, first_row, q, k, v, k_cache, v_cache, T, H, KV, qkv.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), D=D, HALF=D // 2, BLOCK_T=BLOCK_T, num_warps=4)
     return q, k, v
+
+
+# The prefill's attention is torch's SDPA, causal, over the prompts' own K/V. Its default dispatch takes GQA
+# natively (enable_gqa: flash-attention 2 on an H100). Prompts of at least PREFILL_CUDNN_MIN_TOKENS tokens use
+# SDPA's cuDNN backend instead, with K/V repeated to H heads: off (None) unless benchmarks/prefill.py measures
+# it faster on the device ("attention alone" and "new, cuDNN" columns); VERISPEC_PREFILL_CUDNN_MIN_TOKENS=n sets it.
+PREFILL_CUDNN_MIN_TOKENS: int | None = int(os.environ.get("VERISPEC_PREFILL_CUDNN_MIN_TOKENS", "0")) or None
+
+
+def prefill_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """q [B, H, T, D], k and v [B, KV, T, D] -> causal softmax(q k^T / sqrt(D)) v [B, H, T, D] (query head h
+    reads KV head h // (H / KV))."""
+    H, KV, T = q.shape[1], k.shape[1], q.shape[2]
+    if PREFILL_CUDNN_MIN_TOKENS is not None and T >= PREFILL_CUDNN_MIN_TOKENS and q.is_cuda:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        if H != KV:
+            k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=H != KV)
 
 
 def attention_splits(B: int, KV: int, S: int, block_n: int, device) -> tuple[int, int]:

@@ -211,8 +211,9 @@ class Transformer(nn.Module):
                         first_row: Tensor) -> Tensor:
         """``prefill`` through the fused kernels, 9 launches per layer: add+RMSNorm (the previous layer's down
         output added to the residual), QKV matmul (cuBLAS), ``ops.prefill_rope_kv_write`` (q, k, v for SDPA in
-        contiguous buffers; k, v also into cache rows first_row + b), causal SDPA over the prompts' own K/V
-        (flash on CUDA, GQA without repeating K/V), o matmul, add+RMSNorm, gate/up matmul, SwiGLU, down matmul.
+        contiguous buffers; k, v also into cache rows first_row + b), causal attention over the prompts' own K/V
+        (``ops.prefill_attention``: SDPA, flash on CUDA, GQA without repeating K/V), o matmul, add+RMSNorm,
+        gate/up matmul, SwiGLU, down matmul; the final norm and LM head on the last tokens only.
         first_row: [1] int64 on the device. Nothing is read back on the host, so a fixed (B, T) can be captured
         in a CUDA graph that serves every first_row (``Model.admit``). Same semantics as ``_prefill_torch`` (the
         tests compare them); on the CPU only under TRITON_INTERPRET=1 (tests)."""
@@ -226,8 +227,7 @@ class Transformer(nn.Module):
             x, h = ops.add_rmsnorm(x, delta, L.attn_norm, eps)
             qkv = self._qk_norm(L, ops.linear(h, L.wqkv, L.bqkv))                     # [N, (H+2KV)*D]
             q, k, v = ops.prefill_rope_kv_write(qkv, rope, first_row, cache.k[i], cache.v[i], B, T, H, KV, D)
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=(H != KV))  # [B, H, T, D]
-            o = o.transpose(1, 2).reshape(B * T, H * D)
+            o = ops.prefill_attention(q, k, v).transpose(1, 2).reshape(B * T, H * D)
             x, h = ops.add_rmsnorm(x, self._out_proj(o, L.wo, L.bo, False), L.ffn_norm, eps)
             delta = self._out_proj(ops.silu_mul(ops.linear(h, L.w13)), L.w2, None, False)
         rows = torch.arange(B, device=x.device) * T + last                             # [B] last tokens in x
