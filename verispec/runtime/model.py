@@ -25,7 +25,8 @@ GRAPH_MAX_TOKENS = 16
 # Admissions of at most PREFILL_GRAPH_MAX_PROMPTS prompts of at most PREFILL_BUCKETS[-1] tokens run as a CUDA
 # graph of the smallest bucket that holds the longest prompt (capped at the cache's capacity): a short
 # prefill is launch-bound (~9 kernels per layer), and its padded tail costs little while the pass reads the
-# weights once anyway. Longer prompts run eagerly: the math dwarfs the launches, and padding would not.
+# weights once anyway. Longer prompts run eagerly: their math dwarfs the launches, and padding them would add
+# real work.
 PREFILL_BUCKETS = (16, 32, 64, 128, 256, 384, 512)
 PREFILL_GRAPH_MAX_PROMPTS = 4
 
@@ -140,7 +141,7 @@ class Model:
         """The token count T of the CUDA graph that admits ``num_prompts`` prompts of at most ``num_tokens``
         tokens: the smallest of PREFILL_BUCKETS >= num_tokens, at most the cache's capacity (its padded tail
         must fit the rows' slots); None where the admission runs eagerly (no graphs, the torch path, too many
-        prompts or tokens). e.g. capacity 576: 100 tokens -> 128, 500 -> 512; capacity 64: 40 -> 64; 600 -> None."""
+        prompts or tokens). e.g. capacity 1024: 100 tokens -> 128, 500 -> 512, 600 -> None; capacity 64: 40 -> 64."""
         cache = self._need_cache()
         if not (self.use_graphs and self.net.use_kernels and num_prompts <= PREFILL_GRAPH_MAX_PROMPTS):
             return None
