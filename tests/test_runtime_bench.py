@@ -49,3 +49,26 @@ def test_decode_benchmark_smoke(tmp_path):
     raw = json.loads(text.split("```json\n")[1].split("\n```")[0])
     assert raw["rows"] == rows and raw["hf"] == hf_rows
     assert raw["meta"]["prompt_len"] == 16 and raw["meta"]["capacity"] == capacity
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke path only")
+def test_prefill_benchmark_smoke(tmp_path):
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "prefill.py"
+    spec = importlib.util.spec_from_file_location("bench_prefill", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "prefill.md"
+    rows = bench.main(["--out", str(out)])
+
+    # the smoke grid: the tiny model, two lengths, the old path only (the kernel path needs CUDA)
+    assert [(r["model"], r["T"]) for r in rows] == [("smoke-tiny", 8), ("smoke-tiny", 24)]
+    cfg = bench.SMOKE_CFG
+    for r in rows:
+        assert math.isfinite(r["old_ms"]) and "new_ms" not in r
+        assert r["floor_ms"] == pytest.approx(2 * cfg.num_params * r["T"] / 989e12 * 1e3, rel=1e-12)
+        attn = 2 * r["T"] ** 2 * cfg.num_heads * cfg.head_dim * cfg.num_layers
+        assert r["attn_floor_ms"] == pytest.approx(attn / 989e12 * 1e3, rel=1e-12)
+    text = out.read_text()
+    assert f"| smoke-tiny | 24 | {rows[1]['old_ms']:.3f} | – |" in text
+    raw = json.loads(text.split("```json\n")[1].split("\n```")[0])
+    assert raw["rows"] == rows

@@ -5,7 +5,8 @@ sequences into that prefix in place), so buffers never move and CUDA graphs capt
 valid for the life of the cache. Slots at or past ``lengths[b]`` are dead: rollback only moves the length.
 
 S_cap is ``max_seq_len`` rounded up to a multiple of 64 (aligned rows for the attention kernels); the
-extra slots are never written, because writes past ``max_seq_len`` are refused on the host side.
+extra slots never hold live K/V, because writes of tokens past ``max_seq_len`` are refused on the host side
+(a graphed prefill's padded tail may leave dead K/V there: ``Model.prefill_bucket`` caps it at S_cap).
 
 Rows [B:B_max] are *padding rows*: a CUDA graph captured for a larger batch bucket (see ``Model.graph_rows`` in model.py) runs
 them along with the live rows. Their length stays 0 (``live`` is 0 there, so a pass advances them by

@@ -14,13 +14,21 @@ from torch import Tensor
 from ..device import to_device
 from .cache import StaticKVCache
 from .config import ModelConfig
-from .graphs import GraphCache
+from .graphs import GraphCache, PrefillGraphs, pack_prefill, unpack_prefill
 from .transformer import Transformer, rope_table
 
 
 # Passes of more tokens a sequence (a drafter catching up after rounds without drafting) run eagerly: each
 # distinct token count would capture its own graph.
 GRAPH_MAX_TOKENS = 16
+
+# Admissions of at most PREFILL_GRAPH_MAX_PROMPTS prompts of at most PREFILL_BUCKETS[-1] tokens run as a CUDA
+# graph of the smallest bucket that holds the longest prompt (capped at the cache's capacity): a short
+# prefill is launch-bound (~9 kernels per layer), and its padded tail costs little while the pass reads the
+# weights once anyway. Longer prompts run eagerly: their math dwarfs the launches, and padding them would add
+# real work.
+PREFILL_BUCKETS = (16, 32, 64, 128, 256, 384, 512)
+PREFILL_GRAPH_MAX_PROMPTS = 4
 
 
 class Model:
@@ -38,6 +46,7 @@ class Model:
         self._rope: Tensor | None = None
         self.use_graphs = use_graphs and self.device.type == "cuda"
         self._graphs = GraphCache(self._step, lambda rows: self.cache.lengths_for(rows))
+        self._prefill_graphs = PrefillGraphs(self._prefill_step)
 
     def __repr__(self) -> str:
         c = self.config
@@ -60,6 +69,7 @@ class Model:
             return
         self.cache = None
         self._graphs.clear()
+        self._prefill_graphs.clear()
         self.cache = StaticKVCache(self.config, batch_size, max_seq_len, self.device, self.dtype)
         if empty:
             self.cache.reset(0, max_seq_len)
@@ -98,7 +108,10 @@ class Model:
     def admit(self, prompts: list[list[int]]) -> Tensor:
         """Append sequences to the running batch: prompt j fills row B + j, positions [0, len_j); rows
         below B keep their state, so requests can join between rounds. Returns logits [n, V] at each
-        prompt's last token. The cache must have room (``setup_cache(max_batch_size, ...)``)."""
+        prompt's last token. The cache must have room (``setup_cache(max_batch_size, ...)``).
+        Short admissions replay a CUDA graph of their token bucket (``prefill_bucket``), others run eagerly;
+        the path and the bucket follow from the prompts alone, so their logits do not depend on which rows are
+        already running."""
         cache = self._need_cache()
         lens = [len(p) for p in prompts]
         if not lens:
@@ -112,16 +125,32 @@ class Model:
             if n > cache.max_seq_len:
                 raise ValueError(f"prompt {b} has {n} tokens > max_seq_len {cache.max_seq_len}: "
                                  f"call setup_cache with a larger max_seq_len")
-        T = max(lens)
-        padded = torch.zeros(len(prompts), T, dtype=torch.long)
-        for b, p in enumerate(prompts):
-            padded[b, : len(p)] = torch.as_tensor(p, dtype=torch.long)
-        tokens = to_device(padded, self.device)
-        last = to_device([n - 1 for n in lens], self.device, torch.long)
-        first_row = cache.batch_size
-        logits = self.net.prefill(tokens, last, self._rope[:T], cache, self.num_active_layers, first_row)
+        n, first_row = len(prompts), cache.batch_size
+        bucket = self.prefill_bucket(n, max(lens))
+        T = bucket or max(lens)
+        packed = to_device(pack_prefill(prompts, T, first_row), self.device)   # one host -> device copy
+        if bucket:
+            logits = self._prefill_graphs.run(packed, n, bucket)
+        else:
+            tokens, last, _ = unpack_prefill(packed, n, T)
+            logits = self.net.prefill(tokens, last, self._rope[:T], cache, self.num_active_layers, first_row)
         cache.admit(lens)
         return logits
+
+    def prefill_bucket(self, num_prompts: int, num_tokens: int) -> int | None:
+        """The token count T of the CUDA graph that admits ``num_prompts`` prompts of at most ``num_tokens``
+        tokens: the smallest of PREFILL_BUCKETS >= num_tokens, at most the cache's capacity (its padded tail
+        must fit the rows' slots); None where the admission runs eagerly (no graphs, the torch path, too many
+        prompts or tokens). e.g. capacity 1024: 100 tokens -> 128, 500 -> 512, 600 -> None; capacity 64: 40 -> 64."""
+        cache = self._need_cache()
+        if not (self.use_graphs and self.net.use_kernels and num_prompts <= PREFILL_GRAPH_MAX_PROMPTS):
+            return None
+        bucket = next((T for T in PREFILL_BUCKETS if T >= num_tokens), None)
+        return None if bucket is None else min(bucket, cache.capacity)
+
+    def _prefill_step(self, tokens: Tensor, last: Tensor, first_row: Tensor) -> Tensor:
+        # the body of the prefill graphs: tokens [n, T], last [n], first_row [1] (device values) -> logits [n, V]
+        return self.net.prefill_kernels(tokens, last, self._rope, self.cache, self.num_active_layers, first_row)
 
     def _step(self, tokens: Tensor) -> Tensor:
         # tokens [R, k] -> logits [R, k, V]; the body captured in CUDA graphs. R >= B when a graph runs a

@@ -17,6 +17,12 @@ the four weight matmuls:
 All arithmetic in fp32; dots of fp32 inputs in IEEE precision (so fp32 models stay within 1e-4 of the torch
 path). The weight matmuls go through ``linear``: verispec/runtime/gemv/gemv.cu in one fixed (batch-invariant)
 configuration for a single sequence's passes of <= 8 tokens, cuBLAS otherwise (see ``use_gemv``).
+
+The prefill (``Transformer.prefill_kernels``) reuses ``add_rmsnorm`` and ``silu_mul``, runs its matmuls on
+cuBLAS and its attention in torch's SDPA (``prefill_attention``), and has one kernel of its own:
+  * ``prefill_rope_kv_write`` RoPE on the q and k heads of B prompts' fused QKV output, token t at position t;
+                      q, k, v to contiguous [B, heads, T, D] buffers for SDPA, k and v also to cache rows
+                      first_row + b (first_row read on the device, so one CUDA graph serves every row).
 """
 from __future__ import annotations
 
@@ -117,6 +123,48 @@ if AVAILABLE:
             offs_d = tl.arange(0, D)
             dst = v_ptr + b * s_cb + (h - H - KV) * s_ch + p * s_cs
             tl.store(dst + offs_d, tl.load(src + offs_d))
+
+    @triton.jit
+    def _prefill_rope_kv_kernel(qkv_ptr, rope_ptr, row0_ptr, q_ptr, ks_ptr, vs_ptr, kc_ptr, vc_ptr, T, H, KV,
+                                s_qkv, s_cb, s_ch, s_cs, D: tl.constexpr, HALF: tl.constexpr,
+                                BLOCK_T: tl.constexpr):
+        tb = tl.program_id(0)                          # block of BLOCK_T tokens of one prompt
+        h = tl.program_id(1)                           # head: [0, H) q, [H, H+KV) k, [H+KV, H+2KV) v
+        b = tl.program_id(2).to(tl.int64)              # prompt
+        t = tb * BLOCK_T + tl.arange(0, BLOCK_T)       # position = token index (prompts start at 0)
+        t_ok = t < T
+        t64 = t.to(tl.int64)
+        row = tl.load(row0_ptr).to(tl.int64) + b       # cache row of this prompt
+        src = qkv_ptr + ((b * T + t64) * s_qkv + h * D)[:, None]
+        if h < H + KV:
+            offs = tl.arange(0, HALF)[None, :]
+            x1 = tl.load(src + offs, mask=t_ok[:, None], other=0.0).to(tl.float32)
+            x2 = tl.load(src + HALF + offs, mask=t_ok[:, None], other=0.0).to(tl.float32)
+            r = rope_ptr + (t64 * (2 * D))[:, None]    # rope table [P, 2, D]: cos row then sin row
+            c1 = tl.load(r + offs, mask=t_ok[:, None], other=0.0)
+            c2 = tl.load(r + HALF + offs, mask=t_ok[:, None], other=0.0)
+            s1 = tl.load(r + D + offs, mask=t_ok[:, None], other=0.0)
+            s2 = tl.load(r + D + HALF + offs, mask=t_ok[:, None], other=0.0)
+            o1 = (x1 * c1 - x2 * s1).to(kc_ptr.dtype.element_ty)    # rotate_half: [x1, x2] -> [-x2, x1]
+            o2 = (x2 * c2 + x1 * s2).to(kc_ptr.dtype.element_ty)
+            if h < H:
+                dst = q_ptr + (((b * H + h) * T + t64) * D)[:, None]
+                tl.store(dst + offs, o1, mask=t_ok[:, None])
+                tl.store(dst + HALF + offs, o2, mask=t_ok[:, None])
+            else:
+                kvh = h - H
+                scratch = ks_ptr + (((b * KV + kvh) * T + t64) * D)[:, None]
+                cache = kc_ptr + (row * s_cb + kvh * s_ch + t64 * s_cs)[:, None]
+                tl.store(scratch + offs, o1, mask=t_ok[:, None])
+                tl.store(scratch + HALF + offs, o2, mask=t_ok[:, None])
+                tl.store(cache + offs, o1, mask=t_ok[:, None])
+                tl.store(cache + HALF + offs, o2, mask=t_ok[:, None])
+        else:
+            offs_d = tl.arange(0, D)[None, :]
+            kvh = h - H - KV
+            v = tl.load(src + offs_d, mask=t_ok[:, None], other=0.0).to(vc_ptr.dtype.element_ty)
+            tl.store(vs_ptr + (((b * KV + kvh) * T + t64) * D)[:, None] + offs_d, v, mask=t_ok[:, None])
+            tl.store(vc_ptr + (row * s_cb + kvh * s_ch + t64 * s_cs)[:, None] + offs_d, v, mask=t_ok[:, None])
 
     @triton.jit
     def _attn_split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, acc_ptr, ml_ptr, T, H, KV, G, SPLIT, NSPLIT,
@@ -238,6 +286,52 @@ def rope_kv_write(qkv: Tensor, rope: Tensor, pos: Tensor, k_cache: Tensor, v_cac
                                      k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                                      D=D, HALF=D // 2, num_warps=1, **_launch_options(qkv.device))
     return q
+
+
+def prefill_rope_kv_write(qkv: Tensor, rope: Tensor, first_row: Tensor, k_cache: Tensor, v_cache: Tensor,
+                          B: int, T: int, H: int, KV: int, D: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The prefill's RoPE + KV write: B right-padded prompts of T tokens, token t at position t.
+
+    qkv [B*T, (H+2KV)*D] (rows [q; k; v] heads), rope [P >= T, 2, D] fp32, first_row [1] int64 on the device
+    (the cache row of prompt 0: a device value, so one captured graph serves every admission row)
+    -> q [B, H, T, D], k [B, KV, T, D], v [B, KV, T, D], contiguous (SDPA's layout, the prompt's own K/V);
+    k and v are also written to k_cache/v_cache [B_max, KV, S, D] at [first_row + b, :, t].
+    e.g. first_row = [3], B = 2, T = 5: the prompts' K/V land in cache rows 3 and 4, slots 0..4.
+    """
+    N = qkv.shape[0]
+    assert N == B * T and qkv.stride(1) == 1 and k_cache.stride(3) == 1 and k_cache.stride() == v_cache.stride()
+    assert rope.is_contiguous() and rope.dtype == torch.float32 and rope.shape[0] >= T and D % 2 == 0
+    assert first_row.dtype == torch.int64 and first_row.numel() == 1 and first_row.device == qkv.device
+    assert T <= k_cache.shape[2], f"{T} prompt tokens exceed the cache's {k_cache.shape[2]} slots"
+    q = torch.empty(B, H, T, D, device=qkv.device, dtype=k_cache.dtype)
+    k = torch.empty(B, KV, T, D, device=qkv.device, dtype=k_cache.dtype)
+    v = torch.empty(B, KV, T, D, device=qkv.device, dtype=k_cache.dtype)
+    BLOCK_T = min(32, max(16, _pow2(T)))
+    _prefill_rope_kv_kernel[(-(-T // BLOCK_T), H + 2 * KV, B)](
+        qkv, rope, first_row, q, k, v, k_cache, v_cache, T, H, KV, qkv.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), D=D, HALF=D // 2, BLOCK_T=BLOCK_T, num_warps=4)
+    return q, k, v
+
+
+# The prefill's attention is torch's SDPA, causal, over the prompts' own K/V. Its default dispatch takes GQA
+# natively (enable_gqa: flash-attention 2 on an H100). Prompts of at least PREFILL_CUDNN_MIN_TOKENS tokens use
+# SDPA's cuDNN backend instead, with K/V repeated to H heads: off (None) unless benchmarks/prefill.py measures
+# it faster on the device ("attention alone" and "new, cuDNN" columns); VERISPEC_PREFILL_CUDNN_MIN_TOKENS=n sets it.
+PREFILL_CUDNN_MIN_TOKENS: int | None = int(os.environ.get("VERISPEC_PREFILL_CUDNN_MIN_TOKENS", "0")) or None
+
+
+def prefill_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """q [B, H, T, D], k and v [B, KV, T, D] -> causal softmax(q k^T / sqrt(D)) v [B, H, T, D] (query head h
+    reads KV head h // (H / KV))."""
+    H, KV, T = q.shape[1], k.shape[1], q.shape[2]
+    if PREFILL_CUDNN_MIN_TOKENS is not None and T >= PREFILL_CUDNN_MIN_TOKENS and q.is_cuda:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        if H != KV:
+            k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=H != KV)
 
 
 def attention_splits(B: int, KV: int, S: int, block_n: int, device) -> tuple[int, int]:

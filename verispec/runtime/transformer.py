@@ -13,6 +13,8 @@ for reference checks.
 
 Two attention modes:
   * ``prefill``: right-padded prompts from position 0, causal SDPA (flash on CUDA); K/V go to cache[:, :, :T].
+    On CUDA through the fused kernels (``prefill_kernels``: ops.py's norms, RoPE + KV write and SwiGLU, cuBLAS
+    matmuls, SDPA over the prompts' own K/V), graph-capturable; elsewhere in plain torch (``_prefill_torch``).
   * ``append`` (decode / verify): token i of sequence b sits at position lengths[b] + i; its K/V are written
     there and it attends to every cache slot j with j <= lengths[b] + i. Positions and the mask are computed
     on the device from ``lengths``, so the pass can be captured in a CUDA graph (no host sync). On CUDA it
@@ -32,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..device import to_device
 from . import ops
 from .config import ModelConfig
 
@@ -175,15 +178,25 @@ class Transformer(nn.Module):
     def prefill(self, tokens: Tensor, last: Tensor, rope: Tensor, cache, num_layers: int, first_row: int = 0) -> Tensor:
         """Right-padded prompts, all starting at position 0, into cache rows [first_row, first_row + B).
 
-        tokens: [B, T] (padding arbitrary); last: [B] index of each prompt's last token; rope: [T, 2, D].
+        tokens: [B, T] (padding arbitrary); last: [B] index of each prompt's last token; rope: [>= T, 2, D].
         Writes K/V of all T positions into cache[first_row:first_row + B, :, :T] (slots past a prompt's length
         are dead); other rows are untouched, so sequences can be admitted while others are mid-generation.
-        Returns logits [B, V] at ``last``.
+        Returns logits [B, V] at ``last``. On CUDA through the fused kernels (``prefill_kernels``), elsewhere, or
+        with ``use_kernels = False``, in plain torch (``_prefill_torch``).
         """
+        if self.use_kernels and tokens.is_cuda:
+            row = to_device([first_row], tokens.device, torch.long)
+            return self.prefill_kernels(tokens, last, rope, cache, num_layers, row)
+        return self._prefill_torch(tokens, last, rope, cache, num_layers, first_row)
+
+    def _prefill_torch(self, tokens: Tensor, last: Tensor, rope: Tensor, cache, num_layers: int,
+                       first_row: int) -> Tensor:
+        """``prefill`` in plain torch: per-layer ``pre_attention`` / ``post_attention``, K/V copied into the cache
+        slices, causal SDPA."""
         B, T = tokens.shape
         H, KV, D = self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim
         x = F.embedding(tokens, self.embed).view(B * T, -1)   # [N=B*T, E]
-        rope = rope[None].expand(B, T, 2, D).reshape(B * T, 2, D)
+        rope = rope[None, :T].expand(B, T, 2, D).reshape(B * T, 2, D)
         for i in range(num_layers):
             q, k, v = self.layer_qkv(i, x, rope)              # [N, H|KV, D]
             q, k, v = (t.view(B, T, -1, D).transpose(1, 2) for t in (q, k, v))  # [B, H|KV, T, D]
@@ -193,6 +206,43 @@ class Transformer(nn.Module):
             x = self.layer_out(i, x, o.transpose(1, 2).reshape(B * T, H * D))
         x_last = x.view(B, T, -1)[torch.arange(B, device=x.device), last]  # [B, E]
         return self.logits(x_last)
+
+    def prefill_kernels(self, tokens: Tensor, last: Tensor, rope: Tensor, cache, num_layers: int,
+                        first_row: Tensor) -> Tensor:
+        """``prefill`` through the fused kernels, 9 launches per layer: add+RMSNorm (the previous layer's down
+        output added to the residual), QKV matmul (cuBLAS), ``ops.prefill_rope_kv_write`` (q, k, v for SDPA in
+        contiguous buffers; k, v also into cache rows first_row + b), causal attention over the prompts' own K/V
+        (``ops.prefill_attention``: SDPA, flash on CUDA, GQA without repeating K/V), o matmul, add+RMSNorm,
+        gate/up matmul, SwiGLU, down matmul; the final norm and LM head on the last tokens only.
+        first_row: [1] int64 on the device. Nothing is read back on the host, so a fixed (B, T) can be captured
+        in a CUDA graph that serves every first_row (``Model.admit``). Same semantics as ``_prefill_torch`` (the
+        tests compare them); on the CPU only under TRITON_INTERPRET=1 (tests)."""
+        B, T = tokens.shape
+        c = self.cfg
+        H, KV, D, eps = c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps
+        x = F.embedding(tokens.reshape(-1), self.embed)                                # [N=B*T, E]
+        delta = None
+        for i in range(num_layers):
+            L = self.layers[i]
+            x, h = ops.add_rmsnorm(x, delta, L.attn_norm, eps)
+            qkv = self._qk_norm(L, ops.linear(h, L.wqkv, L.bqkv))                     # [N, (H+2KV)*D]
+            q, k, v = ops.prefill_rope_kv_write(qkv, rope, first_row, cache.k[i], cache.v[i], B, T, H, KV, D)
+            o = ops.prefill_attention(q, k, v).transpose(1, 2).reshape(B * T, H * D)
+            x, h = ops.add_rmsnorm(x, self._out_proj(o, L.wo, L.bo, False), L.ffn_norm, eps)
+            delta = self._out_proj(ops.silu_mul(ops.linear(h, L.w13)), L.w2, None, False)
+        rows = torch.arange(B, device=x.device) * T + last                             # [B] last tokens in x
+        _, h = ops.add_rmsnorm(x.index_select(0, rows), delta.index_select(0, rows), self.norm, eps)
+        return ops.linear(h, self.lm_head_weight)                                      # [B, V]
+
+    def _qk_norm(self, L: Block, qkv: Tensor) -> Tensor:
+        """Qwen3's RMSNorm of every q and k head of the fused QKV output qkv [N, (H+2KV)*D]; qkv itself for
+        models without it."""
+        if L.q_norm is None:
+            return qkv
+        H, KV, D, eps = self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim, self.cfg.rms_norm_eps
+        q_, k_, v_ = qkv.view(-1, H + 2 * KV, D).split([H, KV, KV], dim=1)
+        qkv = torch.cat([rms_norm(q_, L.q_norm, eps), rms_norm(k_, L.k_norm, eps), v_], dim=1)
+        return qkv.view(-1, (H + 2 * KV) * D)
 
     def append(self, tokens: Tensor, lengths: Tensor, rope: Tensor, cache, num_layers: int) -> Tensor:
         """Decode (T=1) / verify (T=k) over the static cache, host-sync free.
@@ -257,11 +307,7 @@ class Transformer(nn.Module):
         for i in range(num_layers):
             L = self.layers[i]
             x, h = ops.add_rmsnorm(x, delta, L.attn_norm, eps)
-            qkv = ops.linear(h, L.wqkv, L.bqkv, gemv)                                 # [N, (H+2KV)*D]
-            if L.q_norm is not None:
-                q_, k_, v_ = qkv.view(-1, H + 2 * KV, D).split([H, KV, KV], dim=1)
-                qkv = torch.cat([rms_norm(q_, L.q_norm, eps), rms_norm(k_, L.k_norm, eps), v_], dim=1)
-                qkv = qkv.view(-1, (H + 2 * KV) * D)
+            qkv = self._qk_norm(L, ops.linear(h, L.wqkv, L.bqkv, gemv))              # [N, (H+2KV)*D]
             q = ops.rope_kv_write(qkv, rope, pos, cache.k[i], cache.v[i], T, H, KV, D)  # [N, H, D]
             o = ops.decode_attention(q, cache.k[i], cache.v[i], lengths, T, scale)      # [N, H*D]
             x, h = ops.add_rmsnorm(x, self._out_proj(o, L.wo, L.bo, gemv), L.ffn_norm, eps)
