@@ -214,7 +214,8 @@ def bench_variant(name, cfg, model, variant, args, bw, log):
                 from verispec.runtime import ops
                 mm = matmul_only_ms(model, B)
                 gemv = ops.use_gemv(B, 1)
-                ours = matmul_only_ms(model, B, linear=lambda x, w: ops.linear(x, w, None, gemv))
+                ours = matmul_only_ms(model, B, linear=lambda x, w: ops.linear(
+                    x, w, None, gemv, ops.gemv_config(model.config.hidden_size)))
                 rows[-len(args.ks)]["matmul_only_ms"] = mm
                 rows[-len(args.ks)]["matmul_ours_ms"] = ours
                 log(f"  matmuls alone B={B:3d}: cuBLAS {mm:.3f} ms ({floor * 1e3 / mm:.1%} of floor), runtime's "
@@ -317,7 +318,7 @@ def main(argv=None):
                    help="old spelling: off = eager, on = compiled, both = eager,compiled (torch path)")
     p.add_argument("--profile", action="store_true", help="kernel-time breakdown of decode at the smallest B")
     p.add_argument("--no-gemv", action="store_true", help="kernels variant: cuBLAS for every matmul (no gemv.cu)")
-    p.add_argument("--gemv-config", default=None, help="ROWSxSPLIT of the fixed gemv.cu configuration (default: ops.GEMV_CONFIG)")
+    p.add_argument("--gemv-config", default=None, help="ROWSxSPLIT of the fixed gemv.cu configuration of every model (default: ops.gemv_config's rule)")
     p.add_argument("--out", default=None, help="markdown path (GPU default: benchmarks/results/decode.md)")
     args = p.parse_args(argv)
     cuda = torch.cuda.is_available()

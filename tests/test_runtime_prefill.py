@@ -121,7 +121,8 @@ def test_admit_graphs_match_torch_path_gpu(dtype, tol):
         outs[name] = admissions(m, GPU_CFG, steps)
     for a, b in zip(outs["graphed"], outs["torch"]):
         assert rel(a, b) <= tol
-    assert graphed.lengths.tolist() == torch_path.lengths.tolist() == [17, 5, 40, 64, 600]
+    # the prompts' lengths, plus the one decode step of ``admissions``
+    assert graphed.lengths.tolist() == torch_path.lengths.tolist() == [18, 6, 41, 65, 601]
     # (1, 32), (2, 64), (1, 64); the 600-token prompt ran eagerly
     assert len(graphed._prefill_graphs) == 3
 

@@ -381,16 +381,30 @@ def silu_mul(gu: Tensor) -> Tensor:
 
 
 # The weight matmuls of the pass. A single sequence's decode step and its verify pass of up to 8 tokens go
-# to verispec/runtime/gemv/gemv.cu with ONE fixed configuration (v1, 4 rows x split 8: the fastest at M <= 2 on every
-# llama-3.1-8b / llama-3.2-1b shape, benchmarks/results/gemv.md), which makes them batch-invariant: each
-# token's row is computed by the same lanes in the same order whatever M is, so a B=1 verify pass gives
-# bit-for-bit the logits of the decode steps it replaces and bf16 greedy speculative output stays equal to
-# AR output. (Choosing per M between gemv.cu and cuBLAS was ~1% faster at M = 3-8 but broke that: 98% of
-# bf16 sequences of a near-tie random model diverged, benchmarks/results/divergence.md.) Batches of several
+# to verispec/runtime/gemv/gemv.cu with ONE fixed configuration per model (``gemv_config``), which makes them
+# batch-invariant: each token's row is computed by the same lanes in the same order whatever M is, so a B=1
+# verify pass gives bit-for-bit the logits of the decode steps it replaces and bf16 greedy speculative output
+# stays equal to AR output. (Choosing per M between gemv.cu and cuBLAS was ~1% faster at M = 3-8 but broke that:
+# 98% of bf16 sequences of a near-tie random model diverged, benchmarks/results/divergence.md.) Batches of several
 # sequences use cuBLAS throughout (its kernel choice is the same for the decode and verify shapes seen).
 # VERISPEC_GEMV=0 (or CUDA_GEMV = False): cuBLAS everywhere.
 CUDA_GEMV = os.environ.get("VERISPEC_GEMV", "1") != "0"
-GEMV_CONFIG = (4, 8)   # (rows per warp group, warps per row group) of gemv.cu v1: the one fixed configuration
+GEMV_CONFIG: tuple[int, int] | None = None   # (rows, split) for every model; None: ``gemv_config``'s rule
+
+
+def gemv_config(hidden_size: int) -> tuple[int, int]:
+    """(rows per warp group, warps per row group) of gemv.cu v1 for a model of this width: the one fixed
+    configuration of all its decode and verify matmuls.
+
+    Measured on an H100 (benchmarks/results/decode.md run F, same machine, B = 1, PDL on): for an 8B (E = 4096)
+    4 x 4 decodes as fast as 4 x 8 (5.733 vs 5.739 ms) and verifies 4 tokens in 1.05x a decode step instead of
+    1.07x; for a 1B (E = 2048) 4 x 8 decodes 9% faster (1.064 vs 1.160 ms) at the price of a slower verify pass
+    (1.35x vs 1.08x a step). Small models are mostly drafters, which only decode, so they keep 4 x 8."""
+    if GEMV_CONFIG is not None:
+        return GEMV_CONFIG
+    return (4, 4) if hidden_size >= 4096 else (4, 8)
+
+
 _gemv_ready: bool | None = None   # None: not tried yet; False: unavailable (no nvcc / build failed)
 
 
@@ -417,13 +431,15 @@ def use_gemv(batch_size: int, tokens_per_sequence: int) -> bool:
     return CUDA_GEMV and batch_size == 1 and tokens_per_sequence <= 8
 
 
-def linear(x: Tensor, w: Tensor, b: Tensor | None = None, gemv: bool = False) -> Tensor:
+def linear(x: Tensor, w: Tensor, b: Tensor | None = None, gemv: bool = False,
+           config: tuple[int, int] = (4, 8)) -> Tensor:
     """F.linear(x [M, K], w [N, K], b) for the decode / verify pass; ``gemv=True`` (from ``use_gemv``): gemv.cu
-    in its one batch-invariant configuration, where the extension is available and supports the shape."""
+    in the model's one batch-invariant configuration ``config`` = (rows, split) (``gemv_config``), where the
+    extension is available and supports the shape."""
     if gemv and x.is_cuda and _gemv_available():
         from .gemv import gemv_cuda, gemv_supported
 
         if gemv_supported(x, w):
-            rows, split = GEMV_CONFIG
+            rows, split = config
             return gemv_cuda(x, w, b, version=1, rows=rows, split=split, pdl=use_pdl(x.device))
     return torch.nn.functional.linear(x, w, b)
