@@ -186,3 +186,19 @@ def test_host_values_captured_in_a_graph_survive_reuse_of_pinned_memory():
         to_device(torch.randn(3), "cuda")
     graph.replay()
     assert out.tolist() == [1.5, 1.5, -2.0]
+
+
+def test_draft_loop_benchmark_smoke(tmp_path):
+    """benchmarks/draft_loop.py --smoke runs end to end on the CPU (equality check included) and writes its
+    tables; the GPU run is the lead's."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "draft_loop.py"
+    spec = importlib.util.spec_from_file_location("bench_draft_loop", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "draft_loop.md"
+    assert bench.main(["--smoke", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert text.count("| 8 | 8 |") == 2 and "generate / bare" in text

@@ -11,12 +11,13 @@ Two kinds run here, one graph per key:
 ``rows`` is the batch bucket (``Model.graph_rows``): the model pads a batch up to it. A captured program
 reads its inputs from its static buffer and ``lengths`` from the cache's fixed lengths buffer, computes
 positions and the attention mask on the device, writes K/V, advances ``lengths`` and leaves its outputs
-in static buffers. Replay = copy the inputs in (one copy), replay, read the outputs (views, valid until the
-same graph replays again). Rows of the input buffer past the live rows keep earlier values (zeros at
+in static buffers. Replay = copy the inputs in (one copy), replay, copy the outputs out (the shared pool
+below lets the next replay of another graph overwrite them). Rows of the input buffer past the live rows keep earlier values (zeros at
 first): a program runs padding rows on any valid inputs and nobody reads their outputs.
 
 All graphs of one model share one memory pool: they are replayed one at a time, so their intermediates
-may overlap; each graph's output buffers stay alive because the graph holds them.
+may overlap; each graph's output buffers stay allocated because this cache holds them, but a graph
+captured later may place intermediates or outputs in memory an earlier one uses as scratch.
 """
 from __future__ import annotations
 
@@ -63,7 +64,8 @@ class GraphCache:
     def replay(self, key: Hashable, program: Program, inputs: Tensor, rows: int) -> tuple[Tensor, ...]:
         """Replay the graph of ``key`` (capturing ``program`` the first time) with ``inputs`` [B, ...] (any
         device; B <= rows) copied into the leading rows of its [rows, ...] input buffer. Returns the
-        program's static outputs: views that the next replay of this graph overwrites.
+        program's static outputs: views that the next replay of ANY graph of this cache may overwrite
+        (a graph captured later can hold its outputs where this one keeps intermediates): copy them first.
 
         On a CPU cache (no CUDA graphs) the program runs eagerly on the same padded input buffer: the
         capture-free path of exactly this code, which the CPU tests exercise."""
