@@ -144,7 +144,19 @@ def one_setting(sampling: SamplingParams) -> tuple[float, int, float] | None:
 def race(q: Tensor, seed: Tensor, step: Tensor) -> Tensor:
     """Sample each row of q [B, V] by the exponential race: argmax_v q_v / E_v, E_v ~ Exp(1) from the
     DRAFT stream of seed[b] at step[b] (``draft_uniforms``); one-hot rows give their argmax. Device ops
-    only (a captured draft loop runs it). seed, step: [B] int64 on q's device. -> tokens [B] int64."""
+    only (a captured draft loop runs it). seed, step: [B] int64 on q's device. -> tokens [B] int64.
+
+    On a GPU one Triton kernel (``race.race_triton``), elsewhere the torch composition (``race_torch``): each
+    device always takes the same one, so every loop on it draws the same drafts."""
+    if q.device.type == "cuda":
+        from .race import race_triton   # Triton only where it compiles
+
+        return race_triton(q.contiguous(), seed, step)
+    return race_torch(q, seed, step)
+
+
+def race_torch(q: Tensor, seed: Tensor, step: Tensor) -> Tensor:
+    """``race`` in torch ops: the reference of ``race.race_triton``."""
     e = -torch.log(draft_uniforms(seed, step, q.shape[1]))
     return (q / e).argmax(dim=-1)
 
