@@ -56,7 +56,7 @@ def to_device(values, device, dtype: torch.dtype | None = None) -> Tensor:
     device = torch.device(device)
     if device.type != "cuda" or t.device.type != "cpu":
         return t.to(device)                  # same device (no-op), device to device, or to the CPU: plain
-    if is_capturing():
+    if torch.cuda.is_current_stream_capturing():
         return _filled(t, device)
     return t.pin_memory().to(device, non_blocking=True)
 
