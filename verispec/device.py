@@ -45,14 +45,41 @@ def parse_device(device) -> torch.device:
 
 
 def to_device(values, device, dtype: torch.dtype | None = None) -> Tensor:
-    """``values`` (a tensor, list or number) as a tensor on ``device`` (and ``dtype``), without a host sync."""
+    """``values`` (a tensor, list or number) as a tensor on ``device`` (and ``dtype``), without a host sync.
+
+    Inside a CUDA graph capture the values are written by fill kernels instead of a copy: a captured copy
+    would keep reading the transient pinned buffer at its address on every replay, after the allocator has
+    handed it to someone else; a fill kernel carries its value in the graph itself."""
     t = values if isinstance(values, Tensor) else torch.tensor(values, dtype=dtype)
     if dtype is not None and t.dtype != dtype:
         t = t.to(dtype)
     device = torch.device(device)
     if device.type != "cuda" or t.device.type != "cpu":
         return t.to(device)                  # same device (no-op), device to device, or to the CPU: plain
+    if torch.cuda.is_current_stream_capturing():
+        return _filled(t, device)
     return t.pin_memory().to(device, non_blocking=True)
+
+
+def _filled(host: Tensor, device) -> Tensor:
+    """A device copy of a small host tensor made of fill kernels (one per run of equal values), so that a
+    CUDA graph captures the values themselves. e.g. [2, 2, 5] -> fill [0:2] with 2, [2:3] with 5."""
+    flat = host.reshape(-1).tolist()
+    out = torch.empty(len(flat), dtype=host.dtype, device=device)
+    start = 0
+    for i in range(1, len(flat) + 1):
+        if i == len(flat) or flat[i] != flat[start]:
+            out[start:i].fill_(flat[start])
+            start = i
+    return out.view(host.shape)
+
+
+def copy_into(buffer: Tensor, values: Tensor) -> None:
+    """Write ``values`` (same shape, any device) into the leading rows of ``buffer`` without a host sync:
+    one copy, through pinned memory when it crosses from the host to a GPU."""
+    if values.device.type == "cpu" and buffer.device.type == "cuda":
+        values = values.pin_memory()
+    buffer[: values.shape[0]].copy_(values, non_blocking=True)
 
 
 def is_capturing() -> bool:

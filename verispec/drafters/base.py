@@ -118,27 +118,57 @@ def draw(logits: Tensor, sampling: SamplingParams, step: list[int]) -> tuple[Ten
     """
     if sampling.all_greedy:
         return logits.argmax(dim=-1), None
-    q = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)  # [B, V]
-    groups: dict[tuple, list[int]] = {}
-    for b, key in enumerate(zip(sampling.temperature, sampling.top_k, sampling.top_p)):
-        groups.setdefault(key, []).append(b)
-    for (temp, top_k, top_p), rows in groups.items():  # one call per distinct setting, usually one
-        idx = to_device(rows, logits.device, torch.long)
-        q[idx] = filtered_probs(logits[idx], temp, top_k, top_p)
-    # exponential race: argmax q / E with E ~ Exp(1) samples q (one-hot rows give their argmax)
-    e = -torch.log(draft_uniforms(sampling.seed, step, logits.shape[1], logits.device))
-    return (q / e).argmax(dim=-1), q
+    setting = one_setting(sampling)
+    if setting is not None:   # the common case, and exactly what a captured draft loop computes
+        q = filtered_probs(logits, *setting)
+    else:
+        q = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)  # [B, V]
+        groups: dict[tuple, list[int]] = {}
+        for b, key in enumerate(zip(sampling.temperature, sampling.top_k, sampling.top_p)):
+            groups.setdefault(key, []).append(b)
+        for (temp, top_k, top_p), rows in groups.items():  # one call per distinct setting
+            idx = to_device(rows, logits.device, torch.long)
+            q[idx] = filtered_probs(logits[idx], temp, top_k, top_p)
+    seed = to_device(list(sampling.seed), logits.device, torch.int64)
+    return race(q, seed, to_device(list(step), logits.device, torch.int64)), q
 
 
-def draft_uniforms(seeds, steps, vocab: int, device) -> Tensor:
-    """[B, V] float32 uniforms in (0, 1): row b from Philox keyed by seeds[b] at counter
-    (col = vocab id, row = steps[b], offset = 0, purpose = DRAFT)."""
-    seed = to_device(list(seeds), device, torch.int64)[:, None]                    # [B, 1]
-    row = to_device(list(steps), device, torch.int64)[:, None] & 0xFFFFFFFF         # [B, 1]
-    col = torch.arange(vocab, device=device, dtype=torch.int64)[None, :]           # [1, V]
+def one_setting(sampling: SamplingParams) -> tuple[float, int, float] | None:
+    """(temperature, top_k, top_p) when every row of the batch uses that one setting, else None."""
+    setting = (sampling.temperature[0], sampling.top_k[0], sampling.top_p[0]) if sampling.temperature else None
+    if setting is None or any(s != setting for s in zip(sampling.temperature, sampling.top_k, sampling.top_p)):
+        return None
+    return setting
+
+
+def race(q: Tensor, seed: Tensor, step: Tensor) -> Tensor:
+    """Sample each row of q [B, V] by the exponential race: argmax_v q_v / E_v, E_v ~ Exp(1) from the
+    DRAFT stream of seed[b] at step[b] (``draft_uniforms``); one-hot rows give their argmax. Device ops
+    only (a captured draft loop runs it). seed, step: [B] int64 on q's device. -> tokens [B] int64.
+
+    On a GPU one Triton kernel (``race.race_triton``), elsewhere the torch composition (``race_torch``): each
+    device always takes the same one, so every loop on it draws the same drafts."""
+    if q.device.type == "cuda":
+        from .race import race_triton   # Triton only where it compiles
+
+        return race_triton(q.contiguous(), seed, step)
+    return race_torch(q, seed, step)
+
+
+def race_torch(q: Tensor, seed: Tensor, step: Tensor) -> Tensor:
+    """``race`` in torch ops: the reference of ``race.race_triton``."""
+    e = -torch.log(draft_uniforms(seed, step, q.shape[1]))
+    return (q / e).argmax(dim=-1)
+
+
+def draft_uniforms(seed: Tensor, step: Tensor, vocab: int) -> Tensor:
+    """[B, V] float32 uniforms in (0, 1): row b from Philox keyed by seed[b] at counter
+    (col = vocab id, row = step[b], offset = 0, purpose = DRAFT). seed, step: [B] int64 on one device."""
+    row = step[:, None] & 0xFFFFFFFF                                                  # [B, 1]
+    col = torch.arange(vocab, device=seed.device, dtype=torch.int64)[None, :]          # [1, V]
     row, col = torch.broadcast_tensors(row, col)
     zero = torch.zeros_like(row)
-    x, _, _, _ = rng.philox4x32(col, row, zero, zero + DRAFT_PURPOSE, seed)
+    x, _, _, _ = rng.philox4x32(col, row, zero, zero + DRAFT_PURPOSE, seed[:, None])
     return ((x >> 9) * 2 + 1).to(torch.float32) * rng.UNIFORM_SCALE
 
 

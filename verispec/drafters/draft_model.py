@@ -10,17 +10,23 @@ cache already holds is idempotent), then k - 1 single-token steps: k draft passe
     (``_catch_up``) brings every row to L_b - 2.
 e.g. k=3, L=10, V=9: rollback to 8, feed h[8], h[9] -> d1; feed d1 -> d2; feed d2 -> d3; V = 12 until
      the commit; if 1 draft is accepted, L' = 12 and V' = min(12, 10 + 1) = 11.
+
+On a model with CUDA graphs the rollback, the feed and the k - 1 steps, with each step's choice (argmax, or
+filtered_probs + the exponential race for a sampled batch), run as one captured graph
+(``Model.draft_loop``): a round's draft costs k passes and no host work between them. The eager loop
+(``_run_eager``: one ``append`` per pass, ``draw`` in between) serves every other case and draws the same
+drafts; the catch-up pass stays eager (rare, and of a width no graph would be reused for).
 """
 from __future__ import annotations
 
 import os
-from typing import Callable
 
 import torch
 from torch import Tensor
 
 from ..device import to_device
-from .base import Drafter, Proposal, SamplingParams, check_same_vocab, draw
+from ..verify.sampling import filtered_probs
+from .base import Drafter, Proposal, SamplingParams, check_same_vocab, draw, one_setting, race
 
 
 class DraftModel(Drafter):
@@ -82,43 +88,78 @@ class DraftModel(Drafter):
         self.model.append(to_device(feed, self.model.device, torch.long))
         self._valid = [min(s + gap, L) for s, L in zip(starts, lengths)]
 
-    def _run(self, k: int, choose: Callable[[int, Tensor], tuple[Tensor, Tensor | None]]):
-        """k draft passes for the whole batch; ``choose(i, logits [B, V]) -> (d_i [B], q_i [B, V] | None)``."""
-        model = self.model
+    def _run(self, k: int, forced: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """k draft passes for the whole batch -> (drafts [B, k] int64, q [B, k, V] float32 or None).
+        ``forced`` [B, k] (host, int64): feed these tokens instead of choosing (``OracleDraft``'s cost model
+        runs the very passes a draft model would run)."""
         lengths = [len(h) for h in self._hist]
         self._catch_up(lengths)
+        key = self._loop_key(forced is not None)
+        if key is None:
+            drafts, q = self._run_eager(k, lengths, forced)
+        else:
+            drafts, q = self._run_captured(k, lengths, key, forced)
+        self._valid = [L + k - 1 for L in lengths]
+        self._steps = [s + k for s in self._steps]
+        return drafts, q
+
+    def _loop_key(self, forced: bool = False) -> tuple | None:
+        """The key of the captured draft loop for this batch's choice, or None to run the eager loop: the
+        model has no CUDA graphs (CPU, ``use_graphs=False``, a model without ``draft_loop``), or the rows
+        sample under several settings (each distinct setting would need its own choice inside one graph;
+        rare, so those batches take the eager loop)."""
+        if not getattr(self.model, "use_graphs", False) or not hasattr(self.model, "draft_loop"):
+            return None
+        if forced:
+            return ("forced",)
+        if self._sampling.all_greedy:
+            return ("greedy",)
+        setting = one_setting(self._sampling)
+        return None if setting is None else ("sample", *setting)
+
+    def _run_captured(self, k: int, lengths: list[int], key: tuple,
+                      forced: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """``Model.draft_loop``: rollback, the [B, 2] feed and k - 1 steps in one graph replay. Its inputs go
+        in one host tensor, one row per sequence: [L_b - 2, h_b[-2], h_b[-1], seed_b, step_b (, forced_b)]."""
+        rows = [[L - 2, *h[-2:], seed, step]
+                for L, h, seed, step in zip(lengths, self._hist, self._sampling.seed, self._steps)]
+        inputs = torch.tensor(rows, dtype=torch.long)                                    # [B, 5]
+        if forced is not None:
+            inputs = torch.cat([inputs, forced.to(torch.long)], dim=1)                   # [B, 5 + k]
+        return self.model.draft_loop(inputs, k, _choose(key), key)
+
+    def _run_eager(self, k: int, lengths: list[int], forced: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """The same draft passes as ``Model.draft_loop``, one ``append`` at a time with the choice on the host
+        side in between (any model of the runtime contract, any mix of sampling settings)."""
+        model = self.model
         model.rollback(torch.tensor([L - 2 for L in lengths], dtype=torch.long))
         feed = to_device([h[-2:] for h in self._hist], model.device, torch.long)         # [B, 2]
         logits = model.append(feed)[:, -1]                                                # [B, V]
+        if forced is not None:
+            forced = to_device(forced, model.device, torch.long)
         tokens, probs = [], []
         for i in range(k):
-            d, q = choose(i, logits)
+            if forced is not None:
+                d, q = forced[:, i], None
+            else:
+                d, q = draw(logits, self._sampling, [s + i for s in self._steps])
             tokens.append(d)
             probs.append(q)
             if i < k - 1:
                 logits = model.decode(to_device(d[:, None], model.device))[:, 0]
-        self._valid = [L + k - 1 for L in lengths]
-        return tokens, probs
+        return torch.stack(tokens, dim=1), None if probs[0] is None else torch.stack(probs, dim=1)
 
     def propose(self, max_num_draft: list[int]) -> Proposal:
         k = max(max_num_draft)
         if k == 0:
             return Proposal(torch.zeros(len(max_num_draft), 0, dtype=torch.long), [0] * len(max_num_draft), None)
-        steps = self._steps
-
-        def choose(i, logits):
-            return draw(logits, self._sampling, [s + i for s in steps])
-
-        tokens, probs = self._run(k, choose)
-        self._steps = [s + k for s in steps]
-        draft_tokens = torch.stack(tokens, dim=1)                         # [B, K]
+        draft_tokens, q = self._run(k)                                    # [B, K], [B, K, V] | None
         draft_probs = None
-        if probs[0] is not None:
-            q = torch.stack(probs, dim=1).flatten(0, 1)                   # [B * K, V], rows (b, i)
+        if q is not None:
+            draft_probs = q.flatten(0, 1)                                 # [B * K, V], rows (b, i)
             if any(n != k for n in max_num_draft):   # ragged: keep rows i < k_b (host indices: no sync)
                 rows = [b * k + i for b, n in enumerate(max_num_draft) for i in range(n)]
-                q = q[to_device(rows, q.device, torch.long)]
-            draft_probs = q
+                draft_probs = draft_probs[to_device(rows, q.device, torch.long)]
         return Proposal(draft_tokens, list(max_num_draft), draft_probs)
 
     def commit(self, num_accepted, emitted) -> None:
@@ -133,3 +174,22 @@ class DraftModel(Drafter):
         self._valid = [self._valid[i] for i in batch_indices]
         self._steps = [self._steps[i] for i in batch_indices]
         self._sampling = self._sampling.select(batch_indices)
+
+
+def _choose(key: tuple):
+    """The device-side choice of a captured draft loop (``Model.draft_loop``'s ``choose``) for ``key``:
+    ("greedy",) -> argmax; ("sample", temperature, top_k, top_p) -> q = filtered_probs, then the race with
+    the DRAFT stream at (seed, step + i) read from the loop's inputs (columns 3 and 4). ``draw`` computes
+    the same for a batch of one setting, so the captured and the eager loop draw the same drafts.
+    ("forced",) -> the i-th given token (input column 5 + i)."""
+    if key[0] == "greedy":
+        return lambda i, logits, inputs: (logits.argmax(dim=-1), None)
+    if key[0] == "forced":
+        return lambda i, logits, inputs: (inputs[:, 5 + i], None)
+    setting = key[1:]
+
+    def choose(i: int, logits: Tensor, inputs: Tensor) -> tuple[Tensor, Tensor]:
+        q = filtered_probs(logits, *setting)                                          # [R, V]
+        return race(q, inputs[:, 3], inputs[:, 4] + i), q
+
+    return choose

@@ -14,7 +14,6 @@ import random
 
 import torch
 
-from ..device import to_device
 from .base import Drafter, Proposal
 from .draft_model import DraftModel
 
@@ -66,8 +65,7 @@ class OracleDraft(Drafter):
         drafts = torch.tensor([self._oracle(b, k) for b in range(len(self._rows))], dtype=torch.long)  # [B, K]
         drafts = drafts.reshape(len(self._rows), k)
         if self._runner is not None and k:
-            forced = to_device(drafts, self._runner.model.device)
-            self._runner._run(k, lambda i, logits: (forced[:, i], None))
+            self._runner._run(k, forced=drafts)
         return Proposal(drafts, list(max_num_draft), None)
 
     def commit(self, num_accepted, emitted) -> None:

@@ -135,23 +135,27 @@ def run_round(target, drafter: Drafter | None, batch: RunningBatch, max_num_draf
             raise RuntimeError("drafter proposed more drafts than asked for along with draft_probs")
     else:
         num_draft, draft_probs = [0] * batch.size, None
-        draft_tokens = batch.certain.new_zeros(batch.size, 0)
+        draft_tokens = batch.certain[:, :0]                                                 # [B, 0]
     width = draft_tokens.shape[1]                                                           # K
     t1 = clock.now()
-    logits = target.append(torch.cat([batch.certain, draft_tokens], dim=1))                # [B, K+1, V]
+    tokens = torch.cat([batch.certain, draft_tokens], dim=1) if width else batch.certain    # [B, K+1]
+    logits = target.append(tokens)                                                          # [B, K+1, V]
     t2 = clock.now()
     flat_logits, flat_drafts = _ragged(logits, draft_tokens, num_draft)
     out = verification(flat_logits, flat_drafts, num_draft, width, draft_probs, batch.sampling, batch.offsets,
                        backend)
-    # lengths after the pass = before + K + 1; keep the certain token + the accepted drafts
-    target.rollback(target.lengths - width + out.num_accepted.to(torch.long))
+    # lengths after the pass = before + K + 1; keep the certain token + the accepted drafts (all of them
+    # when there were none)
+    if width:
+        target.rollback(target.lengths - width + out.num_accepted.to(torch.long))
+    # launched before the sync below, so it runs while the host waits
+    batch.certain = out.tokens.gather(1, out.num_accepted[:, None].to(torch.long)).to(torch.long)  # [B, 1]
     # NOTE: the one host sync per round: the host must learn how many tokens each row emitted (EOS / stop /
     # length checks, the drafter's history, streaming).
     outcome = torch.cat([out.num_accepted[:, None], out.tokens], dim=1).cpu()             # [B, 1 + K + 1]
     t3 = clock.now()
     num_accepted = outcome[:, 0].tolist()
     emitted = [row[1: a + 2] for row, a in zip(outcome.tolist(), num_accepted)]
-    batch.certain = out.tokens.gather(1, out.num_accepted[:, None].to(torch.long)).to(torch.long)  # [B, 1]
     batch.offsets = [o + 1 for o in batch.offsets]
     if drafter is not None:
         drafter.commit(num_accepted, emitted)

@@ -179,13 +179,15 @@ class Scheduler:
     def _account(self, result: RoundResult) -> None:
         t = self.totals
         t.rounds += 1
-        for name, dt in result.phase_s.items():
-            setattr(t, f"{name}_s", getattr(t, f"{name}_s") + dt)
-        for seq in self.running:
-            for name, dt in result.phase_s.items():
-                setattr(seq.stats, f"{name}_s", getattr(seq.stats, f"{name}_s") + dt)
         t.proposed += sum(result.num_draft)
         t.accepted += sum(result.num_accepted)
+        phase = result.phase_s
+        draft, target, verification, commit = phase["draft"], phase["target"], phase["verification"], phase["commit"]
+        for stats in [t] + [seq.stats for seq in self.running]:   # every row took part in the whole round
+            stats.draft_s += draft
+            stats.target_s += target
+            stats.verification_s += verification
+            stats.commit_s += commit
 
     def _fail_running(self, error: Exception) -> None:
         for seq in self.running:

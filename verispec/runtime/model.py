@@ -3,10 +3,13 @@
 Contract (see docs/runtime.md):
   setup_cache(B_max, S) -> prefill(prompts) [B, V] | admit(prompts) [n, V] (join a running batch)
   -> decode(tokens [B,1]) [B,1,V] / append(tokens [B,k]) [B,k,V] (the target pass)
+     / draft_loop(inputs [B,C], k, choose, key) (a draft model's k steps in one graph replay)
   -> rollback(new_lengths [B]) / keep(batch_indices [B']) ... ; truncated(n) shares weights, owns its cache.
 decode / append never read a device value on the host; see ``_check_room`` for the one exception.
 """
 from __future__ import annotations
+
+from typing import Callable, Hashable
 
 import torch
 from torch import Tensor
@@ -19,8 +22,13 @@ from .transformer import Transformer, rope_table
 
 
 # Passes of more tokens a sequence (a drafter catching up after rounds without drafting) run eagerly: each
-# distinct token count would capture its own graph.
+# distinct token count would capture its own graph. The same bound caps a captured draft loop's k.
 GRAPH_MAX_TOKENS = 16
+# Captured draft loops per model at most (one per bucket, k and sampling setting); further ones run eagerly.
+MAX_DRAFT_GRAPHS = 32
+
+# choose(i, logits [R, V], inputs [R, C]) -> (tokens [R] int64, probs [R, V] float32 or None): see draft_loop
+Choose = Callable[[int, Tensor, Tensor], tuple[Tensor, "Tensor | None"]]
 
 # Admissions of at most PREFILL_GRAPH_MAX_PROMPTS prompts of at most PREFILL_BUCKETS[-1] tokens run as a CUDA
 # graph of the smallest bucket that holds the longest prompt (capped at the cache's capacity): a short
@@ -129,7 +137,7 @@ class Model:
         bucket = self.prefill_bucket(n, max(lens))
         T = bucket or max(lens)
         packed = to_device(pack_prefill(prompts, T, first_row), self.device)   # one host -> device copy
-        if bucket:
+        if bucket and self.device.type == "cuda":   # on a CPU model forced to use graphs: the same padded pass, eager
             logits = self._prefill_graphs.run(packed, n, bucket)
         else:
             tokens, last, _ = unpack_prefill(packed, n, T)
@@ -194,16 +202,64 @@ class Model:
             raise ValueError(f"tokens must be [B={cache.batch_size}, k], got {tuple(tokens.shape)}")
         k = tokens.shape[1]
         self._check_room(cache, k)
-        tokens = to_device(tokens, self.device, torch.long)
         if self.use_graphs and k <= GRAPH_MAX_TOKENS:
-            rows = self.graph_rows(cache.batch_size)
-            if rows > cache.batch_size:
-                tokens = torch.cat([tokens, tokens.new_zeros(rows - cache.batch_size, k)])
-            logits = self._graphs.run(tokens, out_rows=cache.batch_size)
+            logits = self._graphs.run(tokens.to(torch.long), self.graph_rows(cache.batch_size))
         else:
-            logits = self._step(tokens)
+            logits = self._step(to_device(tokens, self.device, torch.long))
         cache.max_len_bound += k
         return logits
+
+    @torch.no_grad()
+    def draft_loop(self, inputs: Tensor, k: int, choose: Choose, key: Hashable) -> tuple[Tensor, Tensor | None]:
+        """k tokens per sequence, each chosen on the device from the logits after the one before: the draft
+        loop of a draft model, in ONE CUDA graph replay when graphs are on (no host work between its passes).
+
+            rollback   lengths = min(lengths, inputs[:, 0])
+            feed       logits = pass over inputs[:, 1:3]                  one [B, 2] pass; its last row
+            k choices  d_i, q_i = choose(i, logits, inputs); logits = pass over d_i   (k - 1 single-token passes)
+
+        inputs:  [B, C] int64, any device (a host tensor is sent in one copy): column 0 the length each row
+                 is rolled back to, columns 1-2 the two tokens fed first, columns 3.. whatever ``choose`` reads
+        choose:  (i, logits [R, V], inputs [R, C]) -> (tokens [R] int64, probs [R, V] float32 or None); device
+                 ops only, the same ones on every call (it is captured). R >= B: the graph's bucket rows.
+        key:     names ``choose`` and the settings baked into it: one graph per (bucket, k, C, key).
+        Returns (tokens [B, k] int64, probs [B, k, V] float32 or None), copies the caller may keep.
+
+        Lengths advance by k + 1 from the rolled-back ones. Without graphs, past GRAPH_MAX_TOKENS drafts, or
+        once MAX_DRAFT_GRAPHS loops are captured (e.g. a server seeing many distinct sampling settings), the
+        same body runs eagerly."""
+        cache = self._need_cache()
+        if inputs.dim() != 2 or inputs.shape[0] != cache.batch_size or inputs.shape[1] < 3 or k < 1:
+            raise ValueError(f"draft_loop: inputs must be [B={cache.batch_size}, >= 3] and k >= 1, got "
+                             f"{tuple(inputs.shape)}, k={k}")
+        self._check_room(cache, k + 1)
+        batch = cache.batch_size
+        rows = self.graph_rows(batch) if self.use_graphs else batch
+        graph_key = ("draft", rows, k, inputs.shape[1], key)
+        program = lambda static: self._draft_loop_body(static, k, choose)  # noqa: E731
+        if self.use_graphs and k <= GRAPH_MAX_TOKENS and (
+                graph_key in self._graphs or self._graphs.count("draft") < MAX_DRAFT_GRAPHS):
+            outputs = self._graphs.replay(graph_key, program, inputs.to(torch.long), rows)
+        else:
+            outputs = program(to_device(inputs, self.device, torch.long))
+        cache.max_len_bound += k + 1
+        tokens, probs = outputs
+        return tokens[:batch].clone(), None if probs is None else probs[:batch].clone()
+
+    def _draft_loop_body(self, inputs: Tensor, k: int, choose: Choose) -> tuple[Tensor, Tensor | None]:
+        # inputs [R, C] -> (tokens [R, k], probs [R, k, V] | None); the program ``draft_loop`` captures
+        rows = inputs.shape[0]
+        lengths = self.cache.lengths_for(rows)
+        torch.minimum(inputs[:, 0], lengths, out=lengths)       # padding rows: min(x >= 0, 0) = 0
+        logits = self._step(inputs[:, 1:3].contiguous())[:, -1]  # [R, V]
+        tokens, probs = [], []
+        for i in range(k):
+            d, q = choose(i, logits, inputs)
+            tokens.append(d)
+            probs.append(q)
+            if i < k - 1:
+                logits = self._step(d[:, None])[:, 0]
+        return torch.stack(tokens, dim=1), None if probs[0] is None else torch.stack(probs, dim=1)
 
     def decode(self, tokens: Tensor) -> Tensor:
         """tokens [B, 1] -> logits [B, 1, V]; ``append`` with k = 1."""
