@@ -58,7 +58,7 @@ def to_device(values, device, dtype: torch.dtype | None = None) -> Tensor:
         return t.to(device)                  # same device (no-op), device to device, or to the CPU: plain
     if torch.cuda.is_current_stream_capturing():
         return _filled(t, device)
-    return t.pin_memory().to(device, non_blocking=True)
+    return t.contiguous().pin_memory().to(device, non_blocking=True)   # an expanded view cannot be pinned
 
 
 def _filled(host: Tensor, device) -> Tensor:
