@@ -288,7 +288,8 @@ def canonical_batch(target_logits, draft_tokens, num_draft, max_num_draft=None, 
     else:
         max_num_draft = _check_host_num_draft(num_draft, num_drafts_total,
                                               None if max_num_draft is None else operator.index(max_num_draft))
-        layout = _host_layout.__wrapped__ if _capturing(device) else _host_layout
+        capturing = target_logits.is_cuda and torch.cuda.is_current_stream_capturing()
+        layout = _host_layout.__wrapped__ if capturing else _host_layout
         num_draft, cu_num_draft = layout(num_draft, device)
     if target_logits.stride(1) != 1:
         target_logits = target_logits.contiguous()
@@ -335,7 +336,7 @@ def _host_value_checks(batch: VerifyBatch) -> None:
 
 def _checked(out: VerifyOutput, batch: VerifyBatch, check_values: bool) -> VerifyOutput:
     """``out`` after the value checks the caller asked for: the status read back and raised on."""
-    if not check_values or _capturing(batch.target_logits.device):
+    if not check_values or (batch.target_logits.is_cuda and torch.cuda.is_current_stream_capturing()):
         return out
     if out.status is None:
         _host_value_checks(batch)

@@ -72,10 +72,10 @@ def raise_for_status(status) -> None:
     ...
     ValueError: sequence 1: target_logits contains NaN; target_logits contains +inf (bad sequences: [1, 2])
     """
-    words = status.tolist() if isinstance(status, torch.Tensor) else list(status)
-    bad = [b for b, w in enumerate(words) if w]
-    if not bad:
+    words = status.tolist() if isinstance(status, torch.Tensor) else status
+    if not any(words):
         return
+    bad = [b for b, w in enumerate(words) if w]
     first = bad[0]
     also = f" (bad sequences: {bad[:5]}{'...' if len(bad) > 5 else ''})" if len(bad) > 1 else ""
     raise ValueError(f"sequence {first}: " + "; ".join(describe(words[first])) + also)
