@@ -5,13 +5,17 @@ Layout and semantics: ``verispec.verify.reference`` (``reference_verify_greedy``
 Two launches, both CUDA-graph capturable (no host sync; grid sizes come from host ints only):
 
   1. ``_partial_argmax_kernel``  grid (R, S)
-     Program (r, s) streams V-chunk s of row r once and writes its (max, lowest argmax) to a
-     small [R, S] buffer. S > 1 only when R rows alone would leave the GPU idle (small B·K):
+     Program (r, s) streams V-chunk s of row r once and writes its (max, lowest argmax, NaN seen)
+     to a small [3, R, S] buffer. S > 1 only when R rows alone would leave the GPU idle (small B·K):
      e.g. R = 5, V = 128256 fp32 on 132 SMs -> S = 32 chunks of 4096 -> 160 programs instead of 5.
   2. ``_greedy_scan_kernel``  grid (B,)
      Program b reduces its k_b + 1 rows' partials (ties -> lowest split = lowest index),
      finds the first draft that differs from its row's argmax, and writes tokens /
-     num_accepted / num_emitted. Reads R * S * 8 bytes: noise next to the logits.
+     num_accepted / num_emitted, and the status word of the sequence (``verispec.verify.status``)
+     from what pass 1 saw of every one of its rows: NaN, +inf (the max), all -inf (max -inf without
+     NaN), plus its draft ids and the layout (k_b, cu_num_draft[B]). Reads R * S * 12 bytes: noise
+     next to the logits. Indices formed from num_draft are clamped / masked: a wrong layout gives
+     NUM_DRAFT, never a read out of bounds.
 
 The bound is the one read of target_logits (R * V * itemsize bytes); everything else is tiny.
 
