@@ -256,10 +256,10 @@ def canonical_batch(target_logits, draft_tokens, num_draft, max_num_draft=None, 
         if draft_tokens.numel() > 0:
             raise ValueError(f"draft_tokens is on {draft_tokens.device} but target_logits is on {device}")
         draft_tokens = draft_tokens.to(device)
-    if draft_tokens.dtype != torch.int64:
-        draft_tokens = draft_tokens.long()
+    if draft_tokens.dtype != torch.int64 or not draft_tokens.is_contiguous():
+        draft_tokens = draft_tokens.long().contiguous()
     num_drafts_total = draft_tokens.shape[0]
-    on_device = isinstance(num_draft, torch.Tensor) and (num_draft.device == device or device.type == "cpu")
+    on_device = isinstance(num_draft, torch.Tensor) and num_draft.device == device
     if isinstance(num_draft, torch.Tensor):
         if num_draft.dim() != 1 or num_draft.shape[0] == 0:
             raise ValueError(f"num_draft must be a non-empty 1-D [B] tensor, got shape {tuple(num_draft.shape)}")
@@ -269,7 +269,10 @@ def canonical_batch(target_logits, draft_tokens, num_draft, max_num_draft=None, 
             num_draft = num_draft.tolist()   # a device->host read when the tensor is on an accelerator
             on_device = False
     if not on_device:
-        num_draft = tuple(map(operator.index, num_draft))   # ints only: a float count is refused, never truncated
+        try:
+            num_draft = tuple(map(operator.index, num_draft))   # ints only: a float count is refused, never truncated
+        except TypeError:
+            raise TypeError(f"num_draft must hold integers (one k_b per sequence), got {num_draft!r}") from None
         if not num_draft:
             raise ValueError("num_draft must be a non-empty 1-D [B] tensor, got shape (0,)")
     batch = len(num_draft)
@@ -279,7 +282,8 @@ def canonical_batch(target_logits, draft_tokens, num_draft, max_num_draft=None, 
             f"B={batch} sequences: expected sum(num_draft) + B rows (one bonus row per sequence)"
         )
     if on_device:
-        num_draft = num_draft if num_draft.dtype == torch.int32 else num_draft.to(torch.int32)
+        if num_draft.dtype != torch.int32 or not num_draft.is_contiguous():
+            num_draft = num_draft.to(torch.int32).contiguous()
         cu_num_draft = torch.zeros(batch + 1, dtype=torch.int32, device=device)
         torch.cumsum(num_draft, 0, out=cu_num_draft[1:])
         max_num_draft = operator.index(max_num_draft)
