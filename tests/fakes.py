@@ -65,6 +65,7 @@ class FakeModel:
         self.states = None
         self.num_passes = 0          # verify/decode passes (prefill not counted)
         self.num_prefills = 0
+        self.nan_at = None           # (batch row, position): the next append() returns NaN there (a broken model)
 
     # ------------------------------------------------------------------ contract
     def setup_cache(self, batch_size, max_seq_len, empty=False):
@@ -135,6 +136,10 @@ class FakeModel:
         tokens = tokens.cpu().long()
         logits = torch.stack([self._position(tokens[:, i], self.lengths + i) for i in range(k)], dim=1)
         self.lengths.add_(k)
+        if self.nan_at is not None:
+            row, pos = self.nan_at
+            logits[row, min(pos, k - 1), 0] = float("nan")
+            self.nan_at = None
         return logits
 
     def decode(self, tokens):

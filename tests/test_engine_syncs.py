@@ -4,8 +4,8 @@ most host-side work (per-row settings, q, ragged rows).
 
 CPU: every tensor -> host conversion (``item``, ``tolist``, ``__bool__``, ``__int__``, ``__float__``, ``cpu``)
 made from verispec's own code during one round is recorded with its call site; only the documented outcome read
-in ``engine/round.py`` may appear (plus the conversions of that outcome, already on the host, in the same
-function). ``verify/sampling.py``'s filters decide on host copies of the settings, so they are allowed there only
+in ``engine/round.py`` may appear (plus the conversion of that outcome, already on the host, in the same
+function): the status words travel in it, so checking them costs no read of their own. ``verify/sampling.py``'s filters decide on host copies of the settings, so they are allowed there only
 when those are host tensors. GPU: the round runs under ``torch.cuda.set_sync_debug_mode("error")``, which raises
 at any synchronizing call torch detects (``item``, ``nonzero``, blocking copies, ...). It does not flag the
 outcome read itself (measured on an H100: a device -> host ``.cpu()`` is not among the calls it detects), so on
@@ -59,8 +59,8 @@ def test_a_sampled_round_reads_the_host_only_for_its_outcome(monkeypatch):
         monkeypatch.setattr(torch.Tensor, name, recorder(name, getattr(torch.Tensor, name)))
     sched._round()
     monkeypatch.undo()
-    assert sites == {("engine/round.py", "run_round", "cpu"): 1,         # the one read of the outcome
-                     ("engine/round.py", "run_round", "tolist"): 2}      # ... split on the host
+    assert sites == {("engine/round.py", "read_outcome", "cpu"): 1,      # the one read of the outcome
+                     ("engine/round.py", "read_outcome", "tolist"): 1}   # ... as lists, on the host
 
 
 @pytest.mark.gpu

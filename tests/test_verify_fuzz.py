@@ -1,6 +1,8 @@
 """Fuzzed arguments to verify_greedy / verify_sample: a clear ValueError/TypeError, or a valid output that
 the Triton kernels (under the interpreter on CPU) reproduce exactly. Never anything else: no other
 exception, no token outside the vocabulary, no token the target gives probability 0, no silent token 0.
+Both backends raise the same message, and unchecked calls (``check_values=False``) return the same status
+words (``verispec.verify.status``) on both.
 
 Values include NaN, +-inf, denormals, numbers near float32's max, negatives; shapes are tiny (V <= 6)
 so the interpreter stays fast. Sampling temperatures that the triton comparison uses are powers of two,
@@ -32,28 +34,46 @@ FUZZ = settings(max_examples=40, deadline=None, derandomize=True,
 
 @st.composite
 def batches(draw):
-    """(target_logits [R, V], draft_tokens [N], num_draft [B]) in the ragged layout, sometimes inconsistent."""
+    """(target_logits [R, V], draft_tokens [N], num_draft [B]) in the ragged layout, sometimes inconsistent:
+    R != N + B (a metadata error), or num_draft not matching N or negative (found by the kernels when
+    num_draft stays on the device, see _same_status)."""
     vocab = draw(st.integers(1, 6))
-    counts = draw(st.lists(st.integers(0, 3), min_size=1, max_size=3))
-    rows = sum(counts) + len(counts) + draw(st.sampled_from([0, 0, 0, 0, 1, -1]))   # sometimes a wrong count
+    counts = draw(st.lists(st.one_of(st.integers(0, 3), st.integers(0, 3), st.just(-1)), min_size=1, max_size=3))
+    num_drafts = max(sum(counts) + draw(st.sampled_from([0, 0, 0, 0, 0, 1, -1])), 0)   # sometimes sum(k_b) != N
+    rows = num_drafts + len(counts) + draw(st.sampled_from([0, 0, 0, 0, 1, -1]))      # sometimes R != N + B
     values = draw(st.lists(VALUES, min_size=max(rows, 0) * vocab, max_size=max(rows, 0) * vocab))
     logits = torch.tensor(values, dtype=torch.float32).reshape(max(rows, 0), vocab).to(draw(DTYPES))
     token = st.one_of(st.integers(0, vocab - 1), st.integers(0, vocab - 1), st.integers(-1, vocab))   # mostly valid
-    drafts = draw(st.lists(token, min_size=sum(counts), max_size=sum(counts)))
+    drafts = draw(st.lists(token, min_size=num_drafts, max_size=num_drafts))
     return logits, torch.tensor(drafts, dtype=torch.long), torch.tensor(counts, dtype=torch.int32)
 
 
 def _outcome(fn, *args, **kwargs):
-    """("ok", output) or ("error", exception type); anything but ValueError/TypeError fails the test."""
+    """("ok", output) or ("error", (exception type, message)); anything but ValueError/TypeError fails the test."""
     try:
         return "ok", fn(*args, **kwargs)
     except (ValueError, TypeError) as e:
         assert str(e).strip(), f"{type(e).__name__} without a message"
-        return "error", type(e)
+        return "error", (type(e), str(e))
+
+
+def _same_status(fn, logits, drafts, counts, **kwargs) -> None:
+    """Unchecked calls: the same outcome, and when both run, the same status word for every sequence. num_draft
+    is a tensor on the logits' device and max_num_draft is given, so its values are judged by the kernels."""
+    kwargs = dict(kwargs, backend="torch", check_values=False, max_num_draft=3)
+    kind, ref = _outcome(fn, logits, drafts, counts, **kwargs)
+    kind_t, tri = _outcome(fn, *_on_device(logits, drafts, counts), **dict(kwargs, backend="triton"))
+    assert kind == kind_t, (ref, tri)
+    if kind == "ok":
+        assert ref.status.tolist() == tri.status.cpu().tolist()
+        event("status " + ("clean" if not any(ref.status.tolist()) else "flagged"))
+    else:
+        assert ref == tri
 
 
 def _check_output(out, logits, drafts, counts) -> None:
     """Structural truths of any valid result, whatever the values were."""
+    assert out.status.tolist() == [0] * counts.shape[0]
     vocab = logits.shape[1]
     start = 0
     for b, k in enumerate(counts.tolist()):
@@ -92,8 +112,9 @@ def test_fuzz_verify_greedy(batch):
     kind_t, tri = _outcome(verify_greedy, *_on_device(logits, drafts, counts), backend="triton")
     assert kind == kind_t, (ref, tri)
     event(kind)
+    _same_status(verify_greedy, logits, drafts, counts)
     if kind == "error":
-        assert ref is tri
+        assert ref == tri
         return
     _check_output(ref, logits, drafts, counts)
     _same(ref, tri)
@@ -127,8 +148,9 @@ def test_fuzz_verify_sample(batch, data):
     kind_t, tri = _outcome(verify_sample, *_on_device(logits, drafts, counts), backend="triton", **kwargs)
     assert kind == kind_t, (ref, tri)
     event(kind)
+    _same_status(verify_sample, logits, drafts, counts, **kwargs)
     if kind == "error":
-        assert ref is tri
+        assert ref == tri
         return
     _check_output(ref, logits, drafts, counts)
     temps = temperature if isinstance(temperature, list) else [temperature]

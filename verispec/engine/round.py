@@ -31,6 +31,7 @@ from torch import Tensor
 from ..device import to_device
 from ..drafters.base import Drafter, SamplingParams
 from ..verify import VerifyOutput, verify_greedy, verify_sample
+from ..verify.status import raise_for_status
 
 
 @dataclass
@@ -90,20 +91,38 @@ def verification(target_logits: Tensor, draft_tokens: Tensor, num_draft: list[in
                  draft_probs: Tensor | None, sampling: SamplingParams, offsets: list[int],
                  backend: str | None) -> VerifyOutput:
     """verify_greedy when every row is greedy, else verify_sample (greedy rows stay greedy), with each
-    row's own seed and stream offset."""
-    num_draft_t = torch.tensor(num_draft, dtype=torch.int32)
-    # check_values=False: the inputs come from our own passes; the value checks would sync
+    row's own seed and stream offset.
+
+    check_values=False: the status is not read back here (that would be a second sync); the caller reads
+    ``out.status`` with the round's outcome. num_draft and the settings go as host values (checked and
+    cached by the API: no host->device copy for a layout or settings seen before); the seeds and offsets,
+    which change every round, in one copy."""
     if sampling.all_greedy:
-        return verify_greedy(target_logits, draft_tokens, num_draft_t, max_num_draft=max_num_draft,
+        return verify_greedy(target_logits, draft_tokens, num_draft, max_num_draft=max_num_draft,
                              check_values=False, backend=backend)
-    device = target_logits.device
+    keys = to_device(torch.tensor([sampling.seed, offsets], dtype=torch.int64), target_logits.device)   # [2, B]
     return verify_sample(
-        target_logits, draft_tokens, num_draft_t, draft_probs,
-        temperature=to_device(sampling.temperature, device, torch.float32),
-        top_k=to_device(sampling.top_k, device, torch.int32),
-        top_p=to_device(sampling.top_p, device, torch.float32),
-        seed=to_device(sampling.seed, device, torch.int64), offset=to_device(offsets, device, torch.int64),
+        target_logits, draft_tokens, num_draft, draft_probs, temperature=sampling.temperature,
+        top_k=sampling.top_k, top_p=sampling.top_p, seed=keys[0], offset=keys[1],
         max_num_draft=max_num_draft, check_values=False, backend=backend)
+
+
+def read_outcome(out: VerifyOutput) -> list[list[int]]:
+    """The verification outcome on the host, in the round's ONE device->host read: per row
+    [num_accepted, tokens (K + 1)..., status]. Raises RuntimeError naming the row (``sequence b``) when its
+    status word is non-zero (``verispec.verify.status``: e.g. NaN logits from the target pass): its tokens
+    mean nothing, and emitting them would be silently wrong."""
+    status = out.status if out.status is not None else torch.zeros_like(out.num_accepted)   # a backend without one
+    # NOTE: the one host sync per round: the host must learn how many tokens each row emitted (EOS / stop /
+    # length checks, the drafter's history, streaming) -- and whether it may use them.
+    rows = torch.cat([out.num_accepted[:, None], out.tokens, status[:, None]], dim=1).cpu().tolist()
+    words = [row[-1] for row in rows]
+    if any(words):
+        try:
+            raise_for_status(words)
+        except ValueError as e:
+            raise RuntimeError(f"verification refused this round's target logits: {e}") from None
+    return rows
 
 
 def _ragged(logits: Tensor, draft_tokens: Tensor, num_draft: list[int]) -> tuple[Tensor, Tensor]:
@@ -150,12 +169,10 @@ def run_round(target, drafter: Drafter | None, batch: RunningBatch, max_num_draf
         target.rollback(target.lengths - width + out.num_accepted.to(torch.long))
     # launched before the sync below, so it runs while the host waits
     batch.certain = out.tokens.gather(1, out.num_accepted[:, None].to(torch.long)).to(torch.long)  # [B, 1]
-    # NOTE: the one host sync per round: the host must learn how many tokens each row emitted (EOS / stop /
-    # length checks, the drafter's history, streaming).
-    outcome = torch.cat([out.num_accepted[:, None], out.tokens], dim=1).cpu()             # [B, 1 + K + 1]
+    outcome = read_outcome(out)                                                            # B x [1 + K + 1 + 1]
     t3 = clock.now()
-    num_accepted = outcome[:, 0].tolist()
-    emitted = [row[1: a + 2] for row, a in zip(outcome.tolist(), num_accepted)]
+    num_accepted = [row[0] for row in outcome]
+    emitted = [row[1: a + 2] for row, a in zip(outcome, num_accepted)]
     batch.offsets = [o + 1 for o in batch.offsets]
     if drafter is not None:
         drafter.commit(num_accepted, emitted)

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 import torch
 
 from . import rng
-from .sampling import filtered_probs
+from .sampling import MIN_TEMPERATURE, filtered_probs
+from .status import DEAD_ROW, DRAFT_ID, DRAFT_PROBS, MAX_SCALED_LOGIT, NAN, NUM_DRAFT, POS_INF, SCALED, SETTINGS
 
 
 @dataclass
@@ -70,6 +71,83 @@ def _stream_keys(value, batch: int, name: str) -> torch.Tensor:
     return value.cpu().to(torch.int64)
 
 
+def settings_valid(temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(settings in range, temperature in range) per sequence, [B] bool each: temperature 0 or finite and
+    >= MIN_TEMPERATURE, top_k >= 0, top_p in (0, 1] (the ranges ``sampling.check_*`` enforce on host values)."""
+    temperature_ok = (temperature == 0) | (torch.isfinite(temperature) & (temperature >= MIN_TEMPERATURE))
+    return temperature_ok & (top_k >= 0) & (top_p > 0) & (top_p <= 1), temperature_ok
+
+
+def reference_status(
+    target_logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    num_draft: torch.Tensor,
+    max_num_draft: int,
+    draft_probs: torch.Tensor | None = None,
+    temperature: torch.Tensor | None = None,
+    top_k: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Each sequence's status word (``verispec.verify.status``): [B] int32 on the host.
+
+    The layout is read as the kernels read it, whatever num_draft holds: sequence b's rows start at
+    cu_num_draft[b] + b (the prefix sum of num_draft as given), and rows / drafts outside the tensors are
+    skipped. temperature / top_k / top_p ([B], None for greedy verification) add SETTINGS and SCALED.
+
+    >>> logits = torch.tensor([[0., 1], [float("nan"), 0], [1, 0]])   # seq 0: one draft + bonus; seq 1: bonus
+    >>> reference_status(logits, torch.tensor([5]), torch.tensor([1, 0]), 1).tolist()   # id 5 >= V = 2
+    [9, 0]
+    """
+    logits = target_logits.float().cpu()
+    num_rows, vocab = logits.shape
+    counts = num_draft.cpu().long()
+    drafts = draft_tokens.cpu().long()
+    num_drafts_total = drafts.shape[0]
+    cu_num_draft = torch.zeros(counts.shape[0] + 1, dtype=torch.long)
+    cu_num_draft[1:] = torch.cumsum(counts, 0)
+    nan = torch.isnan(logits)
+    row_bits = (torch.where(nan.any(1), NAN, 0) | torch.where(torch.isposinf(logits).any(1), POS_INF, 0)
+                | torch.where(torch.isneginf(logits).all(1), DEAD_ROW, 0))                          # [R]
+    row_max = torch.where(nan, float("-inf"), logits).amax(1) if num_rows else logits.new_zeros(0)
+    id_ok = (drafts >= 0) & (drafts < vocab)
+    draft_bits = torch.where(id_ok, 0, DRAFT_ID)                                                     # [N]
+    if draft_probs is not None:
+        q = draft_probs.float().cpu()
+        q_x = q.gather(1, drafts.clamp(0, vocab - 1)[:, None]).squeeze(1) if num_drafts_total else q.new_zeros(0)
+        q_bad = (torch.isnan(q).any(1) | (q < 0).any(1) | ~((q.sum(1) - 1).abs() <= 1e-2)
+                 | (id_ok & ~(q_x > 0)))
+        draft_bits |= torch.where(q_bad, DRAFT_PROBS, 0)
+    if temperature is not None:
+        settings_ok, temperature_ok = settings_valid(temperature.cpu(), top_k.cpu(), top_p.cpu())
+        inverse_t = torch.where(temperature_ok & (temperature.cpu() > 0), 1 / temperature.cpu().double(), 0.0)
+    words = []
+    for b, k in enumerate(counts.tolist()):
+        if int(cu_num_draft[-1]) != num_drafts_total or not 0 <= k <= max_num_draft:
+            words.append(NUM_DRAFT)
+            continue
+        draft0 = int(cu_num_draft[b])
+        rows = [r for r in range(draft0 + b, draft0 + b + k + 1) if 0 <= r < num_rows]
+        word = 0
+        for r in rows:
+            word |= int(row_bits[r])
+        for j in range(max(draft0, 0), min(draft0 + k, num_drafts_total)):
+            word |= int(draft_bits[j])
+        if temperature is not None:
+            word |= 0 if bool(settings_ok[b]) else SETTINGS
+            clean = [r for r in rows if int(row_bits[r]) == 0]
+            if inverse_t[b] > 0 and any(abs(float(row_max[r]) * float(inverse_t[b])) > MAX_SCALED_LOGIT for r in clean):
+                word |= SCALED
+        words.append(word)
+    return torch.tensor(words, dtype=torch.int32)
+
+
+def _unusable(batch: int, max_num_draft: int, status: torch.Tensor, device) -> VerifyOutput:
+    """The output of a batch whose layout is wrong (a NUM_DRAFT word): no tokens, only the status."""
+    tokens = torch.full((batch, max_num_draft + 1), -1, dtype=torch.int32)
+    num_accepted = torch.zeros(batch, dtype=torch.int32)
+    return VerifyOutput(tokens.to(device), num_accepted.to(device), (num_accepted + 1).to(device), status.to(device))
+
+
 def reference_verify_greedy(
     target_logits: torch.Tensor, draft_tokens: torch.Tensor, num_draft: torch.Tensor, max_num_draft: int
 ) -> VerifyOutput:
@@ -82,6 +160,9 @@ def reference_verify_greedy(
     ([[1, 2, -1], [1, -1, -1]], [1, 0], [2, 1])
     """
     batch = num_draft.shape[0]
+    status = reference_status(target_logits, draft_tokens, num_draft, max_num_draft)
+    if bool((status == NUM_DRAFT).any()):
+        return _unusable(batch, max_num_draft, status, target_logits.device)
     tokens = torch.full((batch, max_num_draft + 1), -1, dtype=torch.int32)
     num_accepted = torch.zeros(batch, dtype=torch.int32)
     target_argmax = target_logits.float().argmax(dim=-1).cpu()
@@ -96,8 +177,8 @@ def reference_verify_greedy(
         tokens[b, accepted] = int(target_argmax[row0 + accepted])
         num_accepted[b] = accepted
         draft_start += k
-    return VerifyOutput(tokens.to(target_logits.device), num_accepted.to(target_logits.device),
-                        (num_accepted + 1).to(target_logits.device))
+    device = target_logits.device
+    return VerifyOutput(tokens.to(device), num_accepted.to(device), (num_accepted + 1).to(device), status.to(device))
 
 
 def reference_verify_sample(
@@ -127,12 +208,18 @@ def reference_verify_sample(
 
     Three stages: (1) the accept decision of every draft, (2) each sequence's first rejection,
     (3) one sample per sequence from its stop row (recovery or bonus).
+    Inputs that make a sequence's status word non-zero give it tokens of no meaning (ids out of range are
+    clamped into the vocabulary so that they can be looked up).
     """
     batch = num_draft.shape[0]
+    status = reference_status(target_logits, draft_tokens, num_draft, max_num_draft, draft_probs, temperature,
+                              top_k, top_p)
+    if bool((status == NUM_DRAFT).any()):
+        return _unusable(batch, max_num_draft, status, target_logits.device)
     logits = target_logits.float().cpu()
     vocab = logits.shape[1]
     counts = num_draft.cpu().long()
-    drafts = draft_tokens.cpu().long()
+    drafts = draft_tokens.cpu().long().clamp(0, vocab - 1)
     num_drafts_total = drafts.shape[0]
     seq_of_row = torch.repeat_interleave(torch.arange(batch), counts + 1)
     seq_of_draft = torch.repeat_interleave(torch.arange(batch), counts)
@@ -194,4 +281,4 @@ def reference_verify_sample(
     emitted = torch.where(greedy_seq, p_stop.argmax(dim=1), sampled)
     tokens[torch.arange(batch), num_accepted.long()] = emitted.to(torch.int32)
     device = target_logits.device
-    return VerifyOutput(tokens.to(device), num_accepted.to(device), (num_accepted + 1).to(device))
+    return VerifyOutput(tokens.to(device), num_accepted.to(device), (num_accepted + 1).to(device), status.to(device))

@@ -16,6 +16,14 @@ Bits (a sequence can have several):
     SETTINGS     a per-sequence temperature / top_k / top_p given as a tensor is out of range
     DRAFT_PROBS  a draft_probs row has NaN or negative entries, does not sum to 1 (within 1e-2), or gives its
                  own draft probability 0
+
+Which rows count: every row of the sequence (k_b draft rows and the bonus row, also those after its first
+rejection) and every q row of its drafts. The one exception is the Triton sampler's wave mode (large batches
+with ``check_values=False``): it never reads rows after a sequence's first rejection, which cannot change its
+tokens, so it cannot check them either. SCALED is judged on rows that are otherwise clean (no NaN, no +inf, not
+entirely -inf) of sequences with a valid temperature > 0; DRAFT_ID and the q(draft) test only on drafts whose
+position exists. A NUM_DRAFT word is NUM_DRAFT alone: the sequence's rows are unknown, so nothing else is
+judged, and any NUM_DRAFT word means the batch's layout is wrong (no sequence's tokens can be trusted).
 """
 from __future__ import annotations
 
@@ -57,11 +65,17 @@ def describe(word: int) -> list[str]:
 def raise_for_status(status) -> None:
     """Raise ValueError naming the first bad sequence if any status word is non-zero.
 
-    status: [B] int32 tensor on the host (or a list of ints): read it back once, then call this."""
-    words = status.tolist() if isinstance(status, torch.Tensor) else list(status)
-    bad = [b for b, w in enumerate(words) if w]
-    if not bad:
+    status: a list of B ints (or a [B] tensor on the host): read it back once, then call this.
+
+    >>> raise_for_status([0, NAN | POS_INF, DRAFT_ID])
+    Traceback (most recent call last):
+    ...
+    ValueError: sequence 1: target_logits contains NaN; target_logits contains +inf (bad sequences: [1, 2])
+    """
+    words = status.tolist() if isinstance(status, torch.Tensor) else status
+    if not any(words):
         return
+    bad = [b for b, w in enumerate(words) if w]
     first = bad[0]
     also = f" (bad sequences: {bad[:5]}{'...' if len(bad) > 5 else ''})" if len(bad) > 1 else ""
     raise ValueError(f"sequence {first}: " + "; ".join(describe(words[first])) + also)
