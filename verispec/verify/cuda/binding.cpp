@@ -43,10 +43,17 @@ void check_logits(const at::Tensor& logits) {
     TORCH_CHECK(logits.size(0) < INT32_MAX && logits.size(1) < INT32_MAX, "logits has too many rows or columns");
 }
 
+// tokens [B, width], num_accepted, num_emitted, status [B]: int32 views of one allocation (an eager call
+// pays for one caching-allocator round trip, not four).
 std::vector<at::Tensor> outputs(const at::Tensor& like, int64_t batch, int64_t width) {
-    auto opts = like.options().dtype(at::kInt);
-    return {at::empty({batch, width}, opts), at::empty({batch}, opts), at::empty({batch}, opts),
-            at::empty({batch}, opts)};  // tokens, num_accepted, num_emitted, status
+    auto all = at::empty({batch * (width + 3)}, like.options().dtype(at::kInt));
+    return {all.narrow(0, 0, batch * width).view({batch, width}), all.narrow(0, batch * width, batch),
+            all.narrow(0, batch * (width + 1), batch), all.narrow(0, batch * (width + 2), batch)};
+}
+
+// Scratch of `words` 4-byte words (float or int32 partials, carved by the launchers) in one allocation.
+at::Tensor workspace(const at::Tensor& like, int64_t words) {
+    return at::empty({std::max<int64_t>(words, 1)}, like.options().dtype(at::kInt));
 }
 
 // ---- greedy ------------------------------------------------------------------------------
@@ -106,17 +113,16 @@ std::vector<at::Tensor> verify_greedy(const at::Tensor& logits, const at::Tensor
     const long long num_partials =
         vs_argmax_plan((int)argmax_version, dtype, rows, vocab, num_sms(logits), &chunks, &per_block);
     TORCH_CHECK(num_partials > 0, "unknown argmax version ", argmax_version);
-    auto part_val = at::empty({num_partials}, logits.options().dtype(at::kFloat));
-    auto part_idx = at::empty({num_partials}, logits.options().dtype(at::kInt));
-    auto part_flag = at::empty({num_partials}, logits.options().dtype(at::kInt));
+    auto scratch = workspace(logits, 3 * num_partials);  // part_val (float), part_idx, part_flag
+    int* words = scratch.data_ptr<int>();
+    float* part_val = reinterpret_cast<float*>(words);
+    int *part_idx = words + num_partials, *part_flag = words + 2 * num_partials;
     auto stream = at::cuda::getCurrentCUDAStream();
     check_launch(vs_argmax((int)argmax_version, logits.data_ptr(), dtype, logits.stride(0), rows, vocab, chunks,
-                           per_block, part_val.data_ptr<float>(), part_idx.data_ptr<int>(), part_flag.data_ptr<int>(),
-                           stream),
+                           per_block, part_val, part_idx, part_flag, stream),
                  "argmax");
     auto out = outputs(logits, batch, width);
-    check_launch(vs_greedy_scan((int)variant, per_block > 0, part_val.data_ptr<float>(), part_idx.data_ptr<int>(),
-                                part_flag.data_ptr<int>(), chunks, per_block,
+    check_launch(vs_greedy_scan((int)variant, per_block > 0, part_val, part_idx, part_flag, chunks, per_block,
                                 (const long long*)draft_tokens.data_ptr<int64_t>(), num_draft.data_ptr<int>(),
                                 cu_num_draft.data_ptr<int>(), batch, rows, vocab, (int)width, out[0].data_ptr<int>(),
                                 out[1].data_ptr<int>(), out[2].data_ptr<int>(), out[3].data_ptr<int>(), stream),
@@ -174,29 +180,24 @@ std::vector<at::Tensor> verify_sample(const at::Tensor& logits, const at::Tensor
     a.seed = (const long long*)seed.data_ptr<int64_t>();
     a.offset = (const long long*)offset.data_ptr<int64_t>();
     a.chunks = vs_argmax_chunks(rows, vocab, sms);
-    const int64_t parts = (int64_t)rows * a.chunks;
-    auto fopts = logits.options().dtype(at::kFloat);
-    auto iopts = logits.options().dtype(at::kInt);
-    auto part_a = at::empty({parts}, fopts), part_s = at::empty({parts}, fopts), part_qsum = at::empty({parts}, fopts);
-    auto part_idx = at::empty({parts}, iopts), part_flag = at::empty({parts}, iopts);
-    a.part_a = part_a.data_ptr<float>();
-    a.part_s = part_s.data_ptr<float>();
-    a.part_qsum = part_qsum.data_ptr<float>();
-    a.part_idx = part_idx.data_ptr<int>();
-    a.part_flag = part_flag.data_ptr<int>();
     a.race_chunks = race_blocks_per_sm > 0 ? vs_race_chunks(batch, vocab, (int)race_blocks_per_sm * sms) : 1;
-    const int64_t n = (int64_t)batch * a.race_chunks;
-    // kept alive until the launches are queued (the caching allocator orders reuse on the stream)
-    std::vector<at::Tensor> race = {at::empty({n}, fopts), at::empty({n}, fopts), at::empty({n}, iopts),
-                                    at::empty({n}, iopts), at::empty({n}, iopts), at::empty({batch}, iopts),
-                                    at::empty({batch}, iopts)};
-    a.race_p_val = race[0].data_ptr<float>();
-    a.race_res_val = race[1].data_ptr<float>();
-    a.race_p_idx = race[2].data_ptr<int>();
-    a.race_res_idx = race[3].data_ptr<int>();
-    a.race_any = race[4].data_ptr<int>();
-    a.race_acc = race[5].data_ptr<int>();
-    a.race_flags = race[6].data_ptr<int>();
+    // scratch: 5 words a pass-1 partial, 5 a race partial, 2 a sequence
+    const int64_t parts = (int64_t)rows * a.chunks, race_parts = (int64_t)batch * a.race_chunks;
+    auto scratch = workspace(logits, 5 * parts + 5 * race_parts + 2 * batch);
+    int* w = scratch.data_ptr<int>();
+    auto take = [&w](int64_t n) { int* p = w; w += n; return p; };
+    a.part_a = reinterpret_cast<float*>(take(parts));
+    a.part_s = reinterpret_cast<float*>(take(parts));
+    a.part_qsum = reinterpret_cast<float*>(take(parts));
+    a.part_idx = take(parts);
+    a.part_flag = take(parts);
+    a.race_p_val = reinterpret_cast<float*>(take(race_parts));
+    a.race_res_val = reinterpret_cast<float*>(take(race_parts));
+    a.race_p_idx = take(race_parts);
+    a.race_res_idx = take(race_parts);
+    a.race_any = take(race_parts);
+    a.race_acc = take(batch);
+    a.race_flags = take(batch);
     auto out = outputs(logits, batch, width);
     a.tokens = out[0].data_ptr<int>();
     a.num_accepted = out[1].data_ptr<int>();

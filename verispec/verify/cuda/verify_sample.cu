@@ -81,7 +81,10 @@ __device__ __forceinline__ float q_range_check(const Q* __restrict__ q, int n, i
 }
 
 // pass 1. part_a: softmax max m (T != 0) or argmax value (T == 0); part_s: sum exp(z - m);
-// part_idx: argmax; part_flag: status bits; part_qsum: the q chunk's sum (1 where not checked).
+// part_idx: argmax; part_flag: status bits, plus VS_ALIVE when some logit of the chunk is not -inf
+// (a row is dead when no chunk is alive: judged on the logits, not on logits / T, which a bad T can
+// turn into NaN); part_qsum: the q chunk's sum (1 where not checked).
+#define VS_ALIVE (1 << 30)  // never a status bit (status.py's bits are < 256)
 template <typename T>
 __global__ void __launch_bounds__(STATS_THREADS)
 row_stats_partial_kernel(const T* __restrict__ logits, long long row_stride, int vocab, int chunk_len, int chunks,
@@ -99,15 +102,23 @@ row_stats_partial_kernel(const T* __restrict__ logits, long long row_stride, int
     const int n = min(chunk_len, vocab - start);
     const T* row = logits + r * row_stride + start;
     const long long o = r * chunks + c;
-    int flags = 0;
+    int flags = 0, alive = 0;  // alive: some logit is not -inf (NaN counts: a NaN row is reported as NaN)
     if (temp == 0.0f) {
         ArgMax a = argmax_identity();
-        if (n > 0) for_each_element<T, 4>(row, n, [&](float v, int i) { argmax_update(a, v, start + i); flags |= value_flags(v); });
+        if (n > 0) for_each_element<T, 4>(row, n, [&](float v, int i) {
+            argmax_update(a, v, start + i);
+            flags |= value_flags(v);
+            alive |= v != -INFINITY;
+        });
         a = block_argmax(a);
         if (threadIdx.x == 0) { part_a[o] = a.val; part_s[o] = 0.0f; part_idx[o] = a.idx; }
     } else {
         SoftmaxStats s{-INFINITY, 0.0f};
-        if (n > 0) for_each_element<T, 4>(row, n, [&](float v, int) { stats_update(s, v / temp); flags |= value_flags(v); });
+        if (n > 0) for_each_element<T, 4>(row, n, [&](float v, int) {
+            stats_update(s, v / temp);
+            flags |= value_flags(v);
+            alive |= v != -INFINITY;
+        });
         s = block_stats(s);
         if (threadIdx.x == 0) { part_a[o] = s.m; part_s[o] = s.s; part_idx[o] = 0; }
     }
@@ -127,8 +138,9 @@ row_stats_partial_kernel(const T* __restrict__ logits, long long row_stride, int
         }
         if (threadIdx.x == 0) part_qsum[o] = qsum;
     }
+    alive = __syncthreads_or(alive);
     flags = block_or(flags);
-    if (threadIdx.x == 0) part_flag[o] = flags;
+    if (threadIdx.x == 0) part_flag[o] = flags | (alive ? VS_ALIVE : 0);
 }
 
 // The pass-1 results of one launch.
@@ -155,18 +167,24 @@ __device__ __forceinline__ int row_argmax_stats(const RowParts& P, int r) {
     return a.idx;
 }
 
-// Status bits of a sequence's settings (the reference's check_temperature / top_k / top_p).
+// Whether T is 0 (greedy) or finite and >= MIN_TEMPERATURE (the reference's check_temperature).
+__device__ __forceinline__ bool temperature_ok(float temp) {
+    return temp == 0.0f || (temp >= VS_MIN_TEMPERATURE && temp <= 3.402823466e38f);  // NaN fails both
+}
+
+// Status bits of a sequence's settings (check_temperature / check_top_k / check_top_p).
 __device__ __forceinline__ int settings_flags(float temp, int top_k, float top_p) {
-    const bool temp_ok = temp == 0.0f || (temp >= VS_MIN_TEMPERATURE && temp <= 3.402823466e38f);  // NaN fails both
     const bool top_p_ok = top_p > 0.0f && top_p <= 1.0f;
-    return (temp_ok && top_k >= 0 && top_p_ok) ? 0 : VS_STATUS_SETTINGS;
+    return (temperature_ok(temp) && top_k >= 0 && top_p_ok) ? 0 : VS_STATUS_SETTINGS;
 }
 
 // The status word of a sequence from its pass-1 partials (warp-wide: every lane calls it; the
-// result is valid in every lane). Rows past the first rejection are checked too.
+// result is valid in every lane). Rows past the first rejection are checked too. SCALED is judged
+// only under a valid temperature (a bad one is SETTINGS, and makes logits / T meaningless).
 __device__ __forceinline__ int sequence_status(const RowParts& P, const SeqLayout& L, float temp, int top_k,
                                                float top_p, int lane) {
     int flags = (L.ok ? 0 : VS_STATUS_NUM_DRAFT) | settings_flags(temp, top_k, top_p);
+    const bool sampled = temp > 0.0f && temperature_ok(temp);
     for (int i = lane; L.ok && i <= L.k; i += 32) {
         const long long base = (long long)(L.row0 + i) * P.chunks;
         float mx = -INFINITY, qsum = 0.0f;
@@ -176,9 +194,9 @@ __device__ __forceinline__ int sequence_status(const RowParts& P, const SeqLayou
             mx = fmaxf(mx, P.a[base + c]);
             if (P.qsum) qsum += P.qsum[base + c];
         }
-        if (mx == -INFINITY && !(f & VS_STATUS_NAN)) f |= VS_STATUS_DEAD_ROW;
+        f = (f & VS_ALIVE) ? (f & ~VS_ALIVE) : (f | VS_STATUS_DEAD_ROW);
         // m is max(logit / T): beyond 2**30 (or overflowed to inf) the float32 softmax is not exact
-        if (temp > 0.0f && !(f & (VS_STATUS_NAN | VS_STATUS_POS_INF | VS_STATUS_DEAD_ROW)) && fabsf(mx) > VS_MAX_SCALED_LOGIT)
+        if (sampled && !(f & (VS_STATUS_NAN | VS_STATUS_POS_INF | VS_STATUS_DEAD_ROW)) && fabsf(mx) > VS_MAX_SCALED_LOGIT)
             f |= VS_STATUS_SCALED;
         if (P.qsum && i < L.k && !(fabsf(qsum - 1.0f) <= 1e-2f)) f |= VS_STATUS_DRAFT_PROBS;
         flags |= f;
