@@ -133,3 +133,21 @@ def test_binding_declarations_match_the_definitions(name):
     for fn, types in declared.items():
         assert fn in defined, f"{fn} is declared in {binding} but defined in none of {sources}"
         assert types == defined[fn], f"{fn}: {binding} declares {types}, the source defines {defined[fn]}"
+
+
+def test_argmax_variant_names_match_the_kernel_table():
+    """ARGMAX_VARIANTS (Python) names the versions of VS_ARGMAX_VERSIONS (verify_greedy.cu): the same codes,
+    and each name says its kind, threads and loads in flight (v2 / v3 are the 256-thread chunked originals)."""
+    from verispec.verify.cuda import ARGMAX_VARIANTS, DEFAULT_ARGMAX
+
+    text = (ROOT / "verispec/verify/cuda/verify_greedy.cu").read_text()
+    table = {int(code): (int(bal), int(threads), int(unroll))
+             for code, bal, threads, unroll in re.findall(r"X\((\d+), (\d), (\d+), (\d+), (?:true|false)\)", text)}
+    assert sorted(table) == sorted(ARGMAX_VARIANTS.values())
+    for name, code in ARGMAX_VARIANTS.items():
+        bal, threads, unroll = table[code]
+        assert name.startswith("bal-") == bool(bal), name
+        for letter, value in (("t", threads), ("u", unroll)):   # e.g. "bal-t512-u8": 512 threads, 8 loads
+            said = re.search(rf"-{letter}(\d+)", name)
+            assert said is None or int(said.group(1)) == value, (name, table[code])
+    assert DEFAULT_ARGMAX in ARGMAX_VARIANTS

@@ -51,6 +51,7 @@ DEFAULT_ARGMAX = "v3"
 # an SM in all (0: one block per sequence races all of V, the v1 kernel).
 RACE_BLOCKS_PER_SM = 8
 
+
 def load(verbose: bool = False):
     """Build (first call; cached on disk afterwards) and return the ``verispec_verify`` extension."""
     return load_extension("verispec_verify", [_SRC / s for s in _SOURCES], [_SRC], what="backend='cuda'",

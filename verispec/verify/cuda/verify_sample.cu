@@ -27,8 +27,9 @@
 //       torch's tie-break, and the status bits of the chunk (+ the q chunk's sum). 16-byte
 //       loads, warp-shuffle reductions.
 //   pass 2  race_partial_kernel  grid (B, race_chunks), 256 threads: warp 0 merges the chunk
-//       statistics of the sequence's rows and runs the accept tests of all its drafts at once,
-//       __ballot_sync finding the first rejection; then the block runs the exponential race over
+//       statistics of the sequence's rows (lane i: row i, the bonus row included) and runs the
+//       accept tests of all its drafts at once, __ballot_sync finding the first rejection and
+//       __shfl_sync handing out the stop row's statistics; then the block runs the exponential race over
 //       its vocabulary chunk of the emitted row (recovered or bonus), with that row's exact
 //       global normalizer: one Philox draw per vocabulary id, block argmax through
 //       __shfl_down_sync; it writes the chunk's winners (bonus key p/E, recovery key
@@ -209,22 +210,27 @@ __device__ __forceinline__ bool uses_filter(float temp, int top_k, float top_p, 
 }
 
 struct Accepted {
-    int acc;    // accepted drafts (the stop row is row0 + acc)
-    int flags;  // DRAFT_ID, DRAFT_PROBS (q(x) <= 0 or NaN) over every draft
+    int acc;          // accepted drafts (the stop row is row0 + acc)
+    int flags;        // DRAFT_ID, DRAFT_PROBS (q(x) <= 0 or NaN) over every draft
+    SoftmaxStats stop;  // T != 0: the stop row's merged statistics (its global normalizer)
 };
 
-// The accept tests of every draft of a sequence (warp 0; the result is valid in every lane).
+// The accept tests of every draft of a sequence (warp 0; the result is valid in every lane). Lane i
+// takes position i (the bonus row k too), so the stop row's statistics come out of the same step.
 // NOTE: the loop does not stop at the first rejection: the id and q(x) checks cover every draft.
 template <typename T>
 __device__ __forceinline__ Accepted accept_scan(const T* __restrict__ logits, long long row_stride, int vocab,
                                                 const RowParts& P, const long long* __restrict__ draft_tokens,
                                                 const void* __restrict__ draft_probs, int q_dtype,
-                                                long long q_stride, const SeqLayout& L, float temp, uint64_t seed, uint64_t offset,
-                                                int lane) {
+                                                long long q_stride, const SeqLayout& L, float temp, uint64_t seed,
+                                                uint64_t offset, int lane) {
     int acc = L.k, flags = 0;
-    for (int base = 0; base < L.k; base += 32) {
+    SoftmaxStats stop{-INFINITY, 0.0f};
+    for (int base = 0; L.ok && base <= L.k; base += 32) {
         const int i = base + lane;
         bool reject = false;
+        SoftmaxStats st{-INFINITY, 0.0f};
+        if (i <= L.k && temp != 0.0f) st = row_stats(P, L.row0 + i);
         if (i < L.k) {
             const int r = L.row0 + i;
             const long long x_raw = draft_tokens[L.d0 + i];
@@ -234,7 +240,6 @@ __device__ __forceinline__ Accepted accept_scan(const T* __restrict__ logits, lo
             if (temp == 0.0f) {
                 reject = bad_id || x != row_argmax_stats(P, r);
             } else {
-                const SoftmaxStats st = row_stats(P, r);
                 const float z = to_float(logits[(long long)r * row_stride + x]) / temp;
                 const float p_x = expf(z - st.m) * (1.0f / st.s);
                 const float q_x = draft_probs ? q_at(draft_probs, q_dtype, (long long)(L.d0 + i) * q_stride + x) : 1.0f;
@@ -245,9 +250,13 @@ __device__ __forceinline__ Accepted accept_scan(const T* __restrict__ logits, lo
             }
         }
         const unsigned m = __ballot_sync(VS_FULL_MASK, reject);
-        if (acc == L.k && m) acc = base + __ffs(m) - 1;
+        if (acc == L.k && m) acc = base + __ffs(m) - 1;  // the first rejection (warp-uniform)
+        if (acc >= base && acc - base < 32) {           // warp-uniform: exactly one step holds the stop row
+            stop.m = __shfl_sync(VS_FULL_MASK, st.m, acc - base);
+            stop.s = __shfl_sync(VS_FULL_MASK, st.s, acc - base);
+        }
     }
-    return {acc, (int)__reduce_or_sync(VS_FULL_MASK, (unsigned)flags)};
+    return {acc, (int)__reduce_or_sync(VS_FULL_MASK, (unsigned)flags), stop};
 }
 
 // The race keys of one vocabulary range [start, start + n) of the stop row: bonus p_v / E_v and
@@ -323,12 +332,9 @@ race_partial_kernel(const T* __restrict__ logits, long long row_stride, int voca
                                              seed, offset, lane);
         if (lane == 0) {
             s_acc = a.acc;
+            s_m = a.stop.m;
+            s_s = a.stop.s;
             if (c == 0) { R.acc[b] = a.acc; R.flags[b] = a.flags; }
-            if (L.ok && temp > 0.0f) {
-                const SoftmaxStats st = row_stats(P, L.row0 + a.acc);
-                s_m = st.m;
-                s_s = st.s;
-            }
         }
     }
     __syncthreads();
