@@ -439,12 +439,14 @@ extern "C" cudaError_t vs_argmax(int version, const void* logits, int dtype, lon
                                  cudaStream_t stream) {
     if (rows == 0) return cudaSuccess;
     if (is_balanced(version) && per_block <= 0) return cudaErrorInvalidValue;
+#define VS_ARGS version, logits, row_stride, rows, vocab, chunks, per_block, part_val, part_idx, part_flag, stream
     switch (dtype) {
-        case VS_F32: return launch_argmax<float>(version, logits, row_stride, rows, vocab, chunks, per_block, part_val, part_idx, part_flag, stream);
-        case VS_BF16: return launch_argmax<__nv_bfloat16>(version, logits, row_stride, rows, vocab, chunks, per_block, part_val, part_idx, part_flag, stream);
-        case VS_F16: return launch_argmax<__half>(version, logits, row_stride, rows, vocab, chunks, per_block, part_val, part_idx, part_flag, stream);
+        case VS_F32: return launch_argmax<float>(VS_ARGS);
+        case VS_BF16: return launch_argmax<__nv_bfloat16>(VS_ARGS);
+        case VS_F16: return launch_argmax<__half>(VS_ARGS);
         default: return cudaErrorInvalidValue;
     }
+#undef VS_ARGS
 }
 
 // variant: 0 = naive (v1), 1 = ballot (v2), 2 = segment (v3; max_k = width - 1 sets the segment).
