@@ -183,8 +183,8 @@ def run_greedy(l2_bytes: int, log) -> list[dict]:
                         lambda: reference_verify_greedy(batch.target_logits, batch.draft_tokens, batch.num_draft, k))
                 # argmax only (auto vocabulary split, as in the full verify)
                 for name, fn in {
-                    "v2": lambda bb: vc.target_argmax_partial_cuda(bb.target_logits, 2),
-                    "v3": lambda bb: vc.target_argmax_partial_cuda(bb.target_logits, 3),
+                    "v2": lambda bb: vc.target_argmax_partial_cuda(bb.target_logits, "v2"),
+                    "v3": lambda bb: vc.target_argmax_partial_cuda(bb.target_logits, "v3"),
                     "torch": lambda bb: bb.target_logits.argmax(dim=-1),
                 }.items():
                     row[f"argmax:{name}"], _ = time_graph([lambda bb=bb, fn=fn: fn(bb) for bb in batches])

@@ -8,6 +8,7 @@ The torch binding (binding.cpp) needs a CUDA build of torch and is only built on
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -71,8 +72,6 @@ def test_binding_declares_and_links_every_launcher(name):
     """The torch binding cannot be compiled here (no CUDA build of torch), so check what would break its
     build: every ``vs_*`` launcher the binding calls is declared in its ``extern "C"`` block and defined
     ``extern "C"`` in one of the extension's sources (or a file they include)."""
-    import re
-
     binding, sources = EXTENSIONS[name]
     text = (ROOT / binding).read_text()
     externs = text.split('extern "C" {', 1)[1].split("\n}", 1)[0]
@@ -87,3 +86,68 @@ def test_binding_declares_and_links_every_launcher(name):
         defined |= set(re.findall(r'extern "C"[^(]*?\b(vs_\w+)\s*\(', src_text))
     assert called <= declared, f"{binding} calls undeclared launchers: {sorted(called - declared)}"
     assert declared <= defined, f"{binding} declares launchers no source defines: {sorted(declared - defined)}"
+
+
+def test_status_bits_match_the_kernels():
+    """common.cuh's VS_STATUS_* bits and limits are verispec/verify/status.py's (the contract every backend
+    shares)."""
+    from verispec.verify import status
+
+    text = (ROOT / "verispec/verify/cuda/common.cuh").read_text()
+    bits = {name: int(value) for name, value in re.findall(r"#define VS_STATUS_(\w+) (\d+)", text)}
+    assert bits == {name: getattr(status, name) for name in bits}
+    assert sorted(bits.values()) == sorted(status.MESSAGES)
+    limit = float(re.search(r"#define VS_MAX_SCALED_LOGIT ([\d.]+)f", text).group(1))
+    assert limit == status.MAX_SCALED_LOGIT
+    from verispec.verify.sampling import MIN_TEMPERATURE
+
+    assert float(re.search(r"#define VS_MIN_TEMPERATURE ([\de.-]+)f", text).group(1)) == MIN_TEMPERATURE
+
+
+def _param_types(params: str) -> list[str]:
+    """The parameter types of a C parameter list, names and whitespace dropped:
+    'const float* part_val, int n' -> ['constfloat*', 'int']."""
+    types = []
+    for param in filter(None, (p.strip() for p in params.replace("\n", " ").split(","))):
+        param = re.sub(r"/\*.*?\*/", "", param).strip()
+        types.append(re.sub(r"\s+", "", re.sub(r"\b\w+$", "", param)))
+    return types
+
+
+@pytest.mark.parametrize("name", sorted(EXTENSIONS))
+def test_binding_declarations_match_the_definitions(name):
+    """extern "C" names are not mangled, so a declaration whose parameters differ from the definition links
+    and then passes garbage: compare the parameter types of each declared launcher with its definition."""
+    binding, sources = EXTENSIONS[name]
+    text = (ROOT / binding).read_text()
+    externs = text.split('extern "C" {', 1)[1].split("\n}", 1)[0]
+    declared = {fn: _param_types(params) for fn, params in re.findall(r"\b(vs_\w+)\s*\(([^)]*)\)\s*;", externs)}
+    defined = {}
+    for src in sources:
+        src_text = (ROOT / src).read_text()
+        for inc in re.findall(r'#include "(\w+\.cu)"', src_text):
+            src_text += next(ROOT.glob(f"verispec/**/{inc}")).read_text()
+        src_text = re.sub(r"//[^\n]*", "", src_text)  # comments may hold commas
+        for fn, params in re.findall(r'extern "C"[^(;]*?\b(vs_\w+)\s*\(([^)]*)\)\s*\{', src_text):
+            defined[fn] = _param_types(params)
+    for fn, types in declared.items():
+        assert fn in defined, f"{fn} is declared in {binding} but defined in none of {sources}"
+        assert types == defined[fn], f"{fn}: {binding} declares {types}, the source defines {defined[fn]}"
+
+
+def test_argmax_variant_names_match_the_kernel_table():
+    """ARGMAX_VARIANTS (Python) names the versions of VS_ARGMAX_VERSIONS (verify_greedy.cu): the same codes,
+    and each name says its kind, threads and loads in flight (v2 / v3 are the 256-thread chunked originals)."""
+    from verispec.verify.cuda import ARGMAX_VARIANTS, DEFAULT_ARGMAX
+
+    text = (ROOT / "verispec/verify/cuda/verify_greedy.cu").read_text()
+    table = {int(code): (int(bal), int(threads), int(unroll))
+             for code, bal, threads, unroll in re.findall(r"X\((\d+), (\d), (\d+), (\d+), (?:true|false)\)", text)}
+    assert sorted(table) == sorted(ARGMAX_VARIANTS.values())
+    for name, code in ARGMAX_VARIANTS.items():
+        bal, threads, unroll = table[code]
+        assert name.startswith("bal-") == bool(bal), name
+        for letter, value in (("t", threads), ("u", unroll)):   # e.g. "bal-t512-u8": 512 threads, 8 loads
+            said = re.search(rf"-{letter}(\d+)", name)
+            assert said is None or int(said.group(1)) == value, (name, table[code])
+    assert DEFAULT_ARGMAX in ARGMAX_VARIANTS

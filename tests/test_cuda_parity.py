@@ -1,12 +1,14 @@
 """GPU parity of the verification kernels (verispec.verify.cuda, backend="cuda") against the reference.
 
-Every kernel version is checked on fresh random ragged batches and on the edges: k_b = 0,
-k_b = 32 and > 32 (the ballot scan's loop), V not a multiple of the block size or of the
-16-byte vector, ties in the target logits (lowest index wins, as torch.argmax), B = 1 and
-B = 256 at V = 128256. Outputs come from the caching allocator after it was filled with a
-poison value, and must contain no poison.
+Every kernel version (each argmax version x each scan; each sampling race split) is checked on fresh
+random ragged batches and on the edges: k_b = 0, k_b = 32 and > 32 (the ballot scan's loop), V not a
+multiple of the block size, of a vocabulary chunk or of the 16-byte vector, ties in the target logits
+(lowest index wins, as torch.argmax), B = 1 and B = 256 at V = 128256. Outputs come from the caching
+allocator after it was filled with a poison value, and must contain no poison; the status word of clean
+inputs is 0. The status bits on bad inputs: tests/test_cuda_status.py.
 
-Sampling: the kernel draws the reference's Philox numbers (per sequence: its own key and offset,
+Sampling: every race split (one block per sequence, or the race spread over vocabulary chunks) gives
+the same tokens bit for bit. The kernel draws the reference's Philox numbers (per sequence: its own key and offset,
 at rows local to it), so tokens match for the same seeds/offsets except at near-ties, where float rounding differs (the softmax sum is accumulated
 in another order, and expf/logf differ by an ulp from torch's CPU versions): an accept test
 with u * q(x) within an ulp of p(x), or two race keys within an ulp. Those are rare (about
@@ -24,6 +26,7 @@ from verispec.verify.reference import reference_verify_greedy
 from verispec.verify.api import canonical_batch
 from stats import chi2_pvalue
 from verispec.verify.workloads import greedy_workload, sampling_workload
+from cuda_batch import ragged_batch
 from ragged import batch_independence
 
 pytestmark = [
@@ -50,19 +53,21 @@ def _assert_written(*tensors: torch.Tensor) -> None:
 
 
 def _cuda_greedy(logits, drafts, num_draft, variant):
-    """Every argmax version with the given scan variant; all must agree."""
-    from verispec.verify.cuda import verify_greedy_cuda
+    """Every argmax version with the given scan variant; all must agree (and report a clean status)."""
+    from verispec.verify.cuda import ARGMAX_VARIANTS, verify_greedy_cuda
 
     batch = canonical_batch(logits, drafts, num_draft, None, True)
     outs = []
-    for argmax_version in (2, 3):
+    for argmax in ARGMAX_VARIANTS:
         _poison_allocator()
-        out = verify_greedy_cuda(batch, variant=variant, argmax_version=argmax_version)
+        out = verify_greedy_cuda(batch, variant=variant, argmax=argmax)
         torch.cuda.synchronize()
-        _assert_written(out.tokens, out.num_accepted, out.num_emitted)
+        _assert_written(out.tokens, out.num_accepted, out.num_emitted, out.status)
+        assert not bool(out.status.any()), f"argmax {argmax}: status {out.status.tolist()} on clean inputs"
+        if outs:
+            _assert_same(out, outs[0])
         outs.append(out)
-    _assert_same(outs[0], outs[1])
-    return outs[1]
+    return outs[0]
 
 
 def _assert_same(out, ref):
@@ -150,15 +155,17 @@ def test_greedy_scan_only_and_argmax():
     assert torch.equal(am.long().cpu(), w.target_logits.float().argmax(-1).cpu())
     batch = canonical_batch(w.target_logits, w.draft_tokens, w.num_draft, None, True)
     for variant in GREEDY:
-        _assert_same(greedy_scan_cuda(am, batch, variant), w.expected)
+        out = greedy_scan_cuda(am, batch, variant)
+        _assert_same(out, w.expected)
+        assert not bool(out.status.any())
 
 
-@pytest.mark.parametrize("version", [2, 3])
+@pytest.mark.parametrize("version", ["v2", "v3", "v3-t512", "v3-u16"])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_argmax_versions_ties_and_minus_inf(version, dtype):
     from verispec.verify.cuda import target_argmax_cuda, target_argmax_partial_cuda
 
-    g = torch.Generator().manual_seed(version)
+    g = torch.Generator().manual_seed(len(version))
     for vocab in [1, 7, 100, 4096 * 3 + 5, 128256]:
         logits = torch.randint(-2, 2, (9, vocab), generator=g).float()
         logits[0] = float("-inf")  # all -inf: torch says 0
@@ -166,11 +173,32 @@ def test_argmax_versions_ties_and_minus_inf(version, dtype):
         logits = logits.to(dtype).cuda()
         expected = logits.float().argmax(-1).cpu()
         assert torch.equal(target_argmax_cuda(logits, version).long().cpu(), expected)
-        vals, idx = target_argmax_partial_cuda(logits, version)  # split-V path
+        vals, idx, flags = target_argmax_partial_cuda(logits, version)  # split-V path
         chunks = idx.numel() // logits.shape[0]
         vals, idx = vals.view(9, chunks).cpu(), idx.view(9, chunks).cpu()
         best = torch.tensor([int(idx[r][vals[r] == vals[r].max()].min()) for r in range(9)])
         assert torch.equal(best, expected)
+        assert not bool(flags.any()), "no NaN / +inf here: every partial's status bits are 0"
+
+
+@pytest.mark.parametrize("argmax", ["v3", "bal-t256-u8", "bal-t1024-u4"])
+@pytest.mark.parametrize("shape", [(1, 0, 128256), (3, 5, 4099), (200, 4, 111), (40, 8, 32003)])
+def test_greedy_balanced_and_chunked_layouts(argmax, shape):
+    """Row / block boundaries of every kind: a row spread over many blocks (B = 1), blocks spanning many
+    rows (V = 111), V not a multiple of 64 (rows start at odd offsets of the flattened slices)."""
+    from verispec.verify.cuda import verify_greedy_cuda
+
+    batch_size, k, vocab = shape
+    for trial in range(3):
+        g = torch.Generator().manual_seed(trial)
+        num_draft = torch.randint(0, k + 1, (batch_size,), generator=g).tolist()
+        w = greedy_workload(batch_size, num_draft, vocab, 0.7, dtype=torch.float32, device="cuda", seed=trial)
+        batch = canonical_batch(w.target_logits, w.draft_tokens, w.num_draft, k, True)
+        for variant in GREEDY:
+            out = verify_greedy_cuda(batch, variant=variant, argmax=argmax)
+            ref = reference_verify_greedy(w.target_logits, w.draft_tokens, w.num_draft, k)
+            _assert_same(out, ref)
+            assert not bool(out.status.any())
 
 
 def test_greedy_cuda_graph_replay():
@@ -189,6 +217,10 @@ def test_greedy_cuda_graph_replay():
     graph.replay()
     torch.cuda.synchronize()
     _assert_same(out, w2.expected)
+    assert not bool(out.status.any())
+    batch.target_logits[3, 7] = float("nan")  # the status is computed on replay too
+    graph.replay()
+    assert out.status.cpu().tolist()[0] == 1  # NAN (row 3 is sequence 0's)
 
 
 # ---- sampling ------------------------------------------------------------------------------
@@ -196,13 +228,34 @@ def _on(value, device):
     return value.to(device) if isinstance(value, torch.Tensor) else value
 
 
+RACE_SPLITS = [0, 1, 8, 64]  # race_blocks_per_sm: 0 = one block per sequence; N = about N blocks an SM
+
+
+def _expanded(value, batch: int, scalar_to_tensor):
+    return value if isinstance(value, torch.Tensor) else scalar_to_tensor(value, batch)
+
+
 def _sample_both(logits, drafts, num_draft, q, temperature, seed, offset=0):
-    """seed / offset: ints (one for the batch) or [B] tensors (one per sequence)."""
+    """seed / offset: ints (one for the batch) or [B] tensors (one per sequence). Every race split of the
+    kernel gives the public call's tokens bit for bit; returns (the public call's output, the reference's)."""
+    from verispec.verify.cuda import verify_sample_cuda
+
     _poison_allocator()
     out = verify_sample(logits, drafts, num_draft, q, backend="cuda", temperature=_on(temperature, "cuda"),
                         seed=_on(seed, "cuda"), offset=_on(offset, "cuda"))
     torch.cuda.synchronize()
     _assert_written(out.tokens, out.num_accepted, out.num_emitted)
+    batch_size = len(num_draft)
+    temps = temperature if isinstance(temperature, torch.Tensor) else torch.full((batch_size,), float(temperature))
+    batch = ragged_batch(logits, drafts, num_draft, out.tokens.shape[1] - 1, draft_probs=q, temperature=temps,
+                         seed=seed, offset=_expanded(offset, batch_size, lambda v, n: torch.full((n,), v)))
+    for split in RACE_SPLITS:
+        _poison_allocator()
+        other = verify_sample_cuda(batch, race_blocks_per_sm=split)
+        torch.cuda.synchronize()
+        _assert_written(other.tokens, other.num_accepted, other.num_emitted, other.status)
+        _assert_same(other, out)
+        assert not bool(other.status.any()), f"split {split}: status {other.status.tolist()} on clean inputs"
     ref = verify_sample(logits.cpu(), drafts.cpu(), num_draft.cpu(), None if q is None else q.cpu(), backend="torch",
                         temperature=_on(temperature, "cpu"), seed=_on(seed, "cpu"), offset=_on(offset, "cpu"))
     return out, ref
@@ -289,6 +342,50 @@ def test_sample_first_token_chi_square():
     first = out.tokens[:, 0].long().cpu()
     pvalue = chi2_pvalue(torch.bincount(first, minlength=vocab), p)
     assert pvalue > 1e-4, f"p = {pvalue:.2e}: first tokens do not follow p"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("q_dtype", [None, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("vocab", [1000, 4097, 32003, 128256])
+def test_sample_split_random_ragged(dtype, q_dtype, vocab):
+    """The split race against the reference on random ragged batches: B = 1 included, k_b = 0 included, V not a
+    multiple of a race chunk, temperatures mixed with greedy rows; every split gives the same tokens."""
+    total = bad = 0
+    for trial, batch_size in enumerate([1, 2, 7, 33]):
+        g = torch.Generator().manual_seed(trial * 1000 + vocab)
+        num_draft = torch.randint(0, 6, (batch_size,), generator=g)
+        num_draft[0] = 0 if trial % 2 else num_draft[0]
+        w = sampling_workload(batch_size, num_draft.tolist(), vocab, 0.7, dtype=dtype, device="cuda", seed=trial,
+                              draft_probs=q_dtype is not None)
+        q = None if q_dtype is None else w.draft_probs.to(q_dtype)
+        temperature = torch.tensor([0.0, 1.0, 0.7, 1.3])[torch.randint(0, 4, (batch_size,), generator=g)]
+        seeds = torch.randint(-(2**63), 2**63 - 1, (batch_size,), generator=g)
+        out, ref = _sample_both(w.target_logits, w.draft_tokens, w.num_draft, q, temperature, seed=seeds,
+                                offset=torch.randint(0, 2**32, (batch_size,), generator=g))
+        total += batch_size
+        bad += _mismatching_sequences(out, ref)
+    assert bad <= 1, f"{bad}/{total} sequences differ from the reference (near-ties only expected)"
+
+
+def test_sample_cuda_graph_replay():
+    """The sampling launches capture into a CUDA graph; a replay on new logits gives the eager call's tokens."""
+    from verispec.verify.cuda import verify_sample_cuda
+
+    w = sampling_workload(8, 4, 32000, 0.6, device="cuda", seed=1)
+    batch = ragged_batch(w.target_logits, w.draft_tokens, w.num_draft, 4, draft_probs=w.draft_probs, seed=5)
+    verify_sample_cuda(batch)  # build + warm up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = verify_sample_cuda(batch)
+    w2 = sampling_workload(8, 4, 32000, 0.3, device="cuda", seed=2)
+    batch.target_logits.copy_(w2.target_logits)
+    batch.draft_tokens.copy_(w2.draft_tokens)
+    batch.draft_probs.copy_(w2.draft_probs)
+    graph.replay()
+    torch.cuda.synchronize()
+    _assert_same(out, verify_sample_cuda(batch))
+    assert not bool(out.status.any())
 
 
 def test_sample_top_k_not_implemented():

@@ -8,6 +8,8 @@
 //   - Philox-4x32-10 exactly as verispec/verify/rng.py (counter (col, row, offset, purpose) with
 //     row local to the sequence, key (seed_lo, seed_hi) of the sequence's seed), and its uniform
 //     map ((x >> 9) * 2 + 1) * 2^-24
+//   - the status word (verispec/verify/status.py): its bits, the per-element value test, block OR,
+//     and each sequence's place in the ragged layout, checked before any read that depends on it
 //
 // Plain CUDA C++: no torch headers, so every .cu compiles standalone with nvcc (CPU CI).
 #pragma once
@@ -192,4 +194,71 @@ __device__ __forceinline__ int seq_of_row(const int* __restrict__ cu_num_draft, 
         if (cu_num_draft[mid] + mid <= r) lo = mid; else hi = mid - 1;
     }
     return lo;
+}
+
+// ---- the status word (verispec/verify/status.py; tests/test_cuda_compile.py checks the values agree) ----
+#define VS_STATUS_NAN 1
+#define VS_STATUS_POS_INF 2
+#define VS_STATUS_DEAD_ROW 4
+#define VS_STATUS_DRAFT_ID 8
+#define VS_STATUS_NUM_DRAFT 16
+#define VS_STATUS_SCALED 32
+#define VS_STATUS_SETTINGS 64
+#define VS_STATUS_DRAFT_PROBS 128
+#define VS_MAX_SCALED_LOGIT 1073741824.0f  // 2**30: the largest |logit / T| a sampled row may have
+#define VS_MIN_TEMPERATURE 1e-6f           // verispec/verify/sampling.py MIN_TEMPERATURE
+
+// The status bits one logit sets on its own (NaN, +inf); -inf is a filtered token, not an error.
+__device__ __forceinline__ int value_flags(float v) {
+    return (v != v ? VS_STATUS_NAN : 0) | (v == INFINITY ? VS_STATUS_POS_INF : 0);
+}
+
+// OR of every thread's flags, valid in thread 0. One barrier when the block is clean (the usual case).
+__device__ __forceinline__ int block_or(int flags) {
+    __shared__ int s_or;
+    if (!__syncthreads_or(flags)) return 0;  // block-uniform
+    if (threadIdx.x == 0) s_or = 0;
+    __syncthreads();
+    if (flags) atomicOr(&s_or, flags);
+    __syncthreads();
+    return s_or;
+}
+
+// Block-wide float sum, valid in thread 0 (a fixed order: the result does not depend on timing).
+__device__ __forceinline__ float block_sum(float x) {
+    __shared__ float s_sum[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) x += __shfl_down_sync(VS_FULL_MASK, x, off);
+    __syncthreads();
+    if (lane == 0) s_sum[warp] = x;
+    __syncthreads();
+    x = lane < nwarps ? s_sum[lane] : 0.0f;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) x += __shfl_down_sync(VS_FULL_MASK, x, off);
+    return x;
+}
+
+// Sequence b's place in the ragged layout, or ok = false (status NUM_DRAFT) when num_draft /
+// cu_num_draft cannot be trusted: k_b < 0, k_b > max_num_draft, sum(num_draft) + B != rows
+// (cu_num_draft[B] read on the device), or its drafts not inside [0, N) with N = rows - B (what
+// draft_tokens and draft_probs hold: the host checks their shapes). A sequence that is not ok is
+// given k = 0 and no row: nothing of it is read.
+//   e.g. num_draft = [2, -1, 3] (rows 7): cu = [0, 2, 1, 4] and cu[B] + B = 7 = rows. b = 1 has
+//   k < 0: flagged. b = 2 reads drafts 1..3 and rows 3..6, all in range (no out-of-bounds read)
+//   though meaningless; the batch's status is non-zero, so the caller refuses the whole call.
+struct SeqLayout {
+    int k;     // drafts
+    int d0;    // first draft (draft_tokens / draft_probs row)
+    int row0;  // first target row
+    bool ok;
+};
+
+__device__ __forceinline__ SeqLayout seq_layout(const int* __restrict__ num_draft, const int* __restrict__ cu_num_draft,
+                                                int batch, int b, int max_num_draft, int num_rows) {
+    const int k = num_draft[b], d0 = cu_num_draft[b], total = cu_num_draft[batch];
+    const long long num_drafts = (long long)num_rows - batch;
+    const bool ok = k >= 0 && k <= max_num_draft && d0 >= 0 && (long long)d0 + k <= num_drafts &&
+                    (long long)total + batch == num_rows;
+    return ok ? SeqLayout{k, d0, d0 + b, true} : SeqLayout{0, 0, 0, false};
 }
