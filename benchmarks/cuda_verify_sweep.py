@@ -96,7 +96,7 @@ def greedy_versions():
 
     versions = {f"{a}": (lambda a: lambda b: vc.verify_greedy_cuda(b, "ballot", a))(a) for a in vc.ARGMAX_VARIANTS}
     for scan in ("naive", "segment"):
-        versions[f"{vc.DEFAULT_ARGMAX}+{scan}"] = (lambda s: lambda b: vc.verify_greedy_cuda(b, s))(scan)
+        versions[f"{vc.DEFAULT_ARGMAX or 'default'}+{scan}"] = (lambda s: lambda b: vc.verify_greedy_cuda(b, s))(scan)
     try:
         from verispec.verify.triton.greedy import verify_greedy_triton
 

@@ -150,4 +150,6 @@ def test_argmax_variant_names_match_the_kernel_table():
         for letter, value in (("t", threads), ("u", unroll)):   # e.g. "bal-t512-u8": 512 threads, 8 loads
             said = re.search(rf"-{letter}(\d+)", name)
             assert said is None or int(said.group(1)) == value, (name, table[code])
-    assert DEFAULT_ARGMAX in ARGMAX_VARIANTS
+    assert DEFAULT_ARGMAX is None or DEFAULT_ARGMAX in ARGMAX_VARIANTS
+    from verispec.verify.cuda import default_argmax
+    assert {default_argmax(1), default_argmax(4096)} <= set(ARGMAX_VARIANTS)

@@ -57,7 +57,11 @@ def drive(drafters, settings: list[tuple], rounds: int = 7, seed: int = 0):
             assert torch.equal(p.draft_tokens.cpu(), ref.draft_tokens.cpu())
             assert (p.draft_probs is None) == (ref.draft_probs is None)
             if ref.draft_probs is not None:
-                assert torch.equal(p.draft_probs.cpu(), ref.draft_probs.cpu())
+                # each q is exactly the distribution its draft was drawn from; on a GPU a softmax of the padded
+                # bucket's rows may round differently from one of B rows (the tokens above are still equal)
+                exact = ref.draft_probs.device.type == "cpu"
+                assert torch.equal(p.draft_probs.cpu(), ref.draft_probs.cpu()) if exact else \
+                    torch.allclose(p.draft_probs.cpu(), ref.draft_probs.cpu(), rtol=1e-5, atol=1e-8)
         lengths = [d.model.cache.lengths.tolist() for d in drafters]
         assert all(x == lengths[0] for x in lengths)
         accepted = [rng.randint(0, n) for n in caps]
@@ -157,7 +161,9 @@ def test_race_kernel_matches_the_torch_race(vocab, rows, block):
     q[2::3] = torch.nn.functional.one_hot(logits[2::3].argmax(-1), vocab).float()
     seed = torch.randint(-2**62, 2**62, (rows,), generator=g)
     step = torch.randint(0, 2**40, (rows,), generator=g)
-    got = race_triton(q.to(DEVICE), seed.to(DEVICE), step.to(DEVICE), block=block).cpu()
+    # seed and step as strided column views, as a captured loop passes them (columns of its input buffer)
+    packed = torch.stack([seed, step], dim=1).to(DEVICE)                       # [rows, 2]
+    got = race_triton(q.to(DEVICE), packed[:, 0], packed[:, 1], block=block).cpu()
     want = race_torch(q, seed, step)
     keys = q / -torch.log(draft_uniforms(seed, step, vocab))
     picked = keys.gather(1, got[:, None])[:, 0]

@@ -85,7 +85,8 @@ def race_triton(q: torch.Tensor, seed: torch.Tensor, step: torch.Tensor, block: 
     part_idx = torch.empty(rows, num_splits, dtype=torch.int32, device=q.device)
     if rows:
         _draft_race_partial_kernel[(rows, num_splits)](
-            q, seed.to(torch.int64), step.to(torch.int64), part_key, part_idx, q.stride(0), vocab, chunk, num_splits,
-            BLOCK=block, num_warps=4 if on_gpu else 1)
+            # the kernel reads seed[b] / step[b] at unit stride: a captured loop passes columns of its input buffer
+            q, seed.to(torch.int64).contiguous(), step.to(torch.int64).contiguous(), part_key, part_idx, q.stride(0),
+            vocab, chunk, num_splits, BLOCK=block, num_warps=4 if on_gpu else 1)
     best = part_key.argmax(dim=1, keepdim=True)                                 # [B, 1]: the first best split
     return part_idx.gather(1, best)[:, 0].to(torch.int64)

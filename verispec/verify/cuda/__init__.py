@@ -46,7 +46,17 @@ DEFAULT_GREEDY = "ballot"
 # uN: 16-byte loads in flight a thread.
 ARGMAX_VARIANTS = {"v2": 2, "v3": 3, "v3-t512": 4, "v3-u16": 5,
                    "bal-t256-u8": 10, "bal-t512-u8": 11, "bal-t256-u16": 12, "bal-t1024-u4": 13}
-DEFAULT_ARGMAX = "v3"
+DEFAULT_ARGMAX = None   # None: ``default_argmax``'s rule by row count
+# From this many logits rows on, greedy verification takes 512-thread argmax blocks: on an H100
+# (benchmarks/results/cuda_verify_sweep.md, 2026-11-23) B=128 K=8 (1152 rows) fell from 220.8 us (v3) to
+# 198.2 us (1.01x the floor) in fp32 and from 138.3 to 109.8 us in bf16, while at 288 rows and fewer v3 was
+# as fast or faster.
+WIDE_ARGMAX_MIN_ROWS = 1024
+
+
+def default_argmax(num_rows: int) -> str:
+    """The argmax version for ``num_rows`` logits rows (see WIDE_ARGMAX_MIN_ROWS)."""
+    return "v3-t512" if num_rows >= WIDE_ARGMAX_MIN_ROWS else "v3"
 # The sampling race (verify_sample.cu pass 2) spreads each sequence's emitted row over about this many blocks
 # an SM in all (0: one block per sequence races all of V, the v1 kernel).
 RACE_BLOCKS_PER_SM = 8
@@ -70,15 +80,15 @@ def _choice(value: str, options: dict, name: str) -> int:
 
 
 # ---- verification ------------------------------------------------------------------------
-def verify_greedy_cuda(batch, variant: str = DEFAULT_GREEDY, argmax: str = DEFAULT_ARGMAX) -> VerifyOutput:
+def verify_greedy_cuda(batch, variant: str = DEFAULT_GREEDY, argmax: str | None = DEFAULT_ARGMAX) -> VerifyOutput:
     """Greedy verification of a ``verify.VerifyBatch``: row argmax + acceptance scan, with the status word.
 
     variant: "naive" (thread per sequence), "ballot" (a warp per sequence, one ballot finds the first
     rejection) or "segment" (32 / next_pow2(max_k) sequences per warp). argmax: one of ARGMAX_VARIANTS
-    (see verify_greedy.cu).
+    (see verify_greedy.cu); None: ``default_argmax`` for the batch's rows.
     """
     scan = _choice(variant, GREEDY_VARIANTS, "variant")
-    version = _choice(argmax, ARGMAX_VARIANTS, "argmax")
+    version = _choice(argmax or default_argmax(batch.target_logits.shape[0]), ARGMAX_VARIANTS, "argmax")
     return _output(*load().verify_greedy(
         batch.target_logits, batch.draft_tokens, batch.num_draft, batch.cu_num_draft,
         batch.max_num_draft + 1, scan, version,

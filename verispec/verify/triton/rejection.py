@@ -189,7 +189,8 @@ def _row_stats_kernel(
     b = tl.program_id(0)
     pos = first_pos + tl.program_id(1)
     split = tl.program_id(2)
-    k, draft0, _ = layout_status(num_draft_ptr, cu_num_draft_ptr, b, num_rows, max_num_draft)
+    # Triton treats ``_`` as a variable with one type per scope: every discarded value gets its own name
+    k, draft0, _layout_word = layout_status(num_draft_ptr, cu_num_draft_ptr, b, num_rows, max_num_draft)
     temp = tl.load(temperature_ptr + b)
     sampled = temp > 0
     scale = _LOG2E / tl.where(sampled, temp, 1.0)
@@ -199,7 +200,7 @@ def _row_stats_kernel(
         # rows first_pos.. are needed only if drafts 0..first_pos-1 were all accepted; their
         # stats are complete (earlier waves), so re-run those accept tests here (cheap)
         if needed:
-            num_accepted, _, _, _, _, _, _, _, _ = _first_rejection(
+            num_accepted, _r1, _r2, _r3, _r4, _r5, _r6, _r7, _r8 = _first_rejection(
                 logits_ptr, draft_probs_ptr, draft_tokens_ptr, part_max_ptr, part_sum_ptr, part_idx_ptr,
                 row_cut_ptr, stride_row, stride_q, num_rows, num_drafts, vocab, num_splits, draft0 + b, draft0, k,
                 first_pos, scale, sampled, tl.load(seed_ptr + b), tl.load(offset_ptr + b), HAS_DRAFT_PROBS, BLOCK_K,
