@@ -66,6 +66,7 @@ class FakeModel:
         self.num_passes = 0          # verify/decode passes (prefill not counted)
         self.num_prefills = 0
         self.nan_at = None           # (batch row, position): the next append() returns NaN there (a broken model)
+        self.nan_on_admit = None     # prompt index: the next admit() returns NaN in that prompt's logits
 
     # ------------------------------------------------------------------ contract
     def setup_cache(self, batch_size, max_seq_len, empty=False):
@@ -115,7 +116,11 @@ class FakeModel:
         last = torch.tensor([len(p) - 1 for p in prompts])
         self._lengths[first: first + len(prompts)] = last + 1
         self._batch = first + len(prompts)
-        return logits[torch.arange(len(prompts)), last]
+        out = logits[torch.arange(len(prompts)), last]
+        if self.nan_on_admit is not None:
+            out[self.nan_on_admit, 0] = float("nan")
+            self.nan_on_admit = None
+        return out
 
     def _one(self, b, token, pos):
         x = self.w["emb"][token] + self.w["pos"][pos]

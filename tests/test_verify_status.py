@@ -244,6 +244,31 @@ def test_the_engine_fails_the_round_naming_the_row(backend, temperature, positio
                              f"sequence 1: {status.MESSAGES[status.NAN]}")
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_refused_admission_fails_only_its_own_request(backend):
+    """NaN in one prompt's logits: that request ends with the reason and no token; the others admitted with it
+    run on and emit exactly what they emit alone."""
+    if backend == "triton" and DEVICE != "cpu":
+        pytest.skip("the fake model's CPU tensors need the Triton interpreter (TRITON_INTERPRET=1)")
+
+    def run(nan_on_admit):
+        target = FakeModel(seed=0, eos_bias=-30.0)
+        drafter = DraftModel(noisy_copy(target, 0.15))
+        drafter.attach(target)
+        sched = Scheduler(target, drafter, SchedulerConfig(3, 64, 3), verify_backend=backend)
+        seqs = [sched.submit(Request(p, 8, temperature=0.0, id=i)) for i, p in enumerate([[1, 2, 3], [4, 5], [6]])]
+        target.nan_on_admit = nan_on_admit
+        sched.run()
+        return seqs
+
+    clean, broken = run(None), run(1)
+    assert broken[1].finish_reason == "error" and broken[1].generated == []
+    assert broken[1].error == ("RuntimeError: verification refused the prompt's logits: "
+                               f"{status.MESSAGES[status.NAN]}")
+    for a, b in ((clean[0], broken[0]), (clean[2], broken[2])):
+        assert b.finish_reason == a.finish_reason != "error" and b.generated == a.generated
+
+
 # ------------------------------------------------------------------------------------------ GPU, full size
 @pytest.mark.gpu
 @pytest.mark.skipif(DEVICE != "cuda", reason="full-size vocabulary: needs a CUDA GPU (and TRITON_INTERPRET unset)")

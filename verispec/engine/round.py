@@ -107,17 +107,18 @@ def verification(target_logits: Tensor, draft_tokens: Tensor, num_draft: list[in
         max_num_draft=max_num_draft, check_values=False, backend=backend)
 
 
-def read_outcome(out: VerifyOutput) -> list[list[int]]:
+def read_outcome(out: VerifyOutput, raise_on_status: bool = True) -> list[list[int]]:
     """The verification outcome on the host, in the round's ONE device->host read: per row
     [num_accepted, tokens (K + 1)..., status]. Raises RuntimeError naming the row (``sequence b``) when its
     status word is non-zero (``verispec.verify.status``: e.g. NaN logits from the target pass): its tokens
-    mean nothing, and emitting them would be silently wrong."""
+    mean nothing, and emitting them would be silently wrong. ``raise_on_status=False``: the caller handles
+    each row's status word (the last entry) itself."""
     status = out.status if out.status is not None else torch.zeros_like(out.num_accepted)   # a backend without one
     # NOTE: the one host sync per round: the host must learn how many tokens each row emitted (EOS / stop /
     # length checks, the drafter's history, streaming) -- and whether it may use them.
     rows = torch.cat([out.num_accepted[:, None], out.tokens, status[:, None]], dim=1).cpu().tolist()
     words = [row[-1] for row in rows]
-    if any(words):
+    if raise_on_status and any(words):
         try:
             raise_for_status(words)
         except ValueError as e:

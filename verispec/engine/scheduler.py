@@ -24,7 +24,8 @@ import torch
 from ..drafters.base import Drafter, SamplingParams
 from ..runtime.cache import fill_order
 from .request import Request, Sequence
-from .round import PhaseClock, RoundResult, RunningBatch, run_round, verification
+from ..verify.status import describe
+from .round import PhaseClock, RoundResult, RunningBatch, read_outcome, run_round, verification
 from .stats import Stats
 
 KPolicy = Callable[[list[Sequence], int], list[int]]   # (running sequences, K max) -> drafts per row
@@ -141,16 +142,24 @@ class Scheduler:
         logits = self.target.admit(prompts)                                                 # [n, V]
         none = torch.zeros(0, dtype=torch.long, device=logits.device)
         first = verification(logits, none, [0] * len(new), 0, None, sampling, [0] * len(new), self.verify_backend)
-        # NOTE: host sync: the first tokens decide EOS / stop and seed the drafter's history
-        first_host = first.tokens[:, 0].tolist()
+        # NOTE: host sync: the first tokens decide EOS / stop and seed the drafter's history; a row whose status
+        # word is set (e.g. NaN logits from its prompt) is admitted, fails with the reason and leaves at the next
+        # retire, without a token
+        outcome = read_outcome(first, raise_on_status=False)
+        first_host = [row[1] for row in outcome]
+        refused = {j: "; ".join(describe(row[-1])) for j, row in enumerate(outcome) if row[-1]}
         if self.drafter is not None:
             self.drafter.admit([s.request.id for s in new], prompts, first_host, sampling)
         self.batch.extend(first.tokens[:, :1].to(torch.long), sampling, [1] * len(new))
         t1 = self.clock.now()
-        for seq, token in zip(new, first_host):
+        for j, (seq, token) in enumerate(zip(new, first_host)):
             seq.stats.queue_s = t0 - seq.request.submitted_at
             seq.stats.prefill_s = t1 - t0
-            self._deliver(seq, [token])
+            if j in refused:
+                seq.finish_reason = "error"
+                seq.error = f"RuntimeError: verification refused the prompt's logits: {refused[j]}"
+            else:
+                self._deliver(seq, [token])
         self.running += new
 
     def _round(self) -> None:
