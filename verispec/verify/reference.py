@@ -181,6 +181,32 @@ def reference_verify_greedy(
     return VerifyOutput(tokens.to(device), num_accepted.to(device), (num_accepted + 1).to(device), status.to(device))
 
 
+def _accepted_prefixes(accept: list[bool], cu_num_draft: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """[B] int32: how many leading drafts of each sequence were accepted (``accept`` per draft, flat)."""
+    accepted_list = []
+    for start, k in zip(cu_num_draft.tolist(), counts.tolist()):
+        accepted = 0
+        while accepted < k and accept[start + accepted]:
+            accepted += 1
+        accepted_list.append(accepted)
+    return torch.tensor(accepted_list, dtype=torch.int32)
+
+
+def _stop_row_weights(p_stop: torch.Tensor, q_draft: torch.Tensor, cu_num_draft: torch.Tensor,
+                      counts: torch.Tensor, num_accepted: torch.Tensor) -> torch.Tensor:
+    """[B, V] unnormalized weights of each sequence's emitted token: p at the bonus row (every draft
+    accepted), else max(0, p - q) at the first rejected row."""
+    num_drafts_total = q_draft.shape[0]
+    if not num_drafts_total:
+        return p_stop
+    is_bonus = (num_accepted.long() == counts)[:, None]
+    q_stop = q_draft[(cu_num_draft[:-1] + num_accepted).clamp(max=num_drafts_total - 1)]
+    residual = torch.clamp(p_stop - q_stop, min=0.0)
+    # p != q guarantees mass in the residual; float rounding can still empty it.
+    residual = torch.where((residual > 0).any(dim=1, keepdim=True), residual, p_stop)
+    return torch.where(is_bonus, p_stop, residual)
+
+
 def reference_verify_sample(
     target_logits: torch.Tensor,
     draft_tokens: torch.Tensor,
@@ -249,13 +275,7 @@ def reference_verify_sample(
 
     # (2) first rejection per sequence
     tokens = torch.full((batch, max_num_draft + 1), -1, dtype=torch.int32)
-    accepted_list = []
-    for start, k in zip(cu_num_draft.tolist(), counts.tolist()):
-        accepted = 0
-        while accepted < k and accept[start + accepted]:
-            accepted += 1
-        accepted_list.append(accepted)
-    num_accepted = torch.tensor(accepted_list, dtype=torch.int32)
+    num_accepted = _accepted_prefixes(accept, cu_num_draft, counts)
     # accepted drafts, left-aligned: draft i of sequence b is kept iff i < num_accepted[b]
     if num_drafts_total:
         kept = pos_in_seq < num_accepted[seq_of_draft]
@@ -265,15 +285,7 @@ def reference_verify_sample(
     # draft was accepted (weights p), else the first rejected row (weights max(0, p - q)).
     stop_row = cu_num_draft[:-1] + torch.arange(batch) + num_accepted
     p_stop = p_all[stop_row]
-    is_bonus = (num_accepted.long() == counts)[:, None]
-    if num_drafts_total:
-        q_stop = q_draft[(cu_num_draft[:-1] + num_accepted).clamp(max=num_drafts_total - 1)]
-        residual = torch.clamp(p_stop - q_stop, min=0.0)
-        # p != q guarantees mass in the residual; float rounding can still empty it.
-        residual = torch.where((residual > 0).any(dim=1, keepdim=True), residual, p_stop)
-        weights = torch.where(is_bonus, p_stop, residual)
-    else:
-        weights = p_stop
+    weights = _stop_row_weights(p_stop, q_draft, cu_num_draft, counts, num_accepted)
     race_u = rng.uniform(seed[:, None], offset[:, None], num_accepted.long()[:, None], torch.arange(vocab)[None, :],
                          rng.RACE)  # the stop row is local row num_accepted
     exponentials = -torch.log(race_u)
