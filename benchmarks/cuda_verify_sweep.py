@@ -71,6 +71,15 @@ def _time(fn, batches) -> float:
     return graph_us_per_call(lambda i: fn(batches[i % len(batches)]), calls=max(len(batches), 4), reps=REPS)
 
 
+def _time_versions(row: dict, versions: dict, batch, batches, check_for, log) -> None:
+    """Check then time every version into row["us"]; a version that fails its check goes to row["fail"].
+    check_for(name) -> the check of that version's output."""
+    for name, fn in versions.items():
+        us, reason = _checked_time(name, fn, batch, batches, check_for(name), log)
+        row["us"][name] = us
+        if reason:
+            row["fail"][name] = reason
+
 def _checked_time(name, fn, batch, batches, check, log) -> tuple[float | None, str]:
     """(µs, "") when fn passes ``check`` on ``batch`` and then times; (None, reason) when it does not."""
     try:
@@ -123,11 +132,7 @@ def run_greedy(dtype_name: str, size: int, k: int, bw: float, l2_bytes: int, log
 
     row = {"dtype": dtype_name, "B": size, "K": k, "R": rows, "floor_us": floor_s(nbytes, bw) * 1e6, "us": {},
            "fail": {}}
-    for name, fn in greedy_versions().items():
-        us, reason = _checked_time(name, fn, batch, batches, check, log)
-        row["us"][name] = us
-        if reason:
-            row["fail"][name] = reason
+    _time_versions(row, greedy_versions(), batch, batches, lambda name: check, log)
     del w, batch, batches
     torch.cuda.empty_cache()
     return row
@@ -205,11 +210,7 @@ def run_sample(size: int, bw: float, l2_bytes: int, log) -> dict:
 
     row = {"B": size, "K": k, "R": rows, "floor_us": floor_s(nbytes, bw) * 1e6, "us": {}, "fail": {}, "mismatch": {},
            "ref_sequences": count}
-    for name, fn in sample_versions().items():
-        us, reason = _checked_time(name, fn, batch, batches, check(name), log)
-        row["us"][name] = us
-        if reason:
-            row["fail"][name] = reason
+    _time_versions(row, sample_versions(), batch, batches, check, log)
     del w, batch, batches
     torch.cuda.empty_cache()
     return row

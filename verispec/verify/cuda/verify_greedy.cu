@@ -216,6 +216,20 @@ __global__ void scan_naive_kernel(Partials P, const long long* __restrict__ draf
     status[b] = flags;
 }
 
+// One lane's position i <= k of a sequence in the warp scans: the row's argmax into `target`, its status bits
+// and (i < k) the draft's into `flags`; returns whether draft i differs from the row's argmax.
+__device__ __forceinline__ bool scan_position(const Partials& P, const SeqLayout& L,
+                                              const long long* __restrict__ draft_tokens, int i, int& flags,
+                                              int& target) {
+    const RowArgmax t = row_argmax(P, L.row0 + i);
+    flags |= t.flags;
+    target = t.idx;
+    if (i == L.k) return false;
+    const long long d = draft_tokens[L.d0 + i];
+    flags |= draft_flags(d, P.vocab);
+    return d != t.idx;
+}
+
 // v2: one warp per sequence, SCAN_WARPS sequences per block.
 #define SCAN_WARPS 4
 
@@ -232,18 +246,8 @@ scan_ballot_kernel(Partials P, const long long* __restrict__ draft_tokens, const
     // positions 0 .. k (k = the bonus row), 32 a step; !L.ok: no step
     for (int base = 0; L.ok && base <= L.k; base += 32) {
         const int i = base + lane;
-        bool mismatch = false;
         int target = -1;
-        if (i <= L.k) {
-            const RowArgmax t = row_argmax(P, L.row0 + i);
-            flags |= t.flags;
-            target = t.idx;
-            if (i < L.k) {
-                const long long d = draft_tokens[L.d0 + i];
-                flags |= draft_flags(d, P.vocab);
-                mismatch = d != t.idx;
-            }
-        }
+        const bool mismatch = i <= L.k && scan_position(P, L, draft_tokens, i, flags, target);
         const unsigned m = __ballot_sync(VS_FULL_MASK, mismatch);
         if (acc == L.k && m) acc = base + __ffs(m) - 1;  // the first rejection (warp-uniform)
         if (acc >= base && acc - base < 32) {           // warp-uniform: this step holds the emitted row
@@ -281,18 +285,8 @@ scan_segment_kernel(Partials P, const long long* __restrict__ draft_tokens, cons
     int acc = L.k, emitted = -1, flags = (valid && !L.ok) ? VS_STATUS_NUM_DRAFT : 0;
     for (int base = 0; __any_sync(VS_FULL_MASK, base <= last); base += seg) {
         const int i = base + seg_lane;
-        bool mismatch = false;
         int target = -1;
-        if (i <= last) {
-            const RowArgmax t = row_argmax(P, L.row0 + i);
-            flags |= t.flags;
-            target = t.idx;
-            if (i < L.k) {
-                const long long d = draft_tokens[L.d0 + i];
-                flags |= draft_flags(d, P.vocab);
-                mismatch = d != t.idx;
-            }
-        }
+        const bool mismatch = i <= last && scan_position(P, L, draft_tokens, i, flags, target);
         const unsigned bits = (__ballot_sync(VS_FULL_MASK, mismatch) >> seg_base) & seg_mask;
         if (base <= last && acc == L.k && bits) acc = base + __ffs(bits) - 1;
         const bool here = base <= last && acc >= base && acc - base < seg;  // this step holds the emitted row
