@@ -99,30 +99,3 @@ def test_decode_attention_vs_sdpa_gpu(D):
             mask = torch.arange(n, device="cuda")[None, :] <= (n - T + torch.arange(T, device="cuda"))[:, None]
             ref = torch.nn.functional.scaled_dot_product_attention(qb, k, v, attn_mask=mask)
             assert rel(o[b].transpose(0, 1).float(), ref) <= tol
-
-
-def test_use_gemv_rule(monkeypatch):
-    monkeypatch.setattr(ops, "CUDA_GEMV", True)
-    assert ops.use_gemv(1, 1) and ops.use_gemv(1, 8)
-    assert not ops.use_gemv(1, 9) and not ops.use_gemv(2, 1)
-    monkeypatch.setattr(ops, "CUDA_GEMV", False)
-    assert not ops.use_gemv(1, 1)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_linear_gemv_is_batch_invariant_gpu():
-    """ops.linear(gemv=True) == F.linear within bf16 rounding, and every row of an M-token product is
-    bit-identical to the same row computed alone (M = 1): what keeps B=1 verify == decode in bf16."""
-    g = torch.Generator(device="cuda").manual_seed(0)
-    for N, K in ((2048, 2048), (6144, 4096), (1000, 520), (128256, 2048)):
-        w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
-        x = torch.randn(8, K, device="cuda", dtype=torch.bfloat16, generator=g)
-        alone = torch.cat([ops.linear(x[m:m + 1], w, gemv=True) for m in range(8)])
-        for M in range(1, 9):
-            y = ops.linear(x[:M], w, gemv=True)
-            assert torch.equal(y, alone[:M]), (N, K, M)
-        ref = torch.nn.functional.linear(x.float(), w.float())
-        assert rel(alone.float(), ref) <= 1e-2
-        assert rel(ops.linear(x, w).float(), ref) <= 1e-2          # cuBLAS path
-
-

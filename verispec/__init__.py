@@ -9,14 +9,14 @@ The map of the package (its wings and which may import which): docs/architecture
 
 from . import analysis
 from .drafters import DraftModel, PromptLookup, SelfSpeculative
-from .engine import Generation, SpeculativeDecoder, Stats, generate
+from .engine import Generation, GenerationError, SpeculativeDecoder, Stats, generate
 from .runtime import HFModel, Model, ModelConfig, load_model
 from .verify import VerifyOutput, verify_greedy, verify_sample, workloads
 
 __all__ = [
     "VerifyOutput", "verify_greedy", "verify_sample",
     "load_model", "Model", "HFModel", "ModelConfig",
-    "generate", "SpeculativeDecoder", "Generation", "Stats",
+    "generate", "SpeculativeDecoder", "Generation", "GenerationError", "Stats",
     "DraftModel", "PromptLookup", "SelfSpeculative",
     "analysis", "workloads",
 ]

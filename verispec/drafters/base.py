@@ -6,6 +6,7 @@ drafter's batch mirrors the engine's: rows in the same order, sequences join at 
 through ``keep``:
 
     reserve(target, max_batch_size, max_seq_len)     once per run: size caches, start with no sequences
+    warm_up(max_batch_size, k, settings, prompt_tokens)  optional: capture the CUDA graphs it will replay
     admit(seq_ids, prompts, first_tokens, sampling)  append sequences; h_b = prompt_b + [first_b]
     propose(max_num_draft) -> Proposal               up to max_num_draft[b] drafts continuing each h_b
     commit(num_accepted, emitted)                    h_b += emitted_b (accepted drafts + recovered/bonus)
@@ -77,6 +78,14 @@ class Drafter:
 
     def reserve(self, target, max_batch_size: int, max_seq_len: int) -> None:
         raise NotImplementedError
+
+    def warm_up(self, max_batch_size: int, k: int, settings: list[tuple[float, int, float]],
+                prompt_tokens: int = 0) -> int:
+        """Capture, before any request runs, the CUDA graphs ``propose`` and ``admit`` will replay for batches of
+        up to ``max_batch_size`` rows, ``k`` drafts, rows sampling under ``settings`` ((temperature, top_k, top_p)
+        each; greedy = temperature 0) and prompts of up to ``prompt_tokens`` tokens. Returns the number captured;
+        drafters without graphs do nothing."""
+        return 0
 
     def admit(self, seq_ids: list[int], prompts: list[list[int]], first_tokens: list[int],
               sampling: SamplingParams) -> None:

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from ..device import to_device
-from ..verify.sampling import filtered_probs
+from ..verify.sampling import filtered_probs, is_greedy
 from .base import Drafter, Proposal, SamplingParams, check_same_vocab, draw, one_setting, race
 
 
@@ -64,6 +64,18 @@ class DraftModel(Drafter):
         self.model.setup_cache(max_batch_size, max_seq_len, empty=True)
         self._hist, self._valid, self._steps = [], [], []
         self._sampling = SamplingParams.empty()
+
+    def warm_up(self, max_batch_size: int, k: int, settings: list[tuple[float, int, float]],
+                prompt_tokens: int = 0, forced: bool = False) -> int:
+        """The captured draft loops of every batch bucket for ``k`` drafts: one choice per setting (all greedy
+        rows share one), or the forced feed (``OracleDraft``'s cost model); the prefill graphs of its prompts."""
+        if not getattr(self.model, "use_graphs", False) or not hasattr(self.model, "warm_up_draft_loop") or k < 1:
+            return 0
+        keys = [("forced",)] if forced else sorted({("greedy",) if is_greedy(t) else ("sample", t, tk, tp)
+                                                     for t, tk, tp in settings}, key=repr)
+        width = 5 + (k if forced else 0)
+        n = sum(self.model.warm_up_draft_loop(max_batch_size, k, _choose(key), key, width) for key in keys)
+        return n + self.model.warm_up(max_batch_size, 1, prompt_tokens=prompt_tokens)
 
     def admit(self, seq_ids, prompts, first_tokens, sampling) -> None:
         self.model.admit(prompts)

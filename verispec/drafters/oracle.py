@@ -41,6 +41,11 @@ class OracleDraft(Drafter):
         if self._runner is not None:
             self._runner.reserve(target, max_batch_size, max_seq_len)
 
+    def warm_up(self, max_batch_size: int, k: int, settings, prompt_tokens: int = 0) -> int:
+        if self._runner is None:
+            return 0
+        return self._runner.warm_up(max_batch_size, k, settings, prompt_tokens, forced=True)
+
     def admit(self, seq_ids, prompts, first_tokens, sampling) -> None:
         bad = [i for i in seq_ids if not 0 <= i < len(self.continuations)]
         if bad:

@@ -6,10 +6,10 @@
     request.py     a request and its sequence's host state (emission, stop strings)
     stats.py       ``Stats`` and ``Generation``
 """
-from .decoder import SpeculativeDecoder, generate
+from .decoder import GenerationError, SpeculativeDecoder, generate
 from .request import Request, Sequence
 from .scheduler import QueueFull, Scheduler, SchedulerConfig
 from .stats import Generation, Stats
 
-__all__ = ["generate", "SpeculativeDecoder", "Generation", "Stats", "Request", "Sequence", "Scheduler",
+__all__ = ["generate", "SpeculativeDecoder", "GenerationError", "Generation", "Stats", "Request", "Sequence", "Scheduler",
            "SchedulerConfig", "QueueFull"]

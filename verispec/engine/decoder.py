@@ -21,10 +21,14 @@ class SpeculativeDecoder:
     ``timing=True`` synchronizes the device around each phase so that the per-phase times in
     ``Stats`` are exact on GPUs (CPU timings are always exact); it costs a little throughput.
     ``verify_backend`` is passed to ``verify_greedy`` / ``verify_sample`` (None = fastest available).
+    ``warm=True``: before the run, capture every CUDA graph it can replay (``Scheduler.warm_up``; once per model
+    and shape), so that no request captures; its time is ``Stats.warmup_s``, outside the timed run.
+    A sequence that fails (e.g. NaN logits) makes ``generate`` raise ``GenerationError`` (which holds every
+    ``Generation``, the failed ones with their ``error``): a failure is never returned as a short output.
     """
 
     def __init__(self, target, drafter: Drafter | None = None, *, k: int = 4, timing: bool = False,
-                 verify_backend: str | None = None):
+                 verify_backend: str | None = None, warm: bool = True):
         check_drafter(drafter)
         if drafter is not None:
             if not isinstance(k, int) or isinstance(k, bool) or k < 1:
@@ -36,6 +40,7 @@ class SpeculativeDecoder:
         self.k = k if drafter is not None else 0
         self.timing = timing
         self.verify_backend = verify_backend
+        self.warm = warm
         self.last_stats: Stats | None = None   # the whole batch's counts of the last generate()
         self._debug_round_hook: Callable[["SpeculativeDecoder", list[Sequence]], None] | None = None  # tests
 
@@ -89,8 +94,17 @@ class SpeculativeDecoder:
         with ModelLease(self.target, getattr(self.drafter, "model", None)):
             scheduler = Scheduler(self.target, self.drafter, SchedulerConfig(len(prompts), max_seq_len, k),
                                   verify_backend=self.verify_backend, timing=self.timing)
+            if self.warm:
+                settings = sorted({(r.temperature, r.top_k, r.top_p) for r in requests})
+                scheduler.warm_up(settings, longest)
+                t_start = time.perf_counter()   # the one-time capture is reported (Stats.warmup_s), not timed
+                for r in requests:
+                    r.submitted_at = t_start
             gens, seqs = self._run(scheduler, requests)
         self.last_stats = self._aggregate(scheduler, seqs, requests[0].seed)
+        failed = [(i, g.error) for i, g in enumerate(gens) if g.finish_reason == "error"]
+        if failed:
+            raise GenerationError(failed, gens)
         return gens if is_batch else gens[0]
 
     def _run(self, scheduler: Scheduler, requests: list[Request]) -> tuple[list[Generation], list[Sequence]]:
@@ -110,6 +124,17 @@ class SpeculativeDecoder:
         return agg
 
 
+class GenerationError(RuntimeError):
+    """Some sequences of a ``generate`` call failed. ``failures``: [(sequence index, reason)]; ``generations``:
+    every sequence's ``Generation`` (the others complete)."""
+
+    def __init__(self, failures: list[tuple[int, str | None]], generations: list[Generation]):
+        self.failures, self.generations = failures, generations
+        shown = "; ".join(f"sequence {i}: {why}" for i, why in failures[:3])
+        more = f" (and {len(failures) - 3} more)" if len(failures) > 3 else ""
+        super().__init__(f"{len(failures)} of {len(generations)} sequences failed: {shown}{more}")
+
+
 def _int64(value: int) -> int:
     """``value`` wrapped to a signed 64-bit int (the stream keys' range)."""
     value %= 2**64
@@ -118,7 +143,8 @@ def _int64(value: int) -> int:
 
 def generate(target, prompt, *, drafter: Drafter | None = None, k: int = 4, max_new_tokens: int = 128,
              temperature=0.0, top_k=None, top_p=None, seed: int | None = None, stop=None, chat: bool = False,
-             max_seq_len: int | None = None, on_tokens=None, timing: bool = False, verify_backend: str | None = None):
+             max_seq_len: int | None = None, on_tokens=None, timing: bool = False, verify_backend: str | None = None,
+             warm: bool = True):
     """One-call speculative generation; see ``SpeculativeDecoder.generate``.
 
     Example (the embedded SmolLM2; greedy output equals plain decoding's token for token)::
@@ -129,7 +155,7 @@ def generate(target, prompt, *, drafter: Drafter | None = None, k: int = 4, max_
         out = generate(model, "Repeat exactly: the cat sat on the mat.", drafter=PromptLookup(), k=8, chat=True)
         print(out.text, out.stats.summary())
     """
-    decoder = SpeculativeDecoder(target, drafter, k=k, timing=timing, verify_backend=verify_backend)
+    decoder = SpeculativeDecoder(target, drafter, k=k, timing=timing, verify_backend=verify_backend, warm=warm)
     return decoder.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                             top_p=top_p, seed=seed, stop=stop, chat=chat, max_seq_len=max_seq_len,
                             on_tokens=on_tokens)

@@ -94,4 +94,5 @@ class Sequence:
         text = decode(body) if decode is not None else ""
         if self.text_cut is not None:
             text = text[: self.text_cut]
-        return Generation(self.generated, text, self.stats, self.finish_reason or "length", self.request.prompt)
+        return Generation(self.generated, text, self.stats, self.finish_reason or "length", self.request.prompt,
+                          self.error)

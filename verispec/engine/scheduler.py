@@ -104,6 +104,22 @@ class Scheduler:
                 return True
         return False
 
+    def warm_up(self, settings=((0.0, 0, 1.0),), prompt_tokens: int = 512) -> int:
+        """Capture, before requests run, every CUDA graph this scheduler's rounds and admissions can replay: the
+        target's passes for each batch bucket up to max_batch_size and each width up to k + 1, its prefill graphs
+        for prompts of up to ``prompt_tokens`` tokens, and the drafter's (its draft loops for each sampling
+        setting in ``settings``: (temperature, top_k, top_p) tuples). Without it the first round of each new shape
+        captures inside a request. Time and count go to ``totals`` (warmup_s, graphs_captured)."""
+        t0 = time.perf_counter()
+        n = 0
+        if hasattr(self.target, "warm_up"):
+            n += self.target.warm_up(self.config.max_batch_size, self.k + 1, prompt_tokens)
+        if self.drafter is not None and self.k:
+            n += self.drafter.warm_up(self.config.max_batch_size, self.k, list(settings), prompt_tokens)
+        self.totals.warmup_s += time.perf_counter() - t0
+        self.totals.graphs_captured += n
+        return n
+
     @property
     def idle(self) -> bool:
         return not self.waiting and not self.running

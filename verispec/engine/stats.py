@@ -29,6 +29,8 @@ class Stats:
     commit_s: float = 0.0          # rollback, drafter.commit, stop checks, streaming, compaction
     decode_s: float = 0.0          # from the first token until this sequence finished
     total_s: float = 0.0           # from submission until this sequence finished
+    warmup_s: float = 0.0          # capturing CUDA graphs before the run (Scheduler.warm_up): not in total_s
+    graphs_captured: int = 0       # graphs that warm-up captured (0 when they existed or there are none)
     timed_phases: bool = True      # False: phase times on an async device without synchronization
 
     @property
@@ -79,3 +81,4 @@ class Generation:
     stats: Stats
     finish_reason: str = "length"  # "length" | "eos" | "stop" | "cancelled" | "error"
     prompt_tokens: list[int] = field(default_factory=list)
+    error: str | None = None       # why it failed (finish_reason "error")

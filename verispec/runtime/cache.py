@@ -4,9 +4,10 @@ Layout per layer: [B_max, KV, S_cap, D]. The active batch is the prefix [:B] (``
 sequences into that prefix in place), so buffers never move and CUDA graphs captured against them stay
 valid for the life of the cache. Slots at or past ``lengths[b]`` are dead: rollback only moves the length.
 
-S_cap is ``max_seq_len`` rounded up to a multiple of 64 (aligned rows for the attention kernels); the
-extra slots never hold live K/V, because writes of tokens past ``max_seq_len`` are refused on the host side
-(a graphed prefill's padded tail may leave dead K/V there: ``Model.prefill_bucket`` caps it at S_cap).
+S_cap is ``max_seq_len`` + PAD_SLOTS rounded up to a multiple of 64 (aligned rows for the attention kernels);
+the extra slots never hold live K/V, because writes of tokens past ``max_seq_len`` are refused on the host side.
+They take the dead K/V of padding: a graphed prefill's padded tail (``Model.prefill_bucket`` caps it at S_cap)
+and the padding tokens of a pass run in a wider graph (``Model.graph_width``: at most PAD_SLOTS of them).
 
 Rows [B:B_max] are *padding rows*: a CUDA graph captured for a larger batch bucket (see ``Model.graph_rows`` in model.py) runs
 them along with the live rows. Their length stays 0 (``live`` is 0 there, so a pass advances them by
@@ -21,9 +22,14 @@ from ..device import to_device
 from .config import ModelConfig
 
 
+# Slots past max_seq_len for the padding tokens of a pass run in a wider CUDA graph (Model.graph_width: at most
+# 7) and for a warm-up capture's dead writes (Model.warm_up: up to 17 tokens past a running sequence).
+PAD_SLOTS = 32
+
+
 def capacity(max_seq_len: int) -> int:
-    """Slots per sequence for ``max_seq_len`` tokens: rounded up to a multiple of 64."""
-    return -(-max_seq_len // 64) * 64
+    """Slots per sequence for ``max_seq_len`` tokens: + PAD_SLOTS, rounded up to a multiple of 64."""
+    return -(-(max_seq_len + PAD_SLOTS) // 64) * 64
 
 
 class StaticKVCache:

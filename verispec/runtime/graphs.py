@@ -55,13 +55,21 @@ class GraphCache:
         self._graphs.clear()
         self._pool = None
 
-    def run(self, tokens: Tensor, rows: int | None = None) -> Tensor:
+    def run(self, tokens: Tensor, rows: int | None = None, width: int | None = None) -> Tensor:
         """One pass of ``tokens`` [B, k] in the graph of (rows, k) (rows >= B; default B), capturing it the
-        first time; logits [B, k, V] cloned out of the static buffer (callers may hold logits across calls)."""
+        first time; logits [B, width, V] (the first ``width`` tokens' rows, default all k) cloned out of the
+        static buffer (callers may hold logits across calls)."""
         batch, k = tokens.shape
         rows = batch if rows is None else rows
         (logits,) = self.replay(("step", rows, k), lambda static: (self._step(static),), tokens, rows)
-        return logits[:batch].clone()
+        return logits[:batch, :k if width is None else width].clone()
+
+    def ensure(self, key: Hashable, program: Program, inputs: Tensor, rows: int) -> None:
+        """Capture the graph of ``key`` if it is missing, without replaying it (``Model.warm_up``): the capture's
+        warm-up runs restore ``lengths`` and write K/V only to slots at or past them (dead), so it is safe while
+        sequences are running."""
+        if key not in self._graphs:
+            self._graphs[key] = self._capture(program, inputs, rows)
 
     def replay(self, key: Hashable, program: Program, inputs: Tensor, rows: int) -> tuple[Tensor, ...]:
         """Replay the graph of ``key`` (capturing ``program`` the first time) with ``inputs`` [B, ...] (any
@@ -177,6 +185,12 @@ class PrefillGraphs:
         static_in.copy_(packed)
         graph.replay()
         return static_logits.clone()
+
+    def ensure(self, packed: Tensor, n: int, T: int) -> None:
+        """Capture the graph of (n, T) if it is missing, without replaying it (``Model.warm_up``). Its warm-up runs
+        write K/V into the cache row ``packed`` names: call it on a row that holds no sequence."""
+        if (n, T) not in self._graphs:
+            self._graphs[(n, T)] = self._capture(packed, n, T)
 
     def _capture(self, packed: Tensor, n: int, T: int):
         static_in = packed.clone()

@@ -24,19 +24,26 @@ from .transformer import Transformer, rope_table
 # Passes of more tokens a sequence (a drafter catching up after rounds without drafting) run eagerly: each
 # distinct token count would capture its own graph. The same bound caps a captured draft loop's k.
 GRAPH_MAX_TOKENS = 16
+# The token widths of the captured decode / verify passes: a pass of k tokens a sequence runs in the graph of the
+# smallest width >= k, its k..width-1 extra tokens are padding (their K/V land in dead slots past the sequence,
+# their logits are dropped). 1 + 2^j fits the usual k = 1, 2, 4, 8, 16 drafts exactly, and a warm-up captures 6
+# graphs per batch bucket instead of 17. Exact because the pass is batch-invariant (ops.matmul_path): padding
+# tokens do not change the real tokens' logits. Widest - narrowest gap (17 - 10) <= cache.PAD_SLOTS.
+WIDTH_BUCKETS = (1, 2, 3, 5, 9, 17)
 # Captured draft loops per model at most (one per bucket, k and sampling setting); further ones run eagerly.
 MAX_DRAFT_GRAPHS = 32
 
 # choose(i, logits [R, V], inputs [R, C]) -> (tokens [R] int64, probs [R, V] float32 or None): see draft_loop
 Choose = Callable[[int, Tensor, Tensor], tuple[Tensor, "Tensor | None"]]
 
-# Admissions of at most PREFILL_GRAPH_MAX_PROMPTS prompts of at most PREFILL_BUCKETS[-1] tokens run as a CUDA
-# graph of the smallest bucket that holds the longest prompt (capped at the cache's capacity): a short
-# prefill is launch-bound (~9 kernels per layer), and its padded tail costs little while the pass reads the
-# weights once anyway. Longer prompts run eagerly: their math dwarfs the launches, and padding them would add
-# real work.
+# Each admitted prompt is prefilled in its own pass: a batched prefill would change its matmuls' shapes (cuBLAS
+# picks kernels, and reduction orders, by shape), so a prompt's K/V and first token would depend on the prompts
+# admitted beside it. A prompt of at most PREFILL_BUCKETS[-1] tokens runs as a CUDA graph of the smallest bucket
+# that holds it (capped at the cache's capacity): a short prefill is launch-bound (~9 kernels per layer), and its
+# padded tail costs little while the pass reads the weights once anyway. Longer prompts run eagerly at their own
+# length: their math dwarfs the launches, and padding them would add real work.
 PREFILL_BUCKETS = (16, 32, 64, 128, 256, 384, 512)
-PREFILL_GRAPH_MAX_PROMPTS = 4
+PREFILL_GRAPH_MAX_PROMPTS = 1
 
 
 class Model:
@@ -117,9 +124,9 @@ class Model:
         """Append sequences to the running batch: prompt j fills row B + j, positions [0, len_j); rows
         below B keep their state, so requests can join between rounds. Returns logits [n, V] at each
         prompt's last token. The cache must have room (``setup_cache(max_batch_size, ...)``).
-        Short admissions replay a CUDA graph of their token bucket (``prefill_bucket``), others run eagerly;
-        the path and the bucket follow from the prompts alone, so their logits do not depend on which rows are
-        already running."""
+        Each prompt runs in its own pass (see PREFILL_BUCKETS): a short one replays the CUDA graph of its token
+        bucket (``prefill_bucket``), a long one runs eagerly; path and bucket follow from the prompt alone, so its
+        K/V and logits do not depend on the other prompts admitted with it or already running."""
         cache = self._need_cache()
         lens = [len(p) for p in prompts]
         if not lens:
@@ -133,17 +140,20 @@ class Model:
             if n > cache.max_seq_len:
                 raise ValueError(f"prompt {b} has {n} tokens > max_seq_len {cache.max_seq_len}: "
                                  f"call setup_cache with a larger max_seq_len")
-        n, first_row = len(prompts), cache.batch_size
-        bucket = self.prefill_bucket(n, max(lens))
-        T = bucket or max(lens)
-        packed = to_device(pack_prefill(prompts, T, first_row), self.device)   # one host -> device copy
-        if bucket and self.device.type == "cuda":   # on a CPU model forced to use graphs: the same padded pass, eager
-            logits = self._prefill_graphs.run(packed, n, bucket)
-        else:
-            tokens, last, _ = unpack_prefill(packed, n, T)
-            logits = self.net.prefill(tokens, last, self._rope[:T], cache, self.num_active_layers, first_row)
+        first_row = cache.batch_size
+        logits = [self._prefill_one(prompt, first_row + j) for j, prompt in enumerate(prompts)]
         cache.admit(lens)
-        return logits
+        return torch.cat(logits)
+
+    def _prefill_one(self, prompt: list[int], row: int) -> Tensor:
+        """One prompt's prefill into cache row ``row`` -> logits [1, V] at its last token."""
+        bucket = self.prefill_bucket(1, len(prompt))
+        T = bucket or len(prompt)
+        packed = to_device(pack_prefill([prompt], T, row), self.device)   # one host -> device copy
+        if bucket and self.device.type == "cuda":   # on a CPU model forced to use graphs: the same padded pass, eager
+            return self._prefill_graphs.run(packed, 1, bucket)
+        tokens, last, _ = unpack_prefill(packed, 1, T)
+        return self.net.prefill(tokens, last, self._rope[:T], self.cache, self.num_active_layers, row)
 
     def prefill_bucket(self, num_prompts: int, num_tokens: int) -> int | None:
         """The token count T of the CUDA graph that admits ``num_prompts`` prompts of at most ``num_tokens``
@@ -192,22 +202,63 @@ class Model:
             raise ValueError(f"cache full: a sequence has {cache.max_len_bound} tokens and {k} more would exceed "
                              f"max_seq_len {cache.max_seq_len}; keep() finished sequences out or setup_cache larger")
 
+    def graph_width(self, k: int) -> int | None:
+        """The token width of the CUDA graph that runs a pass of ``k`` tokens a sequence: the smallest of
+        WIDTH_BUCKETS >= k; None where the pass runs eagerly (no graphs, or k > GRAPH_MAX_TOKENS + 1).
+        e.g. 1 -> 1, 4 -> 5, 5 -> 5, 6 -> 9."""
+        if not self.use_graphs:
+            return None
+        return next((w for w in WIDTH_BUCKETS if w >= k), None)
+
     @torch.no_grad()
     def append(self, tokens: Tensor) -> Tensor:
         """The target pass: score tokens [B, k] at positions lengths[b] + i in one forward pass, their K/V
         appended to the cache; advance lengths by k. -> logits [B, k, V] (row i predicts the token after
-        tokens[:, i])."""
+        tokens[:, i]). With graphs, the pass replays the graph of (``graph_rows(B)``, ``graph_width(k)``); its
+        padding rows and tokens change nothing the caller sees."""
         cache = self._need_cache()
         if tokens.dim() != 2 or tokens.shape[0] != cache.batch_size:
             raise ValueError(f"tokens must be [B={cache.batch_size}, k], got {tuple(tokens.shape)}")
         k = tokens.shape[1]
         self._check_room(cache, k)
-        if self.use_graphs and k <= GRAPH_MAX_TOKENS:
-            logits = self._graphs.run(tokens.to(torch.long), self.graph_rows(cache.batch_size))
+        width = self.graph_width(k)
+        if width is not None:
+            tokens = tokens.to(torch.long)
+            if width > k:   # padding tokens: any valid id; their K/V go to dead slots < capacity (cache.PAD_SLOTS)
+                tokens = torch.cat([tokens, tokens[:, -1:].expand(-1, width - k)], dim=1)
+            logits = self._graphs.run(tokens, self.graph_rows(cache.batch_size), width=k)
+            if width > k:
+                cache.lengths.sub_(width - k)   # the graph advanced every live row by width
         else:
             logits = self._step(to_device(tokens, self.device, torch.long))
         cache.max_len_bound += k
         return logits
+
+    @torch.no_grad()
+    def warm_up(self, max_batch_size: int, max_tokens: int = 1, prompt_tokens: int = 0) -> int:
+        """Capture, outside any request, every CUDA graph a run of up to ``max_batch_size`` sequences with passes of
+        up to ``max_tokens`` tokens a sequence may replay: the step graphs of every batch bucket <= graph_rows(
+        max_batch_size) and width bucket <= graph_width(max_tokens), and the prefill graphs of the token buckets up
+        to ``prompt_tokens``. Captures only (nothing replays, lengths are restored): safe while sequences run.
+        Returns the number of graphs captured now (0 without graphs or when all exist)."""
+        cache = self._need_cache()
+        if not self.use_graphs:
+            return 0
+        top = self.graph_width(min(max_tokens, GRAPH_MAX_TOKENS + 1)) or 1
+        widths = [w for w in WIDTH_BUCKETS if w <= top]
+        buckets = sorted({self.graph_rows(b) for b in range(1, min(max_batch_size, cache.max_batch_size) + 1)})
+        before = len(self._graphs) + len(self._prefill_graphs)
+        for rows in buckets:
+            for w in widths:
+                dummy = torch.zeros(rows, w, dtype=torch.long)
+                self._graphs.ensure(("step", rows, w), lambda static: (self._step(static),), dummy, rows)
+        free_row = cache.batch_size   # the prefill's warm-up runs write K/V into the row it names
+        top = self.prefill_bucket(1, min(prompt_tokens, PREFILL_BUCKETS[-1])) if prompt_tokens else None
+        for bucket in sorted({self.prefill_bucket(1, T) for T in PREFILL_BUCKETS} - {None}):
+            if top is not None and bucket <= top and free_row < cache.max_batch_size and self.device.type == "cuda":
+                packed = to_device(pack_prefill([[0]], bucket, free_row), self.device)
+                self._prefill_graphs.ensure(packed, 1, bucket)
+        return len(self._graphs) + len(self._prefill_graphs) - before
 
     @torch.no_grad()
     def draft_loop(self, inputs: Tensor, k: int, choose: Choose, key: Hashable) -> tuple[Tensor, Tensor | None]:
@@ -232,19 +283,42 @@ class Model:
         if inputs.dim() != 2 or inputs.shape[0] != cache.batch_size or inputs.shape[1] < 3 or k < 1:
             raise ValueError(f"draft_loop: inputs must be [B={cache.batch_size}, >= 3] and k >= 1, got "
                              f"{tuple(inputs.shape)}, k={k}")
+        if inputs.device.type == "cpu":
+            # the loop rolls every row back to inputs[:, 0] before it writes: bound the room by that (a host
+            # value), not by the lengths before the rollback, which would refuse the last rounds of a sequence
+            cache.max_len_bound = min(cache.max_len_bound, int(inputs[:, 0].max()))
         self._check_room(cache, k + 1)
         batch = cache.batch_size
         rows = self.graph_rows(batch) if self.use_graphs else batch
         graph_key = ("draft", rows, k, inputs.shape[1], key)
         program = lambda static: self._draft_loop_body(static, k, choose)  # noqa: E731
-        if self.use_graphs and k <= GRAPH_MAX_TOKENS and (
-                graph_key in self._graphs or self._graphs.count("draft") < MAX_DRAFT_GRAPHS):
+        if self._draft_graph(graph_key, k):
             outputs = self._graphs.replay(graph_key, program, inputs.to(torch.long), rows)
         else:
             outputs = program(to_device(inputs, self.device, torch.long))
         cache.max_len_bound += k + 1
         tokens, probs = outputs
         return tokens[:batch].clone(), None if probs is None else probs[:batch].clone()
+
+    def _draft_graph(self, graph_key: tuple, k: int) -> bool:
+        """Whether the draft loop of ``graph_key`` runs as a graph (captured now if needed)."""
+        return self.use_graphs and k <= GRAPH_MAX_TOKENS and (
+            graph_key in self._graphs or self._graphs.count("draft") < MAX_DRAFT_GRAPHS)
+
+    @torch.no_grad()
+    def warm_up_draft_loop(self, max_batch_size: int, k: int, choose: Choose, key: Hashable, width: int) -> int:
+        """Capture (only) the draft loops ``draft_loop(inputs [B, width], k, choose, key)`` would replay for every
+        batch bucket up to ``max_batch_size``; safe while sequences run. Returns how many were captured now."""
+        cache = self._need_cache()
+        if not self.use_graphs or k > GRAPH_MAX_TOKENS:
+            return 0
+        before = len(self._graphs)
+        for rows in sorted({self.graph_rows(b) for b in range(1, min(max_batch_size, cache.max_batch_size) + 1)}):
+            graph_key = ("draft", rows, k, width, key)
+            if self._draft_graph(graph_key, k):
+                program = lambda static: self._draft_loop_body(static, k, choose)  # noqa: E731
+                self._graphs.ensure(graph_key, program, torch.zeros(rows, width, dtype=torch.long), rows)
+        return len(self._graphs) - before
 
     def _draft_loop_body(self, inputs: Tensor, k: int, choose: Choose) -> tuple[Tensor, Tensor | None]:
         # inputs [R, C] -> (tokens [R, k], probs [R, k, V] | None); the program ``draft_loop`` captures

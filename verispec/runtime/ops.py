@@ -15,8 +15,9 @@ the four weight matmuls:
                       combine kernel merges the splits and writes o as [N, H*D] (no permute copies);
   * ``silu_mul``      SwiGLU activation of the fused [gate; up] output.
 All arithmetic in fp32; dots of fp32 inputs in IEEE precision (so fp32 models stay within 1e-4 of the torch
-path). The weight matmuls go through ``linear``: verispec/runtime/gemv/gemv.cu in one fixed (batch-invariant)
-configuration for a single sequence's passes of <= 8 tokens, cuBLAS otherwise (see ``use_gemv``).
+path). The weight matmuls go through ``linear``: verispec/runtime/gemv/invariant.cu (bf16/fp16) or gemv.cu v1 in
+8-row chunks (fp32), both batch-invariant: a token's logits do not depend on how many rows the pass has (see
+``matmul_path``). The attention is batch-invariant too (``ATTN_SPLIT``).
 
 The prefill (``Transformer.prefill_kernels``) reuses ``add_rmsnorm`` and ``silu_mul``, runs its matmuls on
 cuBLAS and its attention in torch's SDPA (``prefill_attention``), and has one kernel of its own:
@@ -167,18 +168,19 @@ if AVAILABLE:
             tl.store(vc_ptr + (row * s_cb + kvh * s_ch + t64 * s_cs)[:, None] + offs_d, v, mask=t_ok[:, None])
 
     @triton.jit
-    def _attn_split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, acc_ptr, ml_ptr, T, H, KV, G, SPLIT, NSPLIT,
+    def _attn_split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, acc_ptr, ml_ptr, T, H, KV, G, NSPLIT, ROWS,
                            s_cb, s_ch, s_cs, scale_log2,
-                           D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                           D: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                            PREC: tl.constexpr, PDL: tl.constexpr):
         if PDL:                                        # see use_pdl: start early, wait for the predecessor
             gdc_launch_dependents()
             gdc_wait()
         bk = tl.program_id(0)                          # b * KV + kv head
         sp = tl.program_id(1)                          # split of the cache slots
+        rt = tl.program_id(2)                          # tile of BLOCK_M query rows
         b = bk // KV
         kvh = bk % KV
-        rows = tl.arange(0, BLOCK_M)                   # row r = g * T + i (query head kvh*G + g, token i)
+        rows = rt * BLOCK_M + tl.arange(0, BLOCK_M)    # row r = g * T + i (query head kvh*G + g, token i)
         g = rows // T
         i = rows % T
         row_ok = rows < G * T
@@ -211,14 +213,14 @@ if AVAILABLE:
             l_i = l_i * alpha + tl.sum(pr, axis=1)
             acc = acc * alpha[:, None] + tl.dot(pr.to(v.dtype), v, input_precision=PREC)
             m_i = m_new
-        part = (bk * NSPLIT + sp).to(tl.int64) * BLOCK_M + rows
+        part = (bk * NSPLIT + sp).to(tl.int64) * ROWS + rows
         tl.store(acc_ptr + part[:, None] * D + offs_d[None, :], acc)
         tl.store(ml_ptr + part * 2, m_i)
         tl.store(ml_ptr + part * 2 + 1, l_i)
 
     @triton.jit
-    def _attn_combine_kernel(acc_ptr, ml_ptr, o_ptr, T, H, KV, G, NSPLIT,
-                             D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr):
+    def _attn_combine_kernel(acc_ptr, ml_ptr, o_ptr, T, H, KV, G, NSPLIT, ROWS,
+                             D: tl.constexpr, PDL: tl.constexpr):
         if PDL:                                        # see use_pdl: start early, wait for the predecessor
             gdc_launch_dependents()
             gdc_wait()
@@ -228,18 +230,25 @@ if AVAILABLE:
         kvh = bk % KV
         g = r // T
         i = r % T
-        sp = tl.arange(0, BLOCK_S)
-        smask = sp < NSPLIT
-        part = (bk * NSPLIT + sp).to(tl.int64) * BLOCK_M + r
-        m = tl.load(ml_ptr + part * 2, mask=smask, other=float("-inf"))
-        l = tl.load(ml_ptr + part * 2 + 1, mask=smask, other=0.0)
-        m_max = tl.max(m, axis=0)                      # split 0 always holds slot 0: finite
-        w = tl.where(m == float("-inf"), 0.0, tl.exp2(m - m_max))
+        base = (bk * NSPLIT).to(tl.int64) * ROWS + r
+        # NOTE: splits are merged one at a time in split order (not a tree over a power-of-two block): splits past
+        # the live slots hold m = -inf, l = 0, acc = 0 and add exact zeros, so the result does not depend on how
+        # many splits the cache capacity has (a sequence's logits then do not depend on its batch's max_seq_len).
+        m_max = tl.load(ml_ptr + base * 2)             # split 0 always holds slot 0: finite
+        for s in range(1, NSPLIT):
+            m_max = tl.maximum(m_max, tl.load(ml_ptr + (base + s * ROWS) * 2))
         offs_d = tl.arange(0, D)
-        acc = tl.load(acc_ptr + part[:, None] * D + offs_d[None, :], mask=smask[:, None], other=0.0)
-        out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
+        w0 = tl.exp2(tl.load(ml_ptr + base * 2) - m_max)
+        num = tl.load(acc_ptr + base * D + offs_d) * w0
+        den = tl.load(ml_ptr + base * 2 + 1) * w0
+        for s in range(1, NSPLIT):
+            part = base + s * ROWS
+            m = tl.load(ml_ptr + part * 2)
+            w = tl.where(m == float("-inf"), 0.0, tl.exp2(m - m_max))
+            num += tl.load(acc_ptr + part * D + offs_d) * w
+            den += tl.load(ml_ptr + part * 2 + 1) * w
         n = (b * T + i).to(tl.int64)
-        tl.store(o_ptr + (n * H + kvh * G + g) * D + offs_d, out.to(o_ptr.dtype.element_ty))
+        tl.store(o_ptr + (n * H + kvh * G + g) * D + offs_d, (num / den).to(o_ptr.dtype.element_ty))
 
     @triton.jit
     def _silu_mul_kernel(gu_ptr, o_ptr, I, BLOCK: tl.constexpr, PDL: tl.constexpr):
@@ -334,37 +343,49 @@ def prefill_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=H != KV)
 
 
-def attention_splits(B: int, KV: int, S: int, block_n: int, device) -> tuple[int, int]:
-    """(split size, number of splits) for a static capacity S: about two programs per SM over B*KV heads."""
-    want = max(1, -(-2 * sm_count(device) // (B * KV)))
-    nblocks = -(-S // block_n)
-    split = block_n * -(-nblocks // min(want, nblocks))
-    return split, -(-S // split)
+# Batch invariance of the decode / verify attention: a query row's result must not depend on the batch, on how
+# many tokens the pass scores, or on the cache's capacity. So every choice below is a function of the dtype and
+# head_dim alone: query rows in tiles of ATTN_BLOCK_M = 16 (the same MMA shape for 1 or 64 tokens), key blocks of
+# attention_block_n(...) slots, splits of ATTN_SPLIT slots from slot 0 (the online softmax meets the same blocks
+# in the same order), and the combine merges splits in order (see _attn_combine_kernel).
+ATTN_BLOCK_M = 16
+ATTN_SPLIT = 256
+
+
+def attention_block_n(dtype: torch.dtype, head_dim: int) -> int:
+    """Key slots per block of the split kernel: 64 for 16-bit models with head_dim <= 128, else 32."""
+    return 32 if (dtype == torch.float32 or head_dim > 128) else 64
+
+
+def attention_splits(S: int) -> int:
+    """Number of ATTN_SPLIT-slot splits of a cache of S slots (splits past a sequence's live slots do nothing)."""
+    return -(-S // ATTN_SPLIT)
 
 
 def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, lengths: Tensor, T: int, scale: float) -> Tensor:
     """q [N=B*T, H, D] (token i of sequence b at position lengths[b] + i, already in the cache) ->
-    o [N, H*D]: softmax(q K^T * scale) V over cache slots j <= lengths[b] + i."""
+    o [N, H*D]: softmax(q K^T * scale) V over cache slots j <= lengths[b] + i. Each query row's result is the
+    same bits whatever B, T and the cache capacity are (see ATTN_SPLIT)."""
     N, H, D = q.shape
     B = N // T
     KV, S = k_cache.shape[1], k_cache.shape[2]
     G = H // KV
     assert q.is_contiguous() and k_cache.stride(3) == 1 and k_cache.stride() == v_cache.stride()
     assert D == _pow2(D) and D >= 16, "head_dim must be a power of two >= 16"
-    BLOCK_M = max(16, _pow2(G * T))
     fp32 = q.dtype == torch.float32
-    BLOCK_N = 32 if (fp32 or D > 128 or BLOCK_M > 32) else 64
-    split, nsplit = attention_splits(B, KV, S, BLOCK_N, q.device)
-    acc = torch.empty(B * KV * nsplit * BLOCK_M, D, device=q.device, dtype=torch.float32)
-    ml = torch.empty(B * KV * nsplit * BLOCK_M, 2, device=q.device, dtype=torch.float32)
-    _attn_split_kernel[(B * KV, nsplit)](
-        q, k_cache, v_cache, lengths, acc, ml, T, H, KV, G, split, nsplit,
+    block_n = attention_block_n(q.dtype, D)
+    nsplit = attention_splits(S)
+    tiles = -(-(G * T) // ATTN_BLOCK_M)
+    rows = tiles * ATTN_BLOCK_M
+    acc = torch.empty(B * KV * nsplit * rows, D, device=q.device, dtype=torch.float32)
+    ml = torch.empty(B * KV * nsplit * rows, 2, device=q.device, dtype=torch.float32)
+    _attn_split_kernel[(B * KV, nsplit, tiles)](
+        q, k_cache, v_cache, lengths, acc, ml, T, H, KV, G, nsplit, rows,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), scale * 1.4426950408889634,
-        D=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, PREC="ieee" if fp32 else "tf32", num_warps=4,
+        D=D, SPLIT=ATTN_SPLIT, BLOCK_M=ATTN_BLOCK_M, BLOCK_N=block_n, PREC="ieee" if fp32 else "tf32", num_warps=4,
         **_launch_options(q.device))
     o = torch.empty(N, H * D, device=q.device, dtype=q.dtype)
-    _attn_combine_kernel[(B * KV, G * T)](acc, ml, o, T, H, KV, G, nsplit, D=D, BLOCK_M=BLOCK_M,
-                                          BLOCK_S=max(2, _pow2(nsplit)), num_warps=4,
+    _attn_combine_kernel[(B * KV, G * T)](acc, ml, o, T, H, KV, G, nsplit, rows, D=D, num_warps=1,
                                           **_launch_options(q.device))
     return o
 
@@ -380,21 +401,24 @@ def silu_mul(gu: Tensor) -> Tensor:
     return o
 
 
-# The weight matmuls of the pass. A single sequence's decode step and its verify pass of up to 8 tokens go
-# to verispec/runtime/gemv/gemv.cu with ONE fixed configuration per model (``gemv_config``), which makes them
-# batch-invariant: each token's row is computed by the same lanes in the same order whatever M is, so a B=1
-# verify pass gives bit-for-bit the logits of the decode steps it replaces and bf16 greedy speculative output
-# stays equal to AR output. (Choosing per M between gemv.cu and cuBLAS was ~1% faster at M = 3-8 but broke that:
-# 98% of bf16 sequences of a near-tie random model diverged, benchmarks/results/divergence.md.) Batches of several
-# sequences use cuBLAS throughout (its kernel choice is the same for the decode and verify shapes seen).
-# VERISPEC_GEMV=0 (or CUDA_GEMV = False): cuBLAS everywhere.
-CUDA_GEMV = os.environ.get("VERISPEC_GEMV", "1") != "0"
+# The weight matmuls of the decode / verify pass (``linear(..., invariant=True)``). MATMUL picks the path:
+#   "invariant" (default): every pass reduces each output element in one order that does not depend on the pass's
+#       rows (batch x tokens), so a token's logits are the same bits in a decode step, in a verification pass of
+#       any width and beside any other sequences: bf16/fp16 through invariant.cu (any M), fp32 through gemv.cu
+#       v1 in chunks of 8 rows in the model's one (rows, split) configuration (``gemv_config``). What is exact
+#       where: ``matmul_path`` and the table in docs/runtime.md ("Exact widths").
+#   "cublas": F.linear (cuBLAS) everywhere: the fastest non-invariant pass, for benchmarks/exact.py.
+#   "gemv": the rule before invariant.cu (gemv.cu v1 for one sequence of <= 8 tokens, cuBLAS otherwise): exact only
+#       at B = 1 and <= 8 tokens; kept for benchmarks/decode.py's comparison.
+# VERISPEC_MATMUL sets it.
+MATMUL = os.environ.get("VERISPEC_MATMUL", "invariant")
+MATMUL_MODES = ("invariant", "cublas", "gemv")
 GEMV_CONFIG: tuple[int, int] | None = None   # (rows, split) for every model; None: ``gemv_config``'s rule
 
 
 def gemv_config(hidden_size: int) -> tuple[int, int]:
     """(rows per warp group, warps per row group) of gemv.cu v1 for a model of this width: the one fixed
-    configuration of all its decode and verify matmuls.
+    configuration of all its fp32 decode and verify matmuls (and of every matmul in MATMUL = "gemv").
 
     Measured on an H100 (benchmarks/results/decode.md run F, same machine, B = 1, PDL on): for an 8B (E = 4096)
     4 x 4 decodes as fast as 4 x 8 (5.733 vs 5.739 ms) and verifies 4 tokens in 1.05x a decode step instead of
@@ -419,27 +443,66 @@ def _gemv_available() -> bool:
             vgemv.load()
             _gemv_ready = True
         except Exception as e:  # noqa: BLE001 - any build problem: fall back to cuBLAS, say so once
-            warnings.warn(f"verispec: the CUDA GEMV is unavailable ({type(e).__name__}: {str(e)[:200]}); the decode "
-                          f"matmuls use cuBLAS")
+            warnings.warn(f"verispec: the CUDA matmul extension is unavailable ({type(e).__name__}: {str(e)[:200]}); "
+                          f"the decode matmuls use cuBLAS and are NOT batch-invariant (bf16 greedy speculative output "
+                          f"may then differ from plain decoding)")
             _gemv_ready = False
     return _gemv_ready
 
 
-def use_gemv(batch_size: int, tokens_per_sequence: int) -> bool:
-    """Whether the pass of ``batch_size`` sequences x ``tokens_per_sequence`` tokens runs its matmuls on gemv.cu
-    (see above): one sequence, at most 8 tokens."""
-    return CUDA_GEMV and batch_size == 1 and tokens_per_sequence <= 8
+# The paths ``matmul_path`` names (docs/runtime.md's "Exact widths" table lists the same four).
+PATH_INVARIANT = "invariant.cu"          # bf16/fp16, any rows: exact at every width
+PATH_GEMV_CHUNKS = "gemv.cu v1 x8"       # fp32 on CUDA, chunks of 8 rows: exact at every width
+PATH_GEMV = "gemv.cu v1"                 # MATMUL = "gemv", one sequence of <= 8 tokens: exact at those widths
+PATH_TORCH = "F.linear"                  # cuBLAS / the CPU's BLAS: NOT invariant across widths
 
 
-def linear(x: Tensor, w: Tensor, b: Tensor | None = None, gemv: bool = False,
+def matmul_path(device_type: str, dtype: torch.dtype, K: int, batch_size: int = 1, tokens: int = 1,
+                mode: str | None = None, extension: bool = True) -> str:
+    """Which kernel computes a decode / verify matmul of ``batch_size`` sequences x ``tokens`` tokens with inner
+    dimension K on this device and dtype (``extension``: whether the CUDA extension loaded). The rule, and the
+    table of docs/runtime.md that tests/test_exact_dispatch.py checks it against:
+
+        CUDA, bf16/fp16, K % 8 == 0, MATMUL "invariant"  -> invariant.cu      exact at every width
+        CUDA, fp32,      K % 4 == 0, MATMUL "invariant"  -> gemv.cu v1 x8     exact at every width
+        CUDA, MATMUL "gemv", batch 1, <= 8 tokens       -> gemv.cu v1        exact among those widths
+        anything else (CPU, MATMUL "cublas", odd K, no extension) -> F.linear, not invariant
+    """
+    mode = MATMUL if mode is None else mode
+    if mode not in MATMUL_MODES:
+        raise ValueError(f"VERISPEC_MATMUL / ops.MATMUL must be one of {MATMUL_MODES}, got {mode!r}")
+    if device_type != "cuda" or not extension or mode == "cublas":
+        return PATH_TORCH
+    if mode == "gemv":
+        ok = batch_size == 1 and tokens <= 8 and (K * (4 if dtype == torch.float32 else 2)) % 16 == 0
+        return PATH_GEMV if ok else PATH_TORCH
+    if dtype in (torch.bfloat16, torch.float16) and K % 8 == 0:
+        return PATH_INVARIANT
+    if dtype == torch.float32 and K % 4 == 0:
+        return PATH_GEMV_CHUNKS
+    return PATH_TORCH
+
+
+def linear(x: Tensor, w: Tensor, b: Tensor | None = None, *, invariant: bool = False, batch_size: int = 1,
            config: tuple[int, int] = (4, 8)) -> Tensor:
-    """F.linear(x [M, K], w [N, K], b) for the decode / verify pass; ``gemv=True`` (from ``use_gemv``): gemv.cu
-    in the model's one batch-invariant configuration ``config`` = (rows, split) (``gemv_config``), where the
-    extension is available and supports the shape."""
-    if gemv and x.is_cuda and _gemv_available():
-        from .gemv import gemv_cuda, gemv_supported
+    """F.linear(x [M, K], w [N, K], b) -> [M, N]. ``invariant=True`` (the decode / verify pass of ``batch_size``
+    sequences, M = batch_size * tokens): the path of ``matmul_path`` (invariant.cu, or gemv.cu v1 in 8-row chunks in
+    the model's configuration ``config`` = (rows, split)); ``invariant=False`` (the prefill): cuBLAS."""
+    if not (invariant and x.is_cuda and _gemv_available()):
+        return torch.nn.functional.linear(x, w, b)
+    M, K = x.shape
+    path = matmul_path("cuda", x.dtype, K, batch_size, M // max(batch_size, 1))
+    from . import gemv as vgemv
 
-        if gemv_supported(x, w):
-            rows, split = config
-            return gemv_cuda(x, w, b, version=1, rows=rows, split=split, pdl=use_pdl(x.device))
+    if path == PATH_INVARIANT and vgemv.invariant_supported(x, w):
+        return vgemv.invariant_matmul(x, w, b, pdl=use_pdl(x.device))
+    rows, split = config
+    if path == PATH_GEMV and vgemv.gemv_supported(x, w):
+        return vgemv.gemv_cuda(x, w, b, version=1, rows=rows, split=split, pdl=use_pdl(x.device))
+    if path == PATH_GEMV_CHUNKS and vgemv.gemv_supported(x[:1], w):
+        out = torch.empty(M, w.shape[0], device=x.device, dtype=x.dtype)
+        for i in range(0, M, vgemv.GEMV_MAX_M):   # each row's order is fixed by (rows, split), not by the chunk
+            vgemv.gemv_cuda(x[i:i + vgemv.GEMV_MAX_M], w, b, out=out[i:i + vgemv.GEMV_MAX_M], version=1, rows=rows,
+                            split=split, pdl=use_pdl(x.device))
+        return out
     return torch.nn.functional.linear(x, w, b)

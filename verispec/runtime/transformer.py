@@ -228,8 +228,8 @@ class Transformer(nn.Module):
             qkv = self._qk_norm(L, ops.linear(h, L.wqkv, L.bqkv))                     # [N, (H+2KV)*D]
             q, k, v = ops.prefill_rope_kv_write(qkv, rope, first_row, cache.k[i], cache.v[i], B, T, H, KV, D)
             o = ops.prefill_attention(q, k, v).transpose(1, 2).reshape(B * T, H * D)
-            x, h = ops.add_rmsnorm(x, self._out_proj(o, L.wo, L.bo, False), L.ffn_norm, eps)
-            delta = self._out_proj(ops.silu_mul(ops.linear(h, L.w13)), L.w2, None, False)
+            x, h = ops.add_rmsnorm(x, self._out_proj(o, L.wo, L.bo), L.ffn_norm, eps)
+            delta = self._out_proj(ops.silu_mul(ops.linear(h, L.w13)), L.w2, None)
         rows = torch.arange(B, device=x.device) * T + last                             # [B] last tokens in x
         _, h = ops.add_rmsnorm(x.index_select(0, rows), delta.index_select(0, rows), self.norm, eps)
         return ops.linear(h, self.lm_head_weight)                                      # [B, V]
@@ -256,12 +256,13 @@ class Transformer(nn.Module):
             return self.append_kernels(tokens, lengths, rope, cache, num_layers)
         return self._append_torch(tokens, lengths, rope, cache, num_layers)
 
-    def _out_proj(self, x: Tensor, w: Tensor, bias: Tensor | None, gemv: bool, config=(4, 8)) -> Tensor:
-        """x @ w.T (+ bias) for the o and down projections; under tensor parallelism each rank holds a slice of
-        w's input columns, so the partial products are summed over the ranks and the bias added once after."""
+    def _out_proj(self, x: Tensor, w: Tensor, bias: Tensor | None, **how) -> Tensor:
+        """x @ w.T (+ bias) for the o and down projections (``how``: ``ops.linear``'s keywords); under tensor
+        parallelism each rank holds a slice of w's input columns, so the partial products are summed over the
+        ranks and the bias added once after."""
         if self.all_reduce is None:
-            return ops.linear(x, w, bias, gemv, config)
-        out = ops.linear(x, w, None, gemv, config)
+            return ops.linear(x, w, bias, **how)
+        out = ops.linear(x, w, None, **how)
         self.all_reduce(out)
         return out if bias is None else out + bias
 
@@ -303,15 +304,15 @@ class Transformer(nn.Module):
         x = F.embedding(tokens.reshape(-1), self.embed)                                   # [N, E]
         delta = None
         scale = 1.0 / math.sqrt(D)
-        gemv = ops.use_gemv(B, T)                  # one batch-invariant matmul path per pass
-        cfg = ops.gemv_config(c.hidden_size)
+        # every matmul batch-invariant (ops.matmul_path): a row's result does not depend on B or T
+        how = dict(invariant=True, batch_size=B, config=ops.gemv_config(c.hidden_size))
         for i in range(num_layers):
             L = self.layers[i]
             x, h = ops.add_rmsnorm(x, delta, L.attn_norm, eps)
-            qkv = self._qk_norm(L, ops.linear(h, L.wqkv, L.bqkv, gemv, cfg))              # [N, (H+2KV)*D]
+            qkv = self._qk_norm(L, ops.linear(h, L.wqkv, L.bqkv, **how))                  # [N, (H+2KV)*D]
             q = ops.rope_kv_write(qkv, rope, pos, cache.k[i], cache.v[i], T, H, KV, D)  # [N, H, D]
             o = ops.decode_attention(q, cache.k[i], cache.v[i], lengths, T, scale)      # [N, H*D]
-            x, h = ops.add_rmsnorm(x, self._out_proj(o, L.wo, L.bo, gemv, cfg), L.ffn_norm, eps)
-            delta = self._out_proj(ops.silu_mul(ops.linear(h, L.w13, None, gemv, cfg)), L.w2, None, gemv, cfg)
+            x, h = ops.add_rmsnorm(x, self._out_proj(o, L.wo, L.bo, **how), L.ffn_norm, eps)
+            delta = self._out_proj(ops.silu_mul(ops.linear(h, L.w13, None, **how)), L.w2, None, **how)
         _, h = ops.add_rmsnorm(x, delta, self.norm, eps)
-        return ops.linear(h, self.lm_head_weight, None, gemv, cfg).view(B, T, -1)
+        return ops.linear(h, self.lm_head_weight, None, **how).view(B, T, -1)

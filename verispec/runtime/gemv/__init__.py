@@ -1,13 +1,15 @@
-"""The runtime's decode GEMV: ``gemv_cuda(x, w)`` = ``F.linear(x, w)`` for the few tokens of a decode or
-verify pass (M <= 8 rows), one launch of gemv.cu, deterministic (bit-identical run to run).
+"""The runtime's weight matmuls for the decode / verify pass, as one CUDA extension (``verispec_gemv``):
 
-    gemv.cu       v1: fp32 FMAs, split-K inside the block, streaming 16-byte loads, fixed-order reduction;
-                  v2: tensor-core MMAs (bf16/fp16). The file's header explains the work split.
-    binding.cpp   torch glue, built only on a CUDA machine
+    invariant.cu   ``invariant_matmul(x, w)`` = ``F.linear(x, w)`` for bf16/fp16 and ANY number of rows, every
+                   output element reduced in one fixed order whatever M is (tensor-core MMAs, fixed split-K):
+                   the batch-invariant matmul of the pass. Its header states the order.
+    gemv.cu        ``gemv_cuda(x, w)`` for M <= 8 rows: v1 fp32 FMAs (every dtype; per-row order fixed by its
+                   (rows, split) configuration, so fp32 passes run it in chunks of 8 rows), v2 tensor cores.
+    gemv_common.cuh  the device helpers both share; binding.cpp the torch glue (built on a CUDA machine only)
 
-The extension ``verispec_gemv`` is built on first use by ``verispec.jit``; it holds only this kernel, so
-the first decode step does not compile the verification kernels. How the runtime uses it (one fixed
-configuration for one sequence, which keeps verify passes batch-invariant): ``verispec.runtime.ops.linear``.
+The extension is built on first use by ``verispec.jit``; it holds only these kernels, so the first decode step
+does not compile the verification kernels. Which one a pass uses: ``verispec.runtime.ops.linear`` and the
+table in docs/runtime.md ("Exact widths").
 """
 from __future__ import annotations
 
@@ -23,8 +25,8 @@ NAME = "verispec_gemv"
 
 def load(verbose: bool = False):
     """Build (first call; cached on disk afterwards) and return the ``verispec_gemv`` extension."""
-    return load_extension(NAME, [_SRC / "binding.cpp", _SRC / "gemv.cu"], [_SRC], what="the decode GEMV",
-                          verbose=verbose)
+    return load_extension(NAME, [_SRC / "binding.cpp", _SRC / "gemv.cu", _SRC / "invariant.cu"], [_SRC],
+                          what="the decode GEMV", verbose=verbose)
 
 
 def built() -> bool:
@@ -109,3 +111,77 @@ def gemv_config(w: torch.Tensor, M: int) -> tuple[int, int, int]:
     rows is 16 (the MMA tile) for version 2."""
     version, rows, split = load().gemv_config(w, M)
     return version, rows, split
+
+
+# ------------------------------------------------------------------------------------ invariant matmul
+INVARIANT_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def invariant_supported(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether invariant.cu takes (x, w): bf16/fp16, K % 8 == 0 (16-byte rows), w contiguous and 16-byte aligned,
+    at least one row of x, at most 65535 tiles of 16 rows of w (N < 1048576). x is copied when it is not
+    contiguous or aligned (it is small)."""
+    if x.dtype not in INVARIANT_DTYPES or w.dtype != x.dtype or w.dim() != 2:
+        return False
+    N, K = w.shape
+    return (K % 8 == 0 and K >= 8 and x.numel() >= K and w.is_contiguous() and w.data_ptr() % 16 == 0
+            and N < 16 * 65536)
+
+
+def invariant_matmul(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, *,
+                     out: torch.Tensor | None = None, variant: int = 0, slices: int = 0,
+                     pdl: bool = False) -> torch.Tensor:
+    """``F.linear(x, w, b)`` with every output element reduced in one order that does not depend on the number
+    of rows: row i of ``invariant_matmul(x, w)`` equals ``invariant_matmul(x[i:i+1], w)`` bit for bit, for any
+    x (the batch invariance that keeps greedy speculative output equal to plain decoding in bf16).
+
+    x [..., K], w [N, K], b [N] (bf16 or fp16, one CUDA device) -> [..., N] of x's dtype; fp32 accumulation.
+    One launch of invariant.cu, no host sync: CUDA-graph capturable. ``invariant_supported`` must hold (a
+    ValueError says which requirement fails otherwise).
+    out: optional contiguous [..., N] tensor of x's dtype, written in place and returned.
+    variant: 0 = the launcher's choice for M (speed only: every variant computes the same bits); 1..n a fixed
+    one (benchmarks/exact.py sweeps them). slices: 0 = the product's order (``vs_inv_slices(K)``); 1, 2, 4, 8
+    select another fixed order (tests).
+    pdl: launch with programmatic dependent launch (sm_90+), as ``gemv_cuda``.
+
+    Example: ``invariant_matmul(torch.ones(3, 8, device="cuda", dtype=torch.bfloat16), torch.ones(2, 8,
+    device="cuda", dtype=torch.bfloat16))`` -> ``[[8., 8.], [8., 8.], [8., 8.]]`` (bf16).
+    """
+    if not (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor)):
+        raise TypeError("invariant_matmul: x and w must be tensors")
+    if w.dim() != 2 or x.dim() < 1 or x.shape[-1] != w.shape[1]:
+        raise ValueError(f"invariant_matmul: x {tuple(x.shape)} @ w {tuple(w.shape)}^T: w must be [N, K] and x [..., K]")
+    if not (x.is_cuda and w.device == x.device):
+        raise ValueError(f"invariant_matmul: x and w must be on one CUDA device, got x on {x.device}, w on {w.device}")
+    if not invariant_supported(x, w):
+        raise ValueError(f"invariant_matmul: needs bf16/fp16 x and w of one dtype (got {x.dtype}, {w.dtype}), "
+                         f"K % 8 == 0 (K = {w.shape[1]}), at least one row, w contiguous and 16-byte aligned, "
+                         f"N < 1048576 (N = {w.shape[0]})")
+    N, K = w.shape
+    out_shape = (*x.shape[:-1], N)
+    if b is not None and (b.shape != (N,) or b.dtype != x.dtype or b.device != x.device):
+        raise ValueError(f"invariant_matmul: b must be [{N}] {x.dtype} on {x.device}, got {tuple(b.shape)} {b.dtype} "
+                         f"on {b.device}")
+    if out is not None and (tuple(out.shape) != out_shape or out.dtype != x.dtype or out.device != x.device
+                            or not out.is_contiguous()):
+        raise ValueError(f"invariant_matmul: out must be a contiguous {out_shape} {x.dtype} tensor on {x.device}")
+    if slices not in (0, 1, 2, 4, 8):
+        raise ValueError(f"invariant_matmul: slices must be 0, 1, 2, 4 or 8, got {slices}")
+    x2 = x.reshape(-1, K).contiguous()
+    if x2.data_ptr() % 16:
+        x2 = x2.clone()
+    y = load().inv_matmul(x2, w, None if b is None else b.contiguous(), None if out is None else out.view(-1, N),
+                          int(variant), int(slices), bool(pdl))
+    return y.view(out_shape) if out is None else out
+
+
+def invariant_config(M: int, N: int, K: int, variant: int = 0) -> dict:
+    """What ``invariant_matmul`` runs for M rows and w [N, K]: the order's slice count and the variant's tile
+    shape, e.g. ``{"slices": 8, "variant": 1, "rt": 1, "nt": 1, "u": 4}``."""
+    s, v, rt, nt, u = load().inv_config(int(M), int(N), int(K), int(variant))
+    return dict(slices=s, variant=v, rt=rt, nt=nt, u=u)
+
+
+def invariant_variants() -> int:
+    """How many variants ``invariant_matmul(variant=...)`` accepts (1..n)."""
+    return int(load().inv_num_variants())

@@ -8,6 +8,12 @@ extern "C" {
 void vs_gemv_config(int dtype, int M, int N, int K, int num_sms, int* version, int* rows, int* split);
 cudaError_t vs_gemv(const void* x, const void* w, const void* b, void* y, int dtype, int M, int N, int K, int version,
                     int rows, int split, int num_sms, cudaStream_t stream, int pdl);
+int vs_inv_slices(int K);
+int vs_inv_num_variants();
+int vs_inv_variant(int M, int N, int K);
+void vs_inv_variant_shape(int variant, int* rt, int* nt, int* u);
+cudaError_t vs_inv_matmul(const void* x, const void* w, const void* b, void* y, int dtype, int M, int N, int K,
+                          int variant, int slices, cudaStream_t stream, int pdl);
 }
 
 namespace {
@@ -55,10 +61,56 @@ std::vector<int64_t> gemv_config(const at::Tensor& w, int64_t M) {
     return {version, rows, split};
 }
 
+// ---- batch-invariant matmul ---------------------------------------------------------------
+// y [M, N] = x [M, K] @ w [N, K]^T (+ b [N]) in invariant.cu's fixed order; bf16/fp16, K % 8 == 0, 16-byte
+// aligned contiguous x and w (verispec/runtime/gemv/__init__.py checks first). out: written in place.
+at::Tensor inv_matmul(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
+                      const std::optional<at::Tensor>& out, int64_t variant, int64_t slices, bool pdl) {
+    TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.is_contiguous(), "x must be a contiguous CUDA [M, K] tensor");
+    TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.size(1) == x.size(1), "w must be a contiguous [N, K] tensor, K = ",
+                x.size(1), ", got ", w.sizes());
+    check_cuda(w, x, "w");
+    TORCH_CHECK(w.scalar_type() == x.scalar_type(), "w dtype ", w.scalar_type(), " != x dtype ", x.scalar_type());
+    const int M = x.size(0), N = w.size(0), K = x.size(1);
+    const void* bp = nullptr;
+    if (b.has_value()) {
+        check_cuda(*b, x, "b");
+        TORCH_CHECK(b->scalar_type() == x.scalar_type() && b->is_contiguous() && b->numel() == N,
+                    "b must be a contiguous [N] tensor of x's dtype");
+        bp = b->data_ptr();
+    }
+    at::Tensor y;
+    if (out.has_value()) {
+        check_cuda(*out, x, "out");
+        TORCH_CHECK(out->scalar_type() == x.scalar_type() && out->is_contiguous() && out->dim() == 2 &&
+                        out->size(0) == M && out->size(1) == N,
+                    "out must be a contiguous [M, N] tensor of x's dtype");
+        y = *out;
+    } else {
+        y = at::empty({M, N}, x.options());
+    }
+    const c10::cuda::CUDAGuard guard(x.device());
+    check_launch(vs_inv_matmul(x.data_ptr(), w.data_ptr(), bp, y.data_ptr(), dtype_code(x, "x"), M, N, K, (int)variant,
+                               (int)slices, at::cuda::getCurrentCUDAStream(), pdl ? 1 : 0),
+                 "inv_matmul");
+    return y;
+}
+
+// [slices, variant, RT, NT, U] that inv_matmul uses for M rows of x and w [N, K] (variant 0 = automatic).
+std::vector<int64_t> inv_config(int64_t M, int64_t N, int64_t K, int64_t variant) {
+    const int v = variant == 0 ? vs_inv_variant((int)M, (int)N, (int)K) : (int)variant;
+    int rt = 0, nt = 0, u = 0;
+    vs_inv_variant_shape(v, &rt, &nt, &u);
+    return {vs_inv_slices((int)K), v, rt, nt, u};
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "verispec decode GEMV (see verispec/runtime/gemv/gemv.cu)";
     m.def("gemv", &gemv, "y = x @ w^T (+ b) for M <= 8 rows of x (version, rows, split: 0 = auto; pdl: programmatic dependent launch)");
+    m.def("inv_matmul", &inv_matmul, "y = x @ w^T (+ b) in the batch-invariant order, any M (variant, slices: 0 = auto)");
+    m.def("inv_config", &inv_config, "[slices, variant, RT, NT, U] of inv_matmul for (M, N, K, variant)");
+    m.def("inv_num_variants", &vs_inv_num_variants, "how many variants inv_matmul has (1..n)");
     m.def("gemv_config", &gemv_config, "the automatic (version, rows, split) of vs_gemv for w [N, K] and M rows");
 }

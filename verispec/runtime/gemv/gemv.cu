@@ -41,7 +41,7 @@
 // K * sizeof(T) a multiple of 16 bytes (bf16/fp16: K % 8 == 0; fp32: K % 4 == 0), x and W
 // 16-byte aligned and contiguous ([M, K] and [N, K] row-major), 1 <= M <= 8. y is [M, N].
 // No allocation, no host sync: CUDA-graph capturable (launches on the given stream).
-#include "cuda_dtypes.cuh"
+#include "gemv_common.cuh"
 
 #include <map>
 #include <mutex>
@@ -49,34 +49,6 @@
 
 #define GEMV_THREADS 256
 #define GEMV_WARPS (GEMV_THREADS / 32)
-
-// 16 bytes of W, read once: no L1 allocation, non-coherent path.
-__device__ __forceinline__ uint4 load_stream16(const uint4* p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
-// Programmatic dependent launch (sm_90+; no-ops when the kernel was launched without the attribute).
-// A pass is a chain of short kernels, each reading the previous one's output. Launched with PDL, the next
-// kernel's blocks start while this one finishes; each kernel lets its dependents launch as soon as all of
-// its own blocks are resident (launch_dependents), and waits for its predecessor's completion and memory
-// (wait) before touching anything the predecessor writes. Every block executes the wait, so a kernel's
-// completion implies its predecessor's: the chain stays ordered transitively.
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-// Pull 16 bytes into L2 (no register, no wait): the weights do not depend on the previous kernel.
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 // The 16 / sizeof(T) elements of a 16-byte vector, as float.
 template <typename T>
@@ -137,10 +109,6 @@ struct Vec16<__half> {
         return v;
     }
 };
-
-__device__ __forceinline__ void store_float(float* p, float v) { *p = v; }
-__device__ __forceinline__ void store_float(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
-__device__ __forceinline__ void store_float(__half* p, float v) { *p = __float2half_rn(v); }
 
 // v rounded to T's precision (round to nearest even), back as float: what a store to T and a reload give.
 template <typename T>
@@ -343,28 +311,6 @@ extern "C" int vs_gemv_rows(int M) { return M <= 2 ? 4 : (M <= 4 ? 2 : 4); }
 // accumulator fragment (d0, d1) = rows g, tokens 2t, 2t + 1; (d2, d3) = row g + 8, same tokens.
 // K % 32 != 0: the lanes past K in the last step load zeros.
 #define GEMV_MMA_ROWS 16
-
-template <typename T>
-__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                          uint32_t b0, uint32_t b1);
-
-template <>
-__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                                         uint32_t a3, uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-template <>
-__device__ __forceinline__ void mma_16816<__half>(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                                  uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 template <typename T>
 __global__ void __launch_bounds__(GEMV_THREADS)

@@ -1,0 +1,269 @@
+// invariant.cu: y[M, N] = x[M, K] @ W[N, K]^T (+ b[N]) for bf16 / fp16, any number of rows M, with every
+// output element reduced in ONE order that does not depend on M, on the row's position, or on the launch
+// shape. This is the batch-invariant matmul of the decode / verify pass: a token's logits come out bit for
+// bit the same whether it is scored alone (a decode step, M = 1), inside a verification pass of k + 1
+// tokens, or beside 63 other sequences, so greedy speculative output equals plain decoding in bf16.
+//
+// The order (the contract; every variant below computes exactly this):
+//   * K is cut into steps of 32 columns (step s = columns [32 s, 32 s + 32); past K reads as zero);
+//   * S slices (S in {1, 2, 4, 8}, a function of K alone: vs_inv_slices); step s belongs to slice s % S;
+//   * slice p's partial sum P_p is a chain of tensor-core MMAs (mma.sync m16n8k16, fp32 accumulate) over its
+//     steps in increasing s, starting from 0; a step is two MMAs of 16 k each under gemv.cu v2's k
+//     permutation (lane (g, t) holds columns 32 s + 8 t + {0..3} for MMA 1 and + {4..7} for MMA 2);
+//   * y = ((0 + P_0) + P_1) + ... + P_{S-1}, then + b, rounded once to T.
+// An MMA computes each output element from its own row of A and column of B only, so a token's result does
+// not depend on which column of the n = 8 tile it occupies, nor on the other tokens (the columns past M
+// repeat token M - 1 and are never stored).
+//
+// Variants (what may change with M: only speed). A block is S warps, warp p = slice p, all on one tile of
+// 16 * RT rows of W and 8 * NT tokens; grid = (token tiles, row tiles), token tiles fastest, so the blocks that
+// read one row tile run together and share it through L2 when M > 8 * NT.
+//   RT  m16 tiles (16 rows of W each) per warp: more rows per x vector (x reuse), more W loads in flight;
+//   NT  n8 tiles (8 tokens each) per warp: 8 * NT tokens per weight read;
+//   U   steps per unrolled loop iteration: 2 * RT * U 16-byte W loads in flight per lane.
+// W is streamed once with 16-byte ld.global.nc.L1::no_allocate loads; x through L1 (__ldg), where the blocks
+// of an SM working on nearby steps find it. Under programmatic dependent launch each warp prefetches its
+// first U steps of W into L2 before waiting for x (the previous kernel's output).
+//
+// The partial sums meet in shared memory: fragments (RT * NT of them, float4 per lane) in chunks of <= 8; the
+// block's threads then each sum one (fragment, lane) over p = 0, 1, ..., S - 1 in order, add the bias, round
+// and store.
+//
+// Requirements (checked by vs_inv_matmul; the Python wrapper only calls it when they hold): bf16 or fp16,
+// K % 8 == 0 (16-byte rows), x and W contiguous and 16-byte aligned, 1 <= M, N < 2^31 / 16 row tiles.
+// No allocation, no host sync: CUDA-graph capturable.
+#include "gemv_common.cuh"
+
+#define INV_STEP 32       // columns per step
+#define INV_MAX_SLICES 8
+#define INV_CHUNK 8       // fragments reduced per shared-memory round
+
+template <typename T, int RT, int NT, int U>
+__global__ void __launch_bounds__(32 * INV_MAX_SLICES)
+inv_matmul_kernel(const T* __restrict__ x,     // [M, K]
+                  const T* __restrict__ w,     // [N, K]
+                  const T* __restrict__ bias,  // [N] or nullptr
+                  T* __restrict__ y,           // [M, N]
+                  int M, int N, int K, int S) {
+    constexpr int F = RT * NT;                              // accumulator fragments per warp
+    constexpr int CH = F < INV_CHUNK ? F : INV_CHUNK;        // fragments per shared-memory round
+    __shared__ float4 s_part[INV_MAX_SLICES][CH][32];
+    const int lane = threadIdx.x & 31, p = threadIdx.x >> 5;   // p: this warp's slice
+    const int g = lane >> 2, t = lane & 3;
+    const long long tok0 = (long long)blockIdx.x * (8 * NT);
+    const long long row0 = (long long)blockIdx.y * (16 * RT);
+
+    const T* wa[RT];
+    const T* wb[RT];
+#pragma unroll
+    for (int r = 0; r < RT; ++r) {   // rows past N read row N - 1 (valid memory) and are not stored
+        const long long ra = row0 + 16 * r + g, rb = ra + 8;
+        wa[r] = w + (ra < N ? ra : (long long)N - 1) * K;
+        wb[r] = w + (rb < N ? rb : (long long)N - 1) * K;
+    }
+    const T* xr[NT];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {   // tokens past M read token M - 1: their columns are never stored
+        const long long tok = tok0 + 8 * j + g;
+        xr[j] = x + (tok < M ? tok : (long long)M - 1) * K;
+    }
+    const int nsteps = (K + INV_STEP - 1) / INV_STEP;
+    const int full_steps = K / INV_STEP;
+
+    pdl_launch_dependents();
+#pragma unroll
+    for (int u = 0; u < U; ++u) {    // W does not depend on the previous kernel: start pulling it now
+        const int step = p + u * S;
+        if (step < full_steps) {
+#pragma unroll
+            for (int r = 0; r < RT; ++r) {
+                prefetch_l2(wa[r] + step * INV_STEP + 8 * t);
+                prefetch_l2(wb[r] + step * INV_STEP + 8 * t);
+            }
+        }
+    }
+    pdl_wait();
+
+    float acc[RT][NT][4];
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) acc[r][j][0] = acc[r][j][1] = acc[r][j][2] = acc[r][j][3] = 0.0f;
+
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    // one step: for every token tile, the x vector of its token g, then 2 MMAs per row tile
+    auto mma_step = [&](const uint4 (&va)[RT], const uint4 (&vb)[RT], int col, bool in_k) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const uint4 vx = in_k ? __ldg(reinterpret_cast<const uint4*>(xr[j] + col)) : zero;
+#pragma unroll
+            for (int r = 0; r < RT; ++r) {
+                mma_16816<T>(acc[r][j], va[r].x, vb[r].x, va[r].y, vb[r].y, vx.x, vx.y);
+                mma_16816<T>(acc[r][j], va[r].z, vb[r].z, va[r].w, vb[r].w, vx.z, vx.w);
+            }
+        }
+    };
+
+    if (row0 < N && tok0 < M) {
+        int step = p;
+        // full steps unpredicated so that all U steps' W loads are issued before the first MMA
+        for (; step + (U - 1) * S < full_steps; step += U * S) {
+            uint4 va[U][RT], vb[U][RT];
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+#pragma unroll
+                for (int r = 0; r < RT; ++r) {
+                    const int col = (step + u * S) * INV_STEP + 8 * t;
+                    va[u][r] = load_stream16(reinterpret_cast<const uint4*>(wa[r] + col));
+                    vb[u][r] = load_stream16(reinterpret_cast<const uint4*>(wb[r] + col));
+                }
+#pragma unroll
+            for (int u = 0; u < U; ++u) mma_step(va[u], vb[u], (step + u * S) * INV_STEP + 8 * t, true);
+        }
+        for (; step < nsteps; step += S) {   // the rest, one step at a time; the last may be partial
+            const int col = step * INV_STEP + 8 * t;
+            const bool ok = col < K;
+            uint4 va[RT], vb[RT];
+#pragma unroll
+            for (int r = 0; r < RT; ++r) {
+                va[r] = ok ? load_stream16(reinterpret_cast<const uint4*>(wa[r] + col)) : zero;
+                vb[r] = ok ? load_stream16(reinterpret_cast<const uint4*>(wb[r] + col)) : zero;
+            }
+            mma_step(va, vb, col, ok);
+        }
+    }
+
+    // The fixed-order sum over slices, CH fragments (f = r * NT + j) at a time.
+#pragma unroll
+    for (int c0 = 0; c0 < F; c0 += CH) {
+#pragma unroll
+        for (int f = c0; f < c0 + CH && f < F; ++f) {
+            const float* a = acc[f / NT][f % NT];
+            s_part[p][f - c0][lane] = make_float4(a[0], a[1], a[2], a[3]);
+        }
+        __syncthreads();
+        const int items = (F - c0 < CH ? F - c0 : CH) * 32;
+        for (int i = threadIdx.x; i < items; i += 32 * S) {
+            const int f = c0 + i / 32, l = i % 32;
+            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            for (int q = 0; q < S; ++q) {
+                const float4 part = s_part[q][f - c0][l];
+                v.x += part.x;
+                v.y += part.y;
+                v.z += part.z;
+                v.w += part.w;
+            }
+            const int lg = l >> 2, lt = l & 3;
+            const long long row = row0 + 16 * (f / NT) + lg;
+            const long long tok = tok0 + 8 * (f % NT) + 2 * lt;
+            const float out[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {   // (d0, d1): row, tokens 2t, 2t + 1; (d2, d3): row + 8
+                const long long rr = row + (e >= 2 ? 8 : 0), tt = tok + (e & 1);
+                if (rr < N && tt < M) {
+                    float o = out[e];
+                    if (bias != nullptr) o += to_float(bias[rr]);
+                    store_float(y + tt * N + rr, o);
+                }
+            }
+        }
+        __syncthreads();   // s_part is rewritten by the next chunk
+    }
+}
+
+// The slice count of the order for inner dimension K: 8, fewer only when K has fewer than 16 steps (each
+// slice keeps >= 2 steps). A function of K alone: every M, variant and GPU uses the same.
+extern "C" int vs_inv_slices(int K) {
+    const int nsteps = (K + INV_STEP - 1) / INV_STEP;
+    int S = 1;
+    while (S < INV_MAX_SLICES && 2 * (2 * S) <= nsteps) S *= 2;
+    return S;
+}
+
+// Variant table: (RT, NT, U). Index 0 = automatic (vs_inv_variant); the sweep in benchmarks/exact.py times
+// them all. Every variant computes the same bits (the order above).
+static const int INV_VARIANTS[][3] = {
+    {0, 0, 0},
+    {1, 1, 4}, {1, 1, 8}, {2, 1, 4}, {2, 1, 2},           // 1-8 tokens a tile
+    {1, 2, 4}, {2, 2, 2},                                  // 16
+    {1, 4, 2}, {2, 4, 2}, {2, 4, 1},                       // 32
+    {1, 8, 2}, {2, 8, 1}, {2, 8, 2},                       // 64
+};
+#define INV_NUM_VARIANTS ((int)(sizeof(INV_VARIANTS) / sizeof(INV_VARIANTS[0])))
+
+extern "C" int vs_inv_num_variants() { return INV_NUM_VARIANTS - 1; }
+
+// The automatic variant for M rows (speed only; see the sweep in benchmarks/results/exact.md).
+extern "C" int vs_inv_variant(int M, int N, int K) {
+    (void)N;
+    (void)K;
+    if (M <= 8) return 1;
+    if (M <= 16) return 5;
+    if (M <= 32) return 7;
+    return 10;
+}
+
+extern "C" void vs_inv_variant_shape(int variant, int* rt, int* nt, int* u) {
+    *rt = *nt = *u = 0;
+    if (variant < 1 || variant >= INV_NUM_VARIANTS) return;
+    *rt = INV_VARIANTS[variant][0];
+    *nt = INV_VARIANTS[variant][1];
+    *u = INV_VARIANTS[variant][2];
+}
+
+template <typename T, int RT, int NT, int U>
+static cudaError_t inv_launch(const void* x, const void* w, const void* b, void* y, int M, int N, int K, int S,
+                              cudaStream_t stream, int pdl) {
+    const long long tok_tiles = ((long long)M + 8 * NT - 1) / (8 * NT);
+    const long long row_tiles = ((long long)N + 16 * RT - 1) / (16 * RT);
+    if (tok_tiles > 0x7fffffffLL || row_tiles > 65535) return cudaErrorInvalidValue;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3((unsigned)tok_tiles, (unsigned)row_tiles);
+    config.blockDim = dim3(32 * S);
+    config.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attr;
+    config.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&config, inv_matmul_kernel<T, RT, NT, U>, (const T*)x, (const T*)w, (const T*)b,
+                              (T*)y, M, N, K, S);
+}
+
+template <typename T>
+static cudaError_t inv_dispatch(int variant, const void* x, const void* w, const void* b, void* y, int M, int N,
+                                int K, int S, cudaStream_t stream, int pdl) {
+    switch (variant) {
+        case 1: return inv_launch<T, 1, 1, 4>(x, w, b, y, M, N, K, S, stream, pdl);
+        case 2: return inv_launch<T, 1, 1, 8>(x, w, b, y, M, N, K, S, stream, pdl);
+        case 3: return inv_launch<T, 2, 1, 4>(x, w, b, y, M, N, K, S, stream, pdl);
+        case 4: return inv_launch<T, 2, 1, 2>(x, w, b, y, M, N, K, S, stream, pdl);
+        case 5: return inv_launch<T, 1, 2, 4>(x, w, b, y, M, N, K, S, stream, pdl);
+        case 6: return inv_launch<T, 2, 2, 2>(x, w, b, y, M, N, K, S, stream, pdl);
+        case 7: return inv_launch<T, 1, 4, 2>(x, w, b, y, M, N, K, S, stream, pdl);
+        case 8: return inv_launch<T, 2, 4, 2>(x, w, b, y, M, N, K, S, stream, pdl);
+        case 9: return inv_launch<T, 2, 4, 1>(x, w, b, y, M, N, K, S, stream, pdl);
+        case 10: return inv_launch<T, 1, 8, 2>(x, w, b, y, M, N, K, S, stream, pdl);
+        case 11: return inv_launch<T, 2, 8, 1>(x, w, b, y, M, N, K, S, stream, pdl);
+        case 12: return inv_launch<T, 2, 8, 2>(x, w, b, y, M, N, K, S, stream, pdl);
+        default: return cudaErrorInvalidValue;
+    }
+}
+
+// y[M, N] = x[M, K] @ w[N, K]^T (+ b) in the invariant order. variant: 0 = vs_inv_variant(M, N, K), else an
+// index of INV_VARIANTS (benchmarks). slices: 0 = vs_inv_slices(K) (the product always passes 0; another
+// value computes a different, equally fixed order: tests only). Returns cudaErrorInvalidValue for anything
+// outside the requirements in the header (nothing is launched then).
+extern "C" cudaError_t vs_inv_matmul(const void* x, const void* w, const void* b, void* y, int dtype, int M, int N,
+                                     int K, int variant, int slices, cudaStream_t stream, int pdl) {
+    if (dtype != VS_BF16 && dtype != VS_F16) return cudaErrorInvalidValue;
+    if (M < 1 || N < 0 || K < 8 || K % 8 != 0) return cudaErrorInvalidValue;
+    if ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w)) & 15) return cudaErrorInvalidValue;
+    const int S = slices == 0 ? vs_inv_slices(K) : slices;
+    if (S != 1 && S != 2 && S != 4 && S != 8) return cudaErrorInvalidValue;
+    if (variant == 0) variant = vs_inv_variant(M, N, K);
+    if (variant < 1 || variant >= INV_NUM_VARIANTS) return cudaErrorInvalidValue;
+    if (N == 0) return cudaSuccess;
+    return dtype == VS_BF16 ? inv_dispatch<__nv_bfloat16>(variant, x, w, b, y, M, N, K, S, stream, pdl)
+                            : inv_dispatch<__half>(variant, x, w, b, y, M, N, K, S, stream, pdl);
+}
