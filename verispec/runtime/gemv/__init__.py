@@ -139,7 +139,7 @@ def invariant_matmul(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = 
     One launch of invariant.cu, no host sync: CUDA-graph capturable. ``invariant_supported`` must hold (a
     ValueError says which requirement fails otherwise).
     out: optional contiguous [..., N] tensor of x's dtype, written in place and returned.
-    variant: 0 = the launcher's choice for M (speed only: every variant computes the same bits); 1..n a fixed
+    variant: 0 = ``invariant_variant(M, N, K)`` (speed only: every variant computes the same bits); 1..n a fixed
     one (benchmarks/exact.py sweeps them). slices: 0 = the product's order (``vs_inv_slices(K)``); 1, 2, 4, 8
     select another fixed order (tests).
     pdl: launch with programmatic dependent launch (sm_90+), as ``gemv_cuda``.
@@ -170,15 +170,30 @@ def invariant_matmul(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = 
     x2 = x.reshape(-1, K).contiguous()
     if x2.data_ptr() % 16:
         x2 = x2.clone()
+    variant = variant or invariant_variant(x2.shape[0], N, K)
     y = load().inv_matmul(x2, w, None if b is None else b.contiguous(), None if out is None else out.view(-1, N),
                           int(variant), int(slices), bool(pdl))
     return y.view(out_shape) if out is None else out
 
 
+# The variant invariant_matmul runs for M rows of w [N, K] (speed only: every variant computes the same bits):
+# (max M, variant when N <= 8192, variant when N > 8192), first match; measured on an H100 (benchmarks/results/
+# exact.md, the kernel sweep). Variants 1-12: the narrow kernel (RT, NT, U); 13-17: the wide kernel.
+VARIANT_RULE = ((8, 2, 4), (16, 5, 6), (32, 8, 8), (1 << 31, 14, 14))
+
+
+def invariant_variant(M: int, N: int, K: int) -> int:
+    """The variant of ``VARIANT_RULE`` for M rows and w [N, K]."""
+    for max_m, small_n, large_n in VARIANT_RULE:
+        if M <= max_m:
+            return small_n if N <= 8192 else large_n
+    raise AssertionError("VARIANT_RULE ends with an unbounded row")
+
+
 def invariant_config(M: int, N: int, K: int, variant: int = 0) -> dict:
     """What ``invariant_matmul`` runs for M rows and w [N, K]: the order's slice count and the variant's tile
     shape, e.g. ``{"slices": 8, "variant": 1, "rt": 1, "nt": 1, "u": 4}``."""
-    s, v, rt, nt, u = load().inv_config(int(M), int(N), int(K), int(variant))
+    s, v, rt, nt, u = load().inv_config(int(M), int(N), int(K), int(variant or invariant_variant(M, N, K)))
     return dict(slices=s, variant=v, rt=rt, nt=nt, u=u)
 
 

@@ -29,6 +29,16 @@
 // block's threads then each sum one (fragment, lane) over p = 0, 1, ..., S - 1 in order, add the bias, round
 // and store.
 //
+// The wide kernel (inv_wide_kernel, many rows): the narrow one keeps S copies of every output tile (one per slice
+// warp) and reads x from L1 once per 2 * RT MMAs, which caps it far below the tensor cores at M >= 32. The wide
+// kernel computes the same order slice-major instead: a block owns a tile of BM rows x BN tokens, its 8 warps
+// split that tile (WM x WN warps of 16 * RT rows x 8 * NT tokens), and it walks the steps as slice 0's (0, S,
+// 2S, ...), then slice 1's, ...: a warp accumulates the current slice's partial P in registers and, at the end
+// of each slice, adds it to its running total (total = ((0 + P_0) + P_1) + ...: the narrow kernel's sum). W and x
+// of each step reach shared memory through a STAGES-deep cp.async ring (zero-filled past K); every warp then
+// reads its fragments with 16-byte shared loads in exactly the narrow kernel's lane layout (lane (g, t): row g
+// and g + 8, token g, columns 8 t .. 8 t + 7 of the step), so each MMA sees the same operands in the same k slots.
+//
 // Requirements (checked by vs_inv_matmul; the Python wrapper only calls it when they hold): bf16 or fp16,
 // K % 8 == 0 (16-byte rows), x and W contiguous and 16-byte aligned, 1 <= M, N < 2^31 / 16 row tiles.
 // No allocation, no host sync: CUDA-graph capturable.
@@ -171,6 +181,138 @@ inv_matmul_kernel(const T* __restrict__ x,     // [M, K]
     }
 }
 
+// 16 bytes global -> shared, asynchronously; src_bytes 0 writes zeros (the columns past K).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(gmem), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+template <typename T, int RT, int NT, int WM, int STAGES>
+__global__ void __launch_bounds__(256)
+inv_wide_kernel(const T* __restrict__ x,     // [M, K]
+                const T* __restrict__ w,     // [N, K]
+                const T* __restrict__ bias,  // [N] or nullptr
+                T* __restrict__ y,           // [M, N]
+                int M, int N, int K, int S) {
+    constexpr int WN = 8 / WM;
+    constexpr int BM = WM * 16 * RT, BN = WN * 8 * NT;    // rows of W, tokens per block
+    constexpr int CHUNKS = 4;                             // 16-byte chunks per row and step (32 columns)
+    __shared__ uint4 s_w[STAGES][BM * CHUNKS];
+    __shared__ uint4 s_x[STAGES][BN * CHUNKS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int wm = warp / WN, wn = warp % WN;
+    const long long tok0 = (long long)blockIdx.x * BN;
+    const long long row0 = (long long)blockIdx.y * BM;
+    const int nsteps = (K + INV_STEP - 1) / INV_STEP;
+
+    // The step of iteration i: slice-major (slice p's steps p, p + S, ... before slice p + 1's).
+    // first[p] = the iteration where slice p starts: sum over q < p of ceil((nsteps - q) / S).
+    auto step_of = [&](int i, int& slice_end) {
+        int p = 0, start = 0;
+        for (;; ++p) {
+            const int n = (nsteps - p + S - 1) / S;
+            if (i < start + n) {
+                slice_end = (i == start + n - 1);
+                return p + (i - start) * S;
+            }
+            start += n;
+        }
+    };
+    auto load_stage = [&](int stage, int i) {
+        int last;
+        const int s = step_of(i, last);
+        for (int c = threadIdx.x; c < (BM + BN) * CHUNKS; c += 256) {
+            const int r = c / CHUNKS, ch = c % CHUNKS;
+            const int col = s * INV_STEP + ch * 8;
+            const int bytes = col < K ? 16 : 0;
+            if (r < BM) {
+                const long long row = row0 + r;
+                const T* src = w + (row < N ? row : (long long)N - 1) * K + (bytes ? col : 0);
+                cp_async16(&s_w[stage][c], src, bytes);
+            } else {
+                const long long tok = tok0 + (r - BM);
+                const T* src = x + (tok < M ? tok : (long long)M - 1) * K + (bytes ? col : 0);
+                cp_async16(&s_x[stage][c - BM * CHUNKS], src, bytes);
+            }
+        }
+    };
+
+    pdl_launch_dependents();
+    pdl_wait();
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i) {
+        if (i < nsteps) load_stage(i, i);
+        cp_async_commit();
+    }
+
+    float part[RT][NT][4], total[RT][NT][4];
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) part[r][j][e] = total[r][j][e] = 0.0f;
+
+    int slice_p = 0, slice_start = 0, slice_n = (nsteps + S - 1) / S;   // the slice iteration i belongs to
+    for (int i = 0; i < nsteps; ++i) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();   // stage i % STAGES is in; everyone is done with stage (i - 1) % STAGES
+        if (i + STAGES - 1 < nsteps) load_stage((i + STAGES - 1) % STAGES, i + STAGES - 1);
+        cp_async_commit();
+        const uint4* sw = s_w[i % STAGES];
+        const uint4* sx = s_x[i % STAGES];
+        uint4 va[RT], vb[RT];
+#pragma unroll
+        for (int r = 0; r < RT; ++r) {
+            va[r] = sw[(wm * 16 * RT + 16 * r + g) * CHUNKS + t];
+            vb[r] = sw[(wm * 16 * RT + 16 * r + g + 8) * CHUNKS + t];
+        }
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const uint4 vx = sx[(wn * 8 * NT + 8 * j + g) * CHUNKS + t];
+#pragma unroll
+            for (int r = 0; r < RT; ++r) {
+                mma_16816<T>(part[r][j], va[r].x, vb[r].x, va[r].y, vb[r].y, vx.x, vx.y);
+                mma_16816<T>(part[r][j], va[r].z, vb[r].z, va[r].w, vb[r].w, vx.z, vx.w);
+            }
+        }
+        if (i == slice_start + slice_n - 1) {   // slice_p is complete: total += P_p, the next slice starts at 0
+#pragma unroll
+            for (int r = 0; r < RT; ++r)
+#pragma unroll
+                for (int j = 0; j < NT; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        total[r][j][e] += part[r][j][e];
+                        part[r][j][e] = 0.0f;
+                    }
+            slice_start += slice_n;
+            ++slice_p;
+            slice_n = (nsteps - slice_p + S - 1) / S;
+        }
+    }
+    cp_async_wait<0>();
+
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {   // (d0, d1): row g, tokens 2t, 2t + 1; (d2, d3): row g + 8
+                const long long row = row0 + wm * 16 * RT + 16 * r + g + (e >= 2 ? 8 : 0);
+                const long long tok = tok0 + wn * 8 * NT + 8 * j + 2 * t + (e & 1);
+                if (row < N && tok < M) {
+                    float o = total[r][j][e];
+                    if (bias != nullptr) o += to_float(bias[row]);
+                    store_float(y + tok * N + row, o);
+                }
+            }
+}
+
 // The slice count of the order for inner dimension K: 8, fewer only when K has fewer than 16 steps (each
 // slice keeps >= 2 steps). A function of K alone: every M, variant and GPU uses the same.
 extern "C" int vs_inv_slices(int K) {
@@ -182,13 +324,16 @@ extern "C" int vs_inv_slices(int K) {
 
 // Variant table: (RT, NT, U). Index 0 = automatic (vs_inv_variant); the sweep in benchmarks/exact.py times
 // them all. Every variant computes the same bits (the order above).
+// Narrow variants: (RT, NT, U); wide variants (index >= INV_FIRST_WIDE): (RT, NT, WM) with STAGES below.
 static const int INV_VARIANTS[][3] = {
     {0, 0, 0},
     {1, 1, 4}, {1, 1, 8}, {2, 1, 4}, {2, 1, 2},           // 1-8 tokens a tile
     {1, 2, 4}, {2, 2, 2},                                  // 16
     {1, 4, 2}, {2, 4, 2}, {2, 4, 1},                       // 32
     {1, 8, 2}, {2, 8, 1}, {2, 8, 2},                       // 64
+    {4, 4, 2}, {2, 4, 4}, {2, 8, 4}, {2, 2, 2}, {1, 4, 4}, // wide: 128x128, 128x64, 128x128, 64x64, 64x64 tiles
 };
+#define INV_FIRST_WIDE 13
 #define INV_NUM_VARIANTS ((int)(sizeof(INV_VARIANTS) / sizeof(INV_VARIANTS[0])))
 
 extern "C" int vs_inv_num_variants() { return INV_NUM_VARIANTS - 1; }
@@ -203,12 +348,33 @@ extern "C" int vs_inv_variant(int M, int N, int K) {
     return 10;
 }
 
+// u: the narrow variant's unroll; for a wide variant, -WM (warps along the rows).
 extern "C" void vs_inv_variant_shape(int variant, int* rt, int* nt, int* u) {
     *rt = *nt = *u = 0;
     if (variant < 1 || variant >= INV_NUM_VARIANTS) return;
     *rt = INV_VARIANTS[variant][0];
     *nt = INV_VARIANTS[variant][1];
-    *u = INV_VARIANTS[variant][2];
+    *u = variant >= INV_FIRST_WIDE ? -INV_VARIANTS[variant][2] : INV_VARIANTS[variant][2];
+}
+
+template <typename T, int RT, int NT, int WM, int STAGES>
+static cudaError_t inv_wide_launch(const void* x, const void* w, const void* b, void* y, int M, int N, int K, int S,
+                                   cudaStream_t stream, int pdl) {
+    constexpr int BM = WM * 16 * RT, BN = (8 / WM) * 8 * NT;
+    const long long tok_tiles = ((long long)M + BN - 1) / BN;
+    const long long row_tiles = ((long long)N + BM - 1) / BM;
+    if (tok_tiles > 0x7fffffffLL || row_tiles > 65535) return cudaErrorInvalidValue;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3((unsigned)tok_tiles, (unsigned)row_tiles);
+    config.blockDim = dim3(256);
+    config.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attr;
+    config.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&config, inv_wide_kernel<T, RT, NT, WM, STAGES>, (const T*)x, (const T*)w, (const T*)b,
+                              (T*)y, M, N, K, S);
 }
 
 template <typename T, int RT, int NT, int U>
@@ -246,6 +412,11 @@ static cudaError_t inv_dispatch(int variant, const void* x, const void* w, const
         case 10: return inv_launch<T, 1, 8, 2>(x, w, b, y, M, N, K, S, stream, pdl);
         case 11: return inv_launch<T, 2, 8, 1>(x, w, b, y, M, N, K, S, stream, pdl);
         case 12: return inv_launch<T, 2, 8, 2>(x, w, b, y, M, N, K, S, stream, pdl);
+        case 13: return inv_wide_launch<T, 4, 4, 2, 3>(x, w, b, y, M, N, K, S, stream, pdl);
+        case 14: return inv_wide_launch<T, 2, 4, 4, 4>(x, w, b, y, M, N, K, S, stream, pdl);
+        case 15: return inv_wide_launch<T, 2, 8, 4, 3>(x, w, b, y, M, N, K, S, stream, pdl);
+        case 16: return inv_wide_launch<T, 2, 2, 2, 4>(x, w, b, y, M, N, K, S, stream, pdl);
+        case 17: return inv_wide_launch<T, 1, 4, 4, 4>(x, w, b, y, M, N, K, S, stream, pdl);
         default: return cudaErrorInvalidValue;
     }
 }
