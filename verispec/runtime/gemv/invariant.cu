@@ -6,7 +6,8 @@
 //
 // The order (the contract; every variant below computes exactly this):
 //   * K is cut into steps of 32 columns (step s = columns [32 s, 32 s + 32); past K reads as zero);
-//   * S slices (S in {1, 2, 4, 8}, a function of K alone: vs_inv_slices); step s belongs to slice s % S;
+//   * S slices (S in {1, 2, 4, 8}, a function of K alone: vs_inv_slices), each a contiguous run of
+//     L = ceil(nsteps / S) steps: slice p = steps [p L, min((p + 1) L, nsteps)) (the last ones may be empty);
 //   * slice p's partial sum P_p is a chain of tensor-core MMAs (mma.sync m16n8k16, fp32 accumulate) over its
 //     steps in increasing s, starting from 0; a step is two MMAs of 16 k each under gemv.cu v2's k
 //     permutation (lane (g, t) holds columns 32 s + 8 t + {0..3} for MMA 1 and + {4..7} for MMA 2);
@@ -31,13 +32,13 @@
 //
 // The wide kernel (inv_wide_kernel, many rows): the narrow one keeps S copies of every output tile (one per slice
 // warp) and reads x from L1 once per 2 * RT MMAs, which caps it far below the tensor cores at M >= 32. The wide
-// kernel computes the same order slice-major instead: a block owns a tile of BM rows x BN tokens, its 8 warps
-// split that tile (WM x WN warps of 16 * RT rows x 8 * NT tokens), and it walks the steps as slice 0's (0, S,
-// 2S, ...), then slice 1's, ...: a warp accumulates the current slice's partial P in registers and, at the end
-// of each slice, adds it to its running total (total = ((0 + P_0) + P_1) + ...: the narrow kernel's sum). W and x
-// of each step reach shared memory through a STAGES-deep cp.async ring (zero-filled past K); every warp then
-// reads its fragments with 16-byte shared loads in exactly the narrow kernel's lane layout (lane (g, t): row g
-// and g + 8, token g, columns 8 t .. 8 t + 7 of the step), so each MMA sees the same operands in the same k slots.
+// kernel computes the same order in one pass over K instead: a block owns a tile of BM rows x BN tokens, its 8
+// warps split that tile (WM x WN warps of 16 * RT rows x 8 * NT tokens), and it walks the steps 0, 1, 2, ... in
+// order: a warp accumulates the current slice's partial P in registers and, at the end of each slice, adds it to
+// its running total (total = ((0 + P_0) + P_1) + ...: the narrow kernel's sum). W and x of each step reach shared
+// memory through a STAGES-deep cp.async ring (zero-filled past K); every warp then reads its fragments with
+// 16-byte shared loads in exactly the narrow kernel's lane layout (lane (g, t): row g and g + 8, token g, columns
+// 8 t .. 8 t + 7 of the step), so each MMA sees the same operands in the same k slots.
 //
 // Requirements (checked by vs_inv_matmul; the Python wrapper only calls it when they hold): bf16 or fp16,
 // K % 8 == 0 (16-byte rows), x and W contiguous and 16-byte aligned, 1 <= M, N < 2^31 / 16 row tiles.
@@ -79,12 +80,16 @@ inv_matmul_kernel(const T* __restrict__ x,     // [M, K]
     }
     const int nsteps = (K + INV_STEP - 1) / INV_STEP;
     const int full_steps = K / INV_STEP;
+    const int per_slice = (nsteps + S - 1) / S;
+    const int first = p * per_slice;                                   // this warp's slice: steps [first, end)
+    const int end = first + per_slice < nsteps ? first + per_slice : nsteps;
+    const int end_full = end < full_steps ? end : full_steps;
 
     pdl_launch_dependents();
 #pragma unroll
     for (int u = 0; u < U; ++u) {    // W does not depend on the previous kernel: start pulling it now
-        const int step = p + u * S;
-        if (step < full_steps) {
+        const int step = first + u;
+        if (step < end_full) {
 #pragma unroll
             for (int r = 0; r < RT; ++r) {
                 prefetch_l2(wa[r] + step * INV_STEP + 8 * t);
@@ -115,22 +120,22 @@ inv_matmul_kernel(const T* __restrict__ x,     // [M, K]
     };
 
     if (row0 < N && tok0 < M) {
-        int step = p;
+        int step = first;
         // full steps unpredicated so that all U steps' W loads are issued before the first MMA
-        for (; step + (U - 1) * S < full_steps; step += U * S) {
+        for (; step + U - 1 < end_full; step += U) {
             uint4 va[U][RT], vb[U][RT];
 #pragma unroll
             for (int u = 0; u < U; ++u)
 #pragma unroll
                 for (int r = 0; r < RT; ++r) {
-                    const int col = (step + u * S) * INV_STEP + 8 * t;
+                    const int col = (step + u) * INV_STEP + 8 * t;
                     va[u][r] = load_stream16(reinterpret_cast<const uint4*>(wa[r] + col));
                     vb[u][r] = load_stream16(reinterpret_cast<const uint4*>(wb[r] + col));
                 }
 #pragma unroll
-            for (int u = 0; u < U; ++u) mma_step(va[u], vb[u], (step + u * S) * INV_STEP + 8 * t, true);
+            for (int u = 0; u < U; ++u) mma_step(va[u], vb[u], (step + u) * INV_STEP + 8 * t, true);
         }
-        for (; step < nsteps; step += S) {   // the rest, one step at a time; the last may be partial
+        for (; step < end; ++step) {   // the rest, one step at a time; the last step of K may be partial
             const int col = step * INV_STEP + 8 * t;
             const bool ok = col < K;
             uint4 va[RT], vb[RT];
@@ -200,44 +205,30 @@ inv_wide_kernel(const T* __restrict__ x,     // [M, K]
     constexpr int WN = 8 / WM;
     constexpr int BM = WM * 16 * RT, BN = WN * 8 * NT;    // rows of W, tokens per block
     constexpr int CHUNKS = 4;                             // 16-byte chunks per row and step (32 columns)
-    __shared__ uint4 s_w[STAGES][BM * CHUNKS];
-    __shared__ uint4 s_x[STAGES][BN * CHUNKS];
+    extern __shared__ uint4 smem[];                       // STAGES x [W: BM * CHUNKS | x: BN * CHUNKS]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int wm = warp / WN, wn = warp % WN;
     const long long tok0 = (long long)blockIdx.x * BN;
     const long long row0 = (long long)blockIdx.y * BM;
     const int nsteps = (K + INV_STEP - 1) / INV_STEP;
+    const int per_slice = (nsteps + S - 1) / S;
 
-    // The step of iteration i: slice-major (slice p's steps p, p + S, ... before slice p + 1's).
-    // first[p] = the iteration where slice p starts: sum over q < p of ceil((nsteps - q) / S).
-    auto step_of = [&](int i, int& slice_end) {
-        int p = 0, start = 0;
-        for (;; ++p) {
-            const int n = (nsteps - p + S - 1) / S;
-            if (i < start + n) {
-                slice_end = (i == start + n - 1);
-                return p + (i - start) * S;
-            }
-            start += n;
-        }
-    };
-    auto load_stage = [&](int stage, int i) {
-        int last;
-        const int s = step_of(i, last);
+    auto load_stage = [&](int stage, int s) {   // step s's W and x columns into the ring's slot `stage`
+        uint4* sw = smem + stage * (BM + BN) * CHUNKS;
         for (int c = threadIdx.x; c < (BM + BN) * CHUNKS; c += 256) {
             const int r = c / CHUNKS, ch = c % CHUNKS;
             const int col = s * INV_STEP + ch * 8;
             const int bytes = col < K ? 16 : 0;
+            const T* src;
             if (r < BM) {
                 const long long row = row0 + r;
-                const T* src = w + (row < N ? row : (long long)N - 1) * K + (bytes ? col : 0);
-                cp_async16(&s_w[stage][c], src, bytes);
+                src = w + (row < N ? row : (long long)N - 1) * K;
             } else {
                 const long long tok = tok0 + (r - BM);
-                const T* src = x + (tok < M ? tok : (long long)M - 1) * K + (bytes ? col : 0);
-                cp_async16(&s_x[stage][c - BM * CHUNKS], src, bytes);
+                src = x + (tok < M ? tok : (long long)M - 1) * K;
             }
+            cp_async16(sw + c, src + (bytes ? col : 0), bytes);
         }
     };
 
@@ -257,14 +248,13 @@ inv_wide_kernel(const T* __restrict__ x,     // [M, K]
 #pragma unroll
             for (int e = 0; e < 4; ++e) part[r][j][e] = total[r][j][e] = 0.0f;
 
-    int slice_p = 0, slice_start = 0, slice_n = (nsteps + S - 1) / S;   // the slice iteration i belongs to
-    for (int i = 0; i < nsteps; ++i) {
+    for (int s = 0; s < nsteps; ++s) {
         cp_async_wait<STAGES - 2>();
-        __syncthreads();   // stage i % STAGES is in; everyone is done with stage (i - 1) % STAGES
-        if (i + STAGES - 1 < nsteps) load_stage((i + STAGES - 1) % STAGES, i + STAGES - 1);
+        __syncthreads();   // step s is in; everyone is done with the slot of step s - 1
+        if (s + STAGES - 1 < nsteps) load_stage((s + STAGES - 1) % STAGES, s + STAGES - 1);
         cp_async_commit();
-        const uint4* sw = s_w[i % STAGES];
-        const uint4* sx = s_x[i % STAGES];
+        const uint4* sw = smem + (s % STAGES) * (BM + BN) * CHUNKS;
+        const uint4* sx = sw + BM * CHUNKS;
         uint4 va[RT], vb[RT];
 #pragma unroll
         for (int r = 0; r < RT; ++r) {
@@ -280,7 +270,7 @@ inv_wide_kernel(const T* __restrict__ x,     // [M, K]
                 mma_16816<T>(part[r][j], va[r].z, vb[r].z, va[r].w, vb[r].w, vx.z, vx.w);
             }
         }
-        if (i == slice_start + slice_n - 1) {   // slice_p is complete: total += P_p, the next slice starts at 0
+        if ((s + 1) % per_slice == 0 || s + 1 == nsteps) {   // a slice ends here: total += P, P restarts at 0
 #pragma unroll
             for (int r = 0; r < RT; ++r)
 #pragma unroll
@@ -290,9 +280,6 @@ inv_wide_kernel(const T* __restrict__ x,     // [M, K]
                         total[r][j][e] += part[r][j][e];
                         part[r][j][e] = 0.0f;
                     }
-            slice_start += slice_n;
-            ++slice_p;
-            slice_n = (nsteps - slice_p + S - 1) / S;
         }
     }
     cp_async_wait<0>();
@@ -313,8 +300,8 @@ inv_wide_kernel(const T* __restrict__ x,     // [M, K]
             }
 }
 
-// The slice count of the order for inner dimension K: 8, fewer only when K has fewer than 16 steps (each
-// slice keeps >= 2 steps). A function of K alone: every M, variant and GPU uses the same.
+// The slice count of the order for inner dimension K: 8, fewer only when K has fewer than 32 columns a slice
+// (each slice keeps >= 2 steps). A function of K alone: every M, variant and GPU uses the same.
 extern "C" int vs_inv_slices(int K) {
     const int nsteps = (K + INV_STEP - 1) / INV_STEP;
     int S = 1;
@@ -331,7 +318,8 @@ static const int INV_VARIANTS[][3] = {
     {1, 2, 4}, {2, 2, 2},                                  // 16
     {1, 4, 2}, {2, 4, 2}, {2, 4, 1},                       // 32
     {1, 8, 2}, {2, 8, 1}, {2, 8, 2},                       // 64
-    {4, 4, 2}, {2, 4, 4}, {2, 8, 4}, {2, 2, 2}, {1, 4, 4}, // wide: 128x128, 128x64, 128x128, 64x64, 64x64 tiles
+    {4, 4, 2}, {2, 4, 4}, {2, 8, 4}, {2, 2, 2}, {1, 4, 4}, // wide (RT, NT, WM): BM x BN = 128x128, 128x64,
+    {1, 8, 4}, {2, 8, 2},                                  //   128x128, 64x64, 64x64, 64x128, 64x256
 };
 #define INV_FIRST_WIDE 13
 #define INV_NUM_VARIANTS ((int)(sizeof(INV_VARIANTS) / sizeof(INV_VARIANTS[0])))
@@ -364,9 +352,21 @@ static cudaError_t inv_wide_launch(const void* x, const void* w, const void* b, 
     const long long tok_tiles = ((long long)M + BN - 1) / BN;
     const long long row_tiles = ((long long)N + BM - 1) / BM;
     if (tok_tiles > 0x7fffffffLL || row_tiles > 65535) return cudaErrorInvalidValue;
+    constexpr int smem = STAGES * (BM + BN) * 4 * 16;
+    static unsigned long long sized = 0;   // devices this instantiation may use > 48 KB of shared memory on
+    int device = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err != cudaSuccess) return err;
+    if (device < 64 && !(sized >> device & 1ULL)) {
+        err = cudaFuncSetAttribute(inv_wide_kernel<T, RT, NT, WM, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   smem);
+        if (err != cudaSuccess) return err;
+        sized |= 1ULL << device;
+    }
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3((unsigned)tok_tiles, (unsigned)row_tiles);
     config.blockDim = dim3(256);
+    config.dynamicSmemBytes = smem;
     config.stream = stream;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -412,11 +412,13 @@ static cudaError_t inv_dispatch(int variant, const void* x, const void* w, const
         case 10: return inv_launch<T, 1, 8, 2>(x, w, b, y, M, N, K, S, stream, pdl);
         case 11: return inv_launch<T, 2, 8, 1>(x, w, b, y, M, N, K, S, stream, pdl);
         case 12: return inv_launch<T, 2, 8, 2>(x, w, b, y, M, N, K, S, stream, pdl);
-        case 13: return inv_wide_launch<T, 4, 4, 2, 3>(x, w, b, y, M, N, K, S, stream, pdl);
-        case 14: return inv_wide_launch<T, 2, 4, 4, 4>(x, w, b, y, M, N, K, S, stream, pdl);
-        case 15: return inv_wide_launch<T, 2, 8, 4, 3>(x, w, b, y, M, N, K, S, stream, pdl);
-        case 16: return inv_wide_launch<T, 2, 2, 2, 4>(x, w, b, y, M, N, K, S, stream, pdl);
-        case 17: return inv_wide_launch<T, 1, 4, 4, 4>(x, w, b, y, M, N, K, S, stream, pdl);
+        case 13: return inv_wide_launch<T, 4, 4, 2, 6>(x, w, b, y, M, N, K, S, stream, pdl);
+        case 14: return inv_wide_launch<T, 2, 4, 4, 8>(x, w, b, y, M, N, K, S, stream, pdl);
+        case 15: return inv_wide_launch<T, 2, 8, 4, 6>(x, w, b, y, M, N, K, S, stream, pdl);
+        case 16: return inv_wide_launch<T, 2, 2, 2, 8>(x, w, b, y, M, N, K, S, stream, pdl);
+        case 17: return inv_wide_launch<T, 1, 4, 4, 8>(x, w, b, y, M, N, K, S, stream, pdl);
+        case 18: return inv_wide_launch<T, 1, 8, 4, 8>(x, w, b, y, M, N, K, S, stream, pdl);
+        case 19: return inv_wide_launch<T, 2, 8, 2, 6>(x, w, b, y, M, N, K, S, stream, pdl);
         default: return cudaErrorInvalidValue;
     }
 }
