@@ -92,8 +92,7 @@ def kernel_part(args) -> dict:
                     lambda i: vg.gemv_cuda(xm, ws[i % copies], version=1, rows=4, split=4 if K >= 4096 else 8,
                                            pdl=True), 20, 30)
             if args.sweep and M in sweep_ms and model in sweep_models:
-                narrow = range(1, 13) if M <= 8 else (range(5, 10) if M <= 32 else (10, 12))
-                cands = [*narrow, *(range(13, nvar + 1) if M > 8 else ())]
+                cands = range(1, 13) if M <= 8 else (range(5, 10) if M <= 32 else (8, 10, 11, 12))
                 row["variants"] = {v: graph_us_per_call(
                     lambda i: vg.invariant_matmul(xm, ws[i % copies], variant=v, pdl=True), 10, 10) for v in cands}
             row["auto"] = vg.invariant_config(M, N, K)
@@ -250,6 +249,11 @@ HELD_OUT = [
 ]
 
 
+# Long enough to run the whole 128 tokens, and partly copied from the prompt (so lookup drafts).
+FIRST_CALL_PROMPT = ("Repeat the following paragraph twice, word for word: The lighthouse keeper climbed the stairs every "
+                     "evening at six, lit the lamp, wrote the weather in his logbook, and watched the ships pass.")
+
+
 def _drafters(model, kind: str):
     from verispec import DraftModel, PromptLookup, SelfSpeculative
 
@@ -308,16 +312,18 @@ def _first_call(gguf: str | None, kind: str | None, k: int, prompt: str) -> dict
 
     code = f"""
 import json, time, torch
-from verispec import load_model, generate
+from verispec import load_model, SpeculativeDecoder
 import benchmarks.exact as ex
 m = load_model({gguf!r})
 rows = []
 for call in (1, 2):
     d = None if {kind!r} is None else ex._drafters(m, {kind!r})
-    t = time.perf_counter(); g = generate(m, {prompt!r}, drafter=d, k={k}, max_new_tokens=128, chat=True)
+    dec = SpeculativeDecoder(m, d, k={k})
+    t = time.perf_counter(); g = dec.generate({prompt!r}, max_new_tokens=128, chat=True)
     torch.cuda.synchronize(); wall = time.perf_counter() - t
-    rows.append(dict(call=call, wall_s=wall, tok_s=g.stats.tokens_per_s, warmup_s=g.stats.warmup_s,
-                     graphs=g.stats.graphs_captured, tokens=len(g.tokens)))
+    s = dec.last_stats
+    rows.append(dict(call=call, wall_s=wall, tok_s=g.stats.tokens_per_s, warmup_s=s.warmup_s,
+                     graphs=s.graphs_captured, tokens=len(g.tokens), run_s=s.total_s))
 print("FIRSTCALL" + json.dumps(rows))
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
@@ -339,7 +345,7 @@ def generate_part(args) -> dict:
                                        "SmolLM2-135M-Instruct (embedded GGUF), bf16", chat=True))
         del model
         for kind in (None, "lookup", "self", "draft"):
-            out["first_call"].append(_first_call(args.gguf, kind, 8 if kind == "lookup" else 4, HELD_OUT[4]))
+            out["first_call"].append(_first_call(args.gguf, kind, 8 if kind == "lookup" else 4, FIRST_CALL_PROMPT))
             print("first_call", json.dumps(out["first_call"][-1]), flush=True)
     if args.random_model:
         model = load_model(args.random_model, device="cuda", dtype=torch.bfloat16, seed=3)
@@ -379,10 +385,12 @@ def generate_markdown(res: dict) -> list[str]:
                 rows.append((f["kind"], "", "error: " + f["error"][-120:].replace("|", "/"), "", "", ""))
                 continue
             c1, c2 = f["calls"]
-            rows.append((f["kind"], f["k"], f"{c1['tok_s']:.0f}", f"{c2['tok_s']:.0f}",
+            rows.append((f["kind"], f["k"], c1["tokens"], f"{c1['tok_s']:.0f}", f"{c2['tok_s']:.0f}",
+                         f"{c1['tok_s'] / c2['tok_s']:.2f}" if c2["tok_s"] else "",
                          f"{c1['wall_s']:.2f} ({c1['warmup_s']:.2f} warm-up, {c1['graphs']} graphs)",
-                         f"{c2['wall_s']:.2f}"))
-        lines += markdown_table(["drafter", "k", "first tok/s", "warm tok/s", "first wall s", "warm wall s"], rows)
+                         f"{c2['wall_s']:.2f} ({c2['warmup_s']:.2f}, {c2['graphs']})"))
+        lines += markdown_table(["drafter", "k", "tokens", "first tok/s", "warm tok/s", "first / warm", "first wall s",
+                                 "warm wall s"], rows)
     return lines
 
 

@@ -178,8 +178,8 @@ def invariant_matmul(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = 
 
 # The variant invariant_matmul runs for M rows of w [N, K] (speed only: every variant computes the same bits):
 # (max M, variant when N <= 8192, variant when N > 8192), first match; measured on an H100 (benchmarks/results/
-# exact.md, the kernel sweep). Variants 1-12: the narrow kernel (RT, NT, U); 13-17: the wide kernel.
-VARIANT_RULE = ((8, 2, 4), (16, 5, 6), (32, 8, 8), (1 << 31, 14, 14))
+# exact.md, the kernel sweep). Variants 1-12 of invariant.cu: (RT, NT, U) = row tiles, token tiles, unroll.
+VARIANT_RULE = ((8, 2, 4), (16, 5, 6), (32, 8, 8), (64, 12, 12), (1 << 31, 8, 8))
 
 
 def invariant_variant(M: int, N: int, K: int) -> int:

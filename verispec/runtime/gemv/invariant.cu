@@ -6,8 +6,7 @@
 //
 // The order (the contract; every variant below computes exactly this):
 //   * K is cut into steps of 32 columns (step s = columns [32 s, 32 s + 32); past K reads as zero);
-//   * S slices (S in {1, 2, 4, 8}, a function of K alone: vs_inv_slices), each a contiguous run of
-//     L = ceil(nsteps / S) steps: slice p = steps [p L, min((p + 1) L, nsteps)) (the last ones may be empty);
+//   * S slices (S in {1, 2, 4, 8}, a function of K alone: vs_inv_slices); step s belongs to slice s % S;
 //   * slice p's partial sum P_p is a chain of tensor-core MMAs (mma.sync m16n8k16, fp32 accumulate) over its
 //     steps in increasing s, starting from 0; a step is two MMAs of 16 k each under gemv.cu v2's k
 //     permutation (lane (g, t) holds columns 32 s + 8 t + {0..3} for MMA 1 and + {4..7} for MMA 2);
@@ -30,15 +29,13 @@
 // block's threads then each sum one (fragment, lane) over p = 0, 1, ..., S - 1 in order, add the bias, round
 // and store.
 //
-// The wide kernel (inv_wide_kernel, many rows): the narrow one keeps S copies of every output tile (one per slice
-// warp) and reads x from L1 once per 2 * RT MMAs, which caps it far below the tensor cores at M >= 32. The wide
-// kernel computes the same order in one pass over K instead: a block owns a tile of BM rows x BN tokens, its 8
-// warps split that tile (WM x WN warps of 16 * RT rows x 8 * NT tokens), and it walks the steps 0, 1, 2, ... in
-// order: a warp accumulates the current slice's partial P in registers and, at the end of each slice, adds it to
-// its running total (total = ((0 + P_0) + P_1) + ...: the narrow kernel's sum). W and x of each step reach shared
-// memory through a STAGES-deep cp.async ring (zero-filled past K); every warp then reads its fragments with
-// 16-byte shared loads in exactly the narrow kernel's lane layout (lane (g, t): row g and g + 8, token g, columns
-// 8 t .. 8 t + 7 of the step), so each MMA sees the same operands in the same k slots.
+// Where it stands (H100, benchmarks/results/exact.md): M <= 32 rows within 0.85-1.2x cuBLAS (decode: 93-96% of
+// gemv.cu v1, which is exact only at B = 1); M = 64 about 1.4-1.7x; M = 160 about 3.5x. Past ~32 rows each block
+// re-reads x[8 NT tokens, K] for only 16 RT rows of W, and the S slice warps of a tile each hold a full partial
+// tile. Two faster designs were tried and measured slower (kept in git history: commits 27d9bae and 785af21):
+// a slice-major pass over K in one block (too few blocks, serial K), and contiguous slices (decode 1.2-1.4x
+// slower: each warp streams a separate region of a row). The next step is a thread-block cluster of S blocks, one
+// slice each, reducing through distributed shared memory in slice order.
 //
 // Requirements (checked by vs_inv_matmul; the Python wrapper only calls it when they hold): bf16 or fp16,
 // K % 8 == 0 (16-byte rows), x and W contiguous and 16-byte aligned, 1 <= M, N < 2^31 / 16 row tiles.
@@ -80,16 +77,12 @@ inv_matmul_kernel(const T* __restrict__ x,     // [M, K]
     }
     const int nsteps = (K + INV_STEP - 1) / INV_STEP;
     const int full_steps = K / INV_STEP;
-    const int per_slice = (nsteps + S - 1) / S;
-    const int first = p * per_slice;                                   // this warp's slice: steps [first, end)
-    const int end = first + per_slice < nsteps ? first + per_slice : nsteps;
-    const int end_full = end < full_steps ? end : full_steps;
 
     pdl_launch_dependents();
 #pragma unroll
     for (int u = 0; u < U; ++u) {    // W does not depend on the previous kernel: start pulling it now
-        const int step = first + u;
-        if (step < end_full) {
+        const int step = p + u * S;
+        if (step < full_steps) {
 #pragma unroll
             for (int r = 0; r < RT; ++r) {
                 prefetch_l2(wa[r] + step * INV_STEP + 8 * t);
@@ -120,22 +113,22 @@ inv_matmul_kernel(const T* __restrict__ x,     // [M, K]
     };
 
     if (row0 < N && tok0 < M) {
-        int step = first;
+        int step = p;
         // full steps unpredicated so that all U steps' W loads are issued before the first MMA
-        for (; step + U - 1 < end_full; step += U) {
+        for (; step + (U - 1) * S < full_steps; step += U * S) {
             uint4 va[U][RT], vb[U][RT];
 #pragma unroll
             for (int u = 0; u < U; ++u)
 #pragma unroll
                 for (int r = 0; r < RT; ++r) {
-                    const int col = (step + u) * INV_STEP + 8 * t;
+                    const int col = (step + u * S) * INV_STEP + 8 * t;
                     va[u][r] = load_stream16(reinterpret_cast<const uint4*>(wa[r] + col));
                     vb[u][r] = load_stream16(reinterpret_cast<const uint4*>(wb[r] + col));
                 }
 #pragma unroll
-            for (int u = 0; u < U; ++u) mma_step(va[u], vb[u], (step + u) * INV_STEP + 8 * t, true);
+            for (int u = 0; u < U; ++u) mma_step(va[u], vb[u], (step + u * S) * INV_STEP + 8 * t, true);
         }
-        for (; step < end; ++step) {   // the rest, one step at a time; the last step of K may be partial
+        for (; step < nsteps; step += S) {   // the rest, one step at a time; the last may be partial
             const int col = step * INV_STEP + 8 * t;
             const bool ok = col < K;
             uint4 va[RT], vb[RT];
@@ -186,122 +179,8 @@ inv_matmul_kernel(const T* __restrict__ x,     // [M, K]
     }
 }
 
-// 16 bytes global -> shared, asynchronously; src_bytes 0 writes zeros (the columns past K).
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
-    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(gmem), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
-
-template <typename T, int RT, int NT, int WM, int STAGES>
-__global__ void __launch_bounds__(256)
-inv_wide_kernel(const T* __restrict__ x,     // [M, K]
-                const T* __restrict__ w,     // [N, K]
-                const T* __restrict__ bias,  // [N] or nullptr
-                T* __restrict__ y,           // [M, N]
-                int M, int N, int K, int S) {
-    constexpr int WN = 8 / WM;
-    constexpr int BM = WM * 16 * RT, BN = WN * 8 * NT;    // rows of W, tokens per block
-    constexpr int CHUNKS = 4;                             // 16-byte chunks per row and step (32 columns)
-    extern __shared__ uint4 smem[];                       // STAGES x [W: BM * CHUNKS | x: BN * CHUNKS]
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane >> 2, t = lane & 3;
-    const int wm = warp / WN, wn = warp % WN;
-    const long long tok0 = (long long)blockIdx.x * BN;
-    const long long row0 = (long long)blockIdx.y * BM;
-    const int nsteps = (K + INV_STEP - 1) / INV_STEP;
-    const int per_slice = (nsteps + S - 1) / S;
-
-    auto load_stage = [&](int stage, int s) {   // step s's W and x columns into the ring's slot `stage`
-        uint4* sw = smem + stage * (BM + BN) * CHUNKS;
-        for (int c = threadIdx.x; c < (BM + BN) * CHUNKS; c += 256) {
-            const int r = c / CHUNKS, ch = c % CHUNKS;
-            const int col = s * INV_STEP + ch * 8;
-            const int bytes = col < K ? 16 : 0;
-            const T* src;
-            if (r < BM) {
-                const long long row = row0 + r;
-                src = w + (row < N ? row : (long long)N - 1) * K;
-            } else {
-                const long long tok = tok0 + (r - BM);
-                src = x + (tok < M ? tok : (long long)M - 1) * K;
-            }
-            cp_async16(sw + c, src + (bytes ? col : 0), bytes);
-        }
-    };
-
-    pdl_launch_dependents();
-    pdl_wait();
-#pragma unroll
-    for (int i = 0; i < STAGES - 1; ++i) {
-        if (i < nsteps) load_stage(i, i);
-        cp_async_commit();
-    }
-
-    float part[RT][NT][4], total[RT][NT][4];
-#pragma unroll
-    for (int r = 0; r < RT; ++r)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) part[r][j][e] = total[r][j][e] = 0.0f;
-
-    for (int s = 0; s < nsteps; ++s) {
-        cp_async_wait<STAGES - 2>();
-        __syncthreads();   // step s is in; everyone is done with the slot of step s - 1
-        if (s + STAGES - 1 < nsteps) load_stage((s + STAGES - 1) % STAGES, s + STAGES - 1);
-        cp_async_commit();
-        const uint4* sw = smem + (s % STAGES) * (BM + BN) * CHUNKS;
-        const uint4* sx = sw + BM * CHUNKS;
-        uint4 va[RT], vb[RT];
-#pragma unroll
-        for (int r = 0; r < RT; ++r) {
-            va[r] = sw[(wm * 16 * RT + 16 * r + g) * CHUNKS + t];
-            vb[r] = sw[(wm * 16 * RT + 16 * r + g + 8) * CHUNKS + t];
-        }
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            const uint4 vx = sx[(wn * 8 * NT + 8 * j + g) * CHUNKS + t];
-#pragma unroll
-            for (int r = 0; r < RT; ++r) {
-                mma_16816<T>(part[r][j], va[r].x, vb[r].x, va[r].y, vb[r].y, vx.x, vx.y);
-                mma_16816<T>(part[r][j], va[r].z, vb[r].z, va[r].w, vb[r].w, vx.z, vx.w);
-            }
-        }
-        if ((s + 1) % per_slice == 0 || s + 1 == nsteps) {   // a slice ends here: total += P, P restarts at 0
-#pragma unroll
-            for (int r = 0; r < RT; ++r)
-#pragma unroll
-                for (int j = 0; j < NT; ++j)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        total[r][j][e] += part[r][j][e];
-                        part[r][j][e] = 0.0f;
-                    }
-        }
-    }
-    cp_async_wait<0>();
-
-#pragma unroll
-    for (int r = 0; r < RT; ++r)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {   // (d0, d1): row g, tokens 2t, 2t + 1; (d2, d3): row g + 8
-                const long long row = row0 + wm * 16 * RT + 16 * r + g + (e >= 2 ? 8 : 0);
-                const long long tok = tok0 + wn * 8 * NT + 8 * j + 2 * t + (e & 1);
-                if (row < N && tok < M) {
-                    float o = total[r][j][e];
-                    if (bias != nullptr) o += to_float(bias[row]);
-                    store_float(y + tok * N + row, o);
-                }
-            }
-}
-
-// The slice count of the order for inner dimension K: 8, fewer only when K has fewer than 32 columns a slice
-// (each slice keeps >= 2 steps). A function of K alone: every M, variant and GPU uses the same.
+// The slice count of the order for inner dimension K: 8, fewer only when K has fewer than 16 steps (each
+// slice keeps >= 2 steps). A function of K alone: every M, variant and GPU uses the same.
 extern "C" int vs_inv_slices(int K) {
     const int nsteps = (K + INV_STEP - 1) / INV_STEP;
     int S = 1;
@@ -311,17 +190,13 @@ extern "C" int vs_inv_slices(int K) {
 
 // Variant table: (RT, NT, U). Index 0 = automatic (vs_inv_variant); the sweep in benchmarks/exact.py times
 // them all. Every variant computes the same bits (the order above).
-// Narrow variants: (RT, NT, U); wide variants (index >= INV_FIRST_WIDE): (RT, NT, WM) with STAGES below.
 static const int INV_VARIANTS[][3] = {
     {0, 0, 0},
     {1, 1, 4}, {1, 1, 8}, {2, 1, 4}, {2, 1, 2},           // 1-8 tokens a tile
     {1, 2, 4}, {2, 2, 2},                                  // 16
     {1, 4, 2}, {2, 4, 2}, {2, 4, 1},                       // 32
     {1, 8, 2}, {2, 8, 1}, {2, 8, 2},                       // 64
-    {4, 4, 2}, {2, 4, 4}, {2, 8, 4}, {2, 2, 2}, {1, 4, 4}, // wide (RT, NT, WM): BM x BN = 128x128, 128x64,
-    {1, 8, 4}, {2, 8, 2},                                  //   128x128, 64x64, 64x64, 64x128, 64x256
 };
-#define INV_FIRST_WIDE 13
 #define INV_NUM_VARIANTS ((int)(sizeof(INV_VARIANTS) / sizeof(INV_VARIANTS[0])))
 
 extern "C" int vs_inv_num_variants() { return INV_NUM_VARIANTS - 1; }
@@ -336,45 +211,12 @@ extern "C" int vs_inv_variant(int M, int N, int K) {
     return 10;
 }
 
-// u: the narrow variant's unroll; for a wide variant, -WM (warps along the rows).
 extern "C" void vs_inv_variant_shape(int variant, int* rt, int* nt, int* u) {
     *rt = *nt = *u = 0;
     if (variant < 1 || variant >= INV_NUM_VARIANTS) return;
     *rt = INV_VARIANTS[variant][0];
     *nt = INV_VARIANTS[variant][1];
-    *u = variant >= INV_FIRST_WIDE ? -INV_VARIANTS[variant][2] : INV_VARIANTS[variant][2];
-}
-
-template <typename T, int RT, int NT, int WM, int STAGES>
-static cudaError_t inv_wide_launch(const void* x, const void* w, const void* b, void* y, int M, int N, int K, int S,
-                                   cudaStream_t stream, int pdl) {
-    constexpr int BM = WM * 16 * RT, BN = (8 / WM) * 8 * NT;
-    const long long tok_tiles = ((long long)M + BN - 1) / BN;
-    const long long row_tiles = ((long long)N + BM - 1) / BM;
-    if (tok_tiles > 0x7fffffffLL || row_tiles > 65535) return cudaErrorInvalidValue;
-    constexpr int smem = STAGES * (BM + BN) * 4 * 16;
-    static unsigned long long sized = 0;   // devices this instantiation may use > 48 KB of shared memory on
-    int device = 0;
-    cudaError_t err = cudaGetDevice(&device);
-    if (err != cudaSuccess) return err;
-    if (device < 64 && !(sized >> device & 1ULL)) {
-        err = cudaFuncSetAttribute(inv_wide_kernel<T, RT, NT, WM, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   smem);
-        if (err != cudaSuccess) return err;
-        sized |= 1ULL << device;
-    }
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3((unsigned)tok_tiles, (unsigned)row_tiles);
-    config.blockDim = dim3(256);
-    config.dynamicSmemBytes = smem;
-    config.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = attr;
-    config.numAttrs = pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&config, inv_wide_kernel<T, RT, NT, WM, STAGES>, (const T*)x, (const T*)w, (const T*)b,
-                              (T*)y, M, N, K, S);
+    *u = INV_VARIANTS[variant][2];
 }
 
 template <typename T, int RT, int NT, int U>
@@ -412,13 +254,6 @@ static cudaError_t inv_dispatch(int variant, const void* x, const void* w, const
         case 10: return inv_launch<T, 1, 8, 2>(x, w, b, y, M, N, K, S, stream, pdl);
         case 11: return inv_launch<T, 2, 8, 1>(x, w, b, y, M, N, K, S, stream, pdl);
         case 12: return inv_launch<T, 2, 8, 2>(x, w, b, y, M, N, K, S, stream, pdl);
-        case 13: return inv_wide_launch<T, 4, 4, 2, 6>(x, w, b, y, M, N, K, S, stream, pdl);
-        case 14: return inv_wide_launch<T, 2, 4, 4, 8>(x, w, b, y, M, N, K, S, stream, pdl);
-        case 15: return inv_wide_launch<T, 2, 8, 4, 6>(x, w, b, y, M, N, K, S, stream, pdl);
-        case 16: return inv_wide_launch<T, 2, 2, 2, 8>(x, w, b, y, M, N, K, S, stream, pdl);
-        case 17: return inv_wide_launch<T, 1, 4, 4, 8>(x, w, b, y, M, N, K, S, stream, pdl);
-        case 18: return inv_wide_launch<T, 1, 8, 4, 8>(x, w, b, y, M, N, K, S, stream, pdl);
-        case 19: return inv_wide_launch<T, 2, 8, 2, 6>(x, w, b, y, M, N, K, S, stream, pdl);
         default: return cudaErrorInvalidValue;
     }
 }
