@@ -116,9 +116,27 @@ class Scheduler:
             n += self.target.warm_up(self.config.max_batch_size, self.k + 1, prompt_tokens)
         if self.drafter is not None and self.k:
             n += self.drafter.warm_up(self.config.max_batch_size, self.k, list(settings), prompt_tokens)
+        self._warm_verification(list(settings))
         self.totals.warmup_s += time.perf_counter() - t0
         self.totals.graphs_captured += n
         return n
+
+    def _warm_verification(self, settings: list[tuple[float, int, float]]) -> None:
+        """Run the verification once per batch size and draft count it will see (on zero logits), so that its
+        kernels are compiled or loaded now rather than in the first rounds."""
+        if self.target.device.type != "cuda":
+            return
+        vocab = self.target.config.vocab_size
+        for b in range(1, self.config.max_batch_size + 1):
+            for k in sorted({0, self.k}):
+                for temp, top_k, top_p in settings:
+                    sampling = SamplingParams((float(temp),) * b, (int(top_k),) * b, (float(top_p),) * b, (0,) * b)
+                    logits = torch.zeros(b * (k + 1), vocab, device=self.target.device, dtype=self.target.dtype)
+                    drafts = torch.zeros(b * k, dtype=torch.long, device=self.target.device)
+                    probs = None if sampling.all_greedy else torch.full((b * k, vocab), 1.0 / vocab,
+                                                                        device=self.target.device)
+                    read_outcome(verification(logits, drafts, [k] * b, k, probs, sampling, [0] * b,
+                                              self.verify_backend), raise_on_status=False)
 
     @property
     def idle(self) -> bool:
