@@ -230,6 +230,51 @@ def pass_markdown(res: dict) -> list[str]:
     return lines
 
 
+# ------------------------------------------------------------------------------------------------ profile
+def profile_part(args) -> dict:
+    """Kernel times of one eager pass per matmul mode (torch.profiler): where the invariant pass's time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from verispec import load_model
+    from verispec.runtime import ops
+
+    out = dict(env=environment(), runs=[])
+    model = load_model(args.pass_models.split(",")[0], device="cuda", dtype=torch.bfloat16)
+    model.setup_cache(8, 640, empty=True)
+    gen = torch.Generator().manual_seed(0)
+    model.admit([torch.randint(0, model.config.vocab_size, (512,), generator=gen).tolist() for _ in range(8)])
+    for B, T in ((1, 1), (8, 1), (1, 9)):
+        tokens = torch.randint(0, model.config.vocab_size, (B, T), device="cuda")
+        for mode in ("invariant", "gemv", "cublas"):
+            ops.MATMUL = mode
+            run = lambda: model.net.append(tokens, model.cache.lengths_for(B), model._rope, model.cache,  # noqa: E731
+                                           model.num_active_layers)
+            for _ in range(3):
+                run()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(5):
+                    run()
+                torch.cuda.synchronize()
+            kernels = {}
+            for e in prof.key_averages():
+                if e.device_type.name == "CUDA" and e.self_device_time_total > 0:
+                    kernels[e.key[:80]] = e.self_device_time_total / 5 / 1e3   # ms per pass
+            top = sorted(kernels.items(), key=lambda kv: -kv[1])[:8]
+            out["runs"].append(dict(B=B, T=T, mode=mode, total_ms=sum(kernels.values()), top=top))
+            print("profile", B, T, mode, f"{sum(kernels.values()):.2f} ms", top[:5], flush=True)
+    ops.MATMUL = "invariant"
+    return out
+
+
+def profile_markdown(res: dict) -> list[str]:
+    lines = ["## Where the pass's time goes (torch.profiler, eager, kernel time per pass)", "",
+             environment_line(res["env"]), ""]
+    rows = [(r["B"], r["T"], r["mode"], f"{r['total_ms']:.2f}",
+             "; ".join(f"{k[:40]} {v:.2f}" for k, v in r["top"][:4])) for r in res["runs"]]
+    return lines + markdown_table(["B", "T", "mode", "kernel ms", "top kernels (ms)"], rows)
+
+
 # ------------------------------------------------------------------------------------------------ generate
 HELD_OUT = [
     "Write a haiku about a lighthouse in winter.",
@@ -396,7 +441,7 @@ def generate_markdown(res: dict) -> list[str]:
 
 # ------------------------------------------------------------------------------------------------ main
 PARTS = {"kernel": (kernel_part, kernel_markdown), "pass": (pass_part, pass_markdown),
-         "generate": (generate_part, generate_markdown)}
+         "generate": (generate_part, generate_markdown), "profile": (profile_part, profile_markdown)}
 
 
 def main(argv=None) -> None:

@@ -70,6 +70,9 @@ class GraphCache:
         sequences are running."""
         if key not in self._graphs:
             self._graphs[key] = self._capture(program, inputs, rows)
+            graph = self._graphs[key][0]
+            if graph is not None and not int(self._lengths(rows).count_nonzero()):
+                graph.replay()   # every row is padding (nothing live): the first replay's one-time cost, now
 
     def replay(self, key: Hashable, program: Program, inputs: Tensor, rows: int) -> tuple[Tensor, ...]:
         """Replay the graph of ``key`` (capturing ``program`` the first time) with ``inputs`` [B, ...] (any
@@ -191,6 +194,7 @@ class PrefillGraphs:
         write K/V into the cache row ``packed`` names: call it on a row that holds no sequence."""
         if (n, T) not in self._graphs:
             self._graphs[(n, T)] = self._capture(packed, n, T)
+            self._graphs[(n, T)][0].replay()   # the first replay's one-time cost, now (it writes the same free row)
 
     def _capture(self, packed: Tensor, n: int, T: int):
         static_in = packed.clone()
