@@ -128,7 +128,7 @@ class Scheduler:
             return
         vocab = self.target.config.vocab_size
         for b in range(1, self.config.max_batch_size + 1):
-            for k in sorted({0, self.k}):
+            for k in range(self.k + 1):
                 for temp, top_k, top_p in settings:
                     sampling = SamplingParams((float(temp),) * b, (int(top_k),) * b, (float(top_p),) * b, (0,) * b)
                     logits = torch.zeros(b * (k + 1), vocab, device=self.target.device, dtype=self.target.dtype)
