@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import inspect
+import os
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ import torch
 from fakes import FakeModel
 from test_engine import noisy_copy
 from triton_interpreter import DEVICE
+import verispec
 from verispec import verify_greedy, verify_sample
 from verispec.drafters import DraftModel
 from verispec.engine import Request, Scheduler, SchedulerConfig
@@ -178,6 +180,18 @@ def test_scaled_logits_only_matter_for_sampled_sequences():
 CONVERSIONS = ("cpu", "tolist", "item", "numpy", "__bool__", "__int__", "__float__", "__index__", "__array__")
 
 
+PACKAGE = os.path.dirname(os.path.abspath(verispec.__file__))
+
+
+def _in_package(filename: str) -> str | None:
+    """``filename`` relative to the verispec package ("verify/api.py"), or None outside it. From the package's own
+    location: the checkout's folder may have any name, "verispec" included."""
+    path = os.path.abspath(filename)
+    if not path.startswith(PACKAGE + os.sep):
+        return None
+    return os.path.relpath(path, PACKAGE).replace(os.sep, "/")
+
+
 def _count_reads(monkeypatch, fn) -> collections.Counter:
     """Every tensor -> host conversion made from verispec's own code while ``fn()`` runs, by call site."""
     sites = collections.Counter()
@@ -185,9 +199,9 @@ def _count_reads(monkeypatch, fn) -> collections.Counter:
     def recorder(name, original):
         def conversion(self, *args, **kwargs):
             caller = inspect.currentframe().f_back
-            path = caller.f_code.co_filename.replace("\\", "/")
-            if "/verispec/" in path:
-                sites[(path.split("/verispec/")[1], caller.f_code.co_name, name)] += 1
+            path = _in_package(caller.f_code.co_filename)
+            if path is not None:
+                sites[(path, caller.f_code.co_name, name)] += 1
             return original(self, *args, **kwargs)
         return conversion
 
