@@ -1,6 +1,6 @@
 """The status word (verispec/verify/status.py): every backend finds the same bad inputs in its own read of the
 data, the public call raises the same error naming the sequence, reads the device back exactly once, and the
-engine raises at its one per-round read.
+engine, which reads the words at its one per-round read, fails the request of the named row alone.
 
 Triton runs on CPU tensors under the interpreter and on CUDA tensors on a GPU (``DEVICE``); the torch reference
 runs anywhere. Layout of every case: B = 3, num_draft = [2, 0, 3] -> rows 0-2 (sequence 0: two draft rows, bonus),
@@ -237,25 +237,40 @@ def test_the_read_counter_sees_a_second_read(monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------ the engine
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-@pytest.mark.parametrize("position", [0, 3], ids=["first-row", "bonus-row"])
-def test_the_engine_fails_the_round_naming_the_row(backend, temperature, position):
-    if backend == "triton" and DEVICE != "cpu":
-        pytest.skip("the fake model's CPU tensors need the Triton interpreter (TRITON_INTERPRET=1)")
+def _scheduler(backend, requests, max_new_tokens=12):
     target = FakeModel(seed=0, eos_bias=-30.0)
     drafter = DraftModel(noisy_copy(target, 0.15))
     drafter.attach(target)
     sched = Scheduler(target, drafter, SchedulerConfig(3, 64, 3), verify_backend=backend)
-    seqs = [sched.submit(Request(p, 12, temperature=temperature, seed=i, id=i))
-            for i, p in enumerate([[1, 2, 3], [4, 5], [6]])]
-    sched.step()
-    assert all(s.finish_reason is None for s in seqs)
-    target.nan_at = (1, position)                        # the next target pass: NaN in row 1's logits
-    sched.step()
-    assert [s.finish_reason for s in seqs] == ["error"] * 3
-    assert seqs[1].error == ("RuntimeError: verification refused this round's target logits: "
-                             f"sequence 1: {status.MESSAGES[status.NAN]}")
+    seqs = [sched.submit(Request(p, max_new_tokens, temperature=t, seed=i, id=i))
+            for i, (p, t) in enumerate(requests)]
+    return target, sched, seqs
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("position", [0, 3], ids=["first-row", "bonus-row"])
+def test_the_engine_fails_only_the_row_the_status_word_names(backend, temperature, position):
+    """NaN in row 1's logits: request 1 ends with the reason; the other two run on and emit exactly what they
+    emit without the fault (their rows are verified from their own logits and streams)."""
+    if backend == "triton" and DEVICE != "cpu":
+        pytest.skip("the fake model's CPU tensors need the Triton interpreter (TRITON_INTERPRET=1)")
+    requests = [([1, 2, 3], temperature), ([4, 5], temperature), ([6], 1.0 - temperature)]
+
+    def run(fault):
+        target, sched, seqs = _scheduler(backend, requests)
+        sched.step()
+        assert all(s.finish_reason is None for s in seqs)
+        target.nan_at = fault                            # the next target pass: NaN in row 1's logits
+        sched.step()
+        sched.run()
+        return seqs
+
+    clean, broken = run(None), run((1, position))
+    assert broken[1].finish_reason == "error"
+    assert broken[1].error == f"verification refused this round's target logits: {status.MESSAGES[status.NAN]}"
+    for a, b in ((clean[0], broken[0]), (clean[2], broken[2])):
+        assert a.finish_reason == "length" and (b.finish_reason, b.error, b.generated) == ("length", None, a.generated)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -266,19 +281,14 @@ def test_a_refused_admission_fails_only_its_own_request(backend):
         pytest.skip("the fake model's CPU tensors need the Triton interpreter (TRITON_INTERPRET=1)")
 
     def run(nan_on_admit):
-        target = FakeModel(seed=0, eos_bias=-30.0)
-        drafter = DraftModel(noisy_copy(target, 0.15))
-        drafter.attach(target)
-        sched = Scheduler(target, drafter, SchedulerConfig(3, 64, 3), verify_backend=backend)
-        seqs = [sched.submit(Request(p, 8, temperature=0.0, id=i)) for i, p in enumerate([[1, 2, 3], [4, 5], [6]])]
+        target, sched, seqs = _scheduler(backend, [([1, 2, 3], 0.0), ([4, 5], 0.0), ([6], 0.0)], 8)
         target.nan_on_admit = nan_on_admit
         sched.run()
         return seqs
 
     clean, broken = run(None), run(1)
     assert broken[1].finish_reason == "error" and broken[1].generated == []
-    assert broken[1].error == ("RuntimeError: verification refused the prompt's logits: "
-                               f"{status.MESSAGES[status.NAN]}")
+    assert broken[1].error == f"verification refused the prompt's logits: {status.MESSAGES[status.NAN]}"
     for a, b in ((clean[0], broken[0]), (clean[2], broken[2])):
         assert b.finish_reason == a.finish_reason != "error" and b.generated == a.generated
 
