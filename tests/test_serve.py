@@ -157,12 +157,15 @@ def test_concurrent_requests_each_equal_alone(client, model):
         assert (choice.token_ids, choice.text) == (ref.tokens, ref.text), prompt
 
 
+NAME = "SmolLM2-135M-Instruct"
 BAD = [
+    ({"prompt": "hi"}, "model"),
     ({}, "prompt"),
     ({"prompt": ""}, "prompt"),
     ({"prompt": 3}, "prompt"),
     ({"prompt": ["a", "b"]}, "prompt"),
     ({"prompt": [1, -5]}, "prompt"),
+    ({"prompt": [1] * MAX_SEQ_LEN}, "prompt"),
     ({"prompt": "hi", "temperature": -0.5}, "temperature"),
     ({"prompt": "hi", "temperature": "hot"}, "temperature"),
     ({"prompt": "hi", "top_p": 0}, "top_p"),
@@ -185,7 +188,7 @@ BAD = [
 
 @pytest.mark.parametrize("body,param", BAD, ids=[f"{i}-{p}" for i, (_, p) in enumerate(BAD)])
 def test_bad_input_gets_400_naming_the_field(server, body, param):
-    status, err = _post(server[0], "/v1/completions", body)
+    status, err = _post(server[0], "/v1/completions", {"model": NAME, **body} if param != "model" else body)
     assert status == 400 and err["error"]["param"] == param, err
 
 
@@ -193,7 +196,7 @@ def test_bad_input_gets_400_naming_the_field(server, body, param):
                                         "content": "x"}]}, "messages[0].role"),
                                         ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content")])
 def test_bad_chat_input_gets_400(server, body, param):
-    status, err = _post(server[0], "/v1/chat/completions", body)
+    status, err = _post(server[0], "/v1/chat/completions", {"model": NAME, **body})
     assert status == 400 and err["error"]["param"] == param, err
 
 
@@ -230,7 +233,7 @@ def test_disconnect_mid_stream_frees_the_slot(server, client):
 
 def test_queue_overflow_gets_429(server):
     base = server[0]
-    body = {"prompt": PROMPT, "max_tokens": 30, "temperature": 0}
+    body = {"model": NAME, "prompt": PROMPT, "max_tokens": 30, "temperature": 0}
     with cf.ThreadPoolExecutor(48) as pool:
         statuses = [s for s, _ in pool.map(lambda _: _post(base, "/v1/completions", body), range(48))]
     assert 429 in statuses and set(statuses) <= {200, 429}

@@ -8,8 +8,9 @@
 
 Every choice (the final chunk when streaming) carries ``speculative_decoding_stats`` and ``token_ids``
 (the generated ids, an ending EOS included, so that clients can check exactness token for token).
-Errors: 400 (bad field, named in ``error.param``), 429 (queue full), 500 (this request's generation
-failed; when streaming, an ``error`` chunk before ``[DONE]``), 503 (shutting down).
+Errors, all as OpenAI's error JSON and counted in ``/metrics``: 400 (bad field, named in ``error.param``), 404 /
+405 (no such endpoint / method), 429 (queue full), 500 (this request's generation failed; when streaming, an
+``error`` chunk before ``[DONE]``), 503 (shutting down).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException
 
 from ..engine import QueueFull, Request
 from ..engine.request import Sequence
@@ -66,14 +68,16 @@ def _encode(params: GenerationParams, served: ServedModel) -> list[int]:
 
 def _max_tokens(params: GenerationParams, prompt: list[int], served: ServedModel) -> int:
     room = served.max_seq_len - len(prompt) - served.lookahead
+    if room < 1:                                       # the prompt alone leaves no room: its fault, not max_tokens'
+        raise BadRequest("messages" if params.messages is not None else "prompt",
+                         f"the prompt has {len(prompt)} tokens: with the lookahead of {served.lookahead} it leaves no "
+                         f"room for a new token in the context of {served.max_seq_len} tokens; shorten it")
     if params.max_tokens is None:                      # chat without a limit: what fits, up to a default
-        if room < 1:
-            raise BadRequest("messages", f"the prompt has {len(prompt)} tokens: no room left in the context of "
-                                         f"{served.max_seq_len} tokens")
         return min(CHAT_DEFAULT_MAX_TOKENS, room)
     if params.max_tokens > room:
         raise BadRequest("max_tokens", f"prompt ({len(prompt)} tokens) + max_tokens {params.max_tokens} + lookahead "
-                                       f"{served.lookahead} exceeds the context of {served.max_seq_len} tokens")
+                                       f"{served.lookahead} exceeds the context of {served.max_seq_len} tokens: "
+                                       f"max_tokens can be at most {room} for this prompt")
     return params.max_tokens
 
 
@@ -119,8 +123,8 @@ class _Handlers:
             await asyncio.wrap_future(self.engine.submit(handle))
         except QueueFull as e:
             return _error(429, f"too many requests waiting: {e}; retry later", "rate_limit_error", self.metrics)
-        except ValueError as e:
-            return _error(400, str(e), "invalid_request_error", self.metrics, "max_tokens")
+        except ValueError as e:          # the scheduler's own check (the ones above should have caught it)
+            return _error(400, str(e), "invalid_request_error", self.metrics)
         except RuntimeError as e:
             return _error(503, str(e), "service_unavailable", self.metrics)
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{request.id}"
@@ -203,6 +207,26 @@ def build_app(engine: EngineLoop, served: ServedModel, metrics: Metrics) -> Fast
     """The FastAPI app: each route is one line over ``_Handlers``."""
     app = FastAPI(title="verispec", docs_url=None, redoc_url=None)
     h = _Handlers(engine, served, metrics)
+
+    @app.exception_handler(HTTPException)
+    async def http_exception(http: HTTPRequest, exc: HTTPException):
+        # routing's own answers (no such path, wrong method) in OpenAI's error JSON, counted like every error
+        if exc.status_code == 404:
+            message = f"no endpoint {http.method} {http.url.path}: see /v1/completions, /v1/chat/completions, " \
+                      f"/v1/models, /health, /metrics"
+        elif exc.status_code == 405:
+            message = f"{http.url.path} does not take {http.method} (allowed: {(exc.headers or {}).get('Allow', '?')})"
+        else:
+            message = str(exc.detail)
+        response = _error(exc.status_code, message, "invalid_request_error", metrics)
+        response.headers.update(exc.headers or {})
+        return response
+
+    @app.exception_handler(Exception)
+    async def unexpected(http: HTTPRequest, exc: Exception):
+        # a bug in a handler: still OpenAI's JSON and counted (the ASGI server logs the traceback)
+        return _error(500, f"internal error: {type(exc).__name__}: {exc}", "server_error", metrics)
+
 
     @app.post("/v1/completions")
     async def completions(http: HTTPRequest):
