@@ -231,13 +231,28 @@ def test_disconnect_mid_stream_frees_the_slot(server, client):
     assert len(out.choices[0].token_ids) == 3
 
 
-def test_queue_overflow_gets_429(server):
+def test_queue_overflow_gets_429(server, client):
+    """The 4 slots held by long streams, 40 one-token requests: 32 queue (--max-waiting), 8 are refused with 429
+    at once; closing the streams frees the slots and the queued ones are served."""
     base = server[0]
-    body = {"model": NAME, "prompt": PROMPT, "max_tokens": 30, "temperature": 0}
-    with cf.ThreadPoolExecutor(48) as pool:
-        statuses = [s for s, _ in pool.map(lambda _: _post(base, "/v1/completions", body), range(48))]
-    assert 429 in statuses and set(statuses) <= {200, 429}
-    assert statuses.count(200) >= 4 + 32 - 8   # the running rows and (most of) the queue were served
+    # a prompt that SmolLM2 continues for 200 tokens without an EOS: far longer than filling the queue takes
+    streams = [client.completions.create(model=NAME, prompt="Tell me a long story about dragon number 0.",
+                                         max_tokens=200, temperature=0, stream=True) for _ in range(4)]
+    readers = [iter(s) for s in streams]               # kept: a dropped iterator closes its connection
+    for r in readers:
+        next(r)                                         # running: it has its first chunk
+    body = {"model": NAME, "prompt": PROMPT, "max_tokens": 1, "temperature": 0}
+    with cf.ThreadPoolExecutor(40) as pool:
+        answers = [pool.submit(_post, base, "/v1/completions", body) for _ in range(40)]
+        deadline = time.monotonic() + 60
+        while sum(a.done() for a in answers) < 8 or _metric(base, "num_requests_waiting") < 32:
+            assert time.monotonic() < deadline, "the queue did not fill in 60 s"
+            time.sleep(0.05)
+        assert [a.result()[0] for a in answers if a.done()] == [429] * 8
+        for s in streams:
+            s.close()
+        statuses = [a.result()[0] for a in answers]
+    assert sorted(statuses) == [200] * 32 + [429] * 8
 
 
 def test_models_health_metrics(server):
