@@ -265,7 +265,12 @@ def test_models_health_metrics(server):
 
 
 def test_sigterm_exits_cleanly(server):
-    proc = server[1]
+    """After the signal, a new request gets the documented 503 (the port stays open a moment: without that, uvicorn
+    closes it within 0.1 s and a client sees "connection refused"), then exit 0."""
+    base, proc = server
     proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    status, err = _post(base, "/v1/completions", {"model": NAME, "prompt": PROMPT, "max_tokens": 50})
+    assert status == 503 and err["error"]["type"] == "service_unavailable", err
     assert proc.wait(60) == 0
     assert "[verispec serve] stopped" in proc.stdout.read()
