@@ -161,7 +161,8 @@ def test_an_exception_in_the_engine_loop_fails_the_requests_in_flight_and_the_lo
             assert not t.is_alive()
         status, err = long_out["result"]
         assert status == 500 and err["error"]["type"] == "server_error"
-        assert err["error"]["message"] == "generation failed: the engine failed: RuntimeError: injected: a bug in the loop"
+        assert err["error"]["message"] == ("generation failed: the engine failed: RuntimeError: injected: a bug in "
+                                           "the loop")
         status, out = short_out["result"]                  # it was waiting: it kept its place
         assert status == 200 and out["choices"][0]["token_ids"] == greedy_reference(REF, [4, 5, 6], 8)
         assert _call(srv.base, "/health") == (200, {"status": "ok"})

@@ -9,6 +9,7 @@ row 3 (sequence 1: bonus only), rows 4-7 (sequence 2: three draft rows, bonus).
 from __future__ import annotations
 
 import collections
+import functools
 import inspect
 import os
 
@@ -247,6 +248,20 @@ def _scheduler(backend, requests, max_new_tokens=12):
     return target, sched, seqs
 
 
+@functools.lru_cache(maxsize=None)
+def _run_with_nan(backend, temperature, fault) -> tuple:
+    """Requests [1, 2, 3] and [4, 5] at ``temperature``, [6] at the other one, 6 tokens each; ``fault`` = (row,
+    position): NaN there in the target pass of the second round. -> (finish_reason, error, tokens) per request
+    (cached: the fault-free run serves every position)."""
+    requests = [([1, 2, 3], temperature), ([4, 5], temperature), ([6], 1.0 - temperature)]
+    target, sched, seqs = _scheduler(backend, requests, max_new_tokens=6)
+    sched.step()
+    assert all(s.finish_reason is None for s in seqs)
+    target.nan_at = fault
+    sched.run()
+    return tuple((s.finish_reason, s.error, s.generated) for s in seqs)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("position", [0, 3], ids=["first-row", "bonus-row"])
@@ -255,22 +270,9 @@ def test_the_engine_fails_only_the_row_the_status_word_names(backend, temperatur
     emit without the fault (their rows are verified from their own logits and streams)."""
     if backend == "triton" and DEVICE != "cpu":
         pytest.skip("the fake model's CPU tensors need the Triton interpreter (TRITON_INTERPRET=1)")
-    requests = [([1, 2, 3], temperature), ([4, 5], temperature), ([6], 1.0 - temperature)]
-
-    def run(fault):
-        target, sched, seqs = _scheduler(backend, requests)
-        sched.step()
-        assert all(s.finish_reason is None for s in seqs)
-        target.nan_at = fault                            # the next target pass: NaN in row 1's logits
-        sched.step()
-        sched.run()
-        return seqs
-
-    clean, broken = run(None), run((1, position))
-    assert broken[1].finish_reason == "error"
-    assert broken[1].error == f"verification refused this round's target logits: {status.MESSAGES[status.NAN]}"
-    for a, b in ((clean[0], broken[0]), (clean[2], broken[2])):
-        assert a.finish_reason == "length" and (b.finish_reason, b.error, b.generated) == ("length", None, a.generated)
+    clean, broken = _run_with_nan(backend, temperature, None), _run_with_nan(backend, temperature, (1, position))
+    assert broken[1][:2] == ("error", f"verification refused this round's target logits: {status.MESSAGES[status.NAN]}")
+    assert [clean[0], clean[2]] == [broken[0], broken[2]] and clean[0][:2] == clean[2][:2] == ("length", None)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
