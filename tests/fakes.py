@@ -67,6 +67,7 @@ class FakeModel:
         self.num_prefills = 0
         self.nan_at = None           # (batch row, position): the next append() returns NaN there (a broken model)
         self.nan_on_admit = None     # prompt index: the next admit() returns NaN in that prompt's logits
+        self.admit_fault = None      # (prompt, exception): every admit() whose prompts include it raises it
 
     # ------------------------------------------------------------------ contract
     def setup_cache(self, batch_size, max_seq_len, empty=False):
@@ -116,6 +117,9 @@ class FakeModel:
         last = torch.tensor([len(p) - 1 for p in prompts])
         self._lengths[first: first + len(prompts)] = last + 1
         self._batch = first + len(prompts)
+        if self.admit_fault is not None and any(list(p) == self.admit_fault[0] for p in prompts):
+            # e.g. out of memory at the end of the prefill, its rows already added: the caller must cut them off
+            raise self.admit_fault[1]
         out = logits[torch.arange(len(prompts)), last]
         if self.nan_on_admit is not None:
             out[self.nan_on_admit, 0] = float("nan")

@@ -157,12 +157,15 @@ def test_concurrent_requests_each_equal_alone(client, model):
         assert (choice.token_ids, choice.text) == (ref.tokens, ref.text), prompt
 
 
+NAME = "SmolLM2-135M-Instruct"
 BAD = [
+    ({"prompt": "hi"}, "model"),
     ({}, "prompt"),
     ({"prompt": ""}, "prompt"),
     ({"prompt": 3}, "prompt"),
     ({"prompt": ["a", "b"]}, "prompt"),
     ({"prompt": [1, -5]}, "prompt"),
+    ({"prompt": [1] * MAX_SEQ_LEN}, "prompt"),
     ({"prompt": "hi", "temperature": -0.5}, "temperature"),
     ({"prompt": "hi", "temperature": "hot"}, "temperature"),
     ({"prompt": "hi", "top_p": 0}, "top_p"),
@@ -185,7 +188,7 @@ BAD = [
 
 @pytest.mark.parametrize("body,param", BAD, ids=[f"{i}-{p}" for i, (_, p) in enumerate(BAD)])
 def test_bad_input_gets_400_naming_the_field(server, body, param):
-    status, err = _post(server[0], "/v1/completions", body)
+    status, err = _post(server[0], "/v1/completions", {"model": NAME, **body} if param != "model" else body)
     assert status == 400 and err["error"]["param"] == param, err
 
 
@@ -193,7 +196,7 @@ def test_bad_input_gets_400_naming_the_field(server, body, param):
                                         "content": "x"}]}, "messages[0].role"),
                                         ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content")])
 def test_bad_chat_input_gets_400(server, body, param):
-    status, err = _post(server[0], "/v1/chat/completions", body)
+    status, err = _post(server[0], "/v1/chat/completions", {"model": NAME, **body})
     assert status == 400 and err["error"]["param"] == param, err
 
 
@@ -228,13 +231,28 @@ def test_disconnect_mid_stream_frees_the_slot(server, client):
     assert len(out.choices[0].token_ids) == 3
 
 
-def test_queue_overflow_gets_429(server):
+def test_queue_overflow_gets_429(server, client):
+    """The 4 slots held by long streams, 40 one-token requests: 32 queue (--max-waiting), 8 are refused with 429
+    at once; closing the streams frees the slots and the queued ones are served."""
     base = server[0]
-    body = {"prompt": PROMPT, "max_tokens": 30, "temperature": 0}
-    with cf.ThreadPoolExecutor(48) as pool:
-        statuses = [s for s, _ in pool.map(lambda _: _post(base, "/v1/completions", body), range(48))]
-    assert 429 in statuses and set(statuses) <= {200, 429}
-    assert statuses.count(200) >= 4 + 32 - 8   # the running rows and (most of) the queue were served
+    # a prompt that SmolLM2 continues for 200 tokens without an EOS: far longer than filling the queue takes
+    streams = [client.completions.create(model=NAME, prompt="Tell me a long story about dragon number 0.",
+                                         max_tokens=200, temperature=0, stream=True) for _ in range(4)]
+    readers = [iter(s) for s in streams]               # kept: a dropped iterator closes its connection
+    for r in readers:
+        next(r)                                         # running: it has its first chunk
+    body = {"model": NAME, "prompt": PROMPT, "max_tokens": 1, "temperature": 0}
+    with cf.ThreadPoolExecutor(40) as pool:
+        answers = [pool.submit(_post, base, "/v1/completions", body) for _ in range(40)]
+        deadline = time.monotonic() + 60
+        while sum(a.done() for a in answers) < 8 or _metric(base, "num_requests_waiting") < 32:
+            assert time.monotonic() < deadline, "the queue did not fill in 60 s"
+            time.sleep(0.05)
+        assert [a.result()[0] for a in answers if a.done()] == [429] * 8
+        for s in streams:
+            s.close()
+        statuses = [a.result()[0] for a in answers]
+    assert sorted(statuses) == [200] * 32 + [429] * 8
 
 
 def test_models_health_metrics(server):
@@ -247,7 +265,12 @@ def test_models_health_metrics(server):
 
 
 def test_sigterm_exits_cleanly(server):
-    proc = server[1]
+    """After the signal, a new request gets the documented 503 (the port stays open a moment: without that, uvicorn
+    closes it within 0.1 s and a client sees "connection refused"), then exit 0."""
+    base, proc = server
     proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    status, err = _post(base, "/v1/completions", {"model": NAME, "prompt": PROMPT, "max_tokens": 50})
+    assert status == 503 and err["error"]["type"] == "service_unavailable", err
     assert proc.wait(60) == 0
     assert "[verispec serve] stopped" in proc.stdout.read()

@@ -1,6 +1,6 @@
 """The status word (verispec/verify/status.py): every backend finds the same bad inputs in its own read of the
 data, the public call raises the same error naming the sequence, reads the device back exactly once, and the
-engine raises at its one per-round read.
+engine, which reads the words at its one per-round read, fails the request of the named row alone.
 
 Triton runs on CPU tensors under the interpreter and on CUDA tensors on a GPU (``DEVICE``); the torch reference
 runs anywhere. Layout of every case: B = 3, num_draft = [2, 0, 3] -> rows 0-2 (sequence 0: two draft rows, bonus),
@@ -9,7 +9,9 @@ row 3 (sequence 1: bonus only), rows 4-7 (sequence 2: three draft rows, bonus).
 from __future__ import annotations
 
 import collections
+import functools
 import inspect
+import os
 
 import pytest
 import torch
@@ -17,6 +19,7 @@ import torch
 from fakes import FakeModel
 from test_engine import noisy_copy
 from triton_interpreter import DEVICE
+import verispec
 from verispec import verify_greedy, verify_sample
 from verispec.drafters import DraftModel
 from verispec.engine import Request, Scheduler, SchedulerConfig
@@ -178,6 +181,18 @@ def test_scaled_logits_only_matter_for_sampled_sequences():
 CONVERSIONS = ("cpu", "tolist", "item", "numpy", "__bool__", "__int__", "__float__", "__index__", "__array__")
 
 
+PACKAGE = os.path.dirname(os.path.abspath(verispec.__file__))
+
+
+def _in_package(filename: str) -> str | None:
+    """``filename`` relative to the verispec package ("verify/api.py"), or None outside it. From the package's own
+    location: the checkout's folder may have any name, "verispec" included."""
+    path = os.path.abspath(filename)
+    if not path.startswith(PACKAGE + os.sep):
+        return None
+    return os.path.relpath(path, PACKAGE).replace(os.sep, "/")
+
+
 def _count_reads(monkeypatch, fn) -> collections.Counter:
     """Every tensor -> host conversion made from verispec's own code while ``fn()`` runs, by call site."""
     sites = collections.Counter()
@@ -185,9 +200,9 @@ def _count_reads(monkeypatch, fn) -> collections.Counter:
     def recorder(name, original):
         def conversion(self, *args, **kwargs):
             caller = inspect.currentframe().f_back
-            path = caller.f_code.co_filename.replace("\\", "/")
-            if "/verispec/" in path:
-                sites[(path.split("/verispec/")[1], caller.f_code.co_name, name)] += 1
+            path = _in_package(caller.f_code.co_filename)
+            if path is not None:
+                sites[(path, caller.f_code.co_name, name)] += 1
             return original(self, *args, **kwargs)
         return conversion
 
@@ -223,25 +238,41 @@ def test_the_read_counter_sees_a_second_read(monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------ the engine
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-@pytest.mark.parametrize("position", [0, 3], ids=["first-row", "bonus-row"])
-def test_the_engine_fails_the_round_naming_the_row(backend, temperature, position):
-    if backend == "triton" and DEVICE != "cpu":
-        pytest.skip("the fake model's CPU tensors need the Triton interpreter (TRITON_INTERPRET=1)")
+def _scheduler(backend, requests, max_new_tokens=12):
     target = FakeModel(seed=0, eos_bias=-30.0)
     drafter = DraftModel(noisy_copy(target, 0.15))
     drafter.attach(target)
     sched = Scheduler(target, drafter, SchedulerConfig(3, 64, 3), verify_backend=backend)
-    seqs = [sched.submit(Request(p, 12, temperature=temperature, seed=i, id=i))
-            for i, p in enumerate([[1, 2, 3], [4, 5], [6]])]
+    seqs = [sched.submit(Request(p, max_new_tokens, temperature=t, seed=i, id=i))
+            for i, (p, t) in enumerate(requests)]
+    return target, sched, seqs
+
+
+@functools.lru_cache(maxsize=None)
+def _run_with_nan(backend, temperature, fault) -> tuple:
+    """Requests [1, 2, 3] and [4, 5] at ``temperature``, [6] at the other one, 6 tokens each; ``fault`` = (row,
+    position): NaN there in the target pass of the second round. -> (finish_reason, error, tokens) per request
+    (cached: the fault-free run serves every position)."""
+    requests = [([1, 2, 3], temperature), ([4, 5], temperature), ([6], 1.0 - temperature)]
+    target, sched, seqs = _scheduler(backend, requests, max_new_tokens=6)
     sched.step()
     assert all(s.finish_reason is None for s in seqs)
-    target.nan_at = (1, position)                        # the next target pass: NaN in row 1's logits
-    sched.step()
-    assert [s.finish_reason for s in seqs] == ["error"] * 3
-    assert seqs[1].error == ("RuntimeError: verification refused this round's target logits: "
-                             f"sequence 1: {status.MESSAGES[status.NAN]}")
+    target.nan_at = fault
+    sched.run()
+    return tuple((s.finish_reason, s.error, s.generated) for s in seqs)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("position", [0, 3], ids=["first-row", "bonus-row"])
+def test_the_engine_fails_only_the_row_the_status_word_names(backend, temperature, position):
+    """NaN in row 1's logits: request 1 ends with the reason; the other two run on and emit exactly what they
+    emit without the fault (their rows are verified from their own logits and streams)."""
+    if backend == "triton" and DEVICE != "cpu":
+        pytest.skip("the fake model's CPU tensors need the Triton interpreter (TRITON_INTERPRET=1)")
+    clean, broken = _run_with_nan(backend, temperature, None), _run_with_nan(backend, temperature, (1, position))
+    assert broken[1][:2] == ("error", f"verification refused this round's target logits: {status.MESSAGES[status.NAN]}")
+    assert [clean[0], clean[2]] == [broken[0], broken[2]] and clean[0][:2] == clean[2][:2] == ("length", None)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -252,19 +283,14 @@ def test_a_refused_admission_fails_only_its_own_request(backend):
         pytest.skip("the fake model's CPU tensors need the Triton interpreter (TRITON_INTERPRET=1)")
 
     def run(nan_on_admit):
-        target = FakeModel(seed=0, eos_bias=-30.0)
-        drafter = DraftModel(noisy_copy(target, 0.15))
-        drafter.attach(target)
-        sched = Scheduler(target, drafter, SchedulerConfig(3, 64, 3), verify_backend=backend)
-        seqs = [sched.submit(Request(p, 8, temperature=0.0, id=i)) for i, p in enumerate([[1, 2, 3], [4, 5], [6]])]
+        target, sched, seqs = _scheduler(backend, [([1, 2, 3], 0.0), ([4, 5], 0.0), ([6], 0.0)], 8)
         target.nan_on_admit = nan_on_admit
         sched.run()
         return seqs
 
     clean, broken = run(None), run(1)
     assert broken[1].finish_reason == "error" and broken[1].generated == []
-    assert broken[1].error == ("RuntimeError: verification refused the prompt's logits: "
-                               f"{status.MESSAGES[status.NAN]}")
+    assert broken[1].error == f"verification refused the prompt's logits: {status.MESSAGES[status.NAN]}"
     for a, b in ((clean[0], broken[0]), (clean[2], broken[2])):
         assert b.finish_reason == a.finish_reason != "error" and b.generated == a.generated
 

@@ -5,10 +5,11 @@
     PromptLookup(max_ngram, min_ngram)  copy from the history (no model)
     OracleDraft(continuations, alpha)   benchmarks: chosen acceptance rate, real draft cost
 """
-from .base import Drafter, Proposal, SamplingParams
+from .base import DraftError, Drafter, Proposal, SamplingParams
 from .draft_model import DraftModel
 from .oracle import OracleDraft
 from .prompt_lookup import PromptLookup
 from .self_speculative import SelfSpeculative
 
-__all__ = ["Drafter", "Proposal", "SamplingParams", "DraftModel", "OracleDraft", "PromptLookup", "SelfSpeculative"]
+__all__ = ["Drafter", "DraftError", "Proposal", "SamplingParams", "DraftModel", "OracleDraft", "PromptLookup",
+           "SelfSpeculative"]

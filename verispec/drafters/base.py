@@ -15,6 +15,12 @@ through ``keep``:
 ``attach(target)`` runs once, when a decoder is built: it checks compatibility (vocabulary,
 tokenizer) so that bad pairings fail before any work. ``seq_ids`` are the caller's ids of the
 admitted sequences (``OracleDraft`` uses them to find each sequence's continuation).
+
+Faults (the engine's rule: docs/engine.md, "Faults"): a drafter whose ``propose`` or ``commit`` fails for
+some rows only finishes the other rows' work and then raises ``DraftError`` naming them; the engine fails
+those requests and the others go on untouched. Any other exception names no row: the engine stops calling
+the drafter until every request that was running then has ended. A row whose round failed is committed
+with ``num_accepted`` 0 and ``emitted`` [] (it leaves the batch at the next ``keep``).
 """
 from __future__ import annotations
 
@@ -68,6 +74,33 @@ class Proposal:
     draft_tokens: Tensor
     num_draft: list[int]
     draft_probs: Tensor | None = None
+
+
+class DraftError(RuntimeError):
+    """``propose`` or ``commit`` failed for the rows in ``failed`` (batch row -> reason) only.
+
+    Raised after the drafter finished every other row's work, so its state stays valid for them. From
+    ``propose``, ``proposal`` holds the other rows' drafts (the failed rows with 0 drafts), or None: the
+    round then runs without drafts."""
+
+    def __init__(self, failed: dict[int, str], proposal: Proposal | None = None):
+        super().__init__("; ".join(f"row {b}: {why}" for b, why in sorted(failed.items())))
+        self.failed = dict(failed)
+        self.proposal = proposal
+
+
+def each_row(fn, num_rows: int) -> tuple[list, dict[int, str]]:
+    """[fn(b) for b in range(num_rows)], except that an exception in row b's call becomes b's failure
+    (``failed[b]`` = its reason, its result None) and the other rows still run: the building block of a
+    ``DraftError``."""
+    results, failed = [], {}
+    for b in range(num_rows):
+        try:
+            results.append(fn(b))
+        except Exception as e:  # noqa: BLE001 - one sequence's failure is its own
+            results.append(None)
+            failed[b] = f"{type(e).__name__}: {e}"
+    return results, failed
 
 
 class Drafter:

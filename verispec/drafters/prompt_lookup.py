@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Drafter, Proposal
+from .base import DraftError, Drafter, Proposal, each_row
 
 
 class _History:
@@ -82,22 +82,31 @@ class PromptLookup(Drafter):
         limit = [k if self.num_pred_tokens is None else min(k, self.num_pred_tokens) for k in max_num_draft]
         caps = [min(k, 0 if p else c) for k, c, p in zip(limit, self._cap, self._pause)] if self.adaptive else limit
         self._pause = [max(p - 1, 0) for p in self._pause]
-        drafts = [h.lookup(cap, self.max_ngram, self.min_ngram) if cap else [] for h, cap in zip(self._hist, caps)]
+        drafts, failed = each_row(
+            lambda b: self._hist[b].lookup(caps[b], self.max_ngram, self.min_ngram) if caps[b] else [], len(caps))
+        drafts = [d or [] for d in drafts]                  # a failed row proposes nothing
         num_draft = [len(d) for d in drafts]
         self._last = num_draft
         width = max(num_draft, default=0)
         padded = [d + [0] * (width - len(d)) for d in drafts]
-        return Proposal(torch.tensor(padded, dtype=torch.long).reshape(len(drafts), width), num_draft, None)
+        proposal = Proposal(torch.tensor(padded, dtype=torch.long).reshape(len(drafts), width), num_draft, None)
+        if failed:
+            raise DraftError(failed, proposal)
+        return proposal
+
+    def _commit_row(self, b: int, num_accepted: int, emitted: list[int]) -> None:
+        self._hist[b].extend(emitted)
+        proposed = self._last[b]
+        if proposed:
+            self._cap[b] = min(2 * self._cap[b], 1 << 30) if num_accepted == proposed else num_accepted + 1
+            self._misses[b] = self._misses[b] + 1 if num_accepted == 0 else 0
+            if self._misses[b] >= 2:
+                self._pause[b] = min(1 << (self._misses[b] - 2), 8)
 
     def commit(self, num_accepted, emitted) -> None:
-        for b, (h, e) in enumerate(zip(self._hist, emitted)):
-            h.extend(e)
-            proposed, accepted = self._last[b], num_accepted[b]
-            if proposed:
-                self._cap[b] = min(2 * self._cap[b], 1 << 30) if accepted == proposed else accepted + 1
-                self._misses[b] = self._misses[b] + 1 if accepted == 0 else 0
-                if self._misses[b] >= 2:
-                    self._pause[b] = min(1 << (self._misses[b] - 2), 8)
+        _, failed = each_row(lambda b: self._commit_row(b, num_accepted[b], emitted[b]), len(self._hist))
+        if failed:
+            raise DraftError(failed)
 
     def keep(self, batch_indices) -> None:
         self._hist = [self._hist[i] for i in batch_indices]

@@ -19,6 +19,13 @@ One round (the *folded* loop: no separate forward to commit the certain token):
 ``RunningBatch`` is the round's explicit state (the certain tokens on the device, each row's sampling
 settings and stream offset); ``run_round`` advances it by one round and returns what each row emitted.
 Admission, ends and compaction are the scheduler's (verispec/engine/scheduler.py).
+
+Faults stay with their row where the round can tell whose they are (docs/engine.md, "Faults"): a row whose
+status word is set (e.g. NaN in its logits) or whose drafter failed (``DraftError``) is reported in
+``RoundResult.failed`` and the other rows' outcomes stand, since the target pass, verification and drafting
+compute each row from its own data alone. A drafter exception that names no row makes the round run
+without drafts (``RoundResult.draft_error``). What cannot be pinned on a row (the target pass raising, a
+NUM_DRAFT word: the batch's layout is wrong) raises, and the scheduler fails the whole round.
 """
 from __future__ import annotations
 
@@ -29,9 +36,9 @@ import torch
 from torch import Tensor
 
 from ..device import to_device
-from ..drafters.base import Drafter, SamplingParams
+from ..drafters.base import DraftError, Drafter, Proposal, SamplingParams
 from ..verify import VerifyOutput, verify_greedy, verify_sample
-from ..verify.status import raise_for_status
+from ..verify.status import NUM_DRAFT, describe
 
 
 @dataclass
@@ -68,9 +75,13 @@ class RoundResult:
     """What one round did, per row (host lists), and where its time went (seconds)."""
 
     num_draft: list[int]
-    num_accepted: list[int]
-    emitted: list[list[int]]             # accepted drafts + the recovered/bonus token
+    num_accepted: list[int]              # 0 for a failed row
+    emitted: list[list[int]]             # accepted drafts + the recovered/bonus token; [] for a failed row
     phase_s: dict[str, float] = field(default_factory=dict)   # draft, target, verification, commit
+    failed: dict[int, str] = field(default_factory=dict)      # row -> why its round failed (its request ends)
+    # ("propose" | "commit", the exception): the drafter raised naming no row (after propose the round ran without
+    # drafts; after commit its tokens stand)
+    draft_error: tuple[str, Exception] | None = None
 
 
 class PhaseClock:
@@ -107,23 +118,37 @@ def verification(target_logits: Tensor, draft_tokens: Tensor, num_draft: list[in
         max_num_draft=max_num_draft, check_values=False, backend=backend)
 
 
-def read_outcome(out: VerifyOutput, raise_on_status: bool = True) -> list[list[int]]:
+def read_outcome(out: VerifyOutput) -> list[list[int]]:
     """The verification outcome on the host, in the round's ONE device->host read: per row
-    [num_accepted, tokens (K + 1)..., status]. Raises RuntimeError naming the row (``sequence b``) when its
-    status word is non-zero (``verispec.verify.status``: e.g. NaN logits from the target pass): its tokens
-    mean nothing, and emitting them would be silently wrong. ``raise_on_status=False``: the caller handles
-    each row's status word (the last entry) itself."""
+    [num_accepted, tokens (K + 1)..., status]. A row whose status word (the last entry) is non-zero has
+    tokens that mean nothing (``failed_rows``)."""
     status = out.status if out.status is not None else torch.zeros_like(out.num_accepted)   # a backend without one
     # NOTE: the one host sync per round: the host must learn how many tokens each row emitted (EOS / stop /
     # length checks, the drafter's history, streaming) -- and whether it may use them.
-    rows = torch.cat([out.num_accepted[:, None], out.tokens, status[:, None]], dim=1).cpu().tolist()
-    words = [row[-1] for row in rows]
-    if raise_on_status and any(words):
-        try:
-            raise_for_status(words)
-        except ValueError as e:
-            raise RuntimeError(f"verification refused this round's target logits: {e}") from None
-    return rows
+    return torch.cat([out.num_accepted[:, None], out.tokens, status[:, None]], dim=1).cpu().tolist()
+
+
+def failed_rows(outcome: list[list[int]], what: str) -> dict[int, str]:
+    """Row -> reason for every row of ``read_outcome``'s ``outcome`` whose status word is set: emitting its
+    tokens would be silently wrong, while the other rows' tokens are exact (each row is verified from its
+    own logits rows, drafts and stream alone). A NUM_DRAFT word means the batch's layout is wrong, so no row
+    can be trusted: RuntimeError. ``what`` names the logits (e.g. "this round's target logits")."""
+    words = [row[-1] for row in outcome]
+    if any(w & NUM_DRAFT for w in words):
+        bad = [b for b, w in enumerate(words) if w & NUM_DRAFT]
+        raise RuntimeError(f"verification refused the batch's layout (rows {bad[:5]}): {describe(NUM_DRAFT)[0]}")
+    return {b: f"verification refused {what}: " + "; ".join(describe(w)) for b, w in enumerate(words) if w}
+
+
+def _propose(drafter: Drafter, max_num_draft: list[int]) -> tuple[Proposal | None, dict[int, str], tuple | None]:
+    """drafter.propose, with its faults sorted by owner: (the proposal, or None for a round without drafts;
+    failed rows -> reason; ("propose", an exception that names no row))."""
+    try:
+        return drafter.propose(max_num_draft), {}, None
+    except DraftError as e:
+        return e.proposal, {b: f"drafter: {why}" for b, why in e.failed.items()}, None
+    except Exception as e:  # noqa: BLE001 - no row to blame: this round runs without drafts (the scheduler decides)
+        return None, {}, ("propose", e)
 
 
 def _ragged(logits: Tensor, draft_tokens: Tensor, num_draft: list[int]) -> tuple[Tensor, Tensor]:
@@ -146,13 +171,17 @@ def run_round(target, drafter: Drafter | None, batch: RunningBatch, max_num_draf
     drafter; returns what each row emitted. Exactly one device->host read (the outcome)."""
     device = batch.certain.device
     t0 = clock.now()
+    proposal, failed, draft_error = None, {}, None
     if drafter is not None and max(max_num_draft, default=0) > 0:
-        proposal = drafter.propose(max_num_draft)
-        num_draft = [min(n, m) for n, m in zip(proposal.num_draft, max_num_draft)]
+        proposal, failed, draft_error = _propose(drafter, max_num_draft)
+    if proposal is not None:
+        num_draft = [0 if b in failed else min(n, m)
+                     for b, (n, m) in enumerate(zip(proposal.num_draft, max_num_draft))]
         draft_tokens = to_device(proposal.draft_tokens, device, torch.long)                 # [B, K]
         draft_probs = None if proposal.draft_probs is None else to_device(proposal.draft_probs, device)
         if num_draft != list(proposal.num_draft) and draft_probs is not None:
-            raise RuntimeError("drafter proposed more drafts than asked for along with draft_probs")
+            raise RuntimeError("drafter proposed more drafts than asked for (or drafts for a failed row) along "
+                               "with draft_probs")
     else:
         num_draft, draft_probs = [0] * batch.size, None
         draft_tokens = batch.certain[:, :0]                                                 # [B, 0]
@@ -165,18 +194,24 @@ def run_round(target, drafter: Drafter | None, batch: RunningBatch, max_num_draf
     out = verification(flat_logits, flat_drafts, num_draft, width, draft_probs, batch.sampling, batch.offsets,
                        backend)
     # lengths after the pass = before + K + 1; keep the certain token + the accepted drafts (all of them
-    # when there were none)
+    # when there were none). A failed row's length is meaningless, and it leaves at the next retire.
     if width:
         target.rollback(target.lengths - width + out.num_accepted.to(torch.long))
     # launched before the sync below, so it runs while the host waits
     batch.certain = out.tokens.gather(1, out.num_accepted[:, None].to(torch.long)).to(torch.long)  # [B, 1]
     outcome = read_outcome(out)                                                            # B x [1 + K + 1 + 1]
+    failed.update(failed_rows(outcome, "this round's target logits"))
     t3 = clock.now()
-    num_accepted = [row[0] for row in outcome]
-    emitted = [row[1: a + 2] for row, a in zip(outcome, num_accepted)]
+    num_accepted = [0 if b in failed else row[0] for b, row in enumerate(outcome)]
+    emitted = [[] if b in failed else row[1: a + 2] for b, (row, a) in enumerate(zip(outcome, num_accepted))]
     batch.offsets = [o + 1 for o in batch.offsets]
     if drafter is not None:
-        drafter.commit(num_accepted, emitted)
+        try:
+            drafter.commit(num_accepted, emitted)
+        except DraftError as e:
+            failed.update((b, f"drafter: {why}") for b, why in e.failed.items() if b not in failed)
+        except Exception as e:  # noqa: BLE001 - names no row: the tokens stand, the scheduler sets the drafter aside
+            draft_error = draft_error or ("commit", e)
     t4 = clock.now()
     phases = dict(draft=t1 - t0, target=t2 - t1, verification=t3 - t2, commit=t4 - t3)
-    return RoundResult(num_draft, num_accepted, emitted, phases)
+    return RoundResult(num_draft, num_accepted, emitted, phases, failed, draft_error)

@@ -11,9 +11,18 @@
 The running rows are always the cache prefix [0, B) (see verispec/runtime/cache.py), so the target pass runs
 in the CUDA graph of B's bucket. A request's tokens depend only on itself: the target pass computes each row
 independently, and verification and drafting draw from each request's own seeded stream.
+
+A fault ends the request it belongs to and nothing else (docs/engine.md, "Faults"): a prefill that raises
+is retried one request at a time, a row whose logits verification refuses or whose drafter fails
+(``DraftError``) fails alone. With ``isolate_drafter=True`` (the server) a drafter exception that names no row
+fails nobody: the drafter is set aside (plain decode steps) until every request that was running then has
+ended, then restarts empty with the rows running at that point, none of which has drafted yet; by default it
+propagates out of ``step`` (``generate``: the caller's own drafter is broken). Only a failure of the shared
+target pass fails every running request.
 """
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -24,9 +33,10 @@ import torch
 from ..drafters.base import Drafter, SamplingParams
 from ..runtime.cache import fill_order
 from .request import Request, Sequence
-from ..verify.status import describe
-from .round import PhaseClock, RoundResult, RunningBatch, read_outcome, run_round, verification
+from .round import PhaseClock, RoundResult, RunningBatch, failed_rows, read_outcome, run_round, verification
 from .stats import Stats
+
+log = logging.getLogger(__name__)
 
 KPolicy = Callable[[list[Sequence], int], list[int]]   # (running sequences, K max) -> drafts per row
 
@@ -47,17 +57,19 @@ class Scheduler:
     """One target (+ drafter) serving a stream of ``Request``s; see the module docstring.
 
     ``k_policy(running, k)`` picks each row's number of drafts per round (default: k for every row);
-    ``verify_backend`` goes to verify_greedy / verify_sample; ``timing=True`` synchronizes around phases.
+    ``verify_backend`` goes to verify_greedy / verify_sample; ``timing=True`` synchronizes around phases;
+    ``isolate_drafter=True``: a drafter exception that names no row sets the drafter aside instead of raising.
     """
 
     def __init__(self, target, drafter: Drafter | None, config: SchedulerConfig, *, k_policy: KPolicy | None = None,
-                 verify_backend: str | None = None, timing: bool = False):
+                 verify_backend: str | None = None, timing: bool = False, isolate_drafter: bool = False):
         if config.max_batch_size < 1 or config.max_seq_len < 2:
             raise ValueError(f"max_batch_size must be >= 1 and max_seq_len >= 2, got {config}")
         self.target, self.drafter, self.config = target, drafter, config
         self.k = config.k if drafter is not None else 0
         self.k_policy = k_policy or (lambda running, k: [k] * len(running))
         self.verify_backend = verify_backend
+        self.isolate_drafter = isolate_drafter
         self.clock = PhaseClock(target.device, timing)
         self.timed = timing or target.device.type != "cuda"
         tok = target.tokenizer
@@ -67,6 +79,9 @@ class Scheduler:
         self.running: list[Sequence] = []              # in cache row order
         self.totals = Stats(timed_phases=self.timed)   # counts and phase times of everything run so far
         self.round_hook: Callable[["Scheduler"], None] | None = None   # after every round and its retire (tests)
+        self.drafter_fault: str | None = None          # why the drafter is set aside (None: in use)
+        self.drafter_faults = 0                        # drafter exceptions that named no row, so far
+        self._fault_rows: set[int] = set()             # ids of the requests running at the last such fault
         target.setup_cache(config.max_batch_size, config.max_seq_len, empty=True)
         if drafter is not None:
             drafter.reserve(target, config.max_batch_size, config.max_seq_len)
@@ -142,17 +157,23 @@ class Scheduler:
     def idle(self) -> bool:
         return not self.waiting and not self.running
 
+    @property
+    def drafting(self) -> bool:
+        """Whether the drafter is in use (there is one and it is not set aside after a fault)."""
+        return self.drafter is not None and self.drafter_fault is None
+
     # ------------------------------------------------------------------------------------ the loop
     def step(self) -> list[Sequence]:
         """Admit, run one round, retire; returns the sequences that ended in this step."""
         ended = self._retire()                # cancellations since the last step
-        self._admit()
+        ended += self._admit()                # requests whose admission failed (they never joined the batch)
         ended += self._retire()               # requests done after their first token
         if self.running:
             self._round()
             ended += self._retire()
             if self.round_hook is not None:
                 self.round_hook(self)
+        self._restart_drafter()
         return ended
 
     def run(self) -> None:
@@ -165,50 +186,134 @@ class Scheduler:
         return SamplingParams(tuple(float(r.temperature) for r in reqs), tuple(int(r.top_k) for r in reqs),
                               tuple(float(r.top_p) for r in reqs), tuple(int(r.seed) for r in reqs))
 
-    def _admit(self) -> None:
+    def _admit(self) -> list[Sequence]:
+        """Admit waiting requests into free rows; returns those whose admission raised (they end at once)."""
         free = self.config.max_batch_size - len(self.running)
         if free <= 0 or not self.waiting:
-            return
+            return []
         new = [self.waiting.popleft() for _ in range(min(free, len(self.waiting)))]
         t0 = time.perf_counter()
-        prompts = [s.request.prompt for s in new]
-        sampling = self._sampling(new)
-        logits = self.target.admit(prompts)                                                 # [n, V]
-        none = torch.zeros(0, dtype=torch.long, device=logits.device)
-        first = verification(logits, none, [0] * len(new), 0, None, sampling, [0] * len(new), self.verify_backend)
-        # NOTE: host sync: the first tokens decide EOS / stop and seed the drafter's history; a row whose status
-        # word is set (e.g. NaN logits from its prompt) is admitted, fails with the reason and leaves at the next
-        # retire, without a token
-        outcome = read_outcome(first, raise_on_status=False)
-        first_host = [row[1] for row in outcome]
-        refused = {j: "; ".join(describe(row[-1])) for j, row in enumerate(outcome) if row[-1]}
-        if self.drafter is not None:
-            self.drafter.admit([s.request.id for s in new], prompts, first_host, sampling)
-        self.batch.extend(first.tokens[:, :1].to(torch.long), sampling, [1] * len(new))
-        t1 = self.clock.now()
-        for j, (seq, token) in enumerate(zip(new, first_host)):
+        try:
+            certain, outcome = self._prefill(new)
+            refused: list[Sequence] = []
+        except Exception:  # noqa: BLE001 - whose fault? One at a time: a request whose own prefill raises fails alone
+            certain, outcome, refused = self._prefill_one_by_one(new)
+            new = [s for s in new if s not in refused]
+        if new:
+            first_host = [row[1] for row in outcome]
+            bad = failed_rows(outcome, "the prompt's logits")
+            sampling = self._sampling(new)
+            if self.drafting:
+                self._call_drafter("admit", [s.request.id for s in new], [s.request.prompt for s in new],
+                                   first_host, sampling)
+            self.batch.extend(certain, sampling, [1] * len(new))
+            t1 = self.clock.now()
+            for j, (seq, token) in enumerate(zip(new, first_host)):
+                seq.stats.queue_s = t0 - seq.request.submitted_at
+                seq.stats.prefill_s = t1 - t0
+                if j in bad:          # admitted without a token; it leaves at the next retire
+                    seq.finish_reason, seq.error = "error", bad[j]
+                else:
+                    self._deliver(seq, [token])
+            self.running += new
+        now = time.perf_counter()
+        for seq in refused:
             seq.stats.queue_s = t0 - seq.request.submitted_at
-            seq.stats.prefill_s = t1 - t0
-            if j in refused:
-                seq.finish_reason = "error"
-                seq.error = f"RuntimeError: verification refused the prompt's logits: {refused[j]}"
-            else:
-                self._deliver(seq, [token])
-        self.running += new
+            seq.stats.total_s = now - seq.request.submitted_at
+        return refused
+
+    def _prefill(self, seqs: list[Sequence]) -> tuple[torch.Tensor, list[list[int]]]:
+        """Target prefill of ``seqs`` into the rows after the running ones and their first token (verification
+        with 0 drafts) -> (first tokens [n, 1] on the device, ``read_outcome`` rows on the host)."""
+        sampling = self._sampling(seqs)
+        logits = self.target.admit([s.request.prompt for s in seqs])                       # [n, V]
+        none = torch.zeros(0, dtype=torch.long, device=logits.device)
+        first = verification(logits, none, [0] * len(seqs), 0, None, sampling, [0] * len(seqs),
+                             self.verify_backend)
+        # NOTE: host sync: the first tokens decide EOS / stop and seed the drafter's history
+        return first.tokens[:, :1].to(torch.long), read_outcome(first)
+
+    def _prefill_one_by_one(self, seqs: list[Sequence]) -> tuple[torch.Tensor | None, list[list[int]], list[Sequence]]:
+        """After a group prefill raised: each request alone, so that a failure (out of memory, a prompt the
+        model refuses) is its own -> (first tokens, outcome rows of the admitted ones, the refused ones)."""
+        certain, outcome, refused = [], [], []
+        for seq in seqs:
+            self._drop_rows_from(len(self.running) + len(outcome))          # a failed admit's partial rows
+            try:
+                c, rows = self._prefill([seq])
+            except Exception as e:  # noqa: BLE001 - this request's own admission failed
+                seq.finish_reason, seq.error = "error", f"admission failed: {type(e).__name__}: {e}"
+                refused.append(seq)
+                continue
+            certain.append(c)
+            outcome += rows
+        self._drop_rows_from(len(self.running) + len(outcome))
+        return (torch.cat(certain) if certain else None), outcome, refused
+
+    def _drop_rows_from(self, num_rows: int) -> None:
+        """Cut the target's batch back to its first ``num_rows`` rows (rows a failed admit may have added)."""
+        if len(self.target.lengths) > num_rows:
+            self.target.keep(list(range(num_rows)))
 
     def _round(self) -> None:
-        caps = self.k_policy(self.running, self.k) if self.k else [0] * len(self.running)
+        drafter = self.drafter if self.drafting else None
+        caps = self.k_policy(self.running, self.k) if self.k and drafter is not None else [0] * len(self.running)
         try:
-            result = run_round(self.target, self.drafter, self.batch, caps, self.clock, self.verify_backend)
-        except Exception as e:  # noqa: BLE001 - the round is shared: every running request fails with it
+            result = run_round(self.target, drafter, self.batch, caps, self.clock, self.verify_backend)
+        except Exception as e:  # noqa: BLE001 - the target pass is shared: every running request fails with it
             self._fail_running(e)
             return
+        if result.draft_error is not None:
+            self._drafter_failed(*result.draft_error)
         self._account(result)
-        for seq, chunk, n, a in zip(self.running, result.emitted, result.num_draft, result.num_accepted):
+        for b, (seq, chunk, n, a) in enumerate(zip(self.running, result.emitted, result.num_draft,
+                                                   result.num_accepted)):
             seq.stats.add_round(n, a)
             seq.rounds_done += 1
-            if seq.finish_reason is None:
+            if seq.finish_reason is not None:
+                continue
+            if b in result.failed:
+                seq.finish_reason, seq.error = "error", result.failed[b]
+            else:
                 self._deliver(seq, chunk)
+
+    # ------------------------------------------------------------------------------------ drafter faults
+    def _call_drafter(self, what: str, *args) -> None:
+        """drafter.<what>(*args); an exception sets the drafter aside (``_drafter_failed``)."""
+        try:
+            getattr(self.drafter, what)(*args)
+        except Exception as e:  # noqa: BLE001 - names no row: nobody fails, the drafter is set aside
+            self._drafter_failed(what, e)
+
+    def _drafter_failed(self, what: str, error: Exception) -> None:
+        """The drafter raised without naming a row: its state can no longer be trusted for any row, and failing
+        one request would be a guess. Drafting stops (plain decode steps, exact) until every request running now
+        has ended; ``_restart_drafter`` then starts it afresh. Without ``isolate_drafter``: raise ``error``."""
+        if not self.isolate_drafter:
+            raise error
+        self.drafter_fault = f"drafter.{what}: {type(error).__name__}: {error}"
+        self.drafter_faults += 1
+        self._fault_rows = {s.request.id for s in self.running}
+        log.warning("%s; drafting stops until the %d running requests have ended", self.drafter_fault,
+                    len(self._fault_rows))
+
+    def _restart_drafter(self) -> None:
+        """After a fault, once no request that was running at it remains: the drafter drops every row and takes
+        in the running ones from their histories. None of them has drafted yet (they joined while it was set
+        aside), so their draft streams start at 0 as in a run without the fault: sampling stays exact."""
+        if self.drafter_fault is None or any(s.request.id in self._fault_rows for s in self.running):
+            return
+        try:
+            self.drafter.keep([])
+            if self.running:
+                history = [s.request.prompt + s.generated for s in self.running]
+                self.drafter.admit([s.request.id for s in self.running], [h[:-1] for h in history],
+                                   [h[-1] for h in history], self.batch.sampling)
+        except Exception as e:  # noqa: BLE001 - stays aside until these requests have ended too
+            self._drafter_failed("restart", e)
+            return
+        log.warning("the drafter is back in use after: %s", self.drafter_fault)
+        self.drafter_fault = None
 
     def _deliver(self, seq: Sequence, chunk: list[int]) -> None:
         kept = seq.emit(chunk, self.eos, self.decode)
@@ -251,8 +356,8 @@ class Scheduler:
         # rows stay put where they can; the tail fills the holes (keep copies only the rows that move)
         order = fill_order(len(self.running), still)
         self.target.keep(order)
-        if self.drafter is not None:
-            self.drafter.keep(order)
+        if self.drafting:
+            self._call_drafter("keep", order)
         self.batch.keep(order)
         self.running = [self.running[j] for j in order]
         return ended

@@ -3,13 +3,20 @@
     POST /v1/completions         prompt (text or token ids) -> text; ``stream`` for SSE chunks
     POST /v1/chat/completions    messages -> the tokenizer's chat template -> an assistant message
     GET  /v1/models              the one served model
-    GET  /health                 200 while the engine thread runs, 503 otherwise
+    GET  /health                 200 while the engine takes requests, 503 (with the reason) otherwise
     GET  /metrics                Prometheus text
 
-Every choice (the final chunk when streaming) carries ``speculative_decoding_stats`` and ``token_ids``
-(the generated ids, an ending EOS included, so that clients can check exactness token for token).
-Errors: 400 (bad field, named in ``error.param``), 429 (queue full), 500 (this request's generation
-failed; when streaming, an ``error`` chunk before ``[DONE]``), 503 (shutting down).
+Every choice carries ``token_ids`` (the generated ids, an ending EOS included, so that clients can check
+exactness token for token; when streaming, each chunk carries the ids it adds) and, on the final chunk when
+streaming, ``speculative_decoding_stats``. Errors, all as OpenAI's error JSON and counted in ``/metrics``: 400
+(bad field, named in ``error.param``), 404 / 405 (no such endpoint / method), 429 (queue full), 500 (this
+request's generation failed, or the engine did; when streaming, an ``error`` chunk before ``[DONE]``), 503
+(shutting down, or the engine is dead).
+
+No wait is unbounded: a handler waits for its engine events in slices of ``POLL_S`` and gives up with a 500
+when the engine has become unresponsive or no longer knows its request (``EngineLoop.unresponsive`` /
+``lost``). A client that disconnects cancels its request: a stream's generator is cancelled by the ASGI
+server, a whole response's handler listens for the disconnect message (no polling, here or in the engine).
 """
 from __future__ import annotations
 
@@ -19,17 +26,20 @@ import time
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Request as HTTPRequest
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from ..engine import QueueFull, Request
 from ..engine.request import Sequence
 from ..verify import rng
-from .engine import EngineLoop, Handle
+from .engine import EngineLoop, EngineUnavailable, Handle
 from .metrics import Metrics
 from .protocol import BadRequest, GenerationParams, decoding_stats, error_body, parse_completion
 from .text import IncrementalText
 
 CHAT_DEFAULT_MAX_TOKENS = 256
+POLL_S = 1.0                        # a handler's longest wait before it checks on the engine
 
 
 @dataclass(frozen=True)
@@ -66,14 +76,16 @@ def _encode(params: GenerationParams, served: ServedModel) -> list[int]:
 
 def _max_tokens(params: GenerationParams, prompt: list[int], served: ServedModel) -> int:
     room = served.max_seq_len - len(prompt) - served.lookahead
+    if room < 1:                                       # the prompt alone leaves no room: its fault, not max_tokens'
+        raise BadRequest("messages" if params.messages is not None else "prompt",
+                         f"the prompt has {len(prompt)} tokens: with the lookahead of {served.lookahead} it leaves no "
+                         f"room for a new token in the context of {served.max_seq_len} tokens; shorten it")
     if params.max_tokens is None:                      # chat without a limit: what fits, up to a default
-        if room < 1:
-            raise BadRequest("messages", f"the prompt has {len(prompt)} tokens: no room left in the context of "
-                                         f"{served.max_seq_len} tokens")
         return min(CHAT_DEFAULT_MAX_TOKENS, room)
     if params.max_tokens > room:
         raise BadRequest("max_tokens", f"prompt ({len(prompt)} tokens) + max_tokens {params.max_tokens} + lookahead "
-                                       f"{served.lookahead} exceeds the context of {served.max_seq_len} tokens")
+                                       f"{served.lookahead} exceeds the context of {served.max_seq_len} tokens: "
+                                       f"max_tokens can be at most {room} for this prompt")
     return params.max_tokens
 
 
@@ -103,11 +115,52 @@ class _Handlers:
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise BadRequest(None, f"the request body is not valid JSON: {e}") from e
 
+    async def next_event(self, handle: Handle) -> tuple:
+        """The next ("tokens", ids) or ("end", Sequence) of ``handle``; ("lost", reason) when the engine can no
+        longer deliver it (dead, stuck, or it does not know the request): a bounded wait."""
+        while True:
+            try:
+                return await asyncio.wait_for(handle.events.get(), POLL_S)
+            except asyncio.TimeoutError:
+                problem = self.engine.unresponsive()
+                if problem is None and self.engine.lost(handle) and handle.events.empty():
+                    problem = "the engine lost track of this request"
+                if problem is not None:
+                    return "lost", problem
+
+    async def submit(self, handle: Handle):
+        """Hand ``handle`` to the engine -> its Sequence; raises what the engine refused it with, or
+        EngineUnavailable when the engine stops answering (a bounded wait)."""
+        answer = asyncio.wrap_future(self.engine.submit(handle))
+        while True:
+            done, _ = await asyncio.wait({answer}, timeout=POLL_S)
+            if done:
+                return answer.result()
+            problem = self.engine.unresponsive()
+            if problem is not None:
+                self.engine.cancel(handle.request.id)        # should the submission still land
+                raise EngineUnavailable(problem)
+
+    async def cancel_on_disconnect(self, http: HTTPRequest, handle: Handle) -> None:
+        """Wait for the client to go away, then cancel its request. The body was read, so the ASGI server's next
+        message is the disconnect: event-driven, no polling."""
+        while (await http.receive())["type"] != "http.disconnect":
+            pass
+        handle.disconnected = True
+        self.engine.cancel(handle.request.id)
+
     async def generate(self, http: HTTPRequest, chat: bool):
-        if not self.engine.alive:
-            return _error(503, "the server is shutting down", "service_unavailable", self.metrics)
+        problem = self.engine.problem()
+        if problem is not None:
+            return _error(503, problem, "service_unavailable", self.metrics)
         try:
-            params = parse_completion(await self.body_of(http), chat=chat, model_name=self.served.name)
+            body = await self.body_of(http)
+        except ClientDisconnect:             # gone before its request was read: nothing was asked, nothing to count
+            return Response(status_code=499)
+        except BadRequest as e:
+            return _error(400, str(e), "invalid_request_error", self.metrics, e.param)
+        try:
+            params = parse_completion(body, chat=chat, model_name=self.served.name)
             prompt = _encode(params, self.served)
             max_tokens = _max_tokens(params, prompt, self.served)
         except BadRequest as e:
@@ -116,29 +169,39 @@ class _Handlers:
         request = Request(prompt, max_tokens, params.temperature, params.top_k, params.top_p, seed, params.stop)
         handle = Handle(request, asyncio.get_running_loop())
         try:
-            await asyncio.wrap_future(self.engine.submit(handle))
+            await self.submit(handle)
         except QueueFull as e:
             return _error(429, f"too many requests waiting: {e}; retry later", "rate_limit_error", self.metrics)
-        except ValueError as e:
-            return _error(400, str(e), "invalid_request_error", self.metrics, "max_tokens")
-        except RuntimeError as e:
+        except ValueError as e:          # the scheduler's own check (the ones above should have caught it)
+            return _error(400, str(e), "invalid_request_error", self.metrics)
+        except EngineUnavailable as e:
             return _error(503, str(e), "service_unavailable", self.metrics)
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{request.id}"
         if params.stream:
-            return StreamingResponse(self.stream(handle, params, chat, ident), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+            return _Stream(self.stream(handle, params, chat, ident), lambda: self.release(handle))
         return await self.complete(http, handle, chat, ident)
 
+    def release(self, handle: Handle) -> None:
+        """The handler is done with ``handle``: if the engine still runs the request (the client went away, the
+        handler was cancelled), cancel it so that its slot frees at the next step."""
+        if not handle.done:
+            self.engine.cancel(handle.request.id)
+
     async def complete(self, http: HTTPRequest, handle: Handle, chat: bool, ident: str):
+        watcher = asyncio.create_task(self.cancel_on_disconnect(http, handle))
         try:
             while True:
-                kind, payload = await handle.events.get()
-                if kind == "end":
+                kind, payload = await self.next_event(handle)
+                if kind != "tokens":
                     break
         finally:
-            if not handle.done:              # the handler was cancelled (client gone): free the slot
-                self.engine.cancel(handle.request.id)
+            watcher.cancel()
+            self.release(handle)
+        if kind == "lost":
+            return _error(500, f"generation failed: {payload}", "server_error", self.metrics)
         seq: Sequence = payload
+        if handle.disconnected:              # nobody is listening: nothing to count as an HTTP error
+            return Response(status_code=499)
         if seq.finish_reason == "error":
             return _error(500, f"generation failed: {seq.error}", "server_error", self.metrics)
         if seq.finish_reason == "cancelled":
@@ -175,10 +238,15 @@ class _Handlers:
             if chat:
                 yield self.chunk(ident, chat, "", [], first=True)
             while True:
-                kind, payload = await handle.events.get()
+                kind, payload = await self.next_event(handle)
                 if kind == "tokens":
                     yield self.chunk(ident, chat, text.add(payload), payload)
                     continue
+                if kind == "lost":                   # the engine cannot deliver the end: say so, and stop waiting
+                    self.metrics.http_error(500)
+                    yield f"data: {json.dumps(error_body(f'generation failed: {payload}', 'server_error'))}\n\n"
+                    yield "data: [DONE]\n\n"
+                    return
                 seq: Sequence = payload
                 if seq.finish_reason == "error":
                     self.metrics.http_error(500)
@@ -195,14 +263,48 @@ class _Handlers:
                 yield "data: [DONE]\n\n"
                 return
         finally:
-            if not handle.done:              # the client went away mid-stream: free the slot
-                self.engine.cancel(handle.request.id)
+            self.release(handle)
+
+
+class _Stream(StreamingResponse):
+    """Server-sent events that call ``on_close`` however the response ends. The generator's own ``finally`` is
+    not enough: a client that disconnects before the first chunk gets the generator cancelled before it ever
+    started, and an unstarted generator runs no ``finally``."""
+
+    def __init__(self, events, on_close):
+        super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
 
 
 def build_app(engine: EngineLoop, served: ServedModel, metrics: Metrics) -> FastAPI:
     """The FastAPI app: each route is one line over ``_Handlers``."""
     app = FastAPI(title="verispec", docs_url=None, redoc_url=None)
     h = _Handlers(engine, served, metrics)
+
+    @app.exception_handler(HTTPException)
+    async def http_exception(http: HTTPRequest, exc: HTTPException):
+        # routing's own answers (no such path, wrong method) in OpenAI's error JSON, counted like every error
+        if exc.status_code == 404:
+            message = f"no endpoint {http.method} {http.url.path}: see /v1/completions, /v1/chat/completions, " \
+                      f"/v1/models, /health, /metrics"
+        elif exc.status_code == 405:
+            message = f"{http.url.path} does not take {http.method} (allowed: {(exc.headers or {}).get('Allow', '?')})"
+        else:
+            message = str(exc.detail)
+        response = _error(exc.status_code, message, "invalid_request_error", metrics)
+        response.headers.update(exc.headers or {})
+        return response
+
+    @app.exception_handler(Exception)
+    async def unexpected(http: HTTPRequest, exc: Exception):
+        # a bug in a handler: still OpenAI's JSON and counted (the ASGI server logs the traceback)
+        return _error(500, f"internal error: {type(exc).__name__}: {exc}", "server_error", metrics)
 
     @app.post("/v1/completions")
     async def completions(http: HTTPRequest):
@@ -222,9 +324,10 @@ def build_app(engine: EngineLoop, served: ServedModel, metrics: Metrics) -> Fast
 
     @app.get("/health")
     async def health():
-        if h.engine.alive:
+        problem = h.engine.problem()
+        if problem is None:
             return {"status": "ok"}
-        return JSONResponse({"status": "unavailable"}, status_code=503)
+        return JSONResponse({"status": "unavailable", "reason": problem}, status_code=503)
 
     @app.get("/metrics")
     async def prometheus():

@@ -9,14 +9,23 @@ commands in a thread-safe inbox and wake the loop. Tokens come back through each
     submit(request) -> Future  --->  scheduler.submit (ValueError / QueueFull set on the Future)
     await tokens / end         <---  step(): on_tokens(kept) ... end(sequence)
     cancel(request_id)         --->  scheduler.cancel (a running request ends at the next step)
+
+Supervision. Each pass of the loop (commands, one step, the ends) runs under a guard. An exception that
+escapes it means the scheduler's state can no longer be trusted: the requests in flight fail with the
+reason (HTTP 500; logged with its traceback), the requests still waiting keep their place in a fresh
+scheduler, and the loop goes on (``_recover``). If it cannot go on (no fresh scheduler can be built, or the
+guard itself breaks) the engine is dead (``_die``): every request in flight fails, later ones get 503,
+``/health`` turns 503 and ``on_fatal`` tells the server to exit non-zero so that a supervisor restarts it.
+Handlers never wait unboundedly: they wait in slices and between two ask ``unresponsive()`` (dead, or stuck
+in one step for more than ``stall_s``) and whether the engine still knows their request (``lost``).
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 import time
-import traceback
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable
@@ -25,6 +34,12 @@ import torch
 
 from ..engine import Request, Scheduler, Sequence
 from .metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine takes no requests: the server is shutting down, or the engine is dead (HTTP 503)."""
 
 
 @dataclass
@@ -35,40 +50,82 @@ class Handle:
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     sequence: Sequence | None = None
-    done: bool = False
+    done: bool = False              # set by the engine thread just before it sends the end
+    disconnected: bool = False      # the client went away (set by its handler)
 
     def push(self, event: tuple) -> None:
-        """From the engine thread: ("tokens", [ids]) or ("end", Sequence)."""
-        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        """From the engine thread: ("tokens", [ids]) or ("end", Sequence). A closed event loop (the server has
+        gone) has no one left to tell."""
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:
+            pass
 
 
 class EngineLoop:
-    """Owns ``make_scheduler()``'s scheduler on a background thread; see the module docstring."""
+    """Owns ``make_scheduler()``'s scheduler on a background thread; see the module docstring.
 
-    def __init__(self, make_scheduler: Callable[[], Scheduler], metrics: Metrics, idle_wait_s: float = 0.5):
+    ``stall_s``: a step running longer than this makes the engine unresponsive (handlers give up with 500,
+    ``/health`` says 503) -- far above any real step (a round is milliseconds, an admission seconds).
+    ``on_fatal(reason)``: called once, from the engine thread, when the engine dies.
+    """
+
+    def __init__(self, make_scheduler: Callable[[], Scheduler], metrics: Metrics, idle_wait_s: float = 0.5,
+                 stall_s: float = 300.0, on_fatal: Callable[[str], None] | None = None):
         self.make_scheduler = make_scheduler
         self.scheduler = make_scheduler()
         self.metrics = metrics
         self.idle_wait_s = idle_wait_s
+        self.stall_s = stall_s
+        self.on_fatal = on_fatal
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.wake = threading.Event()
-        self.handles: dict[int, Handle] = {}          # engine thread only
+        self.handles: dict[int, Handle] = {}          # written by the engine thread only
         self.stopping = False
+        self.fatal: str | None = None                  # why the engine died (None while it lives)
+        self.step_started: float | None = None        # monotonic start of the step now running
+        self.failures = 0                              # passes of the loop that raised and were recovered
         self.thread = threading.Thread(target=self._run, name="verispec-engine", daemon=True)
 
     # ------------------------------------------------------------------ from any thread
     def start(self) -> None:
         self.thread.start()
 
+    def unresponsive(self) -> str | None:
+        """Why the engine can no longer answer the requests it holds (None while it can): it died, its thread
+        is gone, or one step has run for more than ``stall_s``."""
+        if self.fatal is not None:
+            return f"the engine stopped: {self.fatal}"
+        if not self.thread.is_alive():
+            return "the engine thread is not running"
+        started = self.step_started
+        if started is not None and time.monotonic() - started > self.stall_s:
+            return f"the engine has been stuck in one step for {time.monotonic() - started:.0f} s"
+        return None
+
+    def problem(self) -> str | None:
+        """Why the engine takes no new request now (None while it does)."""
+        if self.stopping and self.fatal is None:
+            return "the server is shutting down"
+        return self.unresponsive()
+
     @property
     def alive(self) -> bool:
-        return self.thread.is_alive() and not self.stopping
+        return self.problem() is None
+
+    def lost(self, handle: Handle) -> bool:
+        """The engine holds no end for ``handle``: not sent (``done``), and the request is not among those it
+        serves (a bug; the handler must not wait for an end that will never come). The engine registers a
+        request before it answers the submission, so a handler that has its Sequence asks safely."""
+        return not handle.done and handle.request.id not in self.handles
 
     def submit(self, handle: Handle) -> Future:
-        """Queue ``handle.request``; the Future resolves to its Sequence or raises ValueError / QueueFull."""
+        """Queue ``handle.request``; the Future resolves to its Sequence or raises ValueError / QueueFull /
+        EngineUnavailable."""
         fut: Future = Future()
-        if self.stopping:
-            fut.set_exception(RuntimeError("the server is shutting down"))
+        problem = self.problem()
+        if problem is not None:
+            fut.set_exception(EngineUnavailable(problem))
             return fut
         handle.request.on_tokens = lambda req, toks: handle.push(("tokens", toks))
         self.inbox.put(("submit", handle, fut))
@@ -91,17 +148,30 @@ class EngineLoop:
 
     # ------------------------------------------------------------------ engine thread
     def _run(self) -> None:
-        with torch.no_grad():
-            while True:
-                if not self._drain_inbox():
-                    break
-                if self.scheduler.idle:
-                    self.metrics.set_load(0, 0)
-                    self.wake.wait(self.idle_wait_s)
-                    self.wake.clear()
-                    continue
-                self._step()
-        self._cancel_all()
+        try:
+            with torch.no_grad():
+                while self._pass():
+                    pass
+            if self.fatal is None:
+                self._cancel_all()
+        except BaseException as e:  # noqa: BLE001 - the guard itself broke: nothing can be trusted any more
+            self._die(f"{type(e).__name__}: {e}", e)
+
+    def _pass(self) -> bool:
+        """One pass of the loop under the guard; False once told to stop (or dead)."""
+        try:
+            if not self._drain_inbox():
+                return False
+            if self.scheduler.idle:
+                self.metrics.set_load(0, 0)
+                self.wake.wait(self.idle_wait_s)
+                self.wake.clear()
+                return True
+            self._step()
+        except Exception as e:  # noqa: BLE001 - the engine must outlive any request
+            self.step_started = None
+            return self._recover(e)
+        return True
 
     def _drain_inbox(self) -> bool:
         """Apply queued commands; False once told to stop."""
@@ -134,19 +204,20 @@ class EngineLoop:
             self._end(handle)
 
     def _end(self, handle: Handle) -> None:
+        handle.done = True                                  # before the pop: ``lost`` must never see neither
         self.handles.pop(handle.request.id, None)
-        handle.done = True
-        self.metrics.finished(handle.sequence)
+        try:
+            self.metrics.finished(handle.sequence)
+        except Exception:  # noqa: BLE001 - a metrics bug must not keep a request from its end
+            log.exception("metrics failed for request %s", handle.request.id)
         handle.push(("end", handle.sequence))
 
     def _step(self) -> None:
         t0 = time.perf_counter()
+        self.step_started = time.monotonic()
         rounds_before = self.scheduler.totals.rounds
-        try:
-            ended = self.scheduler.step()
-        except Exception as e:  # noqa: BLE001 - the engine must outlive any request
-            self._recover(e)
-            return
+        ended = self.scheduler.step()
+        self.step_started = None
         if self.scheduler.totals.rounds != rounds_before:
             self.metrics.round(time.perf_counter() - t0)
         for seq in ended:
@@ -155,27 +226,62 @@ class EngineLoop:
                 self._end(handle)
         self.metrics.set_load(len(self.scheduler.running), len(self.scheduler.waiting))
 
-    def _recover(self, error: Exception) -> None:
-        """A step raised outside a round (the round itself fails its rows): the batch state can no longer be
-        trusted, so every request in flight fails with the error and the scheduler starts afresh."""
-        message = f"{type(error).__name__}: {error}"
-        traceback.print_exc()
+    def _recover(self, error: Exception) -> bool:
+        """An exception escaped a pass: the scheduler's state can no longer be trusted. Requests in flight (running,
+        or caught between the queue and the batch) that had not ended fail with the reason; requests still waiting
+        keep their place, in order, in a fresh scheduler; ended ones get their end. False if no fresh scheduler can
+        be built: the engine is dead."""
+        reason = f"{type(error).__name__}: {error}"
+        self.failures += 1
+        log.error("the engine failed (%s); failing the requests in flight and going on", reason, exc_info=error)
+        waiting = list(self.scheduler.waiting)
+        try:
+            self.scheduler = self.make_scheduler()
+        except Exception as e:  # noqa: BLE001 - no scheduler, no engine
+            self._die(f"{reason}; then no fresh scheduler could be built: {type(e).__name__}: {e}", e)
+            return False
+        self.scheduler.waiting.extend(waiting)
+        queued = {seq.request.id for seq in waiting}
         for handle in list(self.handles.values()):
+            if handle.request.id in queued:
+                continue
             seq = handle.sequence
-            if seq.finish_reason != "cancelled":
-                seq.finish_reason, seq.error = "error", message
+            if seq.finish_reason is None:
+                seq.finish_reason, seq.error = "error", f"the engine failed: {reason}"
             self._end(handle)
-        self.scheduler = self.make_scheduler()
+        self.metrics.set_load(0, len(waiting))
+        return True
+
+    def _die(self, reason: str, error: BaseException | None = None) -> None:
+        """The engine cannot go on: fail every request it holds or is handed, and tell the server."""
+        self.fatal = reason
+        log.critical("the engine is dead: %s", reason, exc_info=error)
+        for handle in list(self.handles.values()):
+            try:
+                if handle.sequence.finish_reason is None:
+                    handle.sequence.finish_reason, handle.sequence.error = "error", f"the engine stopped: {reason}"
+                self._end(handle)
+            except Exception:  # noqa: BLE001 - keep ending the others
+                log.exception("could not end request %s", handle.request.id)
+        self._refuse_queued(f"the engine stopped: {reason}")
+        if self.on_fatal is not None:
+            try:
+                self.on_fatal(reason)
+            except Exception:  # noqa: BLE001
+                log.exception("on_fatal failed")
+
+    def _refuse_queued(self, message: str) -> None:
+        while True:                       # submissions that raced the stop (or the death)
+            try:
+                kind, what, fut = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "submit":
+                fut.set_exception(EngineUnavailable(message))
 
     def _cancel_all(self) -> None:
         for handle in list(self.handles.values()):
             if handle.sequence.finish_reason is None:
                 handle.sequence.finish_reason = "cancelled"
             self._end(handle)
-        while True:                       # submissions that raced the stop
-            try:
-                kind, what, fut = self.inbox.get_nowait()
-            except queue.Empty:
-                break
-            if kind == "submit":
-                fut.set_exception(RuntimeError("the server is shutting down"))
+        self._refuse_queued("the server is shutting down")

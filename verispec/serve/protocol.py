@@ -146,7 +146,9 @@ def parse_completion(body, *, chat: bool, model_name: str) -> GenerationParams:
     if not isinstance(body, dict):
         raise BadRequest(None, "the request body must be a JSON object")
     model = body.get("model")
-    if model is not None and model != model_name:
+    if model is None:
+        raise BadRequest("model", f"'model' is required: this server serves {model_name!r}")
+    if model != model_name:
         raise BadRequest("model", f"model {model!r} is not served here; this server serves {model_name!r}")
     _refuse_unsupported(body, chat)
     prompt = None if chat else _prompt(body)

@@ -7,12 +7,17 @@ import signal
 import sys
 import threading
 
+from fastapi import FastAPI
+
 from ..engine import Scheduler, SchedulerConfig
 from ..engine.auto_k import AutoK, CostTable, default_batch_sizes, measure_costs
 from .app import ServedModel, build_app
 from .cli import served_name
 from .engine import EngineLoop
 from .metrics import Metrics
+
+
+DRAIN_S = 1.0        # seconds the port stays open after a stop signal (or the engine's death), answering 503
 
 
 def _log(message: str) -> None:
@@ -54,10 +59,9 @@ def cost_table(args, target, drafter, k_max: int) -> CostTable:
     return table
 
 
-def run_server(args) -> int:
-    import uvicorn
-
-    target, drafter = load_target_and_drafter(args)
+def assemble(target, drafter, args) -> tuple[EngineLoop, FastAPI]:
+    """The engine thread (not started) and the app over a loaded target and drafter; ``args``: verispec serve's
+    settings (``cli.add_arguments``)."""
     limit = getattr(target.config, "max_position_embeddings", None)
     if limit is not None and args.max_seq_len > limit:
         raise ValueError(f"--max-seq-len {args.max_seq_len} exceeds the model's max_position_embeddings {limit}")
@@ -67,16 +71,43 @@ def run_server(args) -> int:
     config = SchedulerConfig(args.max_batch_size, args.max_seq_len, k, args.max_waiting)
     name = served_name(args)
     metrics = Metrics(name)
-    engine = EngineLoop(lambda: Scheduler(target, drafter, config, k_policy=policy), metrics)
+    # isolate_drafter: a drafter exception that names no request sets the drafter aside instead of failing requests
+    engine = EngineLoop(lambda: Scheduler(target, drafter, config, k_policy=policy, isolate_drafter=True), metrics)
     served = ServedModel(name, target.tokenizer, target.config.vocab_size, args.max_seq_len, k + 1)
-    app = build_app(engine, served, metrics)
+    _log(f"{name}: drafter {type(drafter).__name__ if drafter else 'none'}, k={'auto' if policy else k}, "
+         f"max batch {args.max_batch_size}, max_seq_len {args.max_seq_len}")
+    return engine, build_app(engine, served, metrics)
+
+
+def run_server(args) -> int:
+    target, drafter = load_target_and_drafter(args)
+    engine, app = assemble(target, drafter, args)
+    return serve(engine, app, args)
+
+
+def serve(engine: EngineLoop, app: FastAPI, args) -> int:
+    """Run uvicorn until SIGINT / SIGTERM (exit 0) or the engine's death (exit 1). Either way the port stays open
+    ``DRAIN_S`` more seconds, answering 503 (a client sees the documented refusal, not "connection refused",
+    and a load balancer has time to notice); a second signal skips the wait."""
+    import uvicorn
 
     class Server(uvicorn.Server):
+        draining = False
+
         def handle_exit(self, sig, frame):
             # stop taking requests and cancel those in flight, so that open streams end and uvicorn's
             # graceful shutdown has nothing to wait for
             engine.stop()
-            super().handle_exit(sig, frame)
+            if self.draining:
+                super().handle_exit(sig, frame)
+            else:
+                self.drain(lambda: super(Server, self).handle_exit(sig, frame))
+
+        def drain(self, then) -> None:
+            self.draining = True
+            timer = threading.Timer(DRAIN_S, then)
+            timer.daemon = True
+            timer.start()
 
         @contextlib.contextmanager
         def capture_signals(self):
@@ -94,13 +125,21 @@ def run_server(args) -> int:
 
     server = Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                    timeout_graceful_shutdown=10))
+
+    def on_fatal(reason: str) -> None:
+        _log(f"the engine died: {reason}; exiting after {DRAIN_S} s")
+        server.drain(lambda: setattr(server, "should_exit", True))
+
+    engine.on_fatal = on_fatal
     engine.start()
-    _log(f"serving {name} on http://{args.host}:{args.port} (drafter {type(drafter).__name__ if drafter else 'none'}, "
-         f"k={'auto' if policy else k}, max batch {args.max_batch_size}, max_seq_len {args.max_seq_len})")
+    _log(f"serving on http://{args.host}:{args.port}")
     try:
         server.run()
     finally:
         engine.stop()
         engine.join()
+    if engine.fatal is not None:
+        _log(f"stopped: the engine died ({engine.fatal})")
+        return 1
     _log("stopped")
     return 0

@@ -1,0 +1,124 @@
+"""`verispec serve`'s own server code over the fake model (tests/fakes.py): real HTTP on 127.0.0.1, a model that
+costs next to nothing, so that serving tests (faults, cancellation, soak) stay fast.
+
+In-process: ``running(...)`` starts uvicorn on a thread and yields a ``Served`` (base URL, engine, model).
+As a process: ``python tests/fake_server.py --port N [verispec serve options] [--pass-s S] [--die-at-step S]``
+runs ``verispec.serve.server.serve`` as ``verispec serve`` does; ``--die-at-step S``: the S-th step raises and
+no fresh scheduler can be built, so the engine dies (the process must exit 1).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from fakes import FakeModel  # noqa: E402
+
+NAME = "fake"
+
+
+class PacedFake(FakeModel):
+    """The fake model with a floor on each target pass (``pass_s`` seconds): long requests take a known time."""
+
+    pass_s = 0.0
+
+    def append(self, tokens):
+        if self.pass_s:
+            time.sleep(self.pass_s)
+        return super().append(tokens)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_args(argv: list[str]):
+    from verispec.serve.cli import add_arguments, check_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    parser.add_argument("--pass-s", type=float, default=0.0)
+    parser.add_argument("--die-at-step", type=int, default=None)
+    args = parser.parse_args(["--served-model-name", NAME, "--device", "cpu", *argv])
+    check_args(args)
+    return args
+
+
+def build(argv: list[str], eos_bias: float = -30.0):
+    """(engine, app, target) of a fake-model server with ``verispec serve`` options ``argv``."""
+    from verispec.drafters import PromptLookup
+    from verispec.serve.server import assemble
+
+    args = serve_args(argv)
+    target = PacedFake(seed=0, eos_bias=eos_bias)
+    target.pass_s = args.pass_s
+    drafter = PromptLookup(max_ngram=3, min_ngram=1) if args.draft_lookup else None
+    engine, app = assemble(target, drafter, args)
+    return engine, app, target, args
+
+
+@dataclass
+class Served:
+    base: str              # http://127.0.0.1:PORT
+    engine: object         # the EngineLoop
+    target: PacedFake
+
+
+@contextlib.contextmanager
+def running(argv: list[str], eos_bias: float = -30.0):
+    """A fake-model server in this process (uvicorn on a thread, port chosen free), stopped on exit."""
+    import uvicorn
+
+    port = free_port()
+    engine, app, target, _ = build([*argv, "--port", str(port)], eos_bias)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    engine.start()
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start in 30 s"
+        time.sleep(0.02)
+    try:
+        yield Served(f"http://127.0.0.1:{port}", engine, target)
+    finally:
+        server.should_exit = True
+        engine.stop()
+        thread.join(30)
+        engine.join(30)
+
+
+def main() -> int:
+    from verispec.serve import server as serve_module
+
+    args = serve_args(sys.argv[1:])
+    engine, app, _, _ = build(sys.argv[1:])
+    if args.die_at_step is not None:
+        sched, steps = engine.scheduler, [0]
+        step = sched.step
+
+        def dying_step():
+            steps[0] += 1
+            if steps[0] == args.die_at_step:
+                raise RuntimeError("injected: the device fell off the bus")
+            return step()
+
+        def no_scheduler():
+            raise RuntimeError("injected: the device is gone")
+
+        sched.step = dying_step
+        engine.make_scheduler = no_scheduler
+    return serve_module.serve(engine, app, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
