@@ -71,8 +71,17 @@ def assemble(target, drafter, args) -> tuple[EngineLoop, FastAPI]:
     config = SchedulerConfig(args.max_batch_size, args.max_seq_len, k, args.max_waiting)
     name = served_name(args)
     metrics = Metrics(name)
-    # isolate_drafter: a drafter exception that names no request sets the drafter aside instead of failing requests
-    engine = EngineLoop(lambda: Scheduler(target, drafter, config, k_policy=policy, isolate_drafter=True), metrics)
+    def make_scheduler() -> Scheduler:
+        # isolate_drafter: a drafter exception that names no request sets the drafter aside instead of failing
+        # requests. warm_up: every graph of every batch bucket and k captured before the first request (a recovery's
+        # new scheduler reuses them: the model keeps its graphs while its cache fits).
+        scheduler = Scheduler(target, drafter, config, k_policy=policy, isolate_drafter=True)
+        n = scheduler.warm_up()
+        if n:
+            _log(f"warm-up: {n} CUDA graphs captured in {scheduler.totals.warmup_s:.1f} s")
+        return scheduler
+
+    engine = EngineLoop(make_scheduler, metrics)
     served = ServedModel(name, target.tokenizer, target.config.vocab_size, args.max_seq_len, k + 1)
     _log(f"{name}: drafter {type(drafter).__name__ if drafter else 'none'}, k={'auto' if policy else k}, "
          f"max batch {args.max_batch_size}, max_seq_len {args.max_seq_len}")
