@@ -52,22 +52,21 @@ def _load(source, device, dtype, what="model"):
 
 
 class _Streamer:
-    """Prints the text of one sequence as its tokens arrive (holds back incomplete UTF-8)."""
+    """Prints the text of one sequence as its tokens arrive: incremental detokenization (each chunk decodes
+    a few tokens, not the whole output), an incomplete UTF-8 character held back until it completes."""
 
     def __init__(self, tokenizer, out=None):
-        self.tokenizer, self.out = tokenizer, out or sys.stdout
-        self.tokens: list[int] = []
-        self.printed = 0
+        from .engine.detokenize import IncrementalDetokenizer
+
+        self.detok = IncrementalDetokenizer(tokenizer.decode)
+        self.eos = set(tokenizer.eos_token_ids)
+        self.out = out or sys.stdout
 
     def __call__(self, seq_index: int, new_tokens: list[int]) -> None:
-        self.tokens += new_tokens
-        eos = set(self.tokenizer.eos_token_ids)
-        text = self.tokenizer.decode([t for t in self.tokens if t not in eos])
-        if text.endswith("\ufffd"):
-            return
-        self.out.write(text[self.printed:])
-        self.out.flush()
-        self.printed = len(text)
+        text = self.detok.add([t for t in new_tokens if t not in self.eos])
+        if text:
+            self.out.write(text)
+            self.out.flush()
 
 
 class _Progress:

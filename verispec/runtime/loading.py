@@ -298,6 +298,26 @@ def peek_config(source=None) -> ModelConfig:
     raise ValueError(f"{s!r} is neither an existing path nor a known shape name; known shapes: {sorted(NAMED_SHAPES)}")
 
 
+def load_tokenizer(source=None):
+    """The tokenizer of ``source`` without its weights: None (the embedded model), a .gguf file (its metadata),
+    or a directory with tokenizer.json (an HF checkpoint, or a tokenizer alone). For serving a random-weight
+    shape behind a real tokenizer (``verispec serve --tokenizer``) and for tests. Errors as ``load_model``."""
+    from .tokenizer import tokenizer_from_gguf, tokenizer_from_hf_dir
+
+    path = embedded_gguf_path() if source is None else Path(os.fspath(source)).expanduser()
+    if path.is_dir():
+        cfg_file = path / "config.json"
+        return tokenizer_from_hf_dir(path, json.loads(cfg_file.read_text()) if cfg_file.exists() else {})
+    if path.is_file() and path.suffix == ".gguf":
+        reader = _open_gguf(path)
+        return tokenizer_from_gguf({k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")})
+    if path.is_file():
+        raise ValueError(f"{path} is not a .gguf file; pass a directory with tokenizer.json or a .gguf file")
+    if os.fspath(source) in NAMED_SHAPES:
+        raise ValueError(f"{source!r} is a random-weight shape: it has no tokenizer")
+    raise FileNotFoundError(f"{source} does not exist (expected a directory with tokenizer.json or a .gguf file)")
+
+
 def default_device_dtype(device=None, dtype=None) -> tuple[torch.device, torch.dtype]:
     device = parse_device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     if dtype is None:

@@ -115,6 +115,8 @@ class _Handlers:
         seed = params.seed if params.seed is not None else rng.seed_from(None)
         request = Request(prompt, max_tokens, params.temperature, params.top_k, params.top_p, seed, params.stop)
         handle = Handle(request, asyncio.get_running_loop())
+        if params.stream:
+            handle.text = IncrementalText(self.decode, self.eos, params.stop)
         try:
             await asyncio.wrap_future(self.engine.submit(handle))
         except QueueFull as e:
@@ -170,21 +172,22 @@ class _Handlers:
         return f"data: {json.dumps(body)}\n\n"
 
     async def stream(self, handle: Handle, params: GenerationParams, chat: bool, ident: str):
-        text = IncrementalText(self.decode, self.eos, params.stop)
+        text = handle.text
         try:
             if chat:
                 yield self.chunk(ident, chat, "", [], first=True)
             while True:
                 kind, payload = await handle.events.get()
                 if kind == "tokens":
-                    yield self.chunk(ident, chat, text.add(payload), payload)
+                    tokens, piece = payload
+                    yield self.chunk(ident, chat, piece, tokens)
                     continue
                 seq: Sequence = payload
                 if seq.finish_reason == "error":
                     self.metrics.http_error(500)
                     yield f"data: {json.dumps(error_body(f'generation failed: {seq.error}', 'server_error'))}\n\n"
                 elif seq.finish_reason != "cancelled":
-                    rest = text.finish(seq.result(self.decode).text)
+                    rest = text.finish(seq)
                     yield self.chunk(ident, chat, rest, [], finish=_finish_reason(seq),
                                 extra={"speculative_decoding_stats": decoding_stats(seq.stats)})
                     if params.include_usage:

@@ -2,7 +2,8 @@
 
 HTTP handlers (on the asyncio loop) talk to it through ``EngineLoop.submit`` / ``cancel``, which put
 commands in a thread-safe inbox and wake the loop. Tokens come back through each request's
-``on_tokens`` callback, which runs on the engine thread and hands them to the handler's asyncio queue with
+``on_tokens`` callback, which runs on the engine thread, detokenizes them there when the handler streams
+(``Handle.text``: the event loop never decodes) and hands both to the handler's asyncio queue with
 ``loop.call_soon_threadsafe``; the end of a request (finished, cancelled, failed) comes the same way, last.
 
     handler                          engine thread
@@ -25,6 +26,7 @@ import torch
 
 from ..engine import Request, Scheduler, Sequence
 from .metrics import Metrics
+from .text import IncrementalText
 
 
 @dataclass
@@ -36,10 +38,15 @@ class Handle:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     sequence: Sequence | None = None
     done: bool = False
+    text: IncrementalText | None = None     # streaming: each chunk's text, made on the engine thread
 
     def push(self, event: tuple) -> None:
-        """From the engine thread: ("tokens", [ids]) or ("end", Sequence)."""
+        """From the engine thread: ("tokens", ([ids], text or None)) or ("end", Sequence)."""
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+    def on_tokens(self, request: Request, tokens: list[int]) -> None:
+        """The request's ``on_tokens`` (engine thread)."""
+        self.push(("tokens", (tokens, self.text.add(tokens) if self.text is not None else None)))
 
 
 class EngineLoop:
@@ -70,7 +77,7 @@ class EngineLoop:
         if self.stopping:
             fut.set_exception(RuntimeError("the server is shutting down"))
             return fut
-        handle.request.on_tokens = lambda req, toks: handle.push(("tokens", toks))
+        handle.request.on_tokens = handle.on_tokens
         self.inbox.put(("submit", handle, fut))
         self.wake.set()
         return fut
