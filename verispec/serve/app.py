@@ -25,7 +25,7 @@ from ..engine import QueueFull, Request
 from ..engine.request import Sequence
 from ..verify import rng
 from .engine import EngineLoop, Handle
-from .metrics import Metrics
+from .metrics import CONTENT_TYPE, Metrics
 from .protocol import BadRequest, GenerationParams, decoding_stats, error_body, parse_completion
 from .text import IncrementalText
 
@@ -231,6 +231,6 @@ def build_app(engine: EngineLoop, served: ServedModel, metrics: Metrics) -> Fast
 
     @app.get("/metrics")
     async def prometheus():
-        return PlainTextResponse(h.metrics.render(), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(h.metrics.render(), media_type=CONTENT_TYPE)
 
     return app

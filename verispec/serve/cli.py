@@ -79,6 +79,7 @@ def main(args) -> int:
     check_args(args)
     try:
         import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError as e:
         _die(f"{e.name} is not installed: pip install 'verispec[serve]'")

@@ -39,6 +39,8 @@ class Handle:
     sequence: Sequence | None = None
     done: bool = False
     text: IncrementalText | None = None     # streaming: each chunk's text, made on the engine thread
+    metrics: Metrics | None = None          # TTFT and inter-token latency are observed as chunks arrive
+    last_chunk_at: float | None = None      # perf_counter of the last chunk (None: no token yet)
 
     def push(self, event: tuple) -> None:
         """From the engine thread: ("tokens", ([ids], text or None)) or ("end", Sequence)."""
@@ -46,6 +48,8 @@ class Handle:
 
     def on_tokens(self, request: Request, tokens: list[int]) -> None:
         """The request's ``on_tokens`` (engine thread)."""
+        if self.metrics is not None:
+            self.last_chunk_at = self.metrics.tokens(request, self.last_chunk_at, len(tokens))
         self.push(("tokens", (tokens, self.text.add(tokens) if self.text is not None else None)))
 
 
@@ -77,7 +81,7 @@ class EngineLoop:
         if self.stopping:
             fut.set_exception(RuntimeError("the server is shutting down"))
             return fut
-        handle.request.on_tokens = handle.on_tokens
+        handle.request.on_tokens, handle.metrics = handle.on_tokens, self.metrics
         self.inbox.put(("submit", handle, fut))
         self.wake.set()
         return fut
