@@ -21,6 +21,7 @@ from torch import Tensor
 
 from ..device import apply_cpu_thread_policy, parse_device, parse_dtype
 from .config import NAMED_SHAPES, ModelConfig, named_shape
+from .gguf_header import GGUFFileError, read_header
 from .transformer import Transformer
 
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -144,10 +145,6 @@ def unpermute_qk(w: Tensor, n_head: int) -> Tensor:
     """
     rows = w.shape[0]
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-class GGUFFileError(ValueError):
-    """A GGUF file whose tensors do not fit in it (truncated) or disagree with their own header."""
 
 
 def _open_gguf(path: Path):
@@ -283,12 +280,11 @@ def peek_config(source=None) -> ModelConfig:
                                     f"*.safetensors")
         return ModelConfig.from_hf(json.loads(cfg_file.read_text()))
     if path.is_file() and path.suffix == ".gguf":
-        reader = _open_gguf(path)
-        meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
-        arch = meta.get("general.architecture")
+        header = read_header(path)            # the header alone: 0.3 s where gguf's reader takes 6.5 s
+        arch = header.meta.get("general.architecture")
         if arch not in ("llama", "qwen2", "qwen3"):
             raise ValueError(f"GGUF architecture {arch!r} is not supported (llama, qwen2, qwen3)")
-        return _gguf_config(meta, {t.name for t in reader.tensors}, arch)
+        return _gguf_config(header.meta, {t.name for t in header.tensors}, arch)
     if path.is_file():
         raise ValueError(f"{path} is not a .gguf file; pass an HF checkpoint directory or a .gguf file")
     if s in NAMED_SHAPES:
@@ -309,8 +305,7 @@ def load_tokenizer(source=None):
         cfg_file = path / "config.json"
         return tokenizer_from_hf_dir(path, json.loads(cfg_file.read_text()) if cfg_file.exists() else {})
     if path.is_file() and path.suffix == ".gguf":
-        reader = _open_gguf(path)
-        return tokenizer_from_gguf({k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")})
+        return tokenizer_from_gguf(read_header(path).meta)
     if path.is_file():
         raise ValueError(f"{path} is not a .gguf file; pass a directory with tokenizer.json or a .gguf file")
     if os.fspath(source) in NAMED_SHAPES:
