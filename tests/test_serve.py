@@ -19,6 +19,7 @@ import torch
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
+pytest.importorskip("prometheus_client")
 
 K = 4
 MAX_SEQ_LEN = 256
