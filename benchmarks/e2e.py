@@ -57,27 +57,29 @@ def _median_throughput(decoder, prompts, args):
 
 
 def _steady_throughput(decoder, prompts, max_new) -> float:
-    """Batch tok/s until the FIRST sequence finishes (from its first token on): the rate a server that
-    refills finished slots would sustain. A static batch then runs a tail of rounds for the slowest
-    sequences at almost the full pass cost (weight-bound), which the plain throughput includes."""
-    marks = {"t0": None, "t1": None, "n": 0}
-    done = [None] * len(prompts)               # tokens after each sequence's first (prefill) token
+    """Batch tok/s until the FIRST sequence ends (from the first token on): the rate a server that refills
+    finished slots would sustain. A static batch then runs a tail of rounds for the slowest sequences at
+    almost the full pass cost (weight-bound), which the plain throughput includes. A sequence ends when it
+    has all its tokens (max_new, or fewer when it stopped early: EOS), so the window always closes."""
+    arrivals = []                              # (time, sequence, its tokens so far), one per streamed chunk
+    done = [0] * len(prompts)
 
     def on_tokens(i, new):
-        now = time.perf_counter()
-        if done[i] is None:                    # the prefill's token: decoding starts after these
-            done[i] = 0
-            marks["t0"] = marks["t0"] or now
-            return
         done[i] += len(new)
-        if marks["t1"] is None:
-            marks["n"] += len(new)
-            if done[i] + 1 >= max_new:
-                marks["t1"] = now
+        arrivals.append((time.perf_counter(), i, done[i], len(new)))
 
     decoder.timing = False
-    decoder.generate(prompts, max_new_tokens=max_new, on_tokens=on_tokens)
-    return marks["n"] / (marks["t1"] - marks["t0"])
+    out = decoder.generate(prompts, max_new_tokens=max_new, on_tokens=on_tokens)
+    final = [len(g.tokens) for g in out]
+    t0, n = None, 0
+    for now, i, total, count in arrivals:
+        if total == count:                     # the prefill's token: decoding starts after the first of these
+            t0 = t0 or now
+            continue
+        n += count
+        if total == final[i]:                  # the first sequence to end closes the window
+            return n / (now - t0)
+    raise RuntimeError("no sequence decoded past its first token: no steady window to measure")
 
 
 # ---------------------------------------------------------------------------------------------- GPU

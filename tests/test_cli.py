@@ -122,3 +122,84 @@ def test_real_model_compare_smoke(capsys):
     out, err = capsys.readouterr()
     assert "outputs identical: yes" in err
     assert "one two three" in out.lower()
+
+
+def _refused(capsys, argv) -> str:
+    """Runs the CLI, expects exit 2 and exactly one line on stderr; returns it."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1, err
+    return err
+
+
+def _config_dir(tmp_path, layers=4):
+    """An HF checkpoint directory with config.json only: enough for the checks that read no weight."""
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps(dict(
+        model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=64, num_hidden_layers=layers,
+        hidden_size=32, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64)))
+    return str(tmp_path)
+
+
+def test_serve_refuses_bad_settings_before_loading(capsys, tmp_path, monkeypatch):
+    def no_load(*a, **kw):
+        raise AssertionError("a model was loaded before the arguments were checked")
+    monkeypatch.setattr("verispec.runtime.loading.load_model", no_load)
+    assert "--port must be in 1..65535, got 70000" in _refused(capsys, ["serve", "--port", "70000"])
+    model = _config_dir(tmp_path)
+    assert "--draft-self 99: need 1 <= L < the model's 4 layers" in _refused(
+        capsys, ["serve", "--model", model, "--draft-self", "99"])
+    assert "oracle:ALPHA needs an acceptance rate" in _refused(capsys, ["serve", "--draft", "oracle:2"])
+    assert "pass --tokenizer" in _refused(capsys, ["serve", "--model", "llama-3.1-8b"])
+    import socket
+    with socket.socket() as s:          # a port that is taken: refused now, not after the model loads
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        assert "cannot listen there" in _refused(capsys, ["serve", "--port", str(s.getsockname()[1])])
+
+
+def test_generate_refuses_draft_self_beyond_the_layers_before_loading(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(cli, "_load", lambda *a, **kw: pytest.fail("loaded before checking --draft-self"))
+    err = _refused(capsys, ["generate", "hi", "--model", _config_dir(tmp_path), "--draft-self", "99"])
+    assert "--draft-self 99: need 1 <= L < the model's 4 layers" in err
+
+
+def _subparser(command: str):
+    import argparse
+
+    parser = cli._parser()
+    for word in command.split():
+        if word == "serve" and parser.prog.endswith("bench"):
+            from verispec.bench.serving import build_parser
+            return build_parser(cli._Parser, cli._Formatter)
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = sub.choices[word]
+    return parser
+
+
+@pytest.mark.parametrize("command", ["serve", "bench", "bench serve"])
+def test_help_documents_every_option_with_its_default(capsys, command):
+    """Every option of `verispec serve --help` / `bench --help` / `bench serve --help` has a help text, and
+    every option that takes a value shows its default."""
+    with pytest.raises(SystemExit) as e:
+        cli.main([*command.split(), "--help"])
+    assert e.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for action in _subparser(command)._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        assert action.help, action.option_strings
+        if action.nargs != 0:                       # flags (store_true) have no default worth printing
+            assert f"(default: {action.default})" in out, action.option_strings
+
+
+def test_package_import_is_lazy():
+    """`verispec --help` imports the package: it must not import torch (seconds) to print help."""
+    import subprocess
+    import sys
+
+    code = "import sys, verispec.cli as c; c._parser(); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr

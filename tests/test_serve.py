@@ -19,6 +19,7 @@ import torch
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
+pytest.importorskip("prometheus_client")
 
 K = 4
 MAX_SEQ_LEN = 256
@@ -208,24 +209,36 @@ def test_invalid_json_gets_400(server):
     assert e.value.code == 400
 
 
-def _metric(base, name) -> float:
+def _samples(base) -> dict[tuple, float]:
+    """/metrics parsed with prometheus-client's own parser: (sample name, sorted labels) -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     text = urllib.request.urlopen(base + "/metrics", timeout=30).read().decode()
-    prefix = f"verispec_{name}" + ("" if "{" in name else "{")
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
+    return {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "model"))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def _total(samples, name, **labels) -> float:
+    return sum(v for (n, ls), v in samples.items() if n == name and all((k, v2) in ls for k, v2 in labels.items()))
+
+
+def _metric(base, name, **labels) -> float:
+    """The sum of /metrics samples ``verispec_<name>`` that carry ``labels`` (parsed, not string-matched)."""
+    return _total(_samples(base), f"verispec_{name}", **labels)
 
 
 def test_disconnect_mid_stream_frees_the_slot(server, client):
     base = server[0]
-    cancelled = 'requests_total{model="SmolLM2-135M-Instruct",finish_reason="cancelled"'
-    before = _metric(base, cancelled)
+    cancelled = dict(name="requests_total", finish_reason="cancelled")
+    before = _metric(base, **cancelled)
     stream = client.completions.create(model="SmolLM2-135M-Instruct", prompt=PROMPT, max_tokens=200, temperature=0,
                                        stream=True)
     next(iter(stream))
     stream.close()
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and _metric(base, cancelled) == before:
+    while time.monotonic() < deadline and _metric(base, **cancelled) == before:
         time.sleep(0.2)
-    assert _metric(base, cancelled) == before + 1
+    assert _metric(base, **cancelled) == before + 1
     assert _metric(base, "num_requests_running") == 0
     out = client.completions.create(model="SmolLM2-135M-Instruct", prompt="Hello", max_tokens=3, temperature=0)
     assert len(out.choices[0].token_ids) == 3
@@ -262,6 +275,45 @@ def test_models_health_metrics(server):
     assert json.loads(urllib.request.urlopen(base + "/health", timeout=30).read())["status"] == "ok"
     assert _metric(base, "draft_tokens_accepted_total") <= _metric(base, "draft_tokens_proposed_total")
     assert _metric(base, "generation_tokens_total") > 0
+
+
+def test_metrics_histograms_and_counters_add_up(server, client):
+    """After 5 requests (streamed and not, one ended by a stop string): one TTFT, queue time and end-to-end
+    latency each, one inter-token latency per token after the first, the tokens and drafts counted once."""
+    base = server[0]
+    before = _samples(base)
+    tokens, proposed = 0, 0
+    for i in range(5):
+        kw = dict(model="SmolLM2-135M-Instruct", prompt=PROMPT + " x" * i, max_tokens=6 + i, temperature=0)
+        if i == 4:
+            kw["stop"] = [" the"]
+        if i % 2:
+            chunks = list(client.completions.create(stream=True, **kw))
+            ids = [t for c in chunks for t in c.choices[0].token_ids]
+            stats = chunks[-1].choices[0].model_extra["speculative_decoding_stats"]
+        else:
+            choice = client.completions.create(**kw).choices[0]
+            ids, stats = choice.token_ids, choice.speculative_decoding_stats
+        tokens += len(ids)
+        proposed += stats["draft_tokens_proposed"]
+    after = _samples(base)
+    delta = lambda name, **labels: _total(after, name, **labels) - _total(before, name, **labels)  # noqa: E731
+    ended = sum(delta("verispec_requests_total", finish_reason=r) for r in ("length", "eos", "stop"))
+    assert ended == delta("verispec_requests_total") == 5
+    assert delta("verispec_generation_tokens_total") == tokens
+    assert delta("verispec_draft_tokens_proposed_total") == proposed > 0
+    assert delta("verispec_draft_proposed_per_position_total") == proposed
+    assert delta("verispec_draft_accepted_per_position_total") == delta("verispec_draft_tokens_accepted_total")
+    for name in ("time_to_first_token", "e2e_request_latency", "request_queue_time"):
+        assert delta(f"verispec_{name}_seconds_count") == 5, name
+    assert delta("verispec_inter_token_latency_seconds_count") == tokens - 5
+    for name in ("time_to_first_token", "inter_token_latency", "e2e_request_latency", "request_queue_time"):
+        buckets = sorted(((float(dict(ls)["le"]), v) for (n, ls), v in after.items()
+                          if n == f"verispec_{name}_seconds_bucket"))
+        assert [v for _, v in buckets] == sorted(v for _, v in buckets), name          # cumulative
+        assert buckets[-1] == (float("inf"), _total(after, f"verispec_{name}_seconds_count")), name
+    assert _total(after, "verispec_num_requests_running") == _total(after, "verispec_num_requests_waiting") == 0
+    assert _total(after, "verispec_round_seconds_count") > _total(before, "verispec_round_seconds_count")
 
 
 def test_sigterm_exits_cleanly(server):

@@ -52,22 +52,21 @@ def _load(source, device, dtype, what="model"):
 
 
 class _Streamer:
-    """Prints the text of one sequence as its tokens arrive (holds back incomplete UTF-8)."""
+    """Prints the text of one sequence as its tokens arrive: incremental detokenization (each chunk decodes
+    a few tokens, not the whole output), an incomplete UTF-8 character held back until it completes."""
 
     def __init__(self, tokenizer, out=None):
-        self.tokenizer, self.out = tokenizer, out or sys.stdout
-        self.tokens: list[int] = []
-        self.printed = 0
+        from .engine.detokenize import IncrementalDetokenizer
+
+        self.detok = IncrementalDetokenizer(tokenizer.decode)
+        self.eos = set(tokenizer.eos_token_ids)
+        self.out = out or sys.stdout
 
     def __call__(self, seq_index: int, new_tokens: list[int]) -> None:
-        self.tokens += new_tokens
-        eos = set(self.tokenizer.eos_token_ids)
-        text = self.tokenizer.decode([t for t in self.tokens if t not in eos])
-        if text.endswith("\ufffd"):
-            return
-        self.out.write(text[self.printed:])
-        self.out.flush()
-        self.printed = len(text)
+        text = self.detok.add([t for t in new_tokens if t not in self.eos])
+        if text:
+            self.out.write(text)
+            self.out.flush()
 
 
 class _Progress:
@@ -175,7 +174,8 @@ def _validate_generate(args) -> None:
 
 
 def _check_positions(args, what: str, source) -> None:
-    """--max-new-tokens against the model's positions, from its config alone (no weights read)."""
+    """--max-new-tokens against the model's positions and --draft-self against its layers, from its config
+    alone (no weights read)."""
     from .runtime.loading import peek_config
 
     try:
@@ -185,6 +185,8 @@ def _check_positions(args, what: str, source) -> None:
     if args.max_new_tokens + 2 > cfg.max_position_embeddings:
         _die(f"--max-new-tokens {args.max_new_tokens} exceeds what the {what} can hold: it has "
              f"{cfg.max_position_embeddings} positions for the prompt and the new tokens")
+    if what == "model" and args.draft_self is not None and not args.draft_self < cfg.num_layers:
+        _die(f"--draft-self {args.draft_self}: need 1 <= L < the model's {cfg.num_layers} layers")
 
 
 def _make_drafter(args, target):
@@ -361,10 +363,13 @@ def _report(results, args) -> None:
         if args.verbose:
             print(f"[verispec]   {stats.summary()}", file=err)
     if len(results) == 2:
-        (_, spec, _, s1), (_, base, _, s0) = results
+        (_, spec, wall1, s1), (_, base, wall0, s0) = results
         same = [a.tokens == b.tokens for a, b in zip(spec, base)]
         speed = s1.tokens_per_s / s0.tokens_per_s if s0.tokens_per_s else float("nan")
-        print(f"[verispec] speedup: {speed:.2f}x", file=err)
+        # two ratios, both named: decoding alone (what speculation changes) and the whole call, whose prompt
+        # prefill is the same in both runs (so the wall-time ratio is the smaller one)
+        print(f"[verispec] speedup: {speed:.2f}x decode rate (tok/s decode), {wall0 / wall1:.2f}x wall time "
+              f"(whole call, prefill included)", file=err)
         if all(same):
             print("[verispec] outputs identical: yes", file=err)
         elif args.temperature and args.temperature > 0:
@@ -455,6 +460,8 @@ the summary lines on stderr:
                          prefill to the last token (the speed of decoding, prompt processing excluded)
   accepted a/p drafts    drafts the target agreed with / drafts proposed
   tokens per target pass tokens emitted per verification pass of the target (1.00 = plain decoding)
+  speedup (--compare)    the decode-rate ratio (tok/s decode) and the wall-time ratio of the whole
+                         calls (prefill included, so closer to 1)
 
 exit status: 0 ok, 1 failure while running, 2 bad arguments or input, 130 interrupted (Ctrl-C:
 the text generated so far is printed first)"""
@@ -534,7 +541,8 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--seed", type=int, default=0, help="seed of the synthetic workload, in [0, 2**63)")
     from .serve.cli import add_arguments as serve_arguments
 
-    serve_arguments(sub.add_parser("serve", help="an OpenAI-compatible server (continuous batching)"))
+    serve_arguments(sub.add_parser("serve", help="an OpenAI-compatible server (continuous batching)",
+                                   formatter_class=_Formatter))
     from .bench.command import add_bench_parser
 
     add_bench_parser(sub)
@@ -542,6 +550,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _main(argv) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["bench", "serve"]:     # its own options (a client of any OpenAI-compatible server)
+        from .bench.serving import build_parser, run
+
+        return run(build_parser(_Parser, _Formatter).parse_args(argv[2:]))
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "serve":

@@ -19,10 +19,13 @@ USAGE = 2
 
 def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "bench", help="measure which drafter and K pay off, with the analytical model and plots",
+        "bench", help="measure which drafter and K pay off, with the analytical model and plots; or a server "
+                      "(bench serve --url URL)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Run benchmark studies into --out DIR (DIR/<study>.md, .jsonl rows, .png plots; rows already "
                     "in DIR are kept and skipped), or gather them: `verispec bench report DIR`. Studies: "
-                    + ", ".join(STUDIES) + ", all.")
+                    + ", ".join(STUDIES) + ", all. A running OpenAI-compatible server (verispec serve, vLLM, "
+                    "SGLang, llama.cpp): `verispec bench serve --url URL` (see `verispec bench serve --help`).")
     p.add_argument("study", nargs="+", help=f"one or more of {', '.join(STUDIES)}, all; or: report DIR")
     p.add_argument("--out", default=None, help="directory for the reports, rows and plots (created if missing)")
     p.add_argument("--model", default=None, help="target: HF dir, .gguf, or a shape name (random weights); "
@@ -32,11 +35,16 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--draft-cost", default=None, help="oracle drafts pay the passes of this model (None = "
                    "llama-3.2-1b on CUDA, free on CPU)")
     p.add_argument("--quick", action="store_true", help="tiny sweeps (seconds)")
-    p.add_argument("--k", dest="ks", default=None, help="K sweep, comma-separated integers >= 1")
-    p.add_argument("--alphas", default=None, help="oracle acceptance rates, comma-separated in [0, 1]")
-    p.add_argument("--batches", default=None, help="batch sizes, comma-separated integers >= 1")
-    p.add_argument("--rates", default=None, help="batch study: arrival rates in requests/s, comma-separated")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="tokens generated per request")
+    p.add_argument("--k", dest="ks", default=None, help="K sweep, comma-separated integers >= 1; None = the "
+                   "device's sweep (cpu 1,2,4,8; cuda 2,4,8; --quick: 1,2 / 2,4)")
+    p.add_argument("--alphas", default=None, help="oracle acceptance rates, comma-separated in [0, 1]; None = "
+                   "0.5,0.7,0.9 on cpu, 0.6,0.8,0.9 on cuda")
+    p.add_argument("--batches", default=None, help="batch sizes, comma-separated integers >= 1; None = 1,2,4 on "
+                   "cpu, 1,8,32 on cuda")
+    p.add_argument("--rates", default=None, help="batch study: arrival rates in requests/s, comma-separated; "
+                   "None = 1,4 on cpu, 16 on cuda")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="tokens generated per request; None = 48 "
+                   "on cpu, 64 on cuda (8 / 16 with --quick)")
     p.add_argument("--prompt-len", type=int, default=32, help="prompt tokens for models without a tokenizer")
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:i")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16")

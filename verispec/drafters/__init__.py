@@ -4,12 +4,13 @@
     SelfSpeculative(layers)             the target's first L layers
     PromptLookup(max_ngram, min_ngram)  copy from the history (no model)
     OracleDraft(continuations, alpha)   benchmarks: chosen acceptance rate, real draft cost
+    SuccessorOracle(successor, alpha)   benchmarks, for a server: the same on a make_peaked model
 """
 from .base import DraftError, Drafter, Proposal, SamplingParams
 from .draft_model import DraftModel
-from .oracle import OracleDraft
+from .oracle import OracleDraft, SuccessorOracle, make_peaked
 from .prompt_lookup import PromptLookup
 from .self_speculative import SelfSpeculative
 
-__all__ = ["Drafter", "DraftError", "Proposal", "SamplingParams", "DraftModel", "OracleDraft", "PromptLookup",
-           "SelfSpeculative"]
+__all__ = ["Drafter", "DraftError", "Proposal", "SamplingParams", "DraftModel", "OracleDraft", "SuccessorOracle",
+           "make_peaked", "PromptLookup", "SelfSpeculative"]

@@ -83,3 +83,67 @@ class OracleDraft(Drafter):
         self._generated = [self._generated[i] for i in batch_indices]
         if self._runner is not None:
             self._runner.keep(batch_indices)
+
+
+@torch.no_grad()
+def make_peaked(model, embed_scale: float = 1e4, seed: int = 0) -> list[int]:
+    """Give a model a well-separated greedy argmax that is a known function of the current token (same
+    shapes, same cost; its weights are overwritten), in place. Returns ``successor``: the greedy next token
+    after token t is ``successor[t]``.
+
+    With N(0, 0.02) weights the top-2 logits of a 128k vocabulary are often closer than bf16 noise,
+    and the noise depends on the batch shape (a [B, K+1] verify pass and a [B, 1] decode step use
+    different GEMM kernels), so the greedy path of AR and speculative decoding can split at a near-tie
+    and an oracle's replayed continuation becomes useless. Here the residual stream is dominated by
+    the (scaled) token embedding and the LM head is a row permutation of the embedding, so the next
+    token is perm^-1(current token) by a margin of ~sqrt(hidden) standard deviations.
+    """
+    net = model.net
+    if net.lm_head is None:
+        raise ValueError("make_peaked needs an untied LM head (tie_word_embeddings=False, e.g. llama-3.1-8b)")
+    perm = torch.randperm(net.cfg.vocab_size, generator=torch.Generator().manual_seed(seed))
+    head = net.embed[perm.to(net.embed.device)].clone()
+    net.embed.mul_(embed_scale)
+    net.lm_head.copy_(head)
+    return torch.argsort(perm).tolist()            # logits[j] peaks where perm[j] = t: j = perm^-1[t]
+
+
+class SuccessorOracle(OracleDraft):
+    """``OracleDraft`` for a server (benchmarks only): no continuation is known in advance, but on a model made
+    by ``make_peaked`` the target's greedy next token is ``successor[current]``, so each row's drafts follow
+    that chain from its certain token, each corrupted with probability 1 - alpha (the same i.i.d. acceptance
+    as ``OracleDraft`` under greedy verification). ``cost_model`` pays a draft model's passes as there."""
+
+    def __init__(self, successor: list[int], acceptance_rate: float, cost_model=None, seed: int = 0):
+        super().__init__([], acceptance_rate, cost_model, seed)
+        self.successor = successor
+        self._last: list[int] = []           # each row's certain token (the last one emitted)
+
+    def reserve(self, target, max_batch_size: int, max_seq_len: int) -> None:
+        super().reserve(target, max_batch_size, max_seq_len)
+        self._last = []
+
+    def admit(self, seq_ids, prompts, first_tokens, sampling) -> None:
+        self._rows += list(seq_ids)
+        self._generated += [1] * len(prompts)
+        self._last += list(first_tokens)
+        if self._runner is not None:
+            self._runner.admit(seq_ids, prompts, first_tokens, sampling)
+
+    def _oracle(self, b: int, k: int) -> list[int]:
+        out, t = [], self._last[b]
+        for _ in range(k):
+            t = self.successor[t]
+            draft = t
+            if self._rng.random() >= self.acceptance_rate:
+                draft = (t + 1 + self._rng.randrange(self._vocab - 1)) % self._vocab      # surely wrong
+            out.append(draft)
+        return out
+
+    def commit(self, num_accepted, emitted) -> None:
+        super().commit(num_accepted, emitted)
+        self._last = [e[-1] for e in emitted]
+
+    def keep(self, batch_indices) -> None:
+        super().keep(batch_indices)
+        self._last = [self._last[i] for i in batch_indices]

@@ -4,6 +4,7 @@
     scheduler.py   continuous batching: requests join between rounds and leave when they end
     decoder.py     the static-batch driver over the scheduler: ``generate`` / ``SpeculativeDecoder``
     request.py     a request and its sequence's host state (emission, stop strings)
+    detokenize.py  incremental detokenization (linear in the output) and the stop-string scan
     stats.py       ``Stats`` and ``Generation``
 """
 from .decoder import GenerationError, SpeculativeDecoder, generate

@@ -2,7 +2,8 @@
 
 A ``Request`` is what a caller submits (token ids, sampling settings, limits, stop strings, a callback
 for streamed tokens). The scheduler turns it into a ``Sequence`` when it is admitted; ``Sequence.emit``
-applies the end rules (max tokens, EOS, stop strings) to every chunk of emitted tokens.
+applies the end rules (max tokens, EOS, stop strings) to every chunk of emitted tokens; stop strings are
+found by an incremental detokenizer (``detokenize.StopScanner``) that decodes only the new tokens' window.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..verify.sampling import is_greedy
+from .detokenize import StopScanner
 from .stats import Generation, Stats
 
 _ids = itertools.count()
@@ -46,9 +48,9 @@ class Sequence:
     generated: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     error: str | None = None       # the message when finish_reason == "error"
-    text_cut: int | None = None    # text length to keep when a stop string ended the run
-    stop_scan: int = 0             # text before this offset was already searched for stop strings
+    text_cut: int | None = None    # characters of the text to keep when a stop string ended the run
     rounds_done: int = 0           # rounds this sequence took part in
+    stop_scanner: StopScanner | None = field(default=None, repr=False)   # incremental text, for stop strings
 
     @property
     def prompt(self) -> list[int]:
@@ -63,30 +65,19 @@ class Sequence:
             if t in eos:
                 self.finish_reason = "eos"
                 break
+        body = kept[:-1] if self.finish_reason == "eos" else kept      # the EOS has no text
+        if self.request.stop and decode is not None and body:
+            if self.stop_scanner is None:
+                self.stop_scanner = StopScanner(decode, self.request.stop)
+            hit = self.stop_scanner.scan(body)
+            if hit is not None:                 # cut after the token that completed the stop string
+                n, self.text_cut = hit
+                kept, self.finish_reason = kept[:n], "stop"
         self.generated += kept
-        if self.finish_reason is None and self.request.stop and decode is not None:
-            kept = self._check_stop(kept, decode)
         if self.finish_reason is None and len(self.generated) >= self.request.max_new_tokens:
             self.finish_reason = "length"
         self.stats.new_tokens = len(self.generated)
         return kept
-
-    def _check_stop(self, kept: list[int], decode: Callable[[list[int]], str]) -> list[int]:
-        """If a stop string appeared, cut the tokens after the one that completed it."""
-        stops = self.request.stop
-        text = decode(self.generated)
-        start = max(0, self.stop_scan - max(len(s) for s in stops))
-        hits = [i for i in (text.find(s, start) for s in stops) if i >= 0]
-        if not hits:
-            self.stop_scan = len(text)
-            return kept
-        base = len(self.generated) - len(kept)
-        for n in range(1, len(kept) + 1):       # the first token whose text reaches the stop string
-            if any(decode(self.generated[: base + n]).find(s, start) >= 0 for s in stops):
-                break
-        self.generated = self.generated[: base + n]
-        self.finish_reason, self.text_cut = "stop", min(hits)
-        return kept[:n]
 
     def result(self, decode: Callable[[list[int]], str] | None) -> Generation:
         """The ``Generation`` of a finished (or cancelled) sequence."""

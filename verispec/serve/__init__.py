@@ -5,8 +5,8 @@
     engine.py     the engine thread: the only thread touching the model; an inbox in, callbacks out
     app.py        the FastAPI endpoints
     protocol.py   request checking (400s naming the field), error bodies, the stats of a choice
-    text.py       incremental detokenization for streaming
-    metrics.py    counters and their Prometheus text
+    text.py       streamed text (the engine's incremental detokenizer, stop strings held back)
+    metrics.py    the Prometheus metrics (prometheus-client): histograms, counters, gauges
 
-Needs the ``serve`` extra (fastapi, uvicorn). See docs/serving.md.
+Needs the ``serve`` extra (fastapi, uvicorn, prometheus-client). See docs/serving.md.
 """

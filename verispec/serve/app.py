@@ -34,7 +34,7 @@ from ..engine import QueueFull, Request
 from ..engine.request import Sequence
 from ..verify import rng
 from .engine import EngineLoop, EngineUnavailable, Handle
-from .metrics import Metrics
+from .metrics import CONTENT_TYPE, Metrics
 from .protocol import BadRequest, GenerationParams, decoding_stats, error_body, parse_completion
 from .text import IncrementalText
 
@@ -168,6 +168,8 @@ class _Handlers:
         seed = params.seed if params.seed is not None else rng.seed_from(None)
         request = Request(prompt, max_tokens, params.temperature, params.top_k, params.top_p, seed, params.stop)
         handle = Handle(request, asyncio.get_running_loop())
+        if params.stream:
+            handle.text = IncrementalText(self.decode, self.eos, params.stop)
         try:
             await self.submit(handle)
         except QueueFull as e:
@@ -233,14 +235,15 @@ class _Handlers:
         return f"data: {json.dumps(body)}\n\n"
 
     async def stream(self, handle: Handle, params: GenerationParams, chat: bool, ident: str):
-        text = IncrementalText(self.decode, self.eos, params.stop)
+        text = handle.text
         try:
             if chat:
                 yield self.chunk(ident, chat, "", [], first=True)
             while True:
                 kind, payload = await self.next_event(handle)
                 if kind == "tokens":
-                    yield self.chunk(ident, chat, text.add(payload), payload)
+                    tokens, piece = payload
+                    yield self.chunk(ident, chat, piece, tokens)
                     continue
                 if kind == "lost":                   # the engine cannot deliver the end: say so, and stop waiting
                     self.metrics.http_error(500)
@@ -252,7 +255,7 @@ class _Handlers:
                     self.metrics.http_error(500)
                     yield f"data: {json.dumps(error_body(f'generation failed: {seq.error}', 'server_error'))}\n\n"
                 elif seq.finish_reason != "cancelled":
-                    rest = text.finish(seq.result(self.decode).text)
+                    rest = text.finish(seq)
                     yield self.chunk(ident, chat, rest, [], finish=_finish_reason(seq),
                                 extra={"speculative_decoding_stats": decoding_stats(seq.stats)})
                     if params.include_usage:
@@ -331,6 +334,6 @@ def build_app(engine: EngineLoop, served: ServedModel, metrics: Metrics) -> Fast
 
     @app.get("/metrics")
     async def prometheus():
-        return PlainTextResponse(h.metrics.render(), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(h.metrics.render(), media_type=CONTENT_TYPE)
 
     return app

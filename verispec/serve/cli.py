@@ -12,28 +12,38 @@ LOOPBACK_NAMES = {"localhost"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="HF checkpoint dir or .gguf file (default: the embedded "
-                   "SmolLM2-135M-Instruct)")
-    p.add_argument("--served-model-name", default=None, help="the model name clients send (default: from --model)")
+    p.add_argument("--model", default=None, help="HF checkpoint dir, .gguf file, or a shape name with RANDOM weights "
+                   "(e.g. llama-3.1-8b, for benchmarks: needs --tokenizer); None = the embedded "
+                   "SmolLM2-135M-Instruct")
+    p.add_argument("--tokenizer", default=None, help="load the tokenizer from here (HF dir with tokenizer.json or a "
+                   ".gguf file) instead of from --model; None = --model's own")
+    p.add_argument("--served-model-name", default=None, help="the model name clients send; None = from --model")
     d = p.add_mutually_exclusive_group()
-    d.add_argument("--draft", metavar="MODEL", help="draft model (same tokenizer as --model)")
+    d.add_argument("--draft", metavar="MODEL", default=None, help="draft model (same tokenizer as --model), or "
+                   "oracle:ALPHA (BENCHMARKS ONLY: see --oracle-draft-cost)")
     d.add_argument("--draft-lookup", action="store_true", help="prompt-lookup drafting (no draft model)")
-    d.add_argument("--draft-self", metavar="L", type=int, help="self-speculation with the first L layers")
-    p.add_argument("-k", default="auto", help="drafts per round: an integer >= 1, or auto (default): each round "
-                   "the k in [0, --k-max] with the most expected tokens/s")
-    p.add_argument("--k-max", type=int, default=8, help="the largest k that k=auto considers (default 8)")
-    p.add_argument("--cost-table", default=None, help="k=auto: JSON cost table to load, or to write after "
-                   "measuring at startup when the file does not exist")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--allow-remote", action="store_true", help="allow a --host that is not a loopback address")
+    d.add_argument("--draft-self", metavar="L", type=int, default=None,
+                   help="self-speculation with the first L layers")
+    p.add_argument("--oracle-draft-cost", metavar="MODEL", default=None,
+                   help="--draft oracle:ALPHA: the drafts pay the passes of this model (e.g. llama-3.2-1b); "
+                        "None = free drafts")
+    p.add_argument("-k", default="auto", help="drafts per round: an integer >= 1, or auto: each round the k in "
+                   "[0, --k-max] with the most expected tokens/s")
+    p.add_argument("--k-max", type=int, default=8, help="the largest k that -k auto considers")
+    p.add_argument("--cost-table", default=None, help="-k auto: JSON cost table to load, or to write after "
+                   "measuring at startup when the file does not exist; None = measure, keep in memory")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (loopback unless --allow-remote)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port, 1-65535")
+    p.add_argument("--allow-remote", action="store_true", help="allow a --host that is not a loopback address "
+                   "(the server has no authentication)")
     p.add_argument("--max-batch-size", type=int, default=8, help="requests decoded at once (cache rows)")
     p.add_argument("--max-seq-len", type=int, default=2048, help="prompt + generated tokens per request")
     p.add_argument("--max-waiting", type=int, default=64, help="queued requests beyond which new ones get 429")
-    p.add_argument("--device", default=None, help="cpu | cuda[:i] (default: cuda if available)")
-    p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--log-level", default="warning", help="uvicorn's log level (default warning)")
+    p.add_argument("--device", default=None, help="cpu | cuda | cuda:i; None = cuda if available, else cpu")
+    p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16; None = bf16 on cuda, fp32 on cpu")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads; None = the physical cores that "
+                   "other processes leave free")
+    p.add_argument("--log-level", default="warning", help="uvicorn's log level")
 
 
 def _die(message: str) -> None:
@@ -54,6 +64,64 @@ def is_loopback(host: str) -> bool:
             return False
 
 
+def parse_oracle(draft: str | None) -> float | None:
+    """--draft oracle:ALPHA -> ALPHA (None for any other --draft); _die for a bad ALPHA."""
+    if draft is None or not draft.startswith("oracle"):
+        return None
+    _, _, alpha = draft.partition(":")
+    try:
+        value = float(alpha)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        _die(f"--draft {draft}: oracle:ALPHA needs an acceptance rate ALPHA in [0, 1], e.g. oracle:0.8")
+    return value
+
+
+def _check_port(host: str, port: int) -> None:
+    """The port is in range and free here: refused now, not after the model has loaded."""
+    if not 1 <= port <= 65535:
+        _die(f"--port must be in 1..65535, got {port}")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as uvicorn binds it
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            _die(f"--host {host} --port {port}: cannot listen there ({e.strerror or e})")
+
+
+def _check_sources(args) -> None:
+    """Model, draft and tokenizer sources, from their configs only (no weights): a shape name without
+    --tokenizer, a missing path, --draft-self beyond the model's layers are refused before loading."""
+    from ..runtime.config import NAMED_SHAPES
+    from ..runtime.loading import peek_config
+
+    def peek(flag, source):
+        try:
+            return peek_config(source)
+        except (ValueError, FileNotFoundError) as e:
+            _die(f"{flag} {source or '(embedded SmolLM2-135M-Instruct)'}: {e}")
+
+    cfg = peek("--model", args.model) if args.model is not None or args.draft_self is not None else None
+    if args.model in NAMED_SHAPES and args.tokenizer is None:
+        _die(f"--model {args.model} is a shape with random weights and no tokenizer: pass --tokenizer (an HF "
+             f"directory with tokenizer.json or a .gguf file) to serve it")
+    if args.tokenizer is not None:
+        path = os.path.expanduser(args.tokenizer)
+        if not (os.path.isdir(path) and os.path.exists(os.path.join(path, "tokenizer.json"))) and \
+                not (os.path.isfile(path) and path.endswith(".gguf")):
+            _die(f"--tokenizer {args.tokenizer}: expected a directory with tokenizer.json or a .gguf file")
+    if args.draft_self is not None and not 1 <= args.draft_self < cfg.num_layers:
+        _die(f"--draft-self {args.draft_self}: need 1 <= L < the model's {cfg.num_layers} layers")
+    if args.draft is not None and parse_oracle(args.draft) is None:
+        peek("--draft", args.draft)
+    if args.oracle_draft_cost is not None:
+        if parse_oracle(args.draft) is None:
+            _die("--oracle-draft-cost needs --draft oracle:ALPHA")
+        peek("--oracle-draft-cost", args.oracle_draft_cost)
+
+
 def check_args(args) -> None:
     """Refuse bad settings before loading anything."""
     if not is_loopback(args.host) and not args.allow_remote:
@@ -68,17 +136,23 @@ def check_args(args) -> None:
             _die(f"-k must be an integer >= 1 or 'auto', got {args.k}")
     if args.k_max < 1:
         _die(f"--k-max must be >= 1, got {args.k_max}")
-    for name in ("max_batch_size", "max_seq_len", "max_waiting", "port"):
+    for name in ("max_batch_size", "max_seq_len", "max_waiting"):
         if getattr(args, name) < (0 if name == "max_waiting" else 1):
             _die(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if args.threads is not None and args.threads < 1:
         _die(f"--threads must be >= 1, got {args.threads}")
+    if args.draft_self is not None and args.draft_self < 1:
+        _die(f"--draft-self must be >= 1 (layers), got {args.draft_self}")
+    parse_oracle(args.draft)
+    _check_port(args.host, args.port)
+    _check_sources(args)
 
 
 def main(args) -> int:
     check_args(args)
     try:
         import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError as e:
         _die(f"{e.name} is not installed: pip install 'verispec[serve]'")

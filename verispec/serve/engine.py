@@ -2,7 +2,8 @@
 
 HTTP handlers (on the asyncio loop) talk to it through ``EngineLoop.submit`` / ``cancel``, which put
 commands in a thread-safe inbox and wake the loop. Tokens come back through each request's
-``on_tokens`` callback, which runs on the engine thread and hands them to the handler's asyncio queue with
+``on_tokens`` callback, which runs on the engine thread, detokenizes them there when the handler streams
+(``Handle.text``: the event loop never decodes) and hands both to the handler's asyncio queue with
 ``loop.call_soon_threadsafe``; the end of a request (finished, cancelled, failed) comes the same way, last.
 
     handler                          engine thread
@@ -34,6 +35,7 @@ import torch
 
 from ..engine import Request, Scheduler, Sequence
 from .metrics import Metrics
+from .text import IncrementalText
 
 log = logging.getLogger(__name__)
 
@@ -52,14 +54,23 @@ class Handle:
     sequence: Sequence | None = None
     done: bool = False              # set by the engine thread just before it sends the end
     disconnected: bool = False      # the client went away (set by its handler)
+    text: IncrementalText | None = None     # streaming: each chunk's text, made on the engine thread
+    metrics: Metrics | None = None          # TTFT and inter-token latency are observed as chunks arrive
+    last_chunk_at: float | None = None      # perf_counter of the last chunk (None: no token yet)
 
     def push(self, event: tuple) -> None:
-        """From the engine thread: ("tokens", [ids]) or ("end", Sequence). A closed event loop (the server has
-        gone) has no one left to tell."""
+        """From the engine thread: ("tokens", ([ids], text or None)) or ("end", Sequence). A closed event loop
+        (the server has gone) has no one left to tell."""
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, event)
         except RuntimeError:
             pass
+
+    def on_tokens(self, request: Request, tokens: list[int]) -> None:
+        """The request's ``on_tokens`` (engine thread)."""
+        if self.metrics is not None:
+            self.last_chunk_at = self.metrics.tokens(request, self.last_chunk_at, len(tokens))
+        self.push(("tokens", (tokens, self.text.add(tokens) if self.text is not None else None)))
 
 
 class EngineLoop:
@@ -127,7 +138,7 @@ class EngineLoop:
         if problem is not None:
             fut.set_exception(EngineUnavailable(problem))
             return fut
-        handle.request.on_tokens = lambda req, toks: handle.push(("tokens", toks))
+        handle.request.on_tokens, handle.metrics = handle.on_tokens, self.metrics
         self.inbox.put(("submit", handle, fut))
         self.wake.set()
         return fut

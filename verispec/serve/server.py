@@ -25,16 +25,34 @@ def _log(message: str) -> None:
 
 
 def load_target_and_drafter(args):
-    from ..drafters import DraftModel, PromptLookup, SelfSpeculative
+    from ..drafters import DraftModel, PromptLookup, SelfSpeculative, SuccessorOracle, make_peaked
     from ..runtime import load_model
+    from ..runtime.loading import load_tokenizer
+    from .cli import parse_oracle
 
     target = load_model(args.model, device=args.device, dtype=args.dtype)
+    if args.tokenizer is not None:
+        tok = load_tokenizer(args.tokenizer)
+        if tok.vocab_size > target.config.vocab_size:
+            raise ValueError(f"--tokenizer {args.tokenizer} has {tok.vocab_size} tokens, more than the model's "
+                             f"vocabulary of {target.config.vocab_size}: its ids would index past the embedding")
+        target.tokenizer = tok
     if target.tokenizer is None:
-        raise ValueError(f"{args.model} has no tokenizer (random weights?): the server needs one")
+        raise ValueError(f"{args.model} has no tokenizer (random weights?): pass --tokenizer")
+    alpha = parse_oracle(args.draft)
     if args.draft_lookup:
         drafter = PromptLookup()
     elif args.draft_self is not None:
         drafter = SelfSpeculative(layers=args.draft_self)
+    elif alpha is not None:
+        successor = make_peaked(target)
+        cost = None
+        if args.oracle_draft_cost is not None:
+            cost = load_model(args.oracle_draft_cost, device=str(target.device), dtype=args.dtype, seed=1)
+        drafter = SuccessorOracle(successor, alpha, cost_model=cost)
+        _log(f"BENCHMARK ONLY: --draft {args.draft} overwrote the model's weights with a peaked function of the "
+             f"last token (its text is meaningless); drafts are accepted with probability {alpha} each, paying "
+             f"{args.oracle_draft_cost or 'no'} draft passes")
     elif args.draft is not None:
         drafter = DraftModel(load_model(args.draft, device=str(target.device), dtype=args.dtype))
     else:

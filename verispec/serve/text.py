@@ -1,37 +1,50 @@
-"""Incremental detokenization for streaming: text that is final, emitted once, in order.
+"""Streamed text: each chunk's text, final and in order, made on the engine thread (``Handle.on_tokens``).
 
-Decoding token by token is wrong for byte-level BPE (a character may span tokens), so each update decodes
-the whole generated list and emits the new suffix. Held back: a trailing U+FFFD (an incomplete UTF-8
-sequence that the next token may complete) and the last len(longest stop string) - 1 characters (they may
-begin a stop string, which must not reach the client). ``finish(text)`` emits the rest of the final text.
+Built on ``verispec.engine.detokenize.IncrementalDetokenizer``, so a chunk costs its own length, not the
+generation's. Held back: a trailing incomplete UTF-8 character (the next token may complete it), the last
+len(longest stop string) - 1 characters (they may begin a stop string) and a stop string that is complete
+(its chunk arrives before the request's end): no part of a stop string reaches the client.
+``finish(sequence)`` returns the rest when the request ends: up to the stop string's cut, if one ended it.
 """
 from __future__ import annotations
 
 from typing import Callable
 
+from ..engine.detokenize import IncrementalDetokenizer
+
 
 class IncrementalText:
     def __init__(self, decode: Callable[[list[int]], str], eos: set[int], stop: tuple[str, ...]):
-        self.decode, self.eos = decode, eos
+        self.detok = IncrementalDetokenizer(decode)
+        self.eos = eos
+        self.stop = stop
         self.hold = max((len(s) for s in stop), default=1) - 1
-        self.tokens: list[int] = []
-        self.sent = ""
+        self.sent = 0              # characters sent so far
+        self.base = 0              # characters of final text before ``unsent``
+        self.unsent = ""           # final text from ``base`` on (base <= sent: what may still go out)
 
     def add(self, tokens: list[int]) -> str:
-        """Tokens just emitted -> the text that became final with them ("" if none)."""
-        self.tokens += tokens
-        text = self.decode([t for t in self.tokens if t not in self.eos])
-        text = text.rstrip("\ufffd")
-        if self.hold:
-            text = text[: max(len(text) - self.hold, 0)]
-        return self._advance(text)
+        """Tokens just emitted -> the text that became safe to send with them ("" if none)."""
+        self.unsent += self.detok.add([t for t in tokens if t not in self.eos])
+        known = self.unsent + self.detok.pending                  # starts at character ``base``
+        end = self.base + max(len(known) - self.hold, 0)
+        # the chunk that completes a stop string arrives before the end of the request: never send from the
+        # stop string on (``known`` starts at or before what was sent, so an earlier one cannot be missed)
+        hits = [i for i in (known.find(s) for s in self.stop) if i >= 0]
+        if hits:
+            end = min(end, self.base + min(hits))
+        piece = known[self.sent - self.base:end - self.base] if end > self.sent else ""
+        self.sent += len(piece)
+        final_end = self.base + len(self.unsent)
+        keep_from = min(self.sent, final_end)                       # drop what no later call needs
+        self.unsent = self.unsent[keep_from - self.base:]
+        self.base = keep_from
+        return piece
 
-    def finish(self, final_text: str) -> str:
-        """The sequence ended with ``final_text`` (its Generation.text) -> the text not yet sent."""
-        return self._advance(final_text)
-
-    def _advance(self, text: str) -> str:
-        if len(text) <= len(self.sent) or not text.startswith(self.sent):
-            return ""
-        new, self.sent = text[len(self.sent):], text
-        return new
+    def finish(self, sequence) -> str:
+        """The request ended (``sequence``: its engine Sequence) -> the text not yet sent."""
+        text = self.unsent + self.detok.flush()
+        end = self.base + len(text)
+        if sequence.text_cut is not None:
+            end = min(end, sequence.text_cut)
+        return text[self.sent - self.base:end - self.base] if end > self.sent else ""

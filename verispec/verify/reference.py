@@ -105,10 +105,17 @@ def reference_status(
     num_drafts_total = drafts.shape[0]
     cu_num_draft = torch.zeros(counts.shape[0] + 1, dtype=torch.long)
     cu_num_draft[1:] = torch.cumsum(counts, 0)
-    nan = torch.isnan(logits)
-    row_bits = (torch.where(nan.any(1), NAN, 0) | torch.where(torch.isposinf(logits).any(1), POS_INF, 0)
-                | torch.where(torch.isneginf(logits).all(1), DEAD_ROW, 0))                          # [R]
-    row_max = torch.where(nan, float("-inf"), logits).amax(1) if num_rows else logits.new_zeros(0)
+    # One pass settles the usual case: a row's max (NaN-propagating) is finite iff the row has no NaN, no +inf
+    # and is not all -inf. Only a batch with a bad row pays the full scans, which name what is wrong. (The
+    # engine computes this every round on the CPU: for 9 rows of SmolLM2's 49152 logits, 4.0 ms -> 0.4 ms.)
+    row_max = logits.amax(1) if num_rows else logits.new_zeros(0)
+    if bool(torch.isfinite(row_max).all()):
+        row_bits = torch.zeros(num_rows, dtype=torch.long)
+    else:
+        nan = torch.isnan(logits)
+        row_bits = (torch.where(nan.any(1), NAN, 0) | torch.where(torch.isposinf(logits).any(1), POS_INF, 0)
+                    | torch.where(torch.isneginf(logits).all(1), DEAD_ROW, 0))                      # [R]
+        row_max = torch.where(nan, float("-inf"), logits).amax(1)
     id_ok = (drafts >= 0) & (drafts < vocab)
     draft_bits = torch.where(id_ok, 0, DRAFT_ID)                                                     # [N]
     if draft_probs is not None:
