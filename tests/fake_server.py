@@ -122,3 +122,20 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def metrics(base: str) -> dict[str, float]:
+    """The server's /metrics as {'name{label="v",...}': value}, parsed with prometheus-client's own parser (labels
+    sorted, the ``model`` label left out; histograms give their _bucket/_sum/_count samples)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(base + "/metrics", timeout=30).read().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = {k: v for k, v in s.labels.items() if k != "model"}
+            key = s.name + ("{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}" if labels else "")
+            out[key] = out.get(key, 0.0) + s.value
+    return out

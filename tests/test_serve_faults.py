@@ -18,6 +18,7 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
+import fake_server  # noqa: E402
 from fake_server import NAME, free_port, running  # noqa: E402
 from fakes import FakeModel, greedy_reference  # noqa: E402
 
@@ -37,13 +38,7 @@ def _call(base, path, body=None, method=None, timeout=30) -> tuple[int, dict]:
 
 
 def _metrics(base) -> dict[str, float]:
-    text = urllib.request.urlopen(base + "/metrics", timeout=30).read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            out[name.replace(f'model="{NAME}",', "").replace(f'{{model="{NAME}"}}', "")] = float(value)
-    return out
+    return fake_server.metrics(base)
 
 
 def _completion(prompt, max_tokens, **kw) -> dict:

@@ -16,6 +16,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
+import fake_server  # noqa: E402
 from fake_server import NAME, PacedFake, running  # noqa: E402
 from fakes import greedy_reference  # noqa: E402
 from verispec.drafters import PromptLookup  # noqa: E402
@@ -96,9 +97,7 @@ def _alone(jobs: list[dict]) -> list[tuple[list[int], str]]:
 
 
 def _metrics(base) -> dict[str, float]:
-    text = urllib.request.urlopen(base + "/metrics", timeout=30).read().decode()
-    return {line.rsplit(" ", 1)[0].replace(f'model="{NAME}",', "").replace(f'{{model="{NAME}"}}', ""):
-            float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line and not line.startswith("#")}
+    return fake_server.metrics(base)
 
 
 def test_soak():
