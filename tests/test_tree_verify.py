@@ -397,6 +397,21 @@ def test_tree_kernels_compile_for_an_h100():
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 
 
+@pytest.mark.parametrize("fn, kwargs", [(verify_tree_greedy, {}), (verify_tree_sample, dict(seed=5, top_k=3)),
+                                        (verify_tree_sample, dict(seed=5, with_q=True))],
+                         ids=["greedy", "sample", "sample-draft-probs"])
+def test_the_default_call_reads_the_device_once(monkeypatch, fn, kwargs):
+    """The tree's shape is host metadata: the only device->host read is the status word's (none unchecked)."""
+    from test_verify_status import ONE_READ, _count_reads
+
+    kwargs = dict(kwargs)
+    trees = random_trees(torch.Generator().manual_seed(2), [4, 0, 3], 16)
+    logits, tokens, q = _on("triton", trees.logits, trees.tokens, trees.q)
+    args = (logits, tokens, trees.parents, trees.num_nodes) + ((q,) if kwargs.pop("with_q", False) else ())
+    assert _count_reads(monkeypatch, lambda: fn(*args, backend="triton", **kwargs)) == ONE_READ
+    assert _count_reads(monkeypatch, lambda: fn(*args, backend="triton", check_values=False, **kwargs)) == {}
+
+
 def test_default_backend_is_the_reference_on_cpu():
     from verispec.verify.tree_api import pick_tree_backend
 
