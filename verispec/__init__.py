@@ -1,6 +1,7 @@
 """verispec: exact speculative decoding with fast batched verification.
 
     from verispec import verify_greedy, verify_sample      # verification of drafts (verispec.verify)
+    from verispec import verify_tree_greedy, verify_tree_sample   # ... of draft trees
     from verispec import load_model, generate              # the runtime and the engine
     from verispec.drafters import PromptLookup, DraftModel, SelfSpeculative
 
@@ -16,10 +17,11 @@ _LAZY = {
     "generate": "engine",
     "HFModel": "runtime", "Model": "runtime", "ModelConfig": "runtime", "load_model": "runtime",
     "VerifyOutput": "verify", "verify_greedy": "verify", "verify_sample": "verify",
+    "TreeVerifyOutput": "verify", "verify_tree_greedy": "verify", "verify_tree_sample": "verify",
 }
 
 __all__ = [
-    "VerifyOutput", "verify_greedy", "verify_sample",
+    "VerifyOutput", "verify_greedy", "verify_sample", "TreeVerifyOutput", "verify_tree_greedy", "verify_tree_sample",
     "load_model", "Model", "HFModel", "ModelConfig",
     "generate", "SpeculativeDecoder", "Generation", "GenerationError", "Stats",
     "DraftModel", "PromptLookup", "SelfSpeculative",

@@ -127,22 +127,26 @@ def reference_status(
     if temperature is not None:
         settings_ok, temperature_ok = settings_valid(temperature.cpu(), top_k.cpu(), top_p.cpu())
         inverse_t = torch.where(temperature_ok & (temperature.cpu() > 0), 1 / temperature.cpu().double(), 0.0)
+    # the per-sequence loop reads Python lists: the same values, without a tensor index per element
+    row_bits, draft_bits, row_max = row_bits.tolist(), draft_bits.tolist(), row_max.tolist()
+    total = int(cu_num_draft[-1])
+    if temperature is not None:
+        settings_ok, inverse_t = settings_ok.tolist(), inverse_t.tolist()
     words = []
-    for b, k in enumerate(counts.tolist()):
-        if int(cu_num_draft[-1]) != num_drafts_total or not 0 <= k <= max_num_draft:
+    for b, (k, draft0) in enumerate(zip(counts.tolist(), cu_num_draft.tolist())):
+        if total != num_drafts_total or not 0 <= k <= max_num_draft:
             words.append(NUM_DRAFT)
             continue
-        draft0 = int(cu_num_draft[b])
         rows = [r for r in range(draft0 + b, draft0 + b + k + 1) if 0 <= r < num_rows]
         word = 0
         for r in rows:
-            word |= int(row_bits[r])
+            word |= row_bits[r]
         for j in range(max(draft0, 0), min(draft0 + k, num_drafts_total)):
-            word |= int(draft_bits[j])
+            word |= draft_bits[j]
         if temperature is not None:
-            word |= 0 if bool(settings_ok[b]) else SETTINGS
-            clean = [r for r in rows if int(row_bits[r]) == 0]
-            if inverse_t[b] > 0 and any(abs(float(row_max[r]) * float(inverse_t[b])) > MAX_SCALED_LOGIT for r in clean):
+            word |= 0 if settings_ok[b] else SETTINGS
+            clean = [r for r in rows if row_bits[r] == 0]
+            if inverse_t[b] > 0 and any(abs(row_max[r] * inverse_t[b]) > MAX_SCALED_LOGIT for r in clean):
                 word |= SCALED
         words.append(word)
     return torch.tensor(words, dtype=torch.int32)
