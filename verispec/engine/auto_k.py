@@ -207,7 +207,7 @@ def measure_costs(target, drafter, k_max: int, batch_sizes: tuple[int, ...], *, 
             continue
         drafter.reserve(target, batch, max_seq_len)
         drafter.admit(list(range(batch)), prompts, [p[-1] for p in prompts],
-                      SamplingParams((0.0,) * batch, (0,) * batch, (1.0,) * batch, (0,) * batch))
+                      SamplingParams.columns((0.0,) * batch, (0,) * batch, (1.0,) * batch, (0,) * batch))
 
         def one_step():
             drafts = drafter.propose([1] * batch).draft_tokens.tolist()     # [B, <=1]
