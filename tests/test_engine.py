@@ -152,6 +152,18 @@ def test_stats_are_consistent(target):
         assert math.isclose(s.acceptance_rate, s.accepted / s.proposed)
 
 
+def test_verification_warm_up_runs_every_shape(monkeypatch):
+    """``Scheduler.warm_up``'s verification pass (GPU only in a scheduler) runs on the CPU too: every batch size,
+    draft count and setting, its outcome read as a round reads it."""
+    from verispec.engine import round as round_mod
+
+    seen = []
+    real = round_mod.verification
+    monkeypatch.setattr(round_mod, "verification", lambda *a: seen.append((len(a[2]), a[3], a[5].all_greedy)) or real(*a))
+    round_mod.warm_verification(torch.device("cpu"), torch.float32, 40, 3, 2, [(0.0, 0, 1.0), (0.7, 5, 0.9)], None)
+    assert sorted(seen) == sorted((b, k, g) for b in (1, 2, 3) for k in range(3) for g in (True, False))
+
+
 def test_phase_times_cover_every_round_and_fit_in_the_call(target, monkeypatch):
     """A clock that advances one tick per reading makes the timings countable: every phase (draft,
     verify, accept, commit) is timed in every round a sequence took part in (>= 1 tick per round),

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from ..device import to_device
-from ..drafters.base import DraftError, Drafter, Proposal, SamplingParams
+from ..drafters.base import DraftError, Drafter, Proposal, Sampling, SamplingParams
 from ..verify import VerifyOutput, verify_greedy, verify_sample
 from ..verify.status import NUM_DRAFT, describe
 from .request import Sequence
@@ -131,6 +131,21 @@ def verification(target_logits: Tensor, draft_tokens: Tensor, num_draft: list[in
         target_logits, draft_tokens, num_draft, draft_probs, temperature=sampling.temperature,
         top_k=sampling.top_k, top_p=sampling.top_p, seed=keys[0], offset=keys[1],
         max_num_draft=max_num_draft, check_values=False, backend=backend)
+
+
+def warm_verification(device, dtype, vocab: int, max_batch_size: int, k: int,
+                      settings: list[tuple[float, int, float]], backend: str | None) -> None:
+    """Run the verification once per batch size 1..max_batch_size, draft count 0..k and (temperature, top_k,
+    top_p) setting, on zero logits and its outcome read as a round reads it, so that its kernels are compiled or
+    loaded before the first rounds (``Scheduler.warm_up``)."""
+    for b in range(1, max_batch_size + 1):
+        for n in range(k + 1):
+            for temp, top_k, top_p in settings:
+                sampling = SamplingParams((Sampling(float(temp), int(top_k), float(top_p), 0),) * b)
+                logits = torch.zeros(b * (n + 1), vocab, device=device, dtype=dtype)                # [b*(n+1), V]
+                drafts = torch.zeros(b * n, dtype=torch.long, device=device)                      # [b*n]
+                probs = None if sampling.all_greedy else torch.full((b * n, vocab), 1.0 / vocab, device=device)
+                read_outcome(verification(logits, drafts, [n] * b, n, probs, sampling, [0] * b, backend))
 
 
 def read_outcome(out: VerifyOutput) -> list[list[int]]:

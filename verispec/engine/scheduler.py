@@ -33,7 +33,8 @@ import torch
 from ..drafters.base import Drafter, SamplingParams
 from ..runtime.cache import fill_order
 from .request import Request, Sequence
-from .round import PhaseClock, RoundResult, RunningBatch, failed_rows, read_outcome, run_round, verification
+from .round import (PhaseClock, RoundResult, RunningBatch, failed_rows, read_outcome, run_round, verification,
+                    warm_verification)
 from .stats import Stats
 
 log = logging.getLogger(__name__)
@@ -141,21 +142,10 @@ class Scheduler:
         return n
 
     def _warm_verification(self, settings: list[tuple[float, int, float]]) -> None:
-        """Run the verification once per batch size and draft count it will see (on zero logits), so that its
-        kernels are compiled or loaded now rather than in the first rounds."""
-        if self.target.device.type != "cuda":
-            return
-        vocab = self.target.config.vocab_size
-        for b in range(1, self.config.max_batch_size + 1):
-            for k in range(self.k + 1):
-                for temp, top_k, top_p in settings:
-                    sampling = SamplingParams.columns((float(temp),) * b, (int(top_k),) * b, (float(top_p),) * b, (0,) * b)
-                    logits = torch.zeros(b * (k + 1), vocab, device=self.target.device, dtype=self.target.dtype)
-                    drafts = torch.zeros(b * k, dtype=torch.long, device=self.target.device)
-                    probs = None if sampling.all_greedy else torch.full((b * k, vocab), 1.0 / vocab,
-                                                                        device=self.target.device)
-                    read_outcome(verification(logits, drafts, [k] * b, k, probs, sampling, [0] * b,
-                                              self.verify_backend), raise_on_status=False)
+        """On a GPU: ``warm_verification`` for every batch size and draft count this scheduler will see."""
+        if self.target.device.type == "cuda":
+            warm_verification(self.target.device, self.target.dtype, self.target.config.vocab_size,
+                              self.config.max_batch_size, self.k, settings, self.verify_backend)
 
     @property
     def idle(self) -> bool:
