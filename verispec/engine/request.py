@@ -46,7 +46,7 @@ class Request:
 @dataclass
 class Sequence:
     """A request in the engine: the tokens it emitted so far, why it ended (None while running), and the state
-    the engine keeps about it between rounds (``rounds_done``: its stream offset). One object per
+    the engine keeps about it between rounds (``rounds_done``: its stream offset; ``k_state``). One object per
     request: the running batch is a list of them (``round.RunningBatch``), so compacting it moves each whole."""
 
     request: Request
@@ -57,6 +57,7 @@ class Sequence:
     text_cut: int | None = None    # text length to keep when a stop string ended the run
     stop_scan: int = 0             # text before this offset was already searched for stop strings
     rounds_done: int = 0           # rounds this sequence took part in
+    k_state: object = None         # the k policy's own state for this request (k="auto": ``auto_k.RowState``)
 
     @property
     def prompt(self) -> list[int]:

@@ -19,8 +19,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d.add_argument("--draft", metavar="MODEL", help="draft model (same tokenizer as --model)")
     d.add_argument("--draft-lookup", action="store_true", help="prompt-lookup drafting (no draft model)")
     d.add_argument("--draft-self", metavar="L", type=int, help="self-speculation with the first L layers")
-    p.add_argument("-k", default="auto", help="drafts per round: an integer >= 1, or auto (default): each round "
-                   "the k in [0, --k-max] with the most expected tokens/s")
+    p.add_argument("-k", default="auto", help="drafts per round: an integer >= 1, or auto (default): each round, "
+                   "each request's k in [0, --k-max] with the most expected tokens/s for its own acceptance")
     p.add_argument("--k-max", type=int, default=8, help="the largest k that k=auto considers (default 8)")
     p.add_argument("--cost-table", default=None, help="k=auto: JSON cost table to load, or to write after "
                    "measuring at startup when the file does not exist")
