@@ -10,7 +10,8 @@
 
 The running rows are always the cache prefix [0, B) (see verispec/runtime/cache.py), so the target pass runs
 in the CUDA graph of B's bucket. A request's tokens depend only on itself: the target pass computes each row
-independently, and verification and drafting draw from each request's own seeded stream.
+independently, verification and drafting draw from each request's own seeded stream, and the k policy gives a
+row a k that depends on that row alone (``auto_k.AutoK``; a greedy row's tokens do not depend on k).
 
 A fault ends the request it belongs to and nothing else (docs/engine.md, "Faults"): a prefill that raises
 is retried one request at a time, a row whose logits verification refuses or whose drafter fails
