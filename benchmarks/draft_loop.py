@@ -52,12 +52,12 @@ def start(drafter, prompts, temperature: float, max_seq_len: int) -> None:
     n = len(prompts)
     drafter.reserve(None, n, max_seq_len)
     drafter.admit(list(range(n)), [p[:-1] for p in prompts], [p[-1] for p in prompts],
-                  SamplingParams((temperature,) * n, (0,) * n, (1.0,) * n, tuple(range(7, 7 + n))))
+                  SamplingParams.columns((temperature,) * n, (0,) * n, (1.0,) * n, tuple(range(7, 7 + n))))
 
 
 def one_round(drafter, k: int, accept_all: bool, rng: random.Random, vocab: int):
     """propose + the host read of the drafts (the engine's sync) + commit; -> (seconds, drafts, q)."""
-    batch = len(drafter._hist)
+    batch = len(drafter._rows)
     sync()
     t = time.perf_counter()
     proposal = drafter.propose([k] * batch)

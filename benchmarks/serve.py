@@ -152,15 +152,11 @@ def closed_loop(target, drafter, prompts, outputs, k: int, concurrency: int):
 
 
 def position_alpha(stats) -> float:
-    """Per-position acceptance over the draft positions actually tested (0 with no drafts): a round tests
-    draft i only if it accepted draft i - 1, so accepted / proposed (which counts the untested positions
-    after a rejection as failures) would understate the alpha of verispec.analysis. Pooled over ``stats``;
-    "accepted i - 1 and proposed i" is bounded by both counts (exact when every round proposes K)."""
-    accepted = tested = 0
-    for st in stats:
-        acc, prop = st.accepted_per_position, st.proposed_per_position
-        accepted += sum(acc)
-        tested += (prop[0] if prop else 0) + sum(min(acc[i - 1], prop[i]) for i in range(1, len(prop)))
+    """Acceptance per draft position actually tested, pooled over ``stats`` (0 with no drafts): a round tests
+    draft i only if it accepted drafts 0..i-1 (``Stats.tested_per_position``), so accepted / proposed (which
+    counts the untested positions after a rejection as failures) would understate the alpha of verispec.analysis."""
+    accepted = sum(sum(st.accepted_per_position) for st in stats)
+    tested = sum(sum(st.tested_per_position) for st in stats)
     return accepted / tested if tested else 0.0
 
 

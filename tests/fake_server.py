@@ -3,6 +3,7 @@ costs next to nothing, so that serving tests (faults, cancellation, soak) stay f
 
 In-process: ``running(...)`` starts uvicorn on a thread and yields a ``Served`` (base URL, engine, model).
 As a process: ``python tests/fake_server.py --port N [verispec serve options] [--pass-s S] [--die-at-step S]``
+(drafters: ``--draft-lookup``, ``--draft-self L``)
 runs ``verispec.serve.server.serve`` as ``verispec serve`` does; ``--die-at-step S``: the S-th step raises and
 no fresh scheduler can be built, so the engine dies (the process must exit 1).
 """
@@ -55,13 +56,19 @@ def serve_args(argv: list[str]):
 
 def build(argv: list[str], eos_bias: float = -30.0):
     """(engine, app, target) of a fake-model server with ``verispec serve`` options ``argv``."""
-    from verispec.drafters import PromptLookup
+    from verispec.drafters import PromptLookup, SelfSpeculative
     from verispec.serve.server import assemble
 
     args = serve_args(argv)
     target = PacedFake(seed=0, eos_bias=eos_bias)
     target.pass_s = args.pass_s
-    drafter = PromptLookup(max_ngram=3, min_ngram=1) if args.draft_lookup else None
+    drafter = None
+    if args.draft_lookup:
+        drafter = PromptLookup(max_ngram=3, min_ngram=1)
+    elif args.draft_self is not None:
+        drafter = SelfSpeculative(layers=args.draft_self)      # the fake model's first layers
+    if drafter is not None:
+        drafter.attach(target)
     engine, app = assemble(target, drafter, args)
     return engine, app, target, args
 

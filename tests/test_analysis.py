@@ -11,6 +11,16 @@ def test_expected_tokens_hand_computed():
     assert analysis.expected_accepted(0.8, 3) == pytest.approx(0.8 + 0.64 + 0.512)
 
 
+def test_expected_tokens_from_per_position_acceptance():
+    for alpha in (0.0, 0.3, 0.8, 1.0):
+        for k in (0, 1, 4):
+            assert analysis.expected_tokens_from_positions([alpha] * k) == pytest.approx(
+                analysis.expected_tokens_per_round(alpha, k), rel=1e-12)
+    assert analysis.expected_tokens_from_positions([0.5, 0.8, 0.0, 1.0]) == pytest.approx(1 + 0.5 + 0.5 * 0.8)
+    with pytest.raises(ValueError, match=r"alphas\[1\]"):
+        analysis.expected_tokens_from_positions([0.5, 1.5])
+
+
 def test_speedup_matches_seed_001_table():
     # seed 001, Llama-8B/1B on a V100: T_SD = 0.69 at K=4 (c = 0.1725), alpha = 0.9 -> 2.57x
     assert analysis.speedup(0.9, 4, 0.69 / 4) == pytest.approx(2.42, abs=0.01)

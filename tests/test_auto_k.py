@@ -1,14 +1,20 @@
-"""k=auto (verispec/engine/auto_k.py): fed synthetic costs and acceptance, it picks the k that the analytical
-model says is best, and 0 when the cost model says speculation loses."""
+"""k=auto (verispec/engine/auto_k.py), fed synthetic cost tables and scripted acceptance: each row's k is the
+analytical optimum for its own per-position acceptance estimate (never below plain decoding's predicted rate),
+depends on nothing but that row (for sampled rows), follows acceptance down and back up within the documented
+number of rounds, and explores at a bounded cost where drafting does not pay."""
 from __future__ import annotations
 
-import pytest
+import math
 
-from verispec.analysis import expected_tokens_per_round
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from verispec.analysis import expected_tokens_from_positions, expected_tokens_per_round
 from verispec.engine import Request, Sequence, Stats
-from verispec.engine.auto_k import AutoK, CostTable, best_k
+from verispec.engine.auto_k import AutoK, CostTable, RowState, best_k
 
 TOKENS = tuple(range(1, 10))      # passes of 1..9 tokens per row (k_max = 8)
+K = 8
 
 
 def table(target_of, draft_of, batch_sizes=(1, 2, 4, 8, 16, 32)) -> CostTable:
@@ -17,9 +23,8 @@ def table(target_of, draft_of, batch_sizes=(1, 2, 4, 8, 16, 32)) -> CostTable:
                      tuple(draft_of(b) for b in batch_sizes))
 
 
-def brute_force(alphas, k_max, target_of, draft_of):
-    B = len(alphas)
-    rates = [sum(expected_tokens_per_round(a, k) for a in alphas) / (target_of(B, k + 1) + k * draft_of(B))
+def brute_force(alphas, k_max, batch, target_of, draft_of):
+    rates = [expected_tokens_from_positions(alphas[:k]) / (target_of(batch, k + 1) + k * draft_of(batch))
              for k in range(k_max + 1)]
     return max(range(k_max + 1), key=lambda k: (rates[k], -k))
 
@@ -27,30 +32,42 @@ def brute_force(alphas, k_max, target_of, draft_of):
 # a bandwidth-bound target (a pass costs about the same for a few tokens) and a compute-bound one
 BANDWIDTH = (lambda b, t: 0.020 + 0.0002 * b * t, lambda b: 0.002)
 COMPUTE = (lambda b, t: 0.001 * b * t, lambda b: 0.0002 * b)
+# drafting pays only above ~25% acceptance: break-even of one draft = (0.0201 + 0.005) / 0.02 - 1
+COSTLY = (lambda b, t: 0.020 + 0.0001 * t, lambda b: 0.005)
+# the load decides: one row drafts from ~31% acceptance (K at 0.9), 32 rows only above ~92% (none at 0.9)
+LOADED = (lambda b, t: 0.01 + 0.003 * b * t, lambda b: 0.001)
 
 
 @pytest.mark.parametrize("costs", [BANDWIDTH, COMPUTE], ids=["bandwidth", "compute"])
-@pytest.mark.parametrize("alphas", [[0.9], [0.5], [0.8, 0.3], [0.95, 0.9, 0.7, 0.1], [0.6] * 8, [0.99] * 32])
-@pytest.mark.parametrize("k_max", [1, 4, 8])
-def test_best_k_is_the_analytical_optimum(costs, alphas, k_max):
-    assert best_k(alphas, k_max, table(*costs)) == brute_force(alphas, k_max, *costs)
+@pytest.mark.parametrize("alphas", [[0.9] * K, [0.5] * K, [0.8, 0.3] * 4, [0.95, 0.9, 0.7, 0.1, 0.9, 0.9, 0.9, 0.9],
+                                    [0.2, 0.99, 0.99, 0.99, 0.99, 0.99, 0.99, 0.99]])
+@pytest.mark.parametrize("k_max,batch", [(1, 1), (4, 8), (8, 1), (8, 32)])
+def test_best_k_is_the_analytical_optimum(costs, alphas, k_max, batch):
+    assert best_k(alphas, k_max, table(*costs), batch) == brute_force(alphas, k_max, batch, *costs)
+
+
+@settings(max_examples=60, deadline=None)
+@given(alphas=st.lists(st.floats(0, 1), min_size=K, max_size=K), batch=st.integers(1, 40),
+       base=st.floats(1e-4, 1.0), slope=st.floats(0, 1.0), draft=st.floats(0, 1.0))
+def test_no_choice_is_predicted_slower_than_plain_decoding(alphas, batch, base, slope, draft):
+    costs = table(lambda b, t: base * (1 + slope * b * (t - 1)), lambda b: draft * base)
+    k = best_k(alphas, K, costs, batch)
+    rate = expected_tokens_from_positions(alphas[:k]) / costs.round(batch, k)
+    assert rate >= 1.0 / costs.round(batch, 0)
 
 
 def test_speculation_that_loses_picks_zero():
     # every extra token scored costs as much as a whole step: no acceptance rate < 1 pays for drafts
     target_of, draft_of = (lambda b, t: 0.01 * t), (lambda b: 0.001)
-    assert best_k([0.9] * 4, 8, table(target_of, draft_of)) == 0
+    assert best_k([0.9] * K, K, table(target_of, draft_of), 4) == 0
     # at high batch the pass is compute bound: k=0 there, k>0 at batch 1 with the same acceptance
-    costs = table(*COMPUTE)
-    high = best_k([0.7] * 32, 8, costs)
-    assert high == 0 == brute_force([0.7] * 32, 8, *COMPUTE)
-    bw = table(*BANDWIDTH)
-    assert best_k([0.7], 8, bw) > 0
+    assert best_k([0.7] * K, K, table(*COMPUTE), 32) == 0
+    assert best_k([0.7] * K, K, table(*BANDWIDTH), 1) > 0
 
 
 def test_higher_acceptance_never_lowers_k():
     costs = table(*BANDWIDTH)
-    ks = [best_k([a] * 4, 8, costs) for a in (0.1, 0.3, 0.5, 0.7, 0.9, 0.99)]
+    ks = [best_k([a] * K, K, costs, 4) for a in (0.1, 0.3, 0.5, 0.7, 0.9, 0.99)]
     assert ks == sorted(ks) and ks[0] < ks[-1]
 
 
@@ -69,34 +86,140 @@ def test_cost_table_lookup_and_checks():
         CostTable((1,), (1,), ((0.0,),), (0.0,))
 
 
-def _seq(rid: int) -> Sequence:
-    return Sequence(Request([1, 2], id=rid), Stats())
+# ------------------------------------------------------------------------------------------ one request
+def _seq(rid: int, temperature: float = 0.0, max_new: int = 10**6) -> Sequence:
+    seq = Sequence(Request([1, 2], max_new, temperature=temperature, seed=rid, id=rid), Stats())
+    seq.generated = [0]
+    return seq
 
 
-def test_acceptance_estimate_counts_tested_positions():
-    policy = AutoK(table(*BANDWIDTH), prior_alpha=0.5, prior_strength=2.0)
-    seq = _seq(10**6)
-    assert policy.alpha(seq) == pytest.approx(0.5)
-    rounds = [(4, 4), (4, 1), (4, 0), (2, 2)]       # (proposed, accepted)
-    for n, a in rounds:
-        seq.stats.add_round(n, a)
-        policy([seq], 8)
-    accepted = sum(a for _, a in rounds)
-    tested = sum(a + (a < n) for n, a in rounds)
-    assert policy.alpha(seq) == pytest.approx((accepted + 1.0) / (tested + 2.0))
-    assert policy.last_k == best_k([policy.alpha(seq)], 8, policy.costs)
+def _round(seq: Sequence, k: int, accepted: int) -> None:
+    """What the scheduler records after a round in which ``seq`` proposed k drafts and kept ``accepted``."""
+    seq.stats.add_round(k, accepted)
+    seq.generated += [0] * (accepted + 1)
 
 
-def test_policy_forgets_finished_requests_and_picks_one_k():
+def drive(policy: AutoK, script, rounds: int, seq: Sequence | None = None) -> list[int]:
+    """Run ``rounds`` rounds of one request: k from the policy, accepted = script(round, k). -> the ks."""
+    seq = seq or _seq(1)
+    ks = []
+    for r in range(rounds):
+        k = policy([seq], K)[0]
+        ks.append(k)
+        _round(seq, k, script(r, k))
+    return ks
+
+
+def test_the_estimate_is_per_tested_position_with_decayed_evidence():
+    policy = AutoK(table(*BANDWIDTH), prior_alpha=0.5, prior_strength=2.0, decay=1.0)
+    seq = _seq(10)
+    assert policy.alphas(seq, 4) == pytest.approx([0.5] * 4)
+    for n, a in [(4, 4), (4, 1), (4, 0), (2, 2)]:       # (proposed, accepted) -> tested [4, 3, 1, 1], accepted [3, 2, 1, 1]
+        _round(seq, n, a)
+    assert policy.alphas(seq, 5) == pytest.approx([(3 + 1) / (4 + 2), (2 + 1) / (3 + 2), (1 + 1) / (1 + 2),
+                                                   (1 + 1) / (1 + 2), 0.5])
+    # decay 0.5: each round halves the evidence before adding its own; two rounds at once decay twice
+    halving = AutoK(table(*BANDWIDTH), prior_alpha=0.5, prior_strength=2.0, decay=0.5)
+    seq = _seq(11)
+    _round(seq, 2, 2)
+    halving.alphas(seq, 2)
+    _round(seq, 2, 0)
+    _round(seq, 2, 0)
+    accepted0, tested0 = 1 * 0.25, 1 * 0.25 + 2            # the first round decayed twice; two rejections at 0
+    assert halving.alphas(seq, 1) == pytest.approx([(accepted0 + 1) / (tested0 + 2)])
+    accepted1, tested1 = 0.25, 0.25                         # position 1: tested by the first round only
+    assert halving.alphas(seq, 2)[1] == pytest.approx((accepted1 + 1) / (tested1 + 2))
+
+
+def test_k_goes_down_with_acceptance_and_back_up_within_the_bound():
+    """Acceptance high -> zero -> high. k reaches K, falls to 0, and once the drafts are good again the row drafts
+    within max_hold + 1 rounds and reaches K within log2(K) + 1 more. While nothing is accepted it explores in
+    probes that start at one draft, one probe (fewer than ``settle`` rounds) per hold."""
+    policy = AutoK(table(*COSTLY))
+    high, low = 30, 200
+    script = lambda r, k: k if r < high or r >= high + low else 0        # noqa: E731
+    ks = drive(policy, script, high + low + 60)
+    assert ks[0] > 0 and all(k == K for k in ks[high - 20:high])          # the optimistic prior, then confirmed
+    fall = next(r for r in range(high, high + low) if ks[r] == 0)
+    assert fall - high <= 2 / (1 - policy.decay)                          # the evidence's memory, twice over
+    assert all(k <= max(1, 2 * j) for j, k in zip(ks, ks[1:]))            # slow start: a probe starts at 1
+    late = ks[high + low - 100: high + low]                               # holds have doubled up to max_hold
+    assert sum(1 for k in late if k) <= policy.settle * math.ceil(100 / (policy.max_hold + 1))
+    back = high + low
+    first = next(r for r in range(back, len(ks)) if ks[r] > 0)
+    assert first - back <= policy.max_hold + 1
+    full = next(r for r in range(first, len(ks)) if ks[r] == K)
+    assert full - first <= math.log2(K) + 1
+    assert all(k == K for k in ks[full:])
+
+
+def test_a_row_whose_drafting_never_pays_stays_at_zero():
+    policy = AutoK(table(lambda b, t: 0.01 * t, lambda b: 0.001))       # scoring a token costs a whole step
+    assert set(drive(policy, lambda r, k: k, 50)) == {0}
+
+
+def test_drafts_stop_where_the_request_ends():
     policy = AutoK(table(*BANDWIDTH))
-    seqs = [_seq(2 * 10**6 + i) for i in range(3)]
-    ks = policy(seqs, 6)
-    assert len(set(ks)) == 1 and len(ks) == 3
-    policy(seqs[:1], 6)
-    assert set(policy._seen) == {seqs[0].request.id}
+    seq = _seq(12, max_new=6)                                             # 1 token emitted, 5 to go
+    assert policy([seq], K) == [4]
+    _round(seq, 4, 2)                                                     # 4 emitted, 2 to go
+    assert policy([seq], K) == [1]
+    _round(seq, 1, 0)
+    assert policy([seq], K) == [0]                                        # the last token: no draft can help
 
 
-@pytest.mark.parametrize("prior", [dict(prior_alpha=1.5), dict(prior_alpha=-0.1), dict(prior_strength=0.0)])
-def test_bad_priors_are_refused(prior):
+# ------------------------------------------------------------------------------------------ a batch
+def test_a_sampled_rows_k_depends_on_that_row_alone():
+    """The same sampled request, scripted alike, alone and among 31 others (greedy and sampled, accepting
+    everything or nothing): the same k every round. A batch-wide choice (the old policy: one k from the batch's
+    size and every row's acceptance) fails this."""
+    costs = table(*LOADED)                                                # the best k moves with the batch size
+    script = lambda r, k: min(k, r % 3)                                   # noqa: E731
+    alone = drive(AutoK(costs, reference_batch=8), script, 40, _seq(100, temperature=0.8))
+    policy, me = AutoK(costs, reference_batch=8), _seq(100, temperature=0.8)
+    others = [_seq(200 + i, temperature=0.0 if i % 2 else 1.0) for i in range(31)]
+    got = []
+    for r in range(40):
+        ks = policy([*others[: r % 32], me, *others[r % 32:]], K)         # its row moves too
+        k = ks[r % 32]
+        got.append(k)
+        _round(me, k, script(r, k))
+        for o, ko in zip(others, ks[: r % 32] + ks[r % 32 + 1:]):
+            _round(o, ko, ko if o.request.id % 3 else 0)
+    assert got == alone
+    assert len(set(alone)) > 1                                            # it did move with its own acceptance
+
+
+def test_greedy_rows_follow_the_load_and_draft_to_the_widest_row():
+    costs = table(*LOADED)
+    prior = [0.9] * K
+    policy = AutoK(costs, reference_batch=1, prior_alpha=0.9)
+    assert policy([_seq(300)], K) == [best_k(prior, K, costs, 1)] and policy.last_k > 0
+    assert policy([_seq(400 + i) for i in range(32)], K) == [0] * 32      # at 32 rows the pass is compute bound
+    # 3 rows: a greedy row alone would take best_k at 3 rows; the sampled row takes its reference batch's (1) k,
+    # and the greedy rows draft as wide (the round scores that many tokens anyway), within their room
+    own_greedy, own_sampled = best_k(prior, K, costs, 3), best_k(prior, K, costs, 1)
+    assert 0 < own_greedy < own_sampled
+    ks = policy([_seq(600), _seq(500, temperature=1.0), _seq(601, max_new=3)], K)
+    assert ks == [own_sampled, own_sampled, 1]
+
+
+def test_state_lives_on_the_sequence():
+    policy = AutoK(table(*BANDWIDTH))
+    seq = _seq(700)
+    policy([seq], K)
+    assert isinstance(seq.k_state, RowState) and seq.k_state.last_k == K
+    assert AutoK(table(*BANDWIDTH), reference_batch=4).reference_batch == 4
+    assert AutoK(table(*BANDWIDTH)).reference_batch == 32
+
+
+@pytest.mark.parametrize("bad", [dict(prior_alpha=1.5), dict(prior_alpha=-0.1), dict(prior_strength=0.0),
+                                 dict(decay=1.5), dict(min_hold=0), dict(min_hold=8, max_hold=4), dict(settle=0),
+                                 dict(reference_batch=0)])
+def test_bad_settings_are_refused(bad):
     with pytest.raises(ValueError):
-        AutoK(table(*BANDWIDTH), **prior)
+        AutoK(table(*BANDWIDTH), **bad)
+
+
+def test_iid_expectation_is_the_closed_form():
+    assert expected_tokens_from_positions([0.7] * 5) == pytest.approx(expected_tokens_per_round(0.7, 5))

@@ -68,12 +68,15 @@ def test_speedup_predictions_are_the_analysis_values(quick_dir):
     sd = [r for r in _rows(quick_dir, "speedup") if r["point"]["method"] == "sd"]
     assert sd
     for r in sd:
-        a, k = r["alpha_measured"], r["point"]["k"]
+        alphas, k = r["alpha_per_position"], r["point"]["k"]
         t_draft, t_verify, t_target = r["t_draft_ms"] / 1e3, r["t_verify_ms"] / 1e3, r["t_target_ms"] / 1e3
-        assert r["e_sd"] == pytest.approx(analysis.expected_tokens_per_round(a, k), rel=1e-12)
-        assert r["predicted"] == pytest.approx(analysis.speedup(a, k, t_draft / t_target), rel=1e-9)
-        assert r["predicted_pass"] == pytest.approx(analysis.speedup_from_times(a, k, t_draft, t_verify, t_target),
-                                                    rel=1e-9)
+        assert len(alphas) == k and all(0 <= a <= 1 for a in alphas)
+        e = analysis.expected_tokens_from_positions(alphas)
+        assert r["e_sd"] == pytest.approx(e, rel=1e-12)
+        assert r["predicted"] == pytest.approx(e / (1 + k * t_draft / t_target), rel=1e-9)
+        assert r["predicted_pass"] == pytest.approx(e * t_target / (k * t_draft + t_verify), rel=1e-9)
+        if len(set(alphas)) == 1:   # one acceptance rate at every position: the i.i.d. model's E_SD
+            assert r["e_sd"] == pytest.approx(analysis.expected_tokens_per_round(alphas[0], k), rel=1e-9)
         assert f"| {r['predicted']:.2f} | {r['predicted_pass']:.2f} |" in page
     a = sum(r["alpha_measured"] for r in sd) / len(sd)
     c = sum(r["cost_ratio"] for r in sd) / len(sd)
@@ -90,10 +93,10 @@ def test_auto_rows_use_the_given_policy(quick_dir):
 def test_window_values_are_the_analysis_values(quick_dir):
     page = (quick_dir / "window.md").read_text()
     for r in _rows(quick_dir, "window"):
-        a, k = r["alpha_measured"], r["point"]["k"]
+        k = r["point"]["k"]
         assert r["t_sd"] == pytest.approx(k * r["t_draft_ms"] / r["t_target_ms"], rel=1e-9)
-        assert r["e_sd"] == pytest.approx(analysis.expected_tokens_per_round(a, k), rel=1e-12)
-        assert r["predicted"] == pytest.approx(analysis.speedup(a, k, r["t_draft_ms"] / r["t_target_ms"]), rel=1e-9)
+        assert r["e_sd"] == pytest.approx(analysis.expected_tokens_from_positions(r["alpha_per_position"]), rel=1e-12)
+        assert r["predicted"] == pytest.approx(r["e_sd"] / (1 + k * r["t_draft_ms"] / r["t_target_ms"]), rel=1e-9)
         assert f"| {r['e_sd']:.2f} | {r['predicted']:.2f} |" in page
 
 

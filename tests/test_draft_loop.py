@@ -35,7 +35,7 @@ def twin_drafters(model, force_graphs: bool):
 
 
 def sampling(settings: list[tuple], seed0: int = 5) -> SamplingParams:
-    return SamplingParams(tuple(s[0] for s in settings), tuple(s[1] for s in settings),
+    return SamplingParams.columns(tuple(s[0] for s in settings), tuple(s[1] for s in settings),
                           tuple(s[2] for s in settings), tuple(seed0 + b for b in range(len(settings))))
 
 
@@ -48,7 +48,7 @@ def drive(drafters, settings: list[tuple], rounds: int = 7, seed: int = 0):
         d.reserve(None, 4, 96)
         d.admit(list(range(len(prompts))), prompts, first, sampling(settings))
     for r in range(rounds):
-        batch = len(drafters[0]._hist)
+        batch = len(drafters[0]._rows)
         k = [4, 3, 0, 8, 2, 4, 1][r % 7]
         caps = [k] * batch if r != 4 else [k - b % 2 for b in range(batch)]        # one ragged round
         proposals = [d.propose(caps) for d in drafters]

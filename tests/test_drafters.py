@@ -8,7 +8,7 @@ from fakes import FakeModel, greedy_reference
 from verispec.drafters import DraftModel, OracleDraft, PromptLookup, SamplingParams, SelfSpeculative
 from verispec.engine import generate
 
-GREEDY1 = SamplingParams((0.0,), (0,), (1.0,), (0,))
+GREEDY1 = SamplingParams.columns((0.0,), (0,), (1.0,), (0,))
 
 
 def begin(d, prompts, first, sampling):
@@ -49,7 +49,7 @@ def test_prompt_lookup_no_match_means_no_drafts():
 
 def test_prompt_lookup_commit_and_keep():
     d = PromptLookup(max_ngram=2, min_ngram=1)
-    begin(d, [[1, 2, 3], [4, 5]], [9, 4], SamplingParams((0.0,) * 2, (0,) * 2, (1.0,) * 2, (0, 0)))
+    begin(d, [[1, 2, 3], [4, 5]], [9, 4], SamplingParams.columns((0.0,) * 2, (0,) * 2, (1.0,) * 2, (0, 0)))
     p = d.propose([2, 2])
     assert p.num_draft == [0, 2] and p.draft_tokens.shape == (2, 2) and p.draft_probs is None
     d.commit([0, 0], [[1], [6]])              # h0 = 1 2 3 9 1, h1 = 4 5 4 6
@@ -63,16 +63,16 @@ def test_prompt_lookup_adaptive_length():
     begin(d, [[1, 2, 3, 4, 5, 6, 7, 8, 9, 1]], [2], GREEDY1)     # tail (2) -> 3 4 5 ...
     assert d.propose([4]).num_draft == [4]
     d.commit([1], [[3, 0]])                                              # 1 of 4 accepted: cap 2
-    d._hist[0].extend([1, 2])
+    d._rows[0].history.extend([1, 2])
     assert d.propose([4]).num_draft == [2]
     d.commit([2], [[3, 4, 5]])                                           # all accepted: cap 4
-    d._hist[0].extend([1, 2])
+    d._rows[0].history.extend([1, 2])
     assert d.propose([8]).num_draft == [4]
     fixed = PromptLookup(max_ngram=1, min_ngram=1, adaptive=False)
     begin(fixed, [[1, 2, 3, 4, 5, 6, 7, 8, 9, 1]], [2], GREEDY1)
     fixed.propose([4])
     fixed.commit([0], [[0]])
-    fixed._hist[0].extend([1, 2])
+    fixed._rows[0].history.extend([1, 2])
     assert fixed.propose([4]).num_draft == [3]          # only the history limits it (the cap would be 1)
 
 
@@ -81,13 +81,13 @@ def test_prompt_lookup_backs_off_after_two_misses():
     begin(d, [[1, 2, 3, 1, 2, 3, 1]], [2], GREEDY1)
     assert d.propose([2]).num_draft == [2]
     d.commit([0], [[9]])                       # miss 1: no pause
-    d._hist[0].extend([1])
+    d._rows[0].history.extend([1])
     assert d.propose([2]).num_draft == [1]       # cap = accepted + 1
     d.commit([0], [[9]])                       # miss 2: pause one round
-    d._hist[0].extend([1])
+    d._rows[0].history.extend([1])
     assert d.propose([2]).num_draft == [0]
     d.commit([0], [[5]])
-    d._hist[0].extend([1])
+    d._rows[0].history.extend([1])
     assert d.propose([2]).num_draft == [1]       # drafting again
 
 

@@ -152,6 +152,40 @@ def test_stats_are_consistent(target):
         assert math.isclose(s.acceptance_rate, s.accepted / s.proposed)
 
 
+def test_acceptance_is_counted_per_tested_position(target, references):
+    """A round tests draft i only if it accepted drafts 0..i-1: accepted / tested is the acceptance rate of a
+    position. Hand-counted rounds, then the oracle at alpha = 0.8 (i.i.d. per position; its seed fixes the run):
+    accepted / tested reads 0.8, accepted / proposed about E[accepted] / K = 0.59."""
+    from verispec.engine import Stats
+
+    st = Stats()
+    for n, a in [(4, 4), (4, 1), (4, 0), (2, 2)]:        # (proposed, accepted)
+        st.add_round(n, a)
+    assert st.proposed_per_position == [4, 4, 3, 3]
+    assert st.tested_per_position == [4, 3, 1, 1]
+    assert st.accepted_per_position == [3, 2, 1, 1]
+    assert st.acceptance_rate_per_position == [0.75, 2 / 3, 1.0, 1.0]
+    refs = [greedy_reference(target, p, 210) for p in PROMPTS]         # longer than the run: every draft is real
+    out = generate(target, PROMPTS, drafter=OracleDraft(refs, acceptance_rate=0.8, seed=3), k=4, max_new_tokens=200)
+    accepted = sum(sum(g.stats.accepted_per_position) for g in out)
+    tested = sum(sum(g.stats.tested_per_position) for g in out)
+    proposed = sum(g.stats.proposed for g in out)
+    assert abs(accepted / tested - 0.8) < 0.05, (accepted, tested, proposed)      # ~540 tests: 3 standard errors
+    assert accepted / proposed < 0.7, (accepted, tested, proposed)
+
+
+def test_verification_warm_up_runs_every_shape(monkeypatch):
+    """``Scheduler.warm_up``'s verification pass (GPU only in a scheduler) runs on the CPU too: every batch size,
+    draft count and setting, its outcome read as a round reads it."""
+    from verispec.engine import round as round_mod
+
+    seen = []
+    real = round_mod.verification
+    monkeypatch.setattr(round_mod, "verification", lambda *a: seen.append((len(a[2]), a[3], a[5].all_greedy)) or real(*a))
+    round_mod.warm_verification(torch.device("cpu"), torch.float32, 40, 3, 2, [(0.0, 0, 1.0), (0.7, 5, 0.9)], None)
+    assert sorted(seen) == sorted((b, k, g) for b in (1, 2, 3) for k in range(3) for g in (True, False))
+
+
 def test_phase_times_cover_every_round_and_fit_in_the_call(target, monkeypatch):
     """A clock that advances one tick per reading makes the timings countable: every phase (draft,
     verify, accept, commit) is timed in every round a sequence took part in (>= 1 tick per round),

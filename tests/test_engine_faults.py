@@ -122,9 +122,9 @@ class FaultyLookup(PromptLookup):
 
     def admit(self, seq_ids, prompts, first_tokens, sampling):
         super().admit(seq_ids, prompts, first_tokens, sampling)
-        for h, p in zip(self._hist[-len(prompts):], prompts):
+        for row, p in zip(self._rows[-len(prompts):], prompts):
             if list(p) == self.prompt:
-                self._break(h)
+                self._break(row.history)
 
     def _break(self, history):
         original, calls = getattr(history, self.where), [0]

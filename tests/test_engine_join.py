@@ -36,7 +36,7 @@ def test_request_admitted_mid_generation_equals_alone(target, name, k):
     k_max = 6 if k == "auto" else k
     sched = Scheduler(target, drafter, SchedulerConfig(4, 64, k_max), k_policy=policy)
     seqs = [sched.submit(Request(p, N_NEW, id=i)) for i, p in enumerate(PROMPTS)]
-    for _ in range(3):                      # the first requests are a few rounds in
+    for _ in range(2):                      # the first requests are a few rounds in (k <= 6: not done)
         sched.step()
     assert all(len(s.generated) > 1 and s.finish_reason is None for s in seqs)
     seqs += [sched.submit(Request(p, N_NEW, id=len(PROMPTS) + j)) for j, p in enumerate(LATE)]

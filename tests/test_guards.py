@@ -66,9 +66,10 @@ def test_batches_name_the_bad_index():
 def test_sampling_accepts_scalars_lists_and_defaults():
     s = check_sampling([0.0, 0.7], None, [None, 0.9], 2**64 - 1, 2)
     assert s.temperature == (0.0, 0.7) and s.top_k == (0, 0) and s.top_p == (1.0, 0.9)
-    assert s.seed == -1                     # the same 64 bits as 2**64 - 1
+    assert s.seed == (-1, 0)                # the same 64 bits as 2**64 - 1; sequence b gets seed + b (wrapped)
     assert check_sampling(1.0, 5, None, None, 3).top_k == (5, 5, 5)
-    assert isinstance(check_sampling(0.0, None, None, None, 1).seed, int)
+    drawn = check_sampling(0.0, None, None, None, 2).seed
+    assert isinstance(drawn[0], int) and drawn[1] == drawn[0] + 1
 
 
 @pytest.mark.parametrize("kwargs, error, match", [

@@ -10,6 +10,9 @@ Expected tokens per round (accepted drafts + the one recovered/bonus token):
     E_SD(alpha, K) = sum_{i=0..K} alpha^i = (1 - alpha^(K+1)) / (1 - alpha)      (= K + 1 at alpha = 1)
 Expected accepted drafts per round:
     E[num_accepted] = E_SD - 1 = sum_{i=1..K} alpha^i
+Per-position acceptance: when draft i (0-based) is accepted with probability alpha_i given that drafts
+0..i-1 were (measured as accepted at i / tested at i: a round tests position i only if it reached it),
+    E(k) = 1 + alpha_0 + alpha_0 alpha_1 + ... + alpha_0 ... alpha_{k-1}          (= E_SD with every alpha_i = alpha)
 Speedup over autoregressive decoding, when one verify pass costs one target step:
     S(alpha, K, c) = E_SD(alpha, K) / (1 + K * c)
 With measured times (a verify pass of K+1 tokens need not cost exactly one decode step):
@@ -38,6 +41,24 @@ def expected_tokens_per_round(alpha: float, k: int) -> float:
     if alpha == 1.0:
         return float(k + 1)
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def expected_tokens_from_positions(alphas) -> float:
+    """E(k) = 1 + alpha_0 + alpha_0 alpha_1 + ... + alpha_0 ... alpha_{k-1} with k = len(alphas): tokens per round
+    when ``alphas[i]`` is the acceptance rate at draft position i (accepted at i / tested at i).
+
+    >>> expected_tokens_from_positions([0.5, 0.5])             # E_SD(0.5, 2)
+    1.75
+    >>> expected_tokens_from_positions([0.5, 0.8, 0.0, 1.0])   # 1 + 0.5 + 0.4: nothing past position 2
+    1.9
+    """
+    total, reach = 1.0, 1.0
+    for i, a in enumerate(alphas):
+        if not 0.0 <= a <= 1.0:
+            raise ValueError(f"alphas[{i}] must be in [0, 1], got {a}")
+        reach *= a
+        total += reach
+    return total
 
 
 def expected_accepted(alpha: float, k: int) -> float:

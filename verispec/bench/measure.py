@@ -37,6 +37,8 @@ class EngineRun:
     latencies_s: list[float]       # per request: submission to its last token
     outputs: list[list[int]] = field(repr=False, default_factory=list)
     stats: list = field(repr=False, default_factory=list)   # per request: its Stats (TTFT, TPOT, acceptance)
+    accepted_per_position: list[int] = field(default_factory=list)   # [i]: rounds that accepted draft i (all requests)
+    tested_per_position: list[int] = field(default_factory=list)     # [i]: rounds that tested draft i
 
     @property
     def tokens_per_s(self) -> float:
@@ -44,8 +46,16 @@ class EngineRun:
 
     @property
     def alpha(self) -> float:
-        """Measured acceptance: accepted / proposed drafts."""
-        return self.accepted / self.proposed if self.proposed else 0.0
+        """Measured acceptance rate of a draft position: accepted / *tested* drafts, over every position (the
+        i.i.d. model's alpha). accepted / proposed would count the drafts after a rejection, which no one looked
+        at, as rejected: at alpha = 0.8 and K = 4 it reads 0.59."""
+        tested = sum(self.tested_per_position)
+        return sum(self.accepted_per_position) / tested if tested else 0.0
+
+    def position_alphas(self, k: int) -> list[float]:
+        """[i < k]: accepted / tested at draft position i; ``alpha`` where position i was never tested."""
+        accepted, tested = self.accepted_per_position + [0] * k, self.tested_per_position + [0] * k
+        return [accepted[i] / tested[i] if tested[i] else self.alpha for i in range(k)]
 
     def per_round(self, phase: str) -> float:
         return self.phase_s[phase] / self.rounds if self.rounds else 0.0
@@ -92,7 +102,18 @@ def run_engine(target, drafter, prompts: list[list[int]], *, k: int, max_new_tok
     return EngineRun(len(prompts), k, new, decode_tokens, seconds, t.rounds, t.proposed, t.accepted,
                      {p: getattr(t, f"{p}_s") for p in ("draft", "target", "verification", "commit")},
                      [s.stats.total_s for s in seqs], [list(s.generated) for s in seqs],
-                     [s.stats for s in seqs])
+                     [s.stats for s in seqs], _positions([s.stats.accepted_per_position for s in seqs]),
+                     _positions([s.stats.tested_per_position for s in seqs]))
+
+
+def _positions(per_request: list[list[int]]) -> list[int]:
+    """Per-position counts summed over requests (lists of different lengths)."""
+    out: list[int] = []
+    for counts in per_request:
+        out += [0] * (len(counts) - len(out))
+        for i, c in enumerate(counts):
+            out[i] += c
+    return out
 
 
 def _run_arrivals(scheduler, requests, arrivals, start):

@@ -12,6 +12,14 @@ through ``keep``:
     commit(num_accepted, emitted)                    h_b += emitted_b (accepted drafts + recovered/bonus)
     keep(batch_indices)                              only these rows go on, in this order
 
+Row b's drafts, and the draws behind them, depend on row b alone: its history, its settings and seed, its own
+``max_num_draft[b]`` and its own past rounds -- never on the other rows, nor on the round's widest row (a sampled
+request's tokens depend on its drafts, and must not depend on the batch). ``commit`` comes after every round, also
+after one without ``propose`` (every row asked for 0 drafts): per-row state that counts rounds advances there.
+Everything a drafter keeps about a row lives in one object per row, in one list in batch order (``_Row`` in
+``PromptLookup`` and ``DraftModel``): ``admit`` appends objects and ``keep`` is one selection of that list, so
+no field of a row can be left behind or moved alone.
+
 ``attach(target)`` runs once, when a decoder is built: it checks compatibility (vocabulary,
 tokenizer) so that bad pairings fail before any work. ``seq_ids`` are the caller's ids of the
 admitted sequences (``OracleDraft`` uses them to find each sequence's continuation).
@@ -35,30 +43,66 @@ from ..verify.sampling import filtered_probs, is_greedy
 
 
 @dataclass(frozen=True)
-class SamplingParams:
-    """Per-sequence sampling settings of one batch (tuples of length B, in batch order)."""
+class Sampling:
+    """One sequence's sampling settings and stream seed."""
 
-    temperature: tuple[float, ...]  # 0 = greedy
-    top_k: tuple[int, ...]          # 0 = off
-    top_p: tuple[float, ...]        # 1 = off
-    seed: tuple[int, ...]           # keys each sequence's verification stream and its draft draws
+    temperature: float = 0.0        # 0 = greedy
+    top_k: int = 0                  # 0 = off
+    top_p: float = 1.0              # 1 = off
+    seed: int = 0                   # keys the sequence's verification stream and its draft draws
+
+    @property
+    def greedy(self) -> bool:
+        return is_greedy(self.temperature)
+
+    @property
+    def setting(self) -> tuple[float, int, float]:
+        """(temperature, top_k, top_p): what a captured draft loop is specialized on (the seed is an input)."""
+        return (self.temperature, self.top_k, self.top_p)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """The sampling settings of a batch: one ``Sampling`` per row, in batch order.
+
+    The rows are the state; ``temperature``, ``top_k``, ``top_p`` and ``seed`` are the same values as
+    columns (tuples of length B, what the verification API and the draft draws take), derived once.
+    ``select`` and ``+`` move whole rows, so a row's settings and seed cannot come apart.
+    """
+
+    rows: tuple[Sampling, ...] = ()
+
+    def __post_init__(self):
+        rows = tuple(self.rows)
+        object.__setattr__(self, "rows", rows)
+        for name in ("temperature", "top_k", "top_p", "seed"):
+            object.__setattr__(self, name, tuple(getattr(r, name) for r in rows))
+
+    @staticmethod
+    def columns(temperature, top_k, top_p, seed) -> "SamplingParams":
+        """From columns of equal length (row b = (temperature[b], top_k[b], top_p[b], seed[b]))."""
+        cols = [tuple(temperature), tuple(top_k), tuple(top_p), tuple(seed)]
+        if len({len(c) for c in cols}) != 1:
+            raise ValueError(f"SamplingParams.columns: columns of lengths {[len(c) for c in cols]} (one per row)")
+        return SamplingParams(tuple(Sampling(*row) for row in zip(*cols)))
+
+    def __len__(self) -> int:
+        return len(self.rows)
 
     @property
     def all_greedy(self) -> bool:
-        return all(is_greedy(t) for t in self.temperature)
+        return all(r.greedy for r in self.rows)
 
     def select(self, batch_indices: list[int]) -> "SamplingParams":
-        pick = lambda xs: tuple(xs[i] for i in batch_indices)  # noqa: E731
-        return SamplingParams(pick(self.temperature), pick(self.top_k), pick(self.top_p), pick(self.seed))
+        return SamplingParams(tuple(self.rows[i] for i in batch_indices))
 
     def __add__(self, other: "SamplingParams") -> "SamplingParams":
         """The settings of this batch followed by ``other``'s (sequences admitted at the end)."""
-        return SamplingParams(self.temperature + other.temperature, self.top_k + other.top_k,
-                              self.top_p + other.top_p, self.seed + other.seed)
+        return SamplingParams(self.rows + other.rows)
 
     @staticmethod
     def empty() -> "SamplingParams":
-        return SamplingParams((), (), (), ())
+        return SamplingParams()
 
 
 @dataclass
@@ -166,8 +210,8 @@ def draw(logits: Tensor, sampling: SamplingParams, step: list[int]) -> tuple[Ten
     else:
         q = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)  # [B, V]
         groups: dict[tuple, list[int]] = {}
-        for b, key in enumerate(zip(sampling.temperature, sampling.top_k, sampling.top_p)):
-            groups.setdefault(key, []).append(b)
+        for b, row in enumerate(sampling.rows):
+            groups.setdefault(row.setting, []).append(b)
         for (temp, top_k, top_p), rows in groups.items():  # one call per distinct setting
             idx = to_device(rows, logits.device, torch.long)
             q[idx] = filtered_probs(logits[idx], temp, top_k, top_p)
@@ -177,10 +221,8 @@ def draw(logits: Tensor, sampling: SamplingParams, step: list[int]) -> tuple[Ten
 
 def one_setting(sampling: SamplingParams) -> tuple[float, int, float] | None:
     """(temperature, top_k, top_p) when every row of the batch uses that one setting, else None."""
-    setting = (sampling.temperature[0], sampling.top_k[0], sampling.top_p[0]) if sampling.temperature else None
-    if setting is None or any(s != setting for s in zip(sampling.temperature, sampling.top_k, sampling.top_p)):
-        return None
-    return setting
+    settings = {r.setting for r in sampling.rows}
+    return settings.pop() if len(settings) == 1 else None
 
 
 def race(q: Tensor, seed: Tensor, step: Tensor) -> Tensor:

@@ -6,7 +6,7 @@ every row back to L_b - 2 and feeds [h_b[-2], h_b[-1]] in one uniform [B, 2] pas
 cache already holds is idempotent), then k - 1 single-token steps: k draft passes per round.
   * some drafts rejected last round: V_b = L_b - 1, h_b[-2] is re-written;
   * all k drafts accepted: the cache never saw d_k = h_b[-2] (it was only ever an output);
-  * rounds without drafting (k = 0 chosen for the batch): V_b < L_b - 2; one catch-up pass first
+  * rounds without drafting (k = 0 chosen for every row): V_b < L_b - 2; one catch-up pass first
     (``_catch_up``) brings every row to L_b - 2.
 e.g. k=3, L=10, V=9: rollback to 8, feed h[8], h[9] -> d1; feed d1 -> d2; feed d2 -> d3; V = 12 until
      the commit; if 1 draft is accepted, L' = 12 and V' = min(12, 10 + 1) = 11.
@@ -16,17 +16,34 @@ filtered_probs + the exponential race for a sampled batch), run as one captured 
 (``Model.draft_loop``): a round's draft costs k passes and no host work between them. The eager loop
 (``_run_eager``: one ``append`` per pass, ``draw`` in between) serves every other case and draws the same
 drafts; the catch-up pass stays eager (rare, and of a width no graph would be reused for).
+
+Per row, everything on the host lives in one ``_Row`` (history, V_b, settings and seed, draft-stream counter).
+A round runs k = max_b k_b draft passes for every row; row b proposes its first k_b drafts and its counter
+advances by k_b, so its next draws start where its own drafts ended whatever the others asked for (the draws
+of its drafts past k_b were never shown to verification: they are still fresh, and sampling stays exact).
 """
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from ..device import to_device
 from ..verify.sampling import filtered_probs, is_greedy
-from .base import Drafter, Proposal, SamplingParams, check_same_vocab, draw, one_setting, race
+from .base import Drafter, Proposal, Sampling, SamplingParams, check_same_vocab, draw, one_setting, race
+
+
+@dataclass
+class _Row:
+    """Everything the draft model keeps about one sequence on the host (one object per row: ``keep`` moves it
+    whole). Its K/V live in row b of the draft cache, which ``Model.keep`` moves with the same indices."""
+
+    history: list[int]          # h_b
+    valid: int                  # V_b: leading tokens of h_b with valid K/V in the draft cache
+    sampling: Sampling          # its settings and seed
+    step: int = 0               # DRAFT-stream counter: its next draw uses step, step + 1, ...
 
 
 class DraftModel(Drafter):
@@ -45,10 +62,12 @@ class DraftModel(Drafter):
             raise TypeError(f"DraftModel(model) needs a loaded model (verispec.load_model(...)), "
                             f"got {type(model).__name__}")
         self.model = model
-        self._hist: list[list[int]] = []        # h_b on the host
-        self._valid: list[int] = []             # V_b: leading tokens of h_b with valid K/V in the draft cache
-        self._sampling = SamplingParams.empty()
-        self._steps: list[int] = []             # draft tokens drawn so far per sequence (keys its draws)
+        self._rows: list[_Row] = []             # batch order
+        self._sampling = SamplingParams.empty() # the rows' settings as a batch (derived: ``_set_rows``)
+
+    def _set_rows(self, rows: list[_Row]) -> None:
+        self._rows = rows
+        self._sampling = SamplingParams(tuple(r.sampling for r in rows))
 
     def attach(self, target) -> None:
         if self.model is target:
@@ -62,8 +81,7 @@ class DraftModel(Drafter):
 
     def reserve(self, target, max_batch_size: int, max_seq_len: int) -> None:
         self.model.setup_cache(max_batch_size, max_seq_len, empty=True)
-        self._hist, self._valid, self._steps = [], [], []
-        self._sampling = SamplingParams.empty()
+        self._set_rows([])
 
     def warm_up(self, max_batch_size: int, k: int, settings: list[tuple[float, int, float]],
                 prompt_tokens: int = 0, forced: bool = False) -> int:
@@ -79,10 +97,8 @@ class DraftModel(Drafter):
 
     def admit(self, seq_ids, prompts, first_tokens, sampling) -> None:
         self.model.admit(prompts)
-        self._hist += [list(p) + [t] for p, t in zip(prompts, first_tokens)]
-        self._valid += [len(p) for p in prompts]
-        self._steps += [0] * len(prompts)
-        self._sampling = self._sampling + sampling
+        self._set_rows(self._rows + [_Row(list(p) + [t], len(p), s)
+                                     for p, t, s in zip(prompts, first_tokens, sampling.rows, strict=True)])
 
     def _catch_up(self, lengths: list[int]) -> None:
         """Make the draft cache valid for at least h_b[:L_b - 2] in every row, in one pass of width
@@ -91,28 +107,33 @@ class DraftModel(Drafter):
         with token 0 where its history is shorter: pad entries land past its valid length and are never read
         before being overwritten. e.g. L = [20, 6], V = [10, 5]: gap = 8, row 0 feeds h[10:18], row 1 feeds
         h[0:6] + [0, 0]; afterwards V = [18, 6]."""
-        gap = max(L - 2 - v for L, v in zip(lengths, self._valid))
+        gap = max(L - 2 - row.valid for L, row in zip(lengths, self._rows))
         if gap <= 0:
             return
         starts = [max(0, L - 2 - gap) for L in lengths]
-        feed = [(h[s:s + gap] + [0] * gap)[:gap] for h, s in zip(self._hist, starts)]
+        feed = [(row.history[s:s + gap] + [0] * gap)[:gap] for row, s in zip(self._rows, starts)]
         self.model.rollback(torch.tensor(starts, dtype=torch.long))
         self.model.append(to_device(feed, self.model.device, torch.long))
-        self._valid = [min(s + gap, L) for s, L in zip(starts, lengths)]
+        for row, s, L in zip(self._rows, starts, lengths):
+            row.valid = min(s + gap, L)
 
-    def _run(self, k: int, forced: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    def _run(self, k: int, forced: Tensor | None = None,
+             drawn: list[int] | None = None) -> tuple[Tensor, Tensor | None]:
         """k draft passes for the whole batch -> (drafts [B, k] int64, q [B, k, V] float32 or None).
         ``forced`` [B, k] (host, int64): feed these tokens instead of choosing (``OracleDraft``'s cost model
-        runs the very passes a draft model would run)."""
-        lengths = [len(h) for h in self._hist]
+        runs the very passes a draft model would run). ``drawn[b]`` (default k): the drafts row b proposes; its
+        DRAFT-stream counter advances by that many, so its next round draws from where its own drafts ended,
+        whatever the other rows asked for (the draws past drawn[b] were never shown to anyone: fresh)."""
+        lengths = [len(row.history) for row in self._rows]
         self._catch_up(lengths)
         key = self._loop_key(forced is not None)
         if key is None:
             drafts, q = self._run_eager(k, lengths, forced)
         else:
             drafts, q = self._run_captured(k, lengths, key, forced)
-        self._valid = [L + k - 1 for L in lengths]
-        self._steps = [s + k for s in self._steps]
+        for row, L, n in zip(self._rows, lengths, drawn or [k] * len(self._rows)):
+            row.valid = L + k - 1
+            row.step += n
         return drafts, q
 
     def _loop_key(self, forced: bool = False) -> tuple | None:
@@ -133,8 +154,7 @@ class DraftModel(Drafter):
                       forced: Tensor | None) -> tuple[Tensor, Tensor | None]:
         """``Model.draft_loop``: rollback, the [B, 2] feed and k - 1 steps in one graph replay. Its inputs go
         in one host tensor, one row per sequence: [L_b - 2, h_b[-2], h_b[-1], seed_b, step_b (, forced_b)]."""
-        rows = [[L - 2, *h[-2:], seed, step]
-                for L, h, seed, step in zip(lengths, self._hist, self._sampling.seed, self._steps)]
+        rows = [[L - 2, *row.history[-2:], row.sampling.seed, row.step] for L, row in zip(lengths, self._rows)]
         inputs = torch.tensor(rows, dtype=torch.long)                                    # [B, 5]
         if forced is not None:
             inputs = torch.cat([inputs, forced.to(torch.long)], dim=1)                   # [B, 5 + k]
@@ -145,7 +165,7 @@ class DraftModel(Drafter):
         side in between (any model of the runtime contract, any mix of sampling settings)."""
         model = self.model
         model.rollback(torch.tensor([L - 2 for L in lengths], dtype=torch.long))
-        feed = to_device([h[-2:] for h in self._hist], model.device, torch.long)         # [B, 2]
+        feed = to_device([row.history[-2:] for row in self._rows], model.device, torch.long)   # [B, 2]
         logits = model.append(feed)[:, -1]                                                # [B, V]
         if forced is not None:
             forced = to_device(forced, model.device, torch.long)
@@ -154,7 +174,7 @@ class DraftModel(Drafter):
             if forced is not None:
                 d, q = forced[:, i], None
             else:
-                d, q = draw(logits, self._sampling, [s + i for s in self._steps])
+                d, q = draw(logits, self._sampling, [row.step + i for row in self._rows])
             tokens.append(d)
             probs.append(q)
             if i < k - 1:
@@ -165,7 +185,7 @@ class DraftModel(Drafter):
         k = max(max_num_draft)
         if k == 0:
             return Proposal(torch.zeros(len(max_num_draft), 0, dtype=torch.long), [0] * len(max_num_draft), None)
-        draft_tokens, q = self._run(k)                                    # [B, K], [B, K, V] | None
+        draft_tokens, q = self._run(k, drawn=list(max_num_draft))         # [B, K], [B, K, V] | None
         draft_probs = None
         if q is not None:
             draft_probs = q.flatten(0, 1)                                 # [B * K, V], rows (b, i)
@@ -176,16 +196,13 @@ class DraftModel(Drafter):
 
     def commit(self, num_accepted, emitted) -> None:
         # the cache stays valid for the history and the accepted drafts it was fed; the rest is dead
-        self._valid = [min(v, len(h) + a) for v, h, a in zip(self._valid, self._hist, num_accepted)]
-        for h, e in zip(self._hist, emitted):
-            h.extend(e)
+        for row, a, e in zip(self._rows, num_accepted, emitted, strict=True):
+            row.valid = min(row.valid, len(row.history) + a)
+            row.history.extend(e)
 
     def keep(self, batch_indices) -> None:
         self.model.keep(list(batch_indices))
-        self._hist = [self._hist[i] for i in batch_indices]
-        self._valid = [self._valid[i] for i in batch_indices]
-        self._steps = [self._steps[i] for i in batch_indices]
-        self._sampling = self._sampling.select(batch_indices)
+        self._set_rows([self._rows[i] for i in batch_indices])
 
 
 def _choose(key: tuple):

@@ -11,11 +11,20 @@ would run, fed with the oracle's tokens, so the measured time includes a realist
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
 import torch
 
 from .base import Drafter, Proposal
 from .draft_model import DraftModel
+
+
+@dataclass
+class _Row:
+    """One sequence (one object per row: ``keep`` moves it whole)."""
+
+    continuation: list[int]     # the known target continuation it replays
+    generated: int = 1          # tokens emitted so far (the first one at admission)
 
 
 class OracleDraft(Drafter):
@@ -26,8 +35,7 @@ class OracleDraft(Drafter):
         self.acceptance_rate = acceptance_rate
         self.seed = seed
         self._runner = DraftModel(cost_model) if cost_model is not None else None
-        self._rows: list[int] = []           # original batch index of each active sequence
-        self._generated: list[int] = []      # tokens emitted so far per active sequence
+        self._rows: list[_Row] = []          # batch order
         self._vocab = 0
 
     def attach(self, target) -> None:
@@ -37,7 +45,7 @@ class OracleDraft(Drafter):
 
     def reserve(self, target, max_batch_size: int, max_seq_len: int) -> None:
         self._rng = random.Random(self.seed)
-        self._rows, self._generated = [], []
+        self._rows = []
         if self._runner is not None:
             self._runner.reserve(target, max_batch_size, max_seq_len)
 
@@ -50,13 +58,12 @@ class OracleDraft(Drafter):
         bad = [i for i in seq_ids if not 0 <= i < len(self.continuations)]
         if bad:
             raise ValueError(f"OracleDraft has {len(self.continuations)} continuations; sequences {bad} have none")
-        self._rows += list(seq_ids)
-        self._generated += [1] * len(prompts)
+        self._rows += [_Row(self.continuations[i]) for i in seq_ids]
         if self._runner is not None:
             self._runner.admit(seq_ids, prompts, first_tokens, sampling)
 
     def _oracle(self, b: int, k: int) -> list[int]:
-        cont, g = self.continuations[self._rows[b]], self._generated[b]
+        cont, g = self._rows[b].continuation, self._rows[b].generated
         out = []
         for i in range(k):
             true = cont[g + i] if g + i < len(cont) else 0
@@ -74,13 +81,13 @@ class OracleDraft(Drafter):
         return Proposal(drafts, list(max_num_draft), None)
 
     def commit(self, num_accepted, emitted) -> None:
-        self._generated = [g + len(e) for g, e in zip(self._generated, emitted)]
+        for row, e in zip(self._rows, emitted, strict=True):
+            row.generated += len(e)
         if self._runner is not None:
             self._runner.commit(num_accepted, emitted)
 
     def keep(self, batch_indices) -> None:
         self._rows = [self._rows[i] for i in batch_indices]
-        self._generated = [self._generated[i] for i in batch_indices]
         if self._runner is not None:
             self._runner.keep(batch_indices)
 

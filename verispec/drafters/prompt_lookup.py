@@ -18,6 +18,8 @@ the longer tail matches).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from .base import DraftError, Drafter, Proposal, each_row
@@ -48,6 +50,17 @@ class _History:
         return []
 
 
+@dataclass
+class _Row:
+    """Everything prompt lookup keeps about one sequence (one object per row: ``keep`` moves it whole)."""
+
+    history: _History
+    cap: int = 1 << 30       # adaptive cap on its drafts (see the module docstring)
+    last: int = 0            # drafts proposed to it in the last round
+    pause: int = 0           # rounds left without drafting (adaptive back-off)
+    misses: int = 0          # rounds in a row with nothing accepted
+
+
 class PromptLookup(Drafter):
     def __init__(self, max_ngram: int = 3, min_ngram: int = 2, num_pred_tokens: int | None = None,
                  adaptive: bool = True):
@@ -61,32 +74,32 @@ class PromptLookup(Drafter):
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.num_pred_tokens = num_pred_tokens   # cap on drafts per round (None = the engine's k)
         self.adaptive = adaptive
-        self._hist: list[_History] = []
-        self._cap: list[int] = []                # adaptive per-sequence cap (see the module docstring)
-        self._last: list[int] = []               # drafts proposed to each sequence in the last round
-        self._pause: list[int] = []              # rounds left without drafting (adaptive back-off)
-        self._misses: list[int] = []             # rounds in a row with nothing accepted
+        self._rows: list[_Row] = []              # batch order
 
     def reserve(self, target, max_batch_size: int, max_seq_len: int) -> None:
-        self._hist, self._cap, self._last, self._pause, self._misses = [], [], [], [], []
+        self._rows = []
 
     def admit(self, seq_ids, prompts, first_tokens, sampling) -> None:
-        self._hist += [_History(p + [t], self.min_ngram, self.max_ngram) for p, t in zip(prompts, first_tokens)]
-        n = len(prompts)
-        self._cap += [1 << 30] * n
-        self._last += [0] * n
-        self._pause += [0] * n
-        self._misses += [0] * n
+        self._rows += [_Row(_History(p + [t], self.min_ngram, self.max_ngram)) for p, t in zip(prompts, first_tokens)]
+
+    def _limit(self, row: _Row, k: int) -> int:
+        """The drafts row may propose when asked for k: k, within num_pred_tokens and (adaptive) its cap, 0 while
+        it pauses."""
+        if self.num_pred_tokens is not None:
+            k = min(k, self.num_pred_tokens)
+        if self.adaptive:
+            k = 0 if row.pause else min(k, row.cap)
+        return k
 
     def propose(self, max_num_draft: list[int]) -> Proposal:
-        limit = [k if self.num_pred_tokens is None else min(k, self.num_pred_tokens) for k in max_num_draft]
-        caps = [min(k, 0 if p else c) for k, c, p in zip(limit, self._cap, self._pause)] if self.adaptive else limit
-        self._pause = [max(p - 1, 0) for p in self._pause]
+        rows = self._rows
+        caps = [self._limit(row, k) for row, k in zip(rows, max_num_draft)]
         drafts, failed = each_row(
-            lambda b: self._hist[b].lookup(caps[b], self.max_ngram, self.min_ngram) if caps[b] else [], len(caps))
+            lambda b: rows[b].history.lookup(caps[b], self.max_ngram, self.min_ngram) if caps[b] else [], len(caps))
         drafts = [d or [] for d in drafts]                  # a failed row proposes nothing
         num_draft = [len(d) for d in drafts]
-        self._last = num_draft
+        for row, n in zip(rows, num_draft):
+            row.last = n
         width = max(num_draft, default=0)
         padded = [d + [0] * (width - len(d)) for d in drafts]
         proposal = Proposal(torch.tensor(padded, dtype=torch.long).reshape(len(drafts), width), num_draft, None)
@@ -94,23 +107,22 @@ class PromptLookup(Drafter):
             raise DraftError(failed, proposal)
         return proposal
 
-    def _commit_row(self, b: int, num_accepted: int, emitted: list[int]) -> None:
-        self._hist[b].extend(emitted)
-        proposed = self._last[b]
+    @staticmethod
+    def _commit_row(row: _Row, num_accepted: int, emitted: list[int]) -> None:
+        row.history.extend(emitted)
+        row.pause = max(row.pause - 1, 0)      # one of its rounds went by (with or without a propose)
+        proposed, row.last = row.last, 0
         if proposed:
-            self._cap[b] = min(2 * self._cap[b], 1 << 30) if num_accepted == proposed else num_accepted + 1
-            self._misses[b] = self._misses[b] + 1 if num_accepted == 0 else 0
-            if self._misses[b] >= 2:
-                self._pause[b] = min(1 << (self._misses[b] - 2), 8)
+            row.cap = min(2 * row.cap, 1 << 30) if num_accepted == proposed else num_accepted + 1
+            row.misses = row.misses + 1 if num_accepted == 0 else 0
+            if row.misses >= 2:
+                row.pause = min(1 << (row.misses - 2), 8)
 
     def commit(self, num_accepted, emitted) -> None:
-        _, failed = each_row(lambda b: self._commit_row(b, num_accepted[b], emitted[b]), len(self._hist))
+        rows = self._rows
+        _, failed = each_row(lambda b: self._commit_row(rows[b], num_accepted[b], emitted[b]), len(rows))
         if failed:
             raise DraftError(failed)
 
     def keep(self, batch_indices) -> None:
-        self._hist = [self._hist[i] for i in batch_indices]
-        self._cap = [self._cap[i] for i in batch_indices]
-        self._last = [self._last[i] for i in batch_indices]
-        self._pause = [self._pause[i] for i in batch_indices]
-        self._misses = [self._misses[i] for i in batch_indices]
+        self._rows = [self._rows[i] for i in batch_indices]

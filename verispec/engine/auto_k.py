@@ -1,23 +1,49 @@
-"""``k="auto"``: each round, the number of drafts that maximizes the batch's expected tokens per second.
+"""``k="auto"``: each request's drafts per round, chosen from that request's own state.
 
-For a running batch of B rows with live acceptance estimates alpha_b, one round with k drafts per row
-emits in expectation sum_b E_SD(alpha_b, k) tokens (``verispec.analysis``) and costs
+Why per request. A sampled request's tokens depend on its k: k decides which positions of a round are drafted,
+verified or sampled as the bonus, so which uniforms of its seeded stream meet which logits. Were k chosen for
+the whole batch (from its size and every row's acceptance), a seeded request would emit other tokens when
+other requests ran beside it. So row b's k_b is a function of its own state and of fixed configuration only:
 
-    cost(B, k) = T_target(B, k + 1 tokens per row) + k * T_draft(B)          (k = 0: one plain decode step)
+    its acceptance      per draft position, from its own rounds (``RowState``)
+    its position        k_b <= the tokens it may still emit - 1 (drafts past its end are wasted)
+    configuration       the cost table at a fixed reference batch size (default: the table's largest batch,
+                        which the server measures at --max-batch-size), and K
 
-so the policy picks argmax_k sum_b E_SD(alpha_b, k) / cost(B, k) over k in [0, K] (the smallest k on ties).
-One k serves the whole batch: the target pass is as wide as the widest row, so a row given fewer drafts
-saves nothing in this model while E_SD only grows with k. k = 0 wins when a wider pass costs more than the
-drafts are expected to return, as at large batches where the target pass stops being weight-bandwidth
-bound and its time grows with the tokens it scores.
+A greedy request's tokens are the same at any k (greedy verification emits the target's argmax whatever was
+drafted), so greedy rows may look at the batch: their costs are the table's at the running batch size, and
+they draft up to the round's widest k, whose target pass and draft steps the round runs anyway.
+
+The choice. With alpha_i the row's estimate at draft position i, a round of k drafts emits in expectation
+    E(k) = 1 + alpha_0 + alpha_0 alpha_1 + ... + alpha_0 ... alpha_{k-1}      (``analysis.expected_tokens_from_positions``)
+tokens and costs cost(B, k) = T_target(B, k + 1 tokens per row) + k * T_draft(B), so
+    k_b = argmax over k in [0, cap_b] of E(k) / cost(B, k)                         (the smallest k on ties)
+k = 0 (a plain decode step, E = 1) is always a candidate, so no k is chosen whose predicted rate is below
+plain decoding's. k = 0 wins when a wider pass costs more than the drafts are expected to return, as at large
+batches where the target pass stops being weight-bandwidth bound and its time grows with the tokens it scores.
+
+Estimates. alpha_i = (a_i + prior_alpha * prior_strength) / (t_i + prior_strength), where t_i counts the rounds
+that *tested* position i (proposed it and accepted every draft before it: a rejection ends the round, so the
+positions after it were never examined; accepted / proposed would count them as rejected) and a_i those that
+accepted it. Each round of the request multiplies a_i and t_i by ``decay`` before adding its own evidence, so
+evidence fades with a memory of about 1 / (1 - decay) rounds and the estimates follow a change of acceptance
+either way. The prior is optimistic: a position with no recent evidence is presumed worth drafting.
+
+Exploration. k = 0 tests nothing, so an estimate that once said "lose" would say it forever. Two rules bound
+the cost of finding out again:
+  * hold: when the choice falls to 0 the row stays at 0 for ``min_hold`` more rounds, twice as long each time
+    it falls back to 0 within ``settle`` rounds of drafting (up to ``max_hold``). When the hold ends the row
+    forgets its evidence and starts over from the optimistic prior: it probes k > 0 if drafting at the prior's
+    acceptance would pay at all (else it holds again).
+  * slow start: after a round at k = 0 the next k is at most 1, and k at most doubles from one round to the
+    next: a probe starts with one draft, and k climbs 1, 2, 4, ... while drafts are accepted.
+So where drafting does not pay, a probe (a few rounds of small k, until its rejections bring the estimate below
+break-even) comes once per max_hold + 1 rounds once the holds have doubled up; and once acceptance is back, the
+row drafts again within max_hold + 1 rounds (if drafting at the prior's acceptance pays at all) and its k doubles
+every round up to what its estimate supports (``tests/test_auto_k.py`` checks both on scripted acceptance).
 
 The costs come from a ``CostTable``: measured on this machine at startup (``measure_costs``) or given
 (synthetic tables in tests, a saved JSON table between runs).
-
-The acceptance estimate of a request is a Beta-prior-smoothed rate over the draft positions that were
-actually *tested*: a round that accepted a of its n drafts tested a + 1 positions when a < n (the first
-rejection ends the round) and n when a == n. accepted / proposed would count untested positions after
-a rejection as failures and underestimate alpha.
 """
 from __future__ import annotations
 
@@ -28,7 +54,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..analysis import expected_tokens_per_round
 from .request import Sequence
 
 
@@ -93,62 +118,171 @@ class CostTable:
                          tuple(d["draft_s"]))
 
 
-def best_k(alphas: list[float], k_max: int, costs: CostTable) -> int:
-    """argmax over k in [0, k_max] of sum_b E_SD(alpha_b, k) / cost(B, k); the smallest k on ties."""
-    if not alphas:
-        return 0
-    batch = len(alphas)
+def best_k(alphas: list[float], k_max: int, costs: CostTable, batch: int) -> int:
+    """argmax over k in [0, k_max] of E(k) / cost(batch, k), E(k) from the per-position acceptance ``alphas``
+    (alphas[i]: position i; at least k_max of them); the smallest k on ties."""
+    return _best_k(alphas, [costs.round(batch, k) for k in range(k_max + 1)])
 
-    def rate(k: int) -> float:
-        return sum(expected_tokens_per_round(a, k) for a in alphas) / costs.round(batch, k)
 
-    return max(range(k_max + 1), key=lambda k: (rate(k), -k))
+def _best_k(alphas: list[float], round_s: list[float]) -> int:
+    """``best_k`` with the round costs of k = 0 .. len(round_s) - 1 drafts given."""
+    best, best_rate, tokens, reach = 0, 1.0 / round_s[0], 1.0, 1.0
+    for k in range(1, len(round_s)):
+        reach *= alphas[k - 1]                 # P(position k - 1 is reached and accepted)
+        tokens += reach                        # E(k) = expected_tokens_from_positions(alphas[:k])
+        rate = tokens / round_s[k]
+        if rate > best_rate:
+            best, best_rate = k, rate
+    return best
 
 
 @dataclass
-class _Evidence:
-    rounds: int = 0
-    accepted: int = 0
-    tested: int = 0
+class RowState:
+    """What k=auto keeps about one request (``Sequence.k_state``): decayed per-position evidence and the
+    exploration state (see the module docstring)."""
+
+    accepted: list[float] = field(default_factory=list)   # [i]: decayed rounds that accepted position i
+    tested: list[float] = field(default_factory=list)     # [i]: decayed rounds that tested position i
+    rounds: int = 0                  # the request's rounds seen so far (its Stats.rounds), and its Stats' counts then:
+    seen_proposed_total: int = 0
+    seen_accepted_total: int = 0
+    seen_accepted: list[int] = field(default_factory=list)  # per position
+    seen_tested: list[int] = field(default_factory=list)
+    last_k: int | None = None        # the k it was given last round (None: none yet)
+    hold: int = 0                    # rounds left at k = 0
+    next_hold: int = 0               # the length of its next hold (0: min_hold)
+    drafting: int = 0                # rounds in a row it has drafted since its last hold
+
+    def observe(self, stats, decay: float) -> None:
+        """Fold in the rounds ``stats`` counted since the last call: each round first multiplies the evidence by
+        ``decay``, then adds what it tested and accepted. Usually one round, whose evidence its proposed and
+        accepted counts give. After several (rounds the policy was not asked about, e.g. while the drafter was set
+        aside) the old evidence decays once per round and their per-position counts are added as they are."""
+        new_rounds = stats.rounds - self.rounds
+        if new_rounds <= 0:
+            return
+        if decay != 1.0:
+            factor = decay ** new_rounds
+            self.accepted = [factor * x for x in self.accepted]
+            self.tested = [factor * x for x in self.tested]
+        n, a = stats.num_draft_last, stats.accepted - self.seen_accepted_total
+        if stats.proposed - self.seen_proposed_total == n:      # one round's drafts: n proposed, a accepted
+            self._grow(n)
+            for i in range(min(a + 1, n)):
+                self.tested[i] += 1.0
+                self.accepted[i] += i < a
+        else:                                                     # several rounds' drafts: their per-position sums
+            acc, tst = stats.accepted_per_position, stats.tested_per_position
+            self._grow(len(tst))
+            for i, (ai, ti) in enumerate(zip(acc, tst)):
+                self.accepted[i] += ai - (self.seen_accepted[i] if i < len(self.seen_accepted) else 0)
+                self.tested[i] += ti - (self.seen_tested[i] if i < len(self.seen_tested) else 0)
+        self.rounds, self.seen_proposed_total, self.seen_accepted_total = stats.rounds, stats.proposed, stats.accepted
+        self.seen_accepted, self.seen_tested = list(stats.accepted_per_position), list(stats.tested_per_position)
+
+    def _grow(self, width: int) -> None:
+        if len(self.tested) < width:
+            self.accepted += [0.0] * (width - len(self.accepted))
+            self.tested += [0.0] * (width - len(self.tested))
+
+    def forget(self) -> None:
+        """Drop the evidence (the counts seen so far stay the baseline of the next ``observe``)."""
+        self.accepted, self.tested = [], []
+
+    def alphas(self, k_max: int, prior_alpha: float, prior_strength: float) -> list[float]:
+        """The acceptance estimate of positions 0..k_max-1 (the prior alone where there is no evidence)."""
+        prior = prior_alpha * prior_strength
+        return [((self.accepted[i] if i < len(self.accepted) else 0.0) + prior)
+                / ((self.tested[i] if i < len(self.tested) else 0.0) + prior_strength) for i in range(k_max)]
 
 
 @dataclass
 class AutoK:
-    """A ``KPolicy`` for ``Scheduler(k_policy=...)``: ``AutoK(costs)(running, K)`` -> one k per row (all equal).
+    """A ``KPolicy`` for ``Scheduler(k_policy=...)``: ``AutoK(costs)(running, K)`` -> each row's k, from its
+    own state (module docstring). Each request's state lives on its ``Sequence`` (``k_state``).
 
-    prior_alpha / prior_strength: the Beta prior of each request's acceptance rate, worth
-    ``prior_strength`` tested positions. ``last_k`` is the latest choice (also in each row's
-    ``Stats.num_draft_last``).
+    reference_batch: the batch size whose costs sampled rows are chosen for (None: the table's largest).
+    prior_alpha / prior_strength: the optimistic Beta prior of each position's acceptance, worth
+    ``prior_strength`` tested rounds. decay: evidence kept per round (memory ~ 1 / (1 - decay) rounds).
+    min_hold / max_hold / settle: the exploration back-off. ``last_k`` is the latest round's widest k (each
+    row's own is its ``Stats.num_draft_last``).
     """
 
     costs: CostTable
-    prior_alpha: float = 0.6
-    prior_strength: float = 4.0
+    reference_batch: int | None = None
+    prior_alpha: float = 0.9
+    prior_strength: float = 0.5
+    decay: float = 0.95
+    min_hold: int = 4
+    max_hold: int = 32
+    settle: int = 4
     last_k: int = 0
-    _seen: dict[int, _Evidence] = field(default_factory=dict)
 
     def __post_init__(self):
         if not 0.0 <= self.prior_alpha <= 1.0 or not self.prior_strength > 0:
             raise ValueError(f"AutoK: prior_alpha must be in [0, 1] and prior_strength > 0, got "
                              f"{self.prior_alpha}, {self.prior_strength}")
-
-    def alpha(self, seq: Sequence) -> float:
-        """The smoothed acceptance estimate of ``seq`` (updated from its Stats since the last call)."""
-        ev = self._seen.setdefault(seq.request.id, _Evidence())
-        st = seq.stats
-        if st.rounds != ev.rounds:      # the scheduler adds one round per row between two policy calls
-            n, a = st.num_draft_last, st.accepted - ev.accepted
-            ev.tested += a + (1 if a < n else 0)
-            ev.rounds, ev.accepted = st.rounds, st.accepted
-        return (ev.accepted + self.prior_alpha * self.prior_strength) / (ev.tested + self.prior_strength)
+        if not 0.0 <= self.decay <= 1.0:
+            raise ValueError(f"AutoK: decay must be in [0, 1], got {self.decay}")
+        if not 1 <= self.min_hold <= self.max_hold or self.settle < 1:
+            raise ValueError(f"AutoK: need 1 <= min_hold <= max_hold and settle >= 1, got {self.min_hold}, "
+                             f"{self.max_hold}, {self.settle}")
+        if self.reference_batch is None:
+            self.reference_batch = self.costs.batch_sizes[-1]
+        elif self.reference_batch < 1:
+            raise ValueError(f"AutoK: reference_batch must be >= 1, got {self.reference_batch}")
 
     def __call__(self, running: list[Sequence], k_max: int) -> list[int]:
-        alphas = [self.alpha(s) for s in running]
-        live = {s.request.id for s in running}
-        for rid in [r for r in self._seen if r not in live]:
-            del self._seen[rid]
-        self.last_k = best_k(alphas, k_max, self.costs)
-        return [self.last_k] * len(running)
+        costs = {b: [self.costs.round(b, k) for k in range(k_max + 1)]   # round costs, once per batch size used
+                 for b in {self.reference_batch, len(running)}}
+        ks = [self._choose(seq, k_max, costs[len(running) if seq.request.greedy else self.reference_batch])
+              for seq in running]
+        widest = max(ks, default=0)
+        # greedy rows: their tokens do not depend on k, and the round scores (and drafts) the widest row's k anyway
+        ks = [min(widest, _room(seq, k_max)) if seq.request.greedy else k for seq, k in zip(running, ks)]
+        for seq, k in zip(running, ks):
+            seq.k_state.last_k = k
+        self.last_k = max(ks, default=0)
+        return ks
+
+    def state(self, seq: Sequence) -> RowState:
+        """``seq``'s state, brought up to date with the rounds its Stats counted since the last call."""
+        if not isinstance(seq.k_state, RowState):
+            seq.k_state = RowState()
+        seq.k_state.observe(seq.stats, self.decay)
+        return seq.k_state
+
+    def alphas(self, seq: Sequence, k_max: int) -> list[float]:
+        """``seq``'s acceptance estimate at positions 0..k_max-1."""
+        return self.state(seq).alphas(k_max, self.prior_alpha, self.prior_strength)
+
+    def _choose(self, seq: Sequence, k_max: int, round_s: list[float]) -> int:
+        """Row ``seq``'s own choice (before a greedy row is widened): from its state, its position and ``round_s``,
+        the round costs of 0..k_max drafts at the reference batch (a greedy row: at the running batch)."""
+        st = self.state(seq)
+        cap = _room(seq, k_max)
+        if cap <= 0:
+            return 0
+        if st.hold > 0:
+            st.hold -= 1
+            if st.hold == 0:
+                st.forget()       # the next round starts over from the prior, with k <= 1: a probe
+            return 0
+        if st.last_k is not None:
+            cap = min(cap, max(1, 2 * st.last_k))                       # slow start
+        k = _best_k(st.alphas(cap, self.prior_alpha, self.prior_strength), round_s[:cap + 1])
+        if k > 0:
+            st.drafting += 1
+            return k
+        if st.drafting >= self.settle or st.next_hold == 0:              # a fall after a run of drafting: start over
+            st.next_hold = self.min_hold
+        st.hold, st.next_hold, st.drafting = st.next_hold, min(2 * st.next_hold, self.max_hold), 0
+        return 0
+
+
+def _room(seq: Sequence, k_max: int) -> int:
+    """The most drafts ``seq`` can use this round: K, and no more than the tokens it may still emit - 1."""
+    return min(k_max, seq.request.max_new_tokens - len(seq.generated) - 1)
 
 
 # ---------------------------------------------------------------------------------- measurement
@@ -207,7 +341,7 @@ def measure_costs(target, drafter, k_max: int, batch_sizes: tuple[int, ...], *, 
             continue
         drafter.reserve(target, batch, max_seq_len)
         drafter.admit(list(range(batch)), prompts, [p[-1] for p in prompts],
-                      SamplingParams((0.0,) * batch, (0,) * batch, (1.0,) * batch, (0,) * batch))
+                      SamplingParams.columns((0.0,) * batch, (0,) * batch, (1.0,) * batch, (0,) * batch))
 
         def one_step():
             drafts = drafter.propose([1] * batch).draft_tokens.tolist()     # [B, <=1]

@@ -54,9 +54,8 @@ class SpeculativeDecoder:
         if stops and self.target.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this model has none")
         callback = None if on_tokens is None else (lambda req, toks: on_tokens(req.id, toks))
-        return [Request(p, max_new_tokens, sampling.temperature[b], sampling.top_k[b], sampling.top_p[b],
-                        _int64(sampling.seed + b), stops, callback, id=b)
-                for b, p in enumerate(prompts)]
+        return [Request(p, max_new_tokens, row.temperature, row.top_k, row.top_p, row.seed, stops, callback, id=b)
+                for b, (p, row) in enumerate(zip(prompts, sampling.rows))]
 
     # ----------------------------------------------------------------------------- generate
     def generate(self, prompt, *, max_new_tokens: int = 128, temperature=0.0, top_k=None, top_p=None,
@@ -133,12 +132,6 @@ class GenerationError(RuntimeError):
         shown = "; ".join(f"sequence {i}: {why}" for i, why in failures[:3])
         more = f" (and {len(failures) - 3} more)" if len(failures) > 3 else ""
         super().__init__(f"{len(failures)} of {len(generations)} sequences failed: {shown}{more}")
-
-
-def _int64(value: int) -> int:
-    """``value`` wrapped to a signed 64-bit int (the stream keys' range)."""
-    value %= 2**64
-    return value - 2**64 if value >= 2**63 else value
 
 
 def generate(target, prompt, *, drafter: Drafter | None = None, k: int = 4, max_new_tokens: int = 128,

@@ -142,7 +142,8 @@ def _per_seq(value, batch: int, name: str, default, check) -> tuple:
 def check_sampling(temperature, top_k, top_p, seed, batch: int) -> SamplingParams:
     """Per-sequence sampling settings for ``batch`` prompts; each of temperature / top_k / top_p is a
     scalar (every sequence) or a list of ``batch`` values, None meaning the default (0 = greedy, 0 = no
-    top-k, 1 = no top-p). ``seed``: None (drawn at random, reported in Stats) or an int that fits 64 bits.
+    top-k, 1 = no top-p). ``seed``: None (drawn at random, reported in Stats) or an int S that fits 64 bits;
+    sequence b gets the seed S + b (wrapped to 64 bits), so that every sequence has its own stream.
 
     Refused: NaN / inf / negative temperatures and ones in (0, 1e-6) (see ``sampling.MIN_TEMPERATURE``:
     they would overflow into token 0), top_p outside (0, 1], negative or non-integer top_k, float seeds
@@ -152,7 +153,7 @@ def check_sampling(temperature, top_k, top_p, seed, batch: int) -> SamplingParam
     ks = _per_seq(top_k, batch, "top_k", 0, check_top_k)
     ps = _per_seq(top_p, batch, "top_p", 1.0, check_top_p)
     seed = rng.seed_from(None) if seed is None else check_seed(seed)
-    return SamplingParams(temps, ks, ps, seed)
+    return SamplingParams.columns(temps, ks, ps, tuple(rng.as_int64(seed + b) for b in range(batch)))
 
 
 def check_stop(stop) -> tuple[str, ...]:

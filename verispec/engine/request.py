@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..drafters.base import Sampling
 from ..verify.sampling import is_greedy
 from .detokenize import StopScanner
 from .stats import Generation, Stats
@@ -38,10 +39,17 @@ class Request:
     def greedy(self) -> bool:
         return is_greedy(self.temperature)
 
+    @property
+    def sampling(self) -> Sampling:
+        """Its settings and seed, as one row of a batch's ``SamplingParams``."""
+        return Sampling(float(self.temperature), int(self.top_k), float(self.top_p), int(self.seed))
+
 
 @dataclass
 class Sequence:
-    """A running request: the tokens it emitted so far and why it ended (None while running)."""
+    """A request in the engine: the tokens it emitted so far, why it ended (None while running), and the state
+    the engine keeps about it between rounds (``rounds_done``: its stream offset; ``k_state``). One object per
+    request: the running batch is a list of them (``round.RunningBatch``), so compacting it moves each whole."""
 
     request: Request
     stats: Stats
@@ -51,10 +59,17 @@ class Sequence:
     text_cut: int | None = None    # characters of the text to keep when a stop string ended the run
     rounds_done: int = 0           # rounds this sequence took part in
     stop_scanner: StopScanner | None = field(default=None, repr=False)   # incremental text, for stop strings
+    k_state: object = None         # the k policy's own state for this request (k="auto": ``auto_k.RowState``)
 
     @property
     def prompt(self) -> list[int]:
         return self.request.prompt
+
+    @property
+    def stream_offset(self) -> int:
+        """The offset of its next round in its verification stream: 0 was its first token (admission), round r
+        (counted from 1) draws at offset r."""
+        return self.rounds_done + 1
 
     def emit(self, chunk: list[int], eos: set[int], decode: Callable[[list[int]], str] | None) -> list[int]:
         """Append ``chunk`` up to this sequence's end (length, EOS, stop string); return what was kept."""

@@ -16,8 +16,8 @@ One round (the *folded* loop: no separate forward to commit the certain token):
     commit        target.rollback(lengths_before + 1 + a_b)       keeps c, d_1..d_a; the rest is dead
                   emitted = d_1..d_a + [recovered/bonus]; its last token is the next certain token
 
-``RunningBatch`` is the round's explicit state (the certain tokens on the device, each row's sampling
-settings and stream offset); ``run_round`` advances it by one round and returns what each row emitted.
+``RunningBatch`` is the round's explicit state (each row's ``Sequence``: its settings, seed and stream offset;
+the certain tokens on the device); ``run_round`` advances it by one round and returns what each row emitted.
 Admission, ends and compaction are the scheduler's (verispec/engine/scheduler.py).
 
 Faults stay with their row where the round can tell whose they are (docs/engine.md, "Faults"): a row whose
@@ -36,38 +36,53 @@ import torch
 from torch import Tensor
 
 from ..device import to_device
-from ..drafters.base import DraftError, Drafter, Proposal, SamplingParams
+from ..drafters.base import DraftError, Drafter, Proposal, Sampling, SamplingParams
 from ..verify import VerifyOutput, verify_greedy, verify_sample
 from ..verify.status import NUM_DRAFT, describe
+from .request import Sequence
 
 
 @dataclass
 class RunningBatch:
-    """The device-side state of the running rows, in the target cache's row order."""
+    """The running rows, in the target cache's row order: one ``Sequence`` per row (its request's settings and
+    seed, the rounds it ran: its stream offset) and its certain token on the device. ``extend`` and ``keep``
+    change both in one step, and ``sampling`` is derived from the sequences, so a row's state cannot come apart:
+    there is no per-row list to re-index by hand."""
 
     certain: Tensor                      # [B, 1] int64 on the target device: each row's certain token
-    sampling: SamplingParams             # per-row settings and seeds
-    offsets: list[int]                   # per-row verification stream offset of the next round
+    seqs: list[Sequence]                 # [B], row b's sequence
+    sampling: SamplingParams = field(init=False)   # the rows' settings and seeds as a batch (derived from seqs)
+
+    def __post_init__(self):
+        self._set(self.certain, self.seqs)
+
+    def _set(self, certain: Tensor, seqs: list[Sequence]) -> None:
+        """The one place that changes the rows: certain tokens, sequences and the derived settings together."""
+        if certain.shape[0] != len(seqs):
+            raise ValueError(f"RunningBatch: {certain.shape[0]} certain tokens for {len(seqs)} sequences")
+        self.certain, self.seqs = certain, seqs
+        self.sampling = SamplingParams(tuple(s.request.sampling for s in seqs))
 
     @property
     def size(self) -> int:
-        return len(self.offsets)
+        return len(self.seqs)
+
+    @property
+    def offsets(self) -> list[int]:
+        """Each row's verification stream offset for this round."""
+        return [s.stream_offset for s in self.seqs]
 
     @staticmethod
     def empty(device) -> "RunningBatch":
-        return RunningBatch(torch.zeros(0, 1, dtype=torch.long, device=device), SamplingParams.empty(), [])
+        return RunningBatch(torch.zeros(0, 1, dtype=torch.long, device=device), [])
 
-    def extend(self, certain: Tensor, sampling: SamplingParams, offsets: list[int]) -> None:
-        """Append admitted rows (their first token is their certain token)."""
-        self.certain = torch.cat([self.certain, certain])
-        self.sampling = self.sampling + sampling
-        self.offsets = self.offsets + offsets
+    def extend(self, certain: Tensor, seqs: list[Sequence]) -> None:
+        """Append admitted rows (their first token is their certain token): certain [n, 1]."""
+        self._set(torch.cat([self.certain, certain]), self.seqs + list(seqs))
 
     def keep(self, rows: list[int]) -> None:
         """Only ``rows`` go on, in this order (host indices: no sync)."""
-        self.certain = self.certain[to_device(rows, self.certain.device, torch.long)]
-        self.sampling = self.sampling.select(rows)
-        self.offsets = [self.offsets[r] for r in rows]
+        self._set(self.certain[to_device(rows, self.certain.device, torch.long)], [self.seqs[r] for r in rows])
 
 
 @dataclass
@@ -116,6 +131,21 @@ def verification(target_logits: Tensor, draft_tokens: Tensor, num_draft: list[in
         target_logits, draft_tokens, num_draft, draft_probs, temperature=sampling.temperature,
         top_k=sampling.top_k, top_p=sampling.top_p, seed=keys[0], offset=keys[1],
         max_num_draft=max_num_draft, check_values=False, backend=backend)
+
+
+def warm_verification(device, dtype, vocab: int, max_batch_size: int, k: int,
+                      settings: list[tuple[float, int, float]], backend: str | None) -> None:
+    """Run the verification once per batch size 1..max_batch_size, draft count 0..k and (temperature, top_k,
+    top_p) setting, on zero logits and its outcome read as a round reads it, so that its kernels are compiled or
+    loaded before the first rounds (``Scheduler.warm_up``)."""
+    for b in range(1, max_batch_size + 1):
+        for n in range(k + 1):
+            for temp, top_k, top_p in settings:
+                sampling = SamplingParams((Sampling(float(temp), int(top_k), float(top_p), 0),) * b)
+                logits = torch.zeros(b * (n + 1), vocab, device=device, dtype=dtype)                # [b*(n+1), V]
+                drafts = torch.zeros(b * n, dtype=torch.long, device=device)                      # [b*n]
+                probs = None if sampling.all_greedy else torch.full((b * n, vocab), 1.0 / vocab, device=device)
+                read_outcome(verification(logits, drafts, [n] * b, n, probs, sampling, [0] * b, backend))
 
 
 def read_outcome(out: VerifyOutput) -> list[list[int]]:
@@ -167,8 +197,9 @@ def _ragged(logits: Tensor, draft_tokens: Tensor, num_draft: list[int]) -> tuple
 def run_round(target, drafter: Drafter | None, batch: RunningBatch, max_num_draft: list[int],
               clock: PhaseClock, backend: str | None = None) -> RoundResult:
     """Advance every row of ``batch`` by one round; ``max_num_draft[b]`` caps row b's drafts (0 = plain
-    decoding for that row). Updates ``batch`` (certain tokens, offsets), the target cache and the
-    drafter; returns what each row emitted. Exactly one device->host read (the outcome)."""
+    decoding for that row). Updates ``batch`` (certain tokens), the target cache and the
+    drafter, each row's ``rounds_done``; returns what each row emitted. Exactly one device->host read (the
+    outcome)."""
     device = batch.certain.device
     t0 = clock.now()
     proposal, failed, draft_error = None, {}, None
@@ -204,7 +235,8 @@ def run_round(target, drafter: Drafter | None, batch: RunningBatch, max_num_draf
     t3 = clock.now()
     num_accepted = [0 if b in failed else row[0] for b, row in enumerate(outcome)]
     emitted = [[] if b in failed else row[1: a + 2] for b, (row, a) in enumerate(zip(outcome, num_accepted))]
-    batch.offsets = [o + 1 for o in batch.offsets]
+    for seq in batch.seqs:
+        seq.rounds_done += 1
     if drafter is not None:
         try:
             drafter.commit(num_accepted, emitted)

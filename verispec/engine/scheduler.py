@@ -10,7 +10,8 @@
 
 The running rows are always the cache prefix [0, B) (see verispec/runtime/cache.py), so the target pass runs
 in the CUDA graph of B's bucket. A request's tokens depend only on itself: the target pass computes each row
-independently, and verification and drafting draw from each request's own seeded stream.
+independently, verification and drafting draw from each request's own seeded stream, and the k policy gives a
+row a k that depends on that row alone (``auto_k.AutoK``; a greedy row's tokens do not depend on k).
 
 A fault ends the request it belongs to and nothing else (docs/engine.md, "Faults"): a prefill that raises
 is retried one request at a time, a row whose logits verification refuses or whose drafter fails
@@ -33,7 +34,8 @@ import torch
 from ..drafters.base import Drafter, SamplingParams
 from ..runtime.cache import fill_order
 from .request import Request, Sequence
-from .round import PhaseClock, RoundResult, RunningBatch, failed_rows, read_outcome, run_round, verification
+from .round import (PhaseClock, RoundResult, RunningBatch, failed_rows, read_outcome, run_round, verification,
+                    warm_verification)
 from .stats import Stats
 
 log = logging.getLogger(__name__)
@@ -76,7 +78,6 @@ class Scheduler:
         self.eos = set(tok.eos_token_ids) if tok is not None else set()
         self.decode = tok.decode if tok is not None else None
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []              # in cache row order
         self.totals = Stats(timed_phases=self.timed)   # counts and phase times of everything run so far
         self.round_hook: Callable[["Scheduler"], None] | None = None   # after every round and its retire (tests)
         self.drafter_fault: str | None = None          # why the drafter is set aside (None: in use)
@@ -85,7 +86,12 @@ class Scheduler:
         target.setup_cache(config.max_batch_size, config.max_seq_len, empty=True)
         if drafter is not None:
             drafter.reserve(target, config.max_batch_size, config.max_seq_len)
-        self.batch = RunningBatch.empty(target.device)
+        self.batch = RunningBatch.empty(target.device)   # the running sequences, in cache row order
+
+    @property
+    def running(self) -> list[Sequence]:
+        """The running sequences, in cache row order (``batch.seqs``: read it, never change it)."""
+        return self.batch.seqs
 
     # ------------------------------------------------------------------------------------ requests
     def room_needed(self, request: Request) -> int:
@@ -137,21 +143,10 @@ class Scheduler:
         return n
 
     def _warm_verification(self, settings: list[tuple[float, int, float]]) -> None:
-        """Run the verification once per batch size and draft count it will see (on zero logits), so that its
-        kernels are compiled or loaded now rather than in the first rounds."""
-        if self.target.device.type != "cuda":
-            return
-        vocab = self.target.config.vocab_size
-        for b in range(1, self.config.max_batch_size + 1):
-            for k in range(self.k + 1):
-                for temp, top_k, top_p in settings:
-                    sampling = SamplingParams((float(temp),) * b, (int(top_k),) * b, (float(top_p),) * b, (0,) * b)
-                    logits = torch.zeros(b * (k + 1), vocab, device=self.target.device, dtype=self.target.dtype)
-                    drafts = torch.zeros(b * k, dtype=torch.long, device=self.target.device)
-                    probs = None if sampling.all_greedy else torch.full((b * k, vocab), 1.0 / vocab,
-                                                                        device=self.target.device)
-                    read_outcome(verification(logits, drafts, [k] * b, k, probs, sampling, [0] * b,
-                                              self.verify_backend), raise_on_status=False)
+        """On a GPU: ``warm_verification`` for every batch size and draft count this scheduler will see."""
+        if self.target.device.type == "cuda":
+            warm_verification(self.target.device, self.target.dtype, self.target.config.vocab_size,
+                              self.config.max_batch_size, self.k, settings, self.verify_backend)
 
     @property
     def idle(self) -> bool:
@@ -181,10 +176,9 @@ class Scheduler:
         while not self.idle:
             self.step()
 
-    def _sampling(self, seqs: list[Sequence]) -> SamplingParams:
-        reqs = [s.request for s in seqs]
-        return SamplingParams(tuple(float(r.temperature) for r in reqs), tuple(int(r.top_k) for r in reqs),
-                              tuple(float(r.top_p) for r in reqs), tuple(int(r.seed) for r in reqs))
+    @staticmethod
+    def _sampling(seqs: list[Sequence]) -> SamplingParams:
+        return SamplingParams(tuple(s.request.sampling for s in seqs))
 
     def _admit(self) -> list[Sequence]:
         """Admit waiting requests into free rows; returns those whose admission raised (they end at once)."""
@@ -206,7 +200,7 @@ class Scheduler:
             if self.drafting:
                 self._call_drafter("admit", [s.request.id for s in new], [s.request.prompt for s in new],
                                    first_host, sampling)
-            self.batch.extend(certain, sampling, [1] * len(new))
+            self.batch.extend(certain, new)
             t1 = self.clock.now()
             for j, (seq, token) in enumerate(zip(new, first_host)):
                 seq.stats.queue_s = t0 - seq.request.submitted_at
@@ -215,7 +209,6 @@ class Scheduler:
                     seq.finish_reason, seq.error = "error", bad[j]
                 else:
                     self._deliver(seq, [token])
-            self.running += new
         now = time.perf_counter()
         for seq in refused:
             seq.stats.queue_s = t0 - seq.request.submitted_at
@@ -269,7 +262,6 @@ class Scheduler:
         for b, (seq, chunk, n, a) in enumerate(zip(self.running, result.emitted, result.num_draft,
                                                    result.num_accepted)):
             seq.stats.add_round(n, a)
-            seq.rounds_done += 1
             if seq.finish_reason is not None:
                 continue
             if b in result.failed:
@@ -359,5 +351,4 @@ class Scheduler:
         if self.drafting:
             self._call_drafter("keep", order)
         self.batch.keep(order)
-        self.running = [self.running[j] for j in order]
         return ended

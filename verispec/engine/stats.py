@@ -18,6 +18,9 @@ class Stats:
     accepted: int = 0              # draft tokens accepted
     accepted_per_position: list[int] = field(default_factory=list)   # [i]: rounds whose draft i was accepted
     proposed_per_position: list[int] = field(default_factory=list)   # [i]: rounds that proposed a draft i
+    # [i]: rounds that *tested* draft i: proposed it and accepted drafts 0..i-1 (a rejection ends the round, so
+    # later drafts are never looked at). accepted[i] / tested[i] is the acceptance rate at position i
+    tested_per_position: list[int] = field(default_factory=list)
     prompt_tokens: int = 0
     seed: int | None = None        # the stream seed used (sampling runs are reproducible from it)
     num_draft_last: int = 0        # drafts proposed in the last round (k="auto" shows its choice here)
@@ -37,6 +40,11 @@ class Stats:
     def acceptance_rate(self) -> float:
         """accepted / proposed (0 when nothing was proposed)."""
         return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def acceptance_rate_per_position(self) -> list[float]:
+        """[i]: accepted / tested at draft position i (0 where never tested)."""
+        return [a / t if t else 0.0 for a, t in zip(self.accepted_per_position, self.tested_per_position)]
 
     @property
     def mean_accepted_length(self) -> float:
@@ -63,9 +71,11 @@ class Stats:
         if grow > 0:
             self.proposed_per_position += [0] * grow
             self.accepted_per_position += [0] * grow
+            self.tested_per_position += [0] * grow
         for i in range(num_draft):
             self.proposed_per_position[i] += 1
             self.accepted_per_position[i] += i < num_accepted
+            self.tested_per_position[i] += i <= num_accepted
 
     def summary(self) -> str:
         return (f"{self.new_tokens} tokens, {self.tokens_per_s:.1f} tok/s, {self.rounds} rounds, "

@@ -27,8 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--oracle-draft-cost", metavar="MODEL", default=None,
                    help="--draft oracle:ALPHA: the drafts pay the passes of this model (e.g. llama-3.2-1b); "
                         "None = free drafts")
-    p.add_argument("-k", default="auto", help="drafts per round: an integer >= 1, or auto: each round the k in "
-                   "[0, --k-max] with the most expected tokens/s")
+    p.add_argument("-k", default="auto", help="drafts per round: an integer >= 1, or auto: each round, each "
+                   "request's k in [0, --k-max] with the most expected tokens/s for its own acceptance")
     p.add_argument("--k-max", type=int, default=8, help="the largest k that -k auto considers")
     p.add_argument("--cost-table", default=None, help="-k auto: JSON cost table to load, or to write after "
                    "measuring at startup when the file does not exist; None = measure, keep in memory")

@@ -85,7 +85,9 @@ def assemble(target, drafter, args) -> tuple[EngineLoop, FastAPI]:
         raise ValueError(f"--max-seq-len {args.max_seq_len} exceeds the model's max_position_embeddings {limit}")
     auto = args.k == "auto"
     k = 0 if drafter is None else (args.k_max if auto else args.k)
-    policy = AutoK(cost_table(args, target, drafter, k)) if auto and drafter is not None else None
+    # sampled requests are given the k that pays at --max-batch-size, whatever the load: their tokens depend on k
+    policy = (AutoK(cost_table(args, target, drafter, k), reference_batch=args.max_batch_size)
+              if auto and drafter is not None else None)
     config = SchedulerConfig(args.max_batch_size, args.max_seq_len, k, args.max_waiting)
     name = served_name(args)
     metrics = Metrics(name)

@@ -2,9 +2,10 @@
 
 Oracle drafts (``--draft oracle``) replay the target's own greedy output, so every oracle configuration
 first needs the autoregressive run of the same prompts (``ar_runs``); its outputs are the continuations.
-The acceptance rate reported everywhere is the *measured* one (accepted / proposed): with random weights
-in bf16 a wide target pass can break a near-tie differently from a one-token step, so an oracle at alpha
-may accept a little less than alpha, and prompt lookup has no nominal alpha at all.
+The acceptance rate reported everywhere is the *measured* one, accepted / tested drafts (``EngineRun.alpha``;
+per position: ``position_alphas``): with random weights in bf16 a wide target pass can break a near-tie
+differently from a one-token step, so an oracle at alpha may accept a little less than alpha, and prompt
+lookup has no nominal alpha at all.
 """
 from __future__ import annotations
 

@@ -2,11 +2,14 @@
 
 Points: AR once, then SD at every K (oracle drafts: at every alpha too), then k="auto" (when the engine has
 a k policy) with the largest K as its cap. Every SD row carries, from ``verispec.analysis``:
-    e_sd            E_SD(alpha, K) at the measured alpha
-    predicted       E_SD / (1 + K * T_draft / T_target)               (``analysis.speedup``)
-    predicted_pass  E_SD * T_target / (K * T_draft + T_verify)        (``analysis.speedup_from_times``)
+    e_sd            E(K) = 1 + alpha_0 + alpha_0 alpha_1 + ... at the measured per-position acceptance
+                    alpha_i = accepted / tested at draft position i   (``analysis.expected_tokens_from_positions``)
+    predicted       E(K) / (1 + K * T_draft / T_target)
+    predicted_pass  E(K) * T_target / (K * T_draft + T_verify)
 with T_draft one draft step, T_verify the target pass over K + 1 tokens and T_target one AR step, all
-measured in this run. The first assumes a verify pass costs one decode step; the second uses the measured
+measured in this run (``analysis.speedup`` / ``speedup_from_times`` with E(K) for E_SD). ``alpha_measured``
+is accepted / tested over every position (not accepted / proposed: the drafts after a rejection were never
+tested). The first assumes a verify pass costs one decode step; the second uses the measured
 pass. Neither counts the per-round host work (verification, commit), which the measured speedup pays.
 """
 from __future__ import annotations
@@ -32,15 +35,16 @@ def sd_row(ar_phase, ar_fast, phase, fast, k: int) -> dict:
     t_target = ar_phase.per_round("target")
     t_verify = phase.per_round("target")
     t_draft = phase.per_round("draft") / k
-    alpha = phase.alpha
+    alphas = phase.position_alphas(k)
+    e = analysis.expected_tokens_from_positions(alphas)
     c = t_draft / t_target
     return {"tokens_per_s": fast.tokens_per_s, "ar_tokens_per_s": ar_fast.tokens_per_s,
-            "speedup": fast.tokens_per_s / ar_fast.tokens_per_s, "alpha_measured": alpha,
+            "speedup": fast.tokens_per_s / ar_fast.tokens_per_s, "alpha_measured": phase.alpha,
+            "alpha_per_position": alphas,
             "tokens_per_round": phase.decode_tokens / phase.rounds / phase.batch if phase.rounds else 0.0,
             "t_target_ms": 1e3 * t_target, "t_verify_ms": 1e3 * t_verify, "t_draft_ms": 1e3 * t_draft,
-            "cost_ratio": c, "e_sd": analysis.expected_tokens_per_round(alpha, k),
-            "predicted": analysis.speedup(alpha, k, c),
-            "predicted_pass": analysis.speedup_from_times(alpha, k, t_draft, t_verify, t_target),
+            "cost_ratio": c, "e_sd": e, "predicted": e / (1 + k * c),
+            "predicted_pass": e * t_target / (k * t_draft + t_verify),
             "mean_k": phase.proposed / (phase.rounds * phase.batch) if phase.rounds else 0.0,
             **phase_ms(phase)}
 

@@ -3,7 +3,8 @@
 T_SD = K * T_draft / T_target, the drafting time of a round in units of one target step (T_draft: one draft
 step, T_target: one autoregressive target step, both measured). ``steps_per_pass`` = T_verify(K) / T_draft:
 the draft steps that fit in the time of the round's own target pass. ``e_sd`` and ``predicted`` come from
-``verispec.analysis`` at the measured alpha (E_SD and E_SD / (1 + T_SD)).
+``verispec.analysis`` at the measured per-position acceptance (E(K) = 1 + alpha_0 + alpha_0 alpha_1 + ..., with
+alpha_i = accepted / tested at position i, and E(K) / (1 + T_SD)).
 """
 from __future__ import annotations
 
@@ -24,9 +25,9 @@ def measure(bench, point: dict) -> list[dict]:
     t_target = ar_phase.per_round("target")
     t_draft = phase.per_round("draft") / k
     t_verify = phase.per_round("target")
-    a = phase.alpha
+    alphas = phase.position_alphas(k)
+    e = analysis.expected_tokens_from_positions(alphas)
     return [{"batch": batch, "t_target_ms": 1e3 * t_target, "t_draft_ms": 1e3 * t_draft,
              "t_verify_ms": 1e3 * t_verify, "t_sd": k * t_draft / t_target,
-             "steps_per_pass": t_verify / t_draft if t_draft > 0 else float("inf"), "alpha_measured": a,
-             "e_sd": analysis.expected_tokens_per_round(a, k),
-             "predicted": analysis.speedup(a, k, t_draft / t_target)}]
+             "steps_per_pass": t_verify / t_draft if t_draft > 0 else float("inf"), "alpha_measured": phase.alpha,
+             "alpha_per_position": alphas, "e_sd": e, "predicted": e / (1 + k * t_draft / t_target)}]
