@@ -87,9 +87,9 @@ def _fill(net: Transformer, tensors, device, dtype) -> None:
 
 
 # ----------------------------------------------------------------------------------- HF directories
-def load_hf_dir(path: Path, device, dtype):
-    from .tokenizer import tokenizer_from_hf_dir
-
+def hf_checkpoint(path: Path) -> tuple[ModelConfig, dict, list[Path]]:
+    """(its ModelConfig, config.json as a dict, its safetensors files) of the HF checkpoint directory ``path``;
+    FileNotFoundError saying what is missing, ValueError for a model outside the family."""
     cfg_file = path / "config.json"
     if not cfg_file.exists():
         raise FileNotFoundError(f"{cfg_file} not found: an HF checkpoint directory needs config.json + *.safetensors")
@@ -106,22 +106,31 @@ def load_hf_dir(path: Path, device, dtype):
     for f in files:
         if not f.exists():
             raise FileNotFoundError(f"shard {f} listed in {index.name} is missing")
+    return cfg, hf_cfg, files
+
+
+def hf_tensors(files: list[Path]):
+    """(name, tensor) of every tensor in the safetensors ``files``, one at a time (CPU, as stored)."""
     from safetensors import safe_open
 
-    def tensors():
-        for f in files:
-            with safe_open(str(f), framework="pt", device="cpu") as sf:
-                for name in sf.keys():
-                    yield name, sf.get_tensor(name)
+    for f in files:
+        with safe_open(str(f), framework="pt", device="cpu") as sf:
+            for name in sf.keys():
+                yield name, sf.get_tensor(name)
 
+
+def load_hf_dir(path: Path, device, dtype):
+    from .tokenizer import tokenizer_from_hf_dir
+
+    cfg, hf_cfg, files = hf_checkpoint(path)
     net = _empty_net(cfg, device, dtype)
-    _fill(net, tensors(), device, dtype)
+    _fill(net, hf_tensors(files), device, dtype)
     tokenizer = tokenizer_from_hf_dir(path, hf_cfg) if (path / "tokenizer.json").exists() else None
     return net, tokenizer
 
 
 # ----------------------------------------------------------------------------------- GGUF
-_GGUF_NAMES = {"attn_norm": "input_layernorm.weight", "ffn_norm": "post_attention_layernorm.weight",
+GGUF_LAYER_NAMES = {"attn_norm": "input_layernorm.weight", "ffn_norm": "post_attention_layernorm.weight",
                "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
                "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm.weight",
                "attn_k_norm": "self_attn.k_norm.weight", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
@@ -134,8 +143,12 @@ def _gguf_hf_name(name: str) -> str:
     if name in top:
         return top[name]
     _, i, kind, suffix = name.split(".", 3)          # blk.{i}.{kind}.{weight|bias}
-    hf = _GGUF_NAMES[kind]
+    hf = GGUF_LAYER_NAMES[kind]
     return f"model.layers.{i}.{hf}" if hf.endswith(".weight") else f"model.layers.{i}.{hf}.{suffix}"
+
+
+# the tensors llama.cpp's converter permutes in `llama` GGUFs (its LlamaModel.modify_tensors)
+QK_PERMUTED = ("attn_q.weight", "attn_k.weight", "attn_q.bias", "attn_k.bias")
 
 
 def unpermute_qk(w: Tensor, n_head: int) -> Tensor:
@@ -188,8 +201,9 @@ def _open_gguf(path: Path):
                             f"(its header could not be parsed: {e})") from None
 
 
-def _gguf_config(meta: dict, names: set[str], arch: str) -> ModelConfig:
-    """The ModelConfig a GGUF's metadata describes; ValueError naming a missing or bad key."""
+def _gguf_config(meta: dict, names: set[str], arch: str, rope_freqs: list[float] | None = None) -> ModelConfig:
+    """The ModelConfig a GGUF's metadata describes; ValueError naming a missing or bad key.
+    rope_freqs: the values of the file's rope_freqs.weight (llama.cpp's Llama-3 RoPE scaling), if it has one."""
     def need(key):
         value = meta.get(f"{arch}.{key}")
         if value is None:
@@ -201,12 +215,22 @@ def _gguf_config(meta: dict, names: set[str], arch: str) -> ModelConfig:
     vocab = A("vocab_size") or len(meta.get("tokenizer.ggml.tokens") or [])
     if not vocab:
         raise ValueError("GGUF metadata has neither a vocab_size nor tokenizer.ggml.tokens")
+    rope_scaling = None
+    if rope_freqs is not None:
+        rope_scaling = {"rope_type": "freq_factors", "factors": [float(f) for f in rope_freqs]}
+    elif A("rope.scaling.type", "none") == "linear":
+        rope_scaling = {"rope_type": "linear", "factor": float(need("rope.scaling.factor"))}
+    elif A("rope.scaling.type", "none") not in ("none",):
+        raise ValueError(f"GGUF RoPE scaling {A('rope.scaling.type')!r} is not supported (none, linear, and Llama-3 "
+                         f"scaling as rope_freqs.weight)")
     return ModelConfig(
         vocab_size=vocab, num_layers=need("block_count"),
         hidden_size=E, num_heads=H, num_kv_heads=A("attention.head_count_kv", H),
         head_dim=A("attention.key_length") or E // H, intermediate_size=need("feed_forward_length"),
-        rope_theta=float(A("rope.freq_base", 10000.0)), rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
+        rope_theta=float(A("rope.freq_base", 10000.0)), rope_scaling=rope_scaling,
+        rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
         tie_word_embeddings="output.weight" not in names, attention_bias="blk.0.attn_q.bias" in names,
+        attention_out_bias="blk.0.attn_output.bias" in names,
         qk_norm="blk.0.attn_q_norm.weight" in names, max_position_embeddings=A("context_length", 4096),
         model_type=arch)
 
@@ -223,22 +247,34 @@ def load_gguf(path: Path, device, dtype):
         raise ValueError(f"GGUF architecture {arch!r} is not supported (llama, qwen2, qwen3); "
                          f"use verispec.runtime.HFModel with a transformers checkpoint instead")
     names = {t.name for t in reader.tensors}
-    if "rope_freqs.weight" in names:
-        raise ValueError("this GGUF stores Llama-3 RoPE scaling as rope_freqs.weight, which we do not read yet; "
-                         "load the HF checkpoint directory instead")
-    cfg = _gguf_config(meta, names, arch)
+    freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    cfg = _gguf_config(meta, names, arch, None if freqs is None else dequantize(freqs.data, freqs.tensor_type).tolist())
 
     def tensors():
         for t in reader.tensors:
+            if t.name == "rope_freqs.weight":
+                continue
             w = torch.from_numpy(dequantize(t.data, t.tensor_type).copy())
             w = w.reshape([int(s) for s in reversed(t.shape.tolist())])
-            if arch == "llama" and t.name.endswith(("attn_q.weight", "attn_k.weight")):
+            if arch == "llama" and t.name.endswith(QK_PERMUTED):
                 w = unpermute_qk(w, cfg.num_heads if "attn_q" in t.name else cfg.num_kv_heads)
             yield _gguf_hf_name(t.name), w
 
     net = _empty_net(cfg, device, dtype)
     _fill(net, tensors(), device, dtype)
-    return net, tokenizer_from_gguf(meta)
+    return net, (tokenizer_from_gguf(meta) if "tokenizer.ggml.model" in meta else None)
+
+
+def rope_freqs(path: Path, header) -> list[float] | None:
+    """The values of the GGUF file's rope_freqs.weight (F32 [D/2]) read from the file, None if it has none."""
+    import numpy as np
+
+    t = next((t for t in header.tensors if t.name == "rope_freqs.weight"), None)
+    if t is None:
+        return None
+    if t.ggml_type != 0 or len(t.dims) != 1:
+        raise GGUFFileError(f"{path}: rope_freqs.weight must be an F32 vector, got type {t.ggml_type} {t.dims}")
+    return np.fromfile(path, dtype="<f4", count=t.dims[0], offset=header.data_start + t.offset).tolist()
 
 
 def embedded_gguf_path() -> Path:
@@ -284,7 +320,7 @@ def peek_config(source=None) -> ModelConfig:
         arch = header.meta.get("general.architecture")
         if arch not in ("llama", "qwen2", "qwen3"):
             raise ValueError(f"GGUF architecture {arch!r} is not supported (llama, qwen2, qwen3)")
-        return _gguf_config(header.meta, {t.name for t in header.tensors}, arch)
+        return _gguf_config(header.meta, {t.name for t in header.tensors}, arch, rope_freqs(path, header))
     if path.is_file():
         raise ValueError(f"{path} is not a .gguf file; pass an HF checkpoint directory or a .gguf file")
     if s in NAMED_SHAPES:
@@ -305,7 +341,11 @@ def load_tokenizer(source=None):
         cfg_file = path / "config.json"
         return tokenizer_from_hf_dir(path, json.loads(cfg_file.read_text()) if cfg_file.exists() else {})
     if path.is_file() and path.suffix == ".gguf":
-        return tokenizer_from_gguf(read_header(path).meta)
+        meta = read_header(path).meta
+        if "tokenizer.ggml.model" not in meta:
+            raise ValueError(f"{path} has no tokenizer (e.g. written by `verispec quantize`): pass a directory with "
+                             f"tokenizer.json")
+        return tokenizer_from_gguf(meta)
     if path.is_file():
         raise ValueError(f"{path} is not a .gguf file; pass a directory with tokenizer.json or a .gguf file")
     if os.fspath(source) in NAMED_SHAPES:
@@ -393,6 +433,9 @@ def to_transformers(net: Transformer, num_layers: int | None = None):
     n = c.num_layers if num_layers is None else num_layers
     if not 1 <= n <= c.num_layers:
         raise ValueError(f"num_layers={num_layers}: need 1 <= num_layers <= {c.num_layers}")
+    if (c.rope_scaling or {}).get("rope_type") == "freq_factors":
+        raise ValueError("to_transformers: this model's RoPE scaling is llama.cpp's rope_freqs.weight (from a GGUF), "
+                         "which transformers has no config for")
     cfg_name, model_name = _HF_CLASSES[c.model_type]
     rope = {"rope_type": "default", "rope_theta": c.rope_theta}
     if c.rope_scaling:

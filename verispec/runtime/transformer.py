@@ -48,6 +48,8 @@ def rope_inv_freq(cfg: ModelConfig) -> Tensor:
     rope_type = rs.get("rope_type", rs.get("type", "default"))
     if rope_type == "linear":
         inv_freq = inv_freq / rs["factor"]
+    elif rope_type == "freq_factors":              # llama.cpp's rope_freqs.weight: theta_i / factor_i
+        inv_freq = inv_freq / torch.tensor(rs["factors"], dtype=torch.float32)
     elif rope_type == "llama3":
         factor, low, high = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
         old_ctx = rs["original_max_position_embeddings"]
