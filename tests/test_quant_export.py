@@ -199,3 +199,6 @@ def test_cli_quantizes_an_hf_checkpoint(tmp_path, capsys):
             cli.main(["quantize", *argv])
         assert e.value.code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "x.gguf").exists()
+    from verispec.runtime.quant.mix import MIXES
+
+    assert cli.QUANT_TYPES == tuple(sorted(MIXES))

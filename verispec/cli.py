@@ -422,16 +422,17 @@ def _run_quantize(args) -> int:
     return 0
 
 
-def _quantize_parser(sub) -> None:
-    from .runtime.quant.mix import MIXES
+QUANT_TYPES = ("Q4_0", "Q4_K_M", "Q8_0")    # runtime/quant/mix.py's MIXES (not imported here: it imports torch)
 
+
+def _quantize_parser(sub) -> None:
     q = sub.add_parser("quantize", help="write a model as a quantized GGUF file (llama.cpp's types and layout)",
                        formatter_class=_Formatter,
                        description="Quantize an HF checkpoint or a random-weight shape to a GGUF file: llama.cpp's "
                                    "tensor names, Q/K layout and type mix (Q4_K_M: Q4_K with Q6_K for the LM head "
                                    "and some attn_v / ffn_down). The file has no tokenizer.")
     q.add_argument("--model", required=True, help="HF checkpoint directory, or a shape name (random weights)")
-    q.add_argument("--type", required=True, choices=sorted(MIXES), help="the quantization mix")
+    q.add_argument("--type", required=True, choices=QUANT_TYPES, help="the quantization mix")
     q.add_argument("--out", required=True, help="the .gguf file to write")
     q.add_argument("--device", default=None, help="where to quantize: cpu | cuda | cuda:i; None = cuda if "
                    "available (the K-quant search runs ~0.5 M weights/s on a small CPU)")

@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from ..device import sm_count
+from .quant.packed import PackedWeight
 
 try:
     import triton
@@ -487,11 +488,14 @@ def matmul_path(device_type: str, dtype: torch.dtype, K: int, batch_size: int = 
     return PATH_TORCH
 
 
-def linear(x: Tensor, w: Tensor, b: Tensor | None = None, *, invariant: bool = False, batch_size: int = 1,
-           config: tuple[int, int] = (4, 8)) -> Tensor:
+def linear(x: Tensor, w: Tensor | PackedWeight, b: Tensor | None = None, *, invariant: bool = False,
+           batch_size: int = 1, config: tuple[int, int] = (4, 8)) -> Tensor:
     """F.linear(x [M, K], w [N, K], b) -> [M, N]. ``invariant=True`` (the decode / verify pass of ``batch_size``
     sequences, M = batch_size * tokens): the path of ``matmul_path`` (invariant.cu, or gemv.cu v1 in 8-row chunks in
-    the model's configuration ``config`` = (rows, split)); ``invariant=False`` (the prefill): cuBLAS."""
+    the model's configuration ``config`` = (rows, split)); ``invariant=False`` (the prefill): cuBLAS. A packed w
+    (quant/packed.py) is dequantized to x's dtype first, then takes the same path."""
+    if isinstance(w, PackedWeight):   # NOTE: dequantized here until a packed GEMV runs it (docs/runtime.md)
+        w = w.dequantize(x.dtype)
     if not (invariant and x.is_cuda and _gemv_available()):
         return torch.nn.functional.linear(x, w, b)
     M, K = x.shape
