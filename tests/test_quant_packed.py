@@ -28,12 +28,13 @@ def passes(model) -> torch.Tensor:
 
 
 def load_packed(path, **kw):
+    """(the model loaded with packed=True, its note or None: a warning only when some matrix stays dense)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model = load_model(path, device="cpu", packed=True, **kw)
     notes = [str(w.message) for w in caught if path.name in str(w.message)]
-    assert len(notes) == 1, notes
-    return model, notes[0]
+    assert len(notes) <= 1, notes
+    return model, (notes[0] if notes else None)
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +63,7 @@ def test_packed_model_equals_the_dense_model(files, name):
     held = packed_weights(model.net)
     expected = {"embed", *(f"layers.{i}.{w}" for i in range(2) for w in ("wqkv", "wo", "w13", "w2"))}
     assert set(held) == expected | ({"lm_head"} if name.startswith("llama") else set())
-    assert note.startswith(f"{path.name}: {len(held)} matrices kept as GGUF blocks") and "dequantized" not in note
+    assert note is None                                  # every matrix kept: nothing to say
     if name == "llama-Q4_K_M":
         assert held["layers.1.wqkv"].type_names == ("Q4_K", "Q4_K", "Q6_K")
         assert held["layers.0.wqkv"].type_names == ("Q4_K", "Q4_K", "Q4_K")
@@ -79,7 +80,8 @@ def test_packed_model_equals_the_dense_model(files, name):
 def test_types_without_a_packed_path_are_dequantized_with_a_note(files):
     model, note = load_packed(files["fallback"])
     assert "layers.0.w2" not in packed_weights(model.net) and isinstance(model.net.layers[0].w2, torch.Tensor)
-    assert note.endswith("; dequantized to float32 (no packed matmul for the type): 1 Q5_0 (blk.0.ffn_down.weight)")
+    assert note == ("fallback.gguf: 9 matrices kept as GGUF blocks (Q4_K, Q6_K, Q8_0); dequantized to float32 (no "
+                    "packed matmul for the type): 1 Q5_0 (blk.0.ffn_down.weight)")
     assert torch.equal(passes(model), passes(load_model(files["fallback"], device="cpu")))
 
 
@@ -96,7 +98,7 @@ def test_embedded_model_runs_from_its_blocks():
     held = packed_weights(model.net)
     assert len(held) == 1 + 30 * 4 and {t for w in held.values() for t in w.type_names} == {"Q4_1", "Q8_0"}
     assert held["embed"].type_names == ("Q8_0",) and model.net.lm_head is None
-    assert model.weight_bytes < 100e6 and "121 matrices kept as GGUF blocks (Q4_1, Q8_0)" in note
+    assert model.weight_bytes < 100e6 and note is None
     twin = load_model(model.config, device="cpu")                   # the same shape, dense, filled from the blocks
     with torch.no_grad():
         for attr, w in held.items():

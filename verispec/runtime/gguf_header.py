@@ -130,9 +130,10 @@ def read_header(path) -> GGUFHeader:
             n_elems = 1
             for d in t.dims:
                 n_elems *= d
-            if n_elems % block:
-                raise GGUFFileError(f"{path}: inconsistent GGUF file: tensor {t.name!r} has {n_elems} elements, "
-                                    f"not a multiple of {qtype.name}'s block of {block}")
+            row = t.dims[0] if t.dims else 1        # blocks run along a row (ne0); a row never splits one
+            if row % block:
+                raise GGUFFileError(f"{path}: inconsistent GGUF file: tensor {t.name!r} {list(t.dims)} has rows of "
+                                    f"{row} weights, not a multiple of {qtype.name}'s block of {block}")
             expected, offset = n_elems * type_size // block, data_start + t.offset
             if offset + expected > size:
                 raise GGUFFileError(f"{path}: the file is truncated: tensor {t.name!r} expects {expected} bytes "

@@ -296,7 +296,12 @@ def load_gguf(path: Path, device, dtype, packed: bool = False):
         for t in header.tensors:
             if t.name == "rope_freqs.weight" or t.name in in_blocks:
                 continue
-            w = torch.from_numpy(np.array(dequantize(data[t.name], GGMLQuantizationType(t.ggml_type))))
+            qtype = GGMLQuantizationType(t.ggml_type)
+            try:
+                w = torch.from_numpy(np.array(dequantize(data[t.name], qtype)))
+            except NotImplementedError:
+                raise ValueError(f"{path}: tensor {t.name!r} is stored as {qtype.name}, which cannot be dequantized "
+                                 f"(a model's weights are float or quantized types)") from None
             w = w.reshape(list(reversed(t.dims)))
             if arch == "llama" and t.name.endswith(QK_PERMUTED):
                 w = unpermute_qk(w, cfg.num_heads if "attn_q" in t.name else cfg.num_kv_heads)
@@ -304,7 +309,7 @@ def load_gguf(path: Path, device, dtype, packed: bool = False):
 
     net = _empty_net(cfg, device, dtype, blocks)
     _fill(net, tensors(), device, dtype)
-    if packed:
+    if dense:                                     # the one-line note: what packed=True could not keep as blocks
         warnings.warn(_packed_note(path, blocks, dense, dtype), stacklevel=3)
     return net, (tokenizer_from_gguf(meta) if "tokenizer.ggml.model" in meta else None)
 
@@ -414,8 +419,8 @@ def load_model(source=None, *, device=None, dtype=None, use_graphs: bool = True,
             a shape name from ``NAMED_SHAPES`` (random weights, no tokenizer) | a ``ModelConfig`` (random).
     device: default cuda if available, else cpu.  dtype: default bf16 on cuda, fp32 on cpu (the compute dtype).
     packed: GGUF sources only: keep every matrix stored as Q4_0, Q4_1, Q8_0, Q4_K or Q6_K as its blocks
-    (``quant.packed.PackedWeight``) instead of a dequantized copy; a warning lists what was kept and what was
-    dequantized. Each pass dequantizes the matrices it reads (no packed GEMV yet): for memory, not speed; the
+    (``quant.packed.PackedWeight``) instead of a dequantized copy; a one-line warning names the matrices of
+    other types, which are dequantized as usual. Each pass dequantizes the matrices it reads (no packed GEMV yet): for memory, not speed; the
     logits equal the dequantized model's (docs/runtime.md, "Packed weights").
     On a CPU device this also sets torch's thread count to the cores other processes leave free
     (``verispec.device.apply_cpu_thread_policy``), unless you chose one yourself (OMP_NUM_THREADS or
