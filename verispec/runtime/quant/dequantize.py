@@ -8,7 +8,8 @@ random blocks with edge scales and the embedded SmolLM2's real tensors). Layouts
     blocks [n, type_size] uint8 -> weights [n, block_size] float32          (``dequantize_blocks``)
     data   [N, K / QK * type_size] uint8 (a GGUF matrix) -> W [N, K] float32 (``dequantize``)
 
-This is the CPU path of packed weights (packed.py) and the oracle of the CUDA packed GEMV.
+This is the CPU path of packed weights (packed.py) and the oracle of the CUDA packed GEMV. No host -> device copy
+and no data-dependent shape: it runs inside a CUDA graph capture.
 """
 from __future__ import annotations
 
@@ -65,10 +66,10 @@ def _q4_k(blocks: Tensor) -> Tensor:
 
 def _q6_k(blocks: Tensor) -> Tensor:
     n = blocks.shape[0]
-    ql = nibbles(blocks[:, 0:128].view(n, 2, 2, 32)).view(n, 2, 4, 32)    # [half, i, lane]: i = nibble * 2 + 32-byte row
-    ql = ql[:, :, [0, 2, 1, 3]]                                           # -> i = 0..3 in weight order (l + 32 i)
-    qh = blocks[:, 128:192].to(torch.int32).view(n, 2, 1, 32)
-    qh = (qh >> torch.tensor([0, 2, 4, 6], device=blocks.device).view(1, 1, 4, 1)) & 3
+    # [half, 32-byte row, nibble, lane] -> [half, i = 2 * nibble + row, lane]: weight 128 half + 32 i + lane
+    ql = nibbles(blocks[:, 0:128].view(n, 2, 2, 32)).transpose(2, 3).reshape(n, 2, 4, 32)
+    qh = blocks[:, 128:192].to(torch.int32).view(n, 2, 32)
+    qh = torch.stack([qh & 3, (qh >> 2) & 3, (qh >> 4) & 3, qh >> 6], dim=2)    # [half, i, lane]: bits 2i, 2i + 1
     q = (ql | (qh << 4)) - 32                                             # [n, 2, 4, 32] = weights 128 h + 32 i + l
     scales = blocks[:, 192:208].contiguous().view(torch.int8).float()     # [n, 16]
     d = (f16(blocks, 208) * scales).view(n, 16, 1)
