@@ -435,7 +435,7 @@ def _quantize_parser(sub) -> None:
     q.add_argument("--type", required=True, choices=QUANT_TYPES, help="the quantization mix")
     q.add_argument("--out", required=True, help="the .gguf file to write")
     q.add_argument("--device", default=None, help="where to quantize: cpu | cuda | cuda:i; None = cuda if "
-                   "available (the K-quant search runs ~0.5 M weights/s on a small CPU)")
+                   "available (the K-quant search runs ~2 M weights/s on a small CPU)")
     q.add_argument("--seed", type=int, default=0, help="shape names: the seed of the random weights")
     q.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     q.add_argument("-v", "--verbose", action="store_true", help="one line per tensor: name, shape, type")

@@ -175,7 +175,7 @@ def write_quantized_gguf(source, out, mix: str = "Q4_K_M", *, device=None, dtype
     source: an HF checkpoint directory, a shape name from ``NAMED_SHAPES`` or a ``ModelConfig`` (random weights:
     the same ones ``load_model(source, device=device, dtype=dtype, seed=seed)`` draws).
     device: where the weights are drawn and quantized (default: cuda if available; the K-quant search costs
-    ~0.5 M weights/s on a small CPU, so use a GPU for 1B+ models). log: a callable given one line per tensor.
+    ~2 M weights/s on a small CPU, so use a GPU for 1B+ models). log: a callable given one line per tensor.
     Returns a ``Report``; ValueError for a model or mix this cannot write (before anything is written).
     """
     import gguf
