@@ -179,7 +179,7 @@ def _subparser(command: str):
     return parser
 
 
-@pytest.mark.parametrize("command", ["serve", "bench", "bench serve"])
+@pytest.mark.parametrize("command", ["serve", "bench", "bench serve", "quantize"])
 def test_help_documents_every_option_with_its_default(capsys, command):
     """Every option of `verispec serve --help` / `bench --help` / `bench serve --help` has a help text, and
     every option that takes a value shows its default."""

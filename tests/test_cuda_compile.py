@@ -37,7 +37,7 @@ def _compile(source: Path, out_dir: Path) -> subprocess.CompletedProcess:
 
 
 def test_sources_exist():
-    assert {p.name for p in SOURCES} >= {"verify_greedy.cu", "verify_sample.cu", "kv_compact.cu", "gemv.cu", "invariant.cu", "gemv_fused.cu"}
+    assert {p.name for p in SOURCES} >= {"verify_greedy.cu", "verify_sample.cu", "kv_compact.cu", "gemv.cu", "invariant.cu", "packed.cu", "gemv_fused.cu"}
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found on PATH: cannot compile the CUDA sources")
@@ -63,7 +63,8 @@ EXTENSIONS = {
     "verispec_verify": ("verispec/verify/cuda/binding.cpp", ["verispec/verify/cuda/verify_greedy.cu",
                                                              "verispec/verify/cuda/verify_sample.cu"]),
     "verispec_gemv": ("verispec/runtime/gemv/binding.cpp", ["verispec/runtime/gemv/gemv.cu",
-                                                          "verispec/runtime/gemv/invariant.cu"]),
+                                                          "verispec/runtime/gemv/invariant.cu",
+                                                          "verispec/runtime/gemv/packed.cu"]),
     "verispec_dev": ("dev/binding.cpp", ["dev/kv/kv_compact.cu", "dev/gemv_fused/gemv_fused.cu"]),
 }
 

@@ -56,12 +56,16 @@ def test_not_a_gguf(tmp_path):
 
 
 def test_fast_header_reads_what_ggufs_reader_reads(tiny_gguf):
-    """runtime/gguf_header.py (peek_config, load_tokenizer) against gguf's own GGUFReader: the same metadata
-    values, tensor names, shapes, types and data offsets."""
-    from verispec.runtime.gguf_header import read_header
-    from verispec.runtime.loading import _open_gguf
+    """runtime/gguf_header.py (the loader, peek_config, load_tokenizer) against gguf's own GGUFReader: the same
+    metadata values, tensor names, shapes, types, data offsets and bytes."""
+    import gguf
 
-    header, reader = read_header(tiny_gguf), _open_gguf(tiny_gguf)
+    from verispec.runtime.gguf_header import read_header, tensor_data
+
+    header, reader = read_header(tiny_gguf), gguf.GGUFReader(str(tiny_gguf))
     assert header.meta == {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
     assert [(t.name, t.dims, t.ggml_type, header.data_start + t.offset) for t in header.tensors] == \
         [(t.name, tuple(int(d) for d in t.shape), int(t.tensor_type), int(t.data_offset)) for t in reader.tensors]
+    data = tensor_data(tiny_gguf, header)       # the loader's views of the tensors' bytes: gguf's, as bytes
+    for t in reader.tensors:
+        assert data[t.name].tobytes() == t.data.tobytes() and data[t.name].shape[:-1] == t.data.shape[:-1]

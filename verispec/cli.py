@@ -5,6 +5,7 @@
     verispec generate - < prompt.txt                (the prompt from stdin)
     verispec verify-demo [--batch-size B --num-draft K --vocab-size V --acceptance-rate A]
     verispec serve [--model M] [--draft-lookup | --draft D | --draft-self L] [-k N|auto] [--port P] ...
+    verispec quantize --model M --type Q4_K_M|Q4_0|Q8_0 --out model.gguf   (an HF dir or a shape name -> GGUF)
 """
 from __future__ import annotations
 
@@ -379,6 +380,68 @@ def _report(results, args) -> None:
             print(f"[verispec] outputs identical: NO ({sum(same)}/{len(same)} sequences match)", file=err)
 
 
+# ------------------------------------------------------------------------------------------ quantize
+def _run_quantize(args) -> int:
+    """``verispec quantize``: every argument checked before any weight is read, one line per written file."""
+    import os
+    from pathlib import Path
+
+    from .device import parse_device
+    from .runtime.config import NAMED_SHAPES, random_weights_note
+    from .runtime.quant.export import write_quantized_gguf
+
+    out = Path(args.out).expanduser()
+    if out.suffix != ".gguf":
+        _die(f"--out must name a .gguf file, got {args.out!r}")
+    if not out.parent.is_dir():
+        _die(f"--out: directory {str(out.parent)!r} does not exist")
+    if out.exists() and not args.force:
+        _die(f"--out {str(out)!r} exists; pass --force to overwrite it")
+    model = Path(args.model).expanduser()
+    if not model.is_dir() and args.model not in NAMED_SHAPES:
+        _die(f"--model {args.model!r} is neither an HF checkpoint directory nor a shape name "
+             f"({', '.join(sorted(NAMED_SHAPES))})")
+    if args.device is not None:
+        try:
+            parse_device(args.device)
+        except ValueError as e:
+            _die(f"--device: {e}")
+    note = random_weights_note(args.model) if not model.is_dir() else None
+    if note:
+        _note(note)
+    if model.is_dir() and (model / "tokenizer.json").exists():
+        _note("the tokenizer is not written into the GGUF: the file loads with weights only (serve it with "
+              "--tokenizer DIR)")
+    start = time.perf_counter()
+    try:
+        report = write_quantized_gguf(os.fspath(model) if model.is_dir() else args.model, out, args.type,
+                                      device=args.device, seed=args.seed, log=print if args.verbose else None)
+    except (ValueError, FileNotFoundError) as e:
+        _die(f"cannot quantize {args.model}: {e}", RUNTIME)
+    print(f"{report.summary()} in {time.perf_counter() - start:.1f} s")
+    return 0
+
+
+QUANT_TYPES = ("Q4_0", "Q4_K_M", "Q8_0")    # runtime/quant/mix.py's MIXES (not imported here: it imports torch)
+
+
+def _quantize_parser(sub) -> None:
+    q = sub.add_parser("quantize", help="write a model as a quantized GGUF file (llama.cpp's types and layout)",
+                       formatter_class=_Formatter,
+                       description="Quantize an HF checkpoint or a random-weight shape to a GGUF file: llama.cpp's "
+                                   "tensor names, Q/K layout and type mix (Q4_K_M: Q4_K with Q6_K for the LM head "
+                                   "and some attn_v / ffn_down). The file has no tokenizer.")
+    q.add_argument("--model", required=True, help="HF checkpoint directory, or a shape name (random weights)")
+    q.add_argument("--type", required=True, choices=QUANT_TYPES, help="the quantization mix")
+    q.add_argument("--out", required=True, help="the .gguf file to write")
+    q.add_argument("--device", default=None, help="where to quantize: cpu | cuda | cuda:i; None = cuda if "
+                   "available (the K-quant search runs ~2 M weights/s on a small CPU)")
+    q.add_argument("--seed", type=int, default=0, help="shape names: the seed of the random weights")
+    q.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    q.add_argument("-v", "--verbose", action="store_true", help="one line per tensor: name, shape, type")
+    q.set_defaults(run_command=_run_quantize)
+
+
 # ------------------------------------------------------------------------------------------ verify-demo
 def _validate_verify_demo(args):
     """(device, dtype) after checking every argument, and the workload's size, before allocating."""
@@ -546,6 +609,7 @@ def _parser() -> argparse.ArgumentParser:
     from .bench.command import add_bench_parser
 
     add_bench_parser(sub)
+    _quantize_parser(sub)
     return parser
 
 

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..runtime.model import Model
+from ..runtime.quant.packed import packed_weights
 from ..runtime.transformer import Transformer, rms_norm
 
 
@@ -58,6 +59,8 @@ def _rows(w: Tensor, start: int, size: int) -> Tensor:
 def shard_transformer(net: Transformer, rank: int, world_size: int, group=None) -> Transformer:
     """Rank ``rank``'s shard of ``net`` (which every rank holds in full): a new Transformer at the sharded
     config; embedding / norms / LM head shared with ``net`` (not copied)."""
+    if packed_weights(net):
+        raise ValueError("tensor parallelism shards dense weights: load the model with packed=False")
     cfg = net.cfg
     check_divisible(cfg, world_size)
     if not 0 <= rank < world_size:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..runtime.quant.packed import packed_weights
 from .base import Drafter, Proposal
 from .draft_model import DraftModel
 
@@ -106,6 +107,8 @@ def make_peaked(model, embed_scale: float = 1e4, seed: int = 0) -> list[int]:
     token is perm^-1(current token) by a margin of ~sqrt(hidden) standard deviations.
     """
     net = model.net
+    if packed_weights(net):
+        raise ValueError("make_peaked overwrites dense weights: load the model with packed=False")
     if net.lm_head is None:
         raise ValueError("make_peaked needs an untied LM head (tie_word_embeddings=False, e.g. llama-3.1-8b)")
     perm = torch.randperm(net.cfg.vocab_size, generator=torch.Generator().manual_seed(seed))

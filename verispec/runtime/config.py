@@ -13,8 +13,10 @@ from typing import Any
 # model_type values (HF config.json) and the architectures that map to this decoder.
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
-# rope_scaling["rope_type"] values we implement (see model.rope_inv_freq).
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+# rope_scaling["rope_type"] values we implement (see transformer.rope_inv_freq); "freq_factors" is llama.cpp's
+# rope_freqs.weight from a GGUF file ({"rope_type": "freq_factors", "factors": [D/2 divisors of the inverse
+# frequencies]}: how llama.cpp stores Llama-3 scaling).
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "freq_factors")
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,7 @@ class ModelConfig:
     head_dim: int                   # D: per-head width (Qwen3: != hidden_size // num_heads)
     intermediate_size: int          # SwiGLU inner width
     rope_theta: float = 10000.0     # RoPE base
-    rope_scaling: dict | None = field(default=None, hash=False, compare=False)  # None | {"rope_type": "llama3"|"linear", ...}
+    rope_scaling: dict | None = field(default=None, hash=False, compare=False)  # None | {"rope_type": "llama3"|"linear"|"freq_factors", ...}
     rms_norm_eps: float = 1e-5
     tie_word_embeddings: bool = False   # LM head shares the embedding matrix
     attention_bias: bool = False        # bias on q/k/v projections (Qwen2)

@@ -63,6 +63,19 @@ class Model:
         self._graphs = GraphCache(self._step, lambda rows: self.cache.lengths_for(rows))
         self._prefill_graphs = PrefillGraphs(self._prefill_step)
 
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the weights this model's passes use: the embedding, its ``num_active_layers`` layers, the final
+        norm and the LM head (a tied head counted once; GGUF blocks at their packed size)."""
+        from .quant.packed import PackedWeight
+
+        net = self.net
+        held = [net.embed, net.norm, net.lm_head]
+        for L in net.layers[:self.num_active_layers]:
+            held += [L.attn_norm, L.wqkv, L.bqkv, L.wo, L.bo, L.q_norm, L.k_norm, L.ffn_norm, L.w13, L.w2]
+        return sum(w.nbytes if isinstance(w, PackedWeight) else w.numel() * w.element_size()
+                   for w in held if w is not None)
+
     def __repr__(self) -> str:
         c = self.config
         return (f"Model({c.model_type}, layers={c.num_layers}, E={c.hidden_size}, V={c.vocab_size}, "

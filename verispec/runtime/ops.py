@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from ..device import sm_count
+from .quant.packed import PackedWeight
 
 try:
     import triton
@@ -418,6 +419,10 @@ MATMUL_MODES = ("invariant", "cublas", "gemv")
 # VERISPEC_INVARIANT_PDL=1 turns it back on (the bits are the same either way).
 INVARIANT_PDL = os.environ.get("VERISPEC_INVARIANT_PDL", "0") == "1"
 GEMV_CONFIG: tuple[int, int] | None = None   # (rows, split) for every model; None: ``gemv_config``'s rule
+# Packed weights (quant/packed.py) on CUDA: packed.cu when VERISPEC_PACKED_GEMV=1 (batch-invariant like invariant.cu;
+# NOTE: not yet run on a GPU, tests/test_quant_gpu.py are its checks), else dequantized to x's dtype each pass and
+# sent down the dense path above.
+PACKED_GEMV = os.environ.get("VERISPEC_PACKED_GEMV") == "1"
 
 
 def gemv_config(hidden_size: int) -> tuple[int, int]:
@@ -487,11 +492,16 @@ def matmul_path(device_type: str, dtype: torch.dtype, K: int, batch_size: int = 
     return PATH_TORCH
 
 
-def linear(x: Tensor, w: Tensor, b: Tensor | None = None, *, invariant: bool = False, batch_size: int = 1,
-           config: tuple[int, int] = (4, 8)) -> Tensor:
+def linear(x: Tensor, w: Tensor | PackedWeight, b: Tensor | None = None, *, invariant: bool = False,
+           batch_size: int = 1, config: tuple[int, int] = (4, 8)) -> Tensor:
     """F.linear(x [M, K], w [N, K], b) -> [M, N]. ``invariant=True`` (the decode / verify pass of ``batch_size``
     sequences, M = batch_size * tokens): the path of ``matmul_path`` (invariant.cu, or gemv.cu v1 in 8-row chunks in
-    the model's configuration ``config`` = (rows, split)); ``invariant=False`` (the prefill): cuBLAS."""
+    the model's configuration ``config`` = (rows, split)); ``invariant=False`` (the prefill): cuBLAS. A packed w
+    (quant/packed.py) is dequantized to x's dtype first, then takes the same path."""
+    if isinstance(w, PackedWeight):
+        if PACKED_GEMV and x.is_cuda and _gemv_available():
+            return _packed_linear(x, w, b)
+        w = w.dequantize(x.dtype)       # NOTE: the whole matrix, every pass: correctness, not speed
     if not (invariant and x.is_cuda and _gemv_available()):
         return torch.nn.functional.linear(x, w, b)
     M, K = x.shape
@@ -510,3 +520,15 @@ def linear(x: Tensor, w: Tensor, b: Tensor | None = None, *, invariant: bool = F
                             split=split, pdl=use_pdl(x.device))
         return out
     return torch.nn.functional.linear(x, w, b)
+
+
+def _packed_linear(x: Tensor, w: PackedWeight, b: Tensor | None) -> Tensor:
+    """x [M, K] @ w^T (+ b) through packed.cu, one launch per part of w (its rows: [q; k; v] may mix types)."""
+    from . import gemv as vgemv
+
+    outs, row = [], 0
+    for qtype, blocks in w.parts:
+        n = blocks.shape[0]
+        outs.append(vgemv.packed_matmul(x, blocks, qtype, None if b is None else b[row:row + n]))
+        row += n
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)

@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from ..device import to_device
 from . import ops
 from .config import ModelConfig
+from .quant import packed
 
 
 # ----------------------------------------------------------------------------------------- RoPE
@@ -48,6 +49,8 @@ def rope_inv_freq(cfg: ModelConfig) -> Tensor:
     rope_type = rs.get("rope_type", rs.get("type", "default"))
     if rope_type == "linear":
         inv_freq = inv_freq / rs["factor"]
+    elif rope_type == "freq_factors":              # llama.cpp's rope_freqs.weight: theta_i / factor_i
+        inv_freq = inv_freq / torch.tensor(rs["factors"], dtype=torch.float32)
     elif rope_type == "llama3":
         factor, low, high = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
         old_ctx = rs["original_max_position_embeddings"]
@@ -98,7 +101,7 @@ def pre_attention(x: Tensor, rope: Tensor, attn_norm: Tensor, wqkv: Tensor, bqkv
     of a (target, truncated draft) pair.
     """
     N = x.shape[0]
-    qkv = F.linear(rms_norm(x, attn_norm, eps), wqkv, bqkv).view(N, H + 2 * KV, D)
+    qkv = packed.linear(rms_norm(x, attn_norm, eps), wqkv, bqkv).view(N, H + 2 * KV, D)
     qk, v = qkv[:, : H + KV], qkv[:, H + KV:]              # q and k heads side by side: one RoPE for both
     if q_norm is not None:
         qk = torch.cat([rms_norm(qk[:, :H], q_norm, eps), rms_norm(qk[:, H:], k_norm, eps)], dim=1)
@@ -109,9 +112,9 @@ def pre_attention(x: Tensor, rope: Tensor, attn_norm: Tensor, wqkv: Tensor, bqkv
 def post_attention(x: Tensor, o: Tensor, wo: Tensor, bo: Tensor | None, ffn_norm: Tensor, w13: Tensor,
                    w2: Tensor, eps: float) -> Tensor:
     """x residual [N, E], o attention output [N, H*D] -> x + o_proj(o) + SwiGLU MLP of that: [N, E]."""
-    x = x + F.linear(o, wo, bo)
-    gate, up = F.linear(rms_norm(x, ffn_norm, eps), w13).chunk(2, dim=-1)
-    return x + F.linear(F.silu(gate) * up, w2)
+    x = x + packed.linear(o, wo, bo)
+    gate, up = packed.linear(rms_norm(x, ffn_norm, eps), w13).chunk(2, dim=-1)
+    return x + packed.linear(F.silu(gate) * up, w2)
 
 
 class Block(nn.Module):
@@ -168,12 +171,12 @@ class Transformer(nn.Module):
         return self._post(x, o, L.wo, L.bo, L.ffn_norm, L.w13, L.w2, self.cfg.rms_norm_eps)
 
     @property
-    def lm_head_weight(self) -> Tensor:
+    def lm_head_weight(self) -> Tensor:   # (or a quant.packed.PackedWeight, like every matrix of a packed model)
         return self.embed if self.lm_head is None else self.lm_head
 
     def logits(self, x: Tensor) -> Tensor:
         # x: [..., E] -> [..., V]
-        return F.linear(rms_norm(x, self.norm, self.cfg.rms_norm_eps), self.lm_head_weight)
+        return packed.linear(rms_norm(x, self.norm, self.cfg.rms_norm_eps), self.lm_head_weight)
 
     def prefill(self, tokens: Tensor, last: Tensor, rope: Tensor, cache, num_layers: int, first_row: int = 0) -> Tensor:
         """Right-padded prompts, all starting at position 0, into cache rows [first_row, first_row + B).
@@ -195,7 +198,7 @@ class Transformer(nn.Module):
         slices, causal SDPA."""
         B, T = tokens.shape
         H, KV, D = self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim
-        x = F.embedding(tokens, self.embed).view(B * T, -1)   # [N=B*T, E]
+        x = packed.embedding(tokens, self.embed).view(B * T, -1)   # [N=B*T, E]
         rope = rope[None, :T].expand(B, T, 2, D).reshape(B * T, 2, D)
         for i in range(num_layers):
             q, k, v = self.layer_qkv(i, x, rope)              # [N, H|KV, D]
@@ -220,7 +223,7 @@ class Transformer(nn.Module):
         B, T = tokens.shape
         c = self.cfg
         H, KV, D, eps = c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps
-        x = F.embedding(tokens.reshape(-1), self.embed)                                # [N=B*T, E]
+        x = packed.embedding(tokens.reshape(-1), self.embed)                           # [N=B*T, E]
         delta = None
         for i in range(num_layers):
             L = self.layers[i]
@@ -278,7 +281,7 @@ class Transformer(nn.Module):
         mask = mask[:, None].expand(B, G, T, S).reshape(B, 1, G * T, S)
         rope = rope[pos.view(-1)]                                                     # [N=B*T, 2, D]
         batch = torch.arange(B, device=tokens.device)[:, None]                        # [B, 1]
-        x = F.embedding(tokens.reshape(-1), self.embed)                                 # [N, E]
+        x = packed.embedding(tokens.reshape(-1), self.embed)                            # [N, E]
         for i in range(num_layers):
             q, k, v = self.layer_qkv(i, x, rope)                                      # [N, H|KV, D]
             k_cache, v_cache = cache.k[i][:B], cache.v[i][:B]                         # [B, KV, S, D]
@@ -301,7 +304,7 @@ class Transformer(nn.Module):
         c = self.cfg
         H, KV, D, eps = c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps
         pos = (lengths[:, None] + torch.arange(T, device=tokens.device)).view(-1)          # [N]
-        x = F.embedding(tokens.reshape(-1), self.embed)                                   # [N, E]
+        x = packed.embedding(tokens.reshape(-1), self.embed)                              # [N, E]
         delta = None
         scale = 1.0 / math.sqrt(D)
         # every matmul batch-invariant (ops.matmul_path): a row's result does not depend on B or T

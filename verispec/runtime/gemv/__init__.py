@@ -5,7 +5,10 @@
                    the batch-invariant matmul of the pass. Its header states the order.
     gemv.cu        ``gemv_cuda(x, w)`` for M <= 8 rows: v1 fp32 FMAs (every dtype; per-row order fixed by its
                    (rows, split) configuration, so fp32 passes run it in chunks of 8 rows), v2 tensor cores.
-    gemv_common.cuh  the device helpers both share; binding.cpp the torch glue (built on a CUDA machine only)
+    packed.cu      ``packed_matmul(x, blocks, qtype)``: W kept as GGUF blocks (quant/formats.py), dequantized in registers,
+                   any rows, one reduction order. Not yet run on a GPU: ops.linear uses it only with
+                   VERISPEC_PACKED_GEMV=1 (docs/runtime.md, "Packed weights").
+    gemv_common.cuh  the device helpers they share; binding.cpp the torch glue (built on a CUDA machine only)
 
 The extension is built on first use by ``verispec.jit``; it holds only these kernels, so the first decode step
 does not compile the verification kernels. Which one a pass uses: ``verispec.runtime.ops.linear`` and the
@@ -25,7 +28,8 @@ NAME = "verispec_gemv"
 
 def load(verbose: bool = False):
     """Build (first call; cached on disk afterwards) and return the ``verispec_gemv`` extension."""
-    return load_extension(NAME, [_SRC / "binding.cpp", _SRC / "gemv.cu", _SRC / "invariant.cu"], [_SRC],
+    return load_extension(NAME, [_SRC / "binding.cpp", _SRC / "gemv.cu", _SRC / "invariant.cu", _SRC / "packed.cu"],
+                          [_SRC],
                           what="the decode GEMV", verbose=verbose)
 
 
@@ -200,3 +204,31 @@ def invariant_config(M: int, N: int, K: int, variant: int = 0) -> dict:
 def invariant_variants() -> int:
     """How many variants ``invariant_matmul(variant=...)`` accepts (1..n)."""
     return int(load().inv_num_variants())
+
+
+# ------------------------------------------------------------------------------------ packed (GGUF block) matmul
+def packed_matmul(x: torch.Tensor, blocks: torch.Tensor, qtype: int, b: torch.Tensor | None = None, *,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, W, b)`` with W [N, K] given as GGUF blocks: ``blocks`` uint8 [N, K / QK * type_size] of GGML type
+    ``qtype`` (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K). x [..., K] (fp32 / bf16 / fp16, CUDA) -> [..., N] of x's dtype, fp32
+    accumulation, each output element reduced in packed.cu's one order (row i of the result does not depend on the
+    other rows). One launch, no host sync. NOTE: not yet validated on a GPU (tests/test_quant_gpu.py)."""
+    from ..quant.formats import block_format
+
+    fmt = block_format(qtype)
+    K = x.shape[-1]
+    if not (x.is_cuda and blocks.device == x.device):
+        raise ValueError(f"packed_matmul: x and blocks must be on one CUDA device, got {x.device}, {blocks.device}")
+    if x.dtype not in _GEMV_DTYPES:
+        raise ValueError(f"packed_matmul: x must be float32/bfloat16/float16, got {x.dtype}")
+    if K % fmt.block_size:
+        raise ValueError(f"packed_matmul: rows of {K} weights are not a whole number of {fmt.name} blocks")
+    if blocks.dtype != torch.uint8 or blocks.dim() != 2 or blocks.shape[1] != fmt.row_bytes(K):
+        raise ValueError(f"packed_matmul: x [..., {K}] needs {fmt.name} blocks uint8 [N, {fmt.row_bytes(K)}], got "
+                         f"{blocks.dtype} {tuple(blocks.shape)}")
+    N = blocks.shape[0]
+    out_shape = (*x.shape[:-1], N)
+    x2 = x.reshape(-1, K).contiguous()
+    y = load().packed_matmul(x2, blocks.contiguous(), fmt.ggml_type, fmt.type_size,
+                             None if b is None else b.contiguous(), None if out is None else out.view(-1, N))
+    return y.view(out_shape) if out is None else out

@@ -1,4 +1,4 @@
-// binding.cpp: torch glue for the runtime's decode GEMV (gemv.cu), built on first use by
+// binding.cpp: torch glue for the runtime's matmuls (gemv.cu, invariant.cu, packed.cu), built on first use by
 // verispec/runtime/gemv/__init__.py through verispec.jit. No host syncs (CUDA-graph safe).
 #include "jit_glue.h"
 
@@ -14,6 +14,9 @@ int vs_inv_variant(int M, int N, int K);
 void vs_inv_variant_shape(int variant, int* rt, int* nt, int* u);
 cudaError_t vs_inv_matmul(const void* x, const void* w, const void* b, void* y, int dtype, int M, int N, int K,
                           int variant, int slices, cudaStream_t stream, int pdl);
+int vs_packed_block_size(int qtype);
+cudaError_t vs_packed_matmul(const void* x, const void* w, const void* b, void* y, int dtype, int qtype, int M, int N,
+                             int K, cudaStream_t stream);
 }
 
 namespace {
@@ -104,6 +107,44 @@ std::vector<int64_t> inv_config(int64_t M, int64_t N, int64_t K, int64_t variant
     return {vs_inv_slices((int)K), v, rt, nt, u};
 }
 
+// ---- packed (GGUF block) matmul ---------------------------------------------------------------
+// y [M, N] = x [M, K] @ W^T (+ b [N]), W = blocks uint8 [N, K / QK * type size] of GGML type qtype (packed.cu).
+at::Tensor packed_matmul(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype, int64_t type_size,
+                         const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& out) {
+    TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.is_contiguous(), "x must be a contiguous CUDA [M, K] tensor");
+    check_cuda(blocks, x, "blocks");
+    const int qk = vs_packed_block_size((int)qtype);
+    const int M = x.size(0), K = x.size(1);
+    TORCH_CHECK(qk > 0 && K % qk == 0, "GGML type ", qtype, " is not one packed.cu decodes, or K = ", K,
+                " is not a whole number of its blocks");
+    TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.is_contiguous() &&
+                    blocks.size(1) == (int64_t)(K / qk) * type_size,
+                "blocks must be a contiguous uint8 [N, ", (int64_t)(K / qk) * type_size, "] tensor, got ", blocks.sizes());
+    const int N = blocks.size(0);
+    const void* bp = nullptr;
+    if (b.has_value()) {
+        check_cuda(*b, x, "b");
+        TORCH_CHECK(b->scalar_type() == x.scalar_type() && b->is_contiguous() && b->numel() == N,
+                    "b must be a contiguous [N] tensor of x's dtype");
+        bp = b->data_ptr();
+    }
+    at::Tensor y;
+    if (out.has_value()) {
+        check_cuda(*out, x, "out");
+        TORCH_CHECK(out->scalar_type() == x.scalar_type() && out->is_contiguous() && out->dim() == 2 &&
+                        out->size(0) == M && out->size(1) == N,
+                    "out must be a contiguous [M, N] tensor of x's dtype");
+        y = *out;
+    } else {
+        y = at::empty({M, N}, x.options());
+    }
+    const c10::cuda::CUDAGuard guard(x.device());
+    check_launch(vs_packed_matmul(x.data_ptr(), blocks.data_ptr(), bp, y.data_ptr(), dtype_code(x, "x"), (int)qtype,
+                                  M, N, K, at::cuda::getCurrentCUDAStream()),
+                 "packed_matmul");
+    return y;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -113,4 +154,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("inv_config", &inv_config, "[slices, variant, RT, NT, U] of inv_matmul for (M, N, K, variant)");
     m.def("inv_num_variants", &vs_inv_num_variants, "how many variants inv_matmul has (1..n)");
     m.def("gemv_config", &gemv_config, "the automatic (version, rows, split) of vs_gemv for w [N, K] and M rows");
+    m.def("packed_matmul", &packed_matmul, "y = x @ W^T (+ b), W as GGUF blocks, in packed.cu's fixed order, any M");
 }
