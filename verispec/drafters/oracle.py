@@ -127,21 +127,15 @@ class SuccessorOracle(OracleDraft):
     def __init__(self, successor: list[int], acceptance_rate: float, cost_model=None, seed: int = 0):
         super().__init__([], acceptance_rate, cost_model, seed)
         self.successor = successor
-        self._last: list[int] = []           # each row's certain token (the last one emitted)
-
-    def reserve(self, target, max_batch_size: int, max_seq_len: int) -> None:
-        super().reserve(target, max_batch_size, max_seq_len)
-        self._last = []
 
     def admit(self, seq_ids, prompts, first_tokens, sampling) -> None:
-        self._rows += list(seq_ids)
-        self._generated += [1] * len(prompts)
-        self._last += list(first_tokens)
+        # no continuation: a row's "continuation" is its certain token, the start of the successor chain
+        self._rows += [_Row([t]) for t in first_tokens]
         if self._runner is not None:
             self._runner.admit(seq_ids, prompts, first_tokens, sampling)
 
     def _oracle(self, b: int, k: int) -> list[int]:
-        out, t = [], self._last[b]
+        out, t = [], self._rows[b].continuation[-1]
         for _ in range(k):
             t = self.successor[t]
             draft = t
@@ -152,8 +146,5 @@ class SuccessorOracle(OracleDraft):
 
     def commit(self, num_accepted, emitted) -> None:
         super().commit(num_accepted, emitted)
-        self._last = [e[-1] for e in emitted]
-
-    def keep(self, batch_indices) -> None:
-        super().keep(batch_indices)
-        self._last = [self._last[i] for i in batch_indices]
+        for row, e in zip(self._rows, emitted, strict=True):
+            row.continuation = [e[-1]]                  # the next certain token
