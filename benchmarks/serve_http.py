@@ -6,6 +6,13 @@ with `verispec bench serve` (the official openai client, streaming), stop it; th
 --write (the default writes into --out, so a run never overwrites the committed file by accident).
 
     python benchmarks/serve_http.py --model /path/SmolLM2.gguf --out DIR [--write]
+    python benchmarks/serve_http.py --model llama-3.1-8b --tokenizer /path/SmolLM2.gguf --oracle 0.8 \
+        --oracle-draft-cost llama-3.2-1b --rates 10,20,40,80,inf --num-prompts 200 --out DIR [--write]
+
+The second form (a random-weight shape; `verispec serve --draft oracle:ALPHA`, benchmarks only) serves AR, K=2,
+K=4 and k=auto, each as one server process swept over the request rates (Poisson arrivals, `--max-concurrency`
+bounding the requests in flight), and puts beside them the same engine in-process at saturation
+(`run_engine`: the same number of requests, prompt and output lengths, all submitted at once, the same rows).
 """
 from __future__ import annotations
 
@@ -24,6 +31,17 @@ from benchmarks.common import environment, environment_line, markdown_table  # n
 CONFIGS = {"plain": [], "lookup k=4": ["--draft-lookup", "-k", "4"], "lookup k=auto": ["--draft-lookup"]}
 
 
+def oracle_configs(args) -> dict[str, list[str]]:
+    """AR, K=2, K=4 and k=auto (up to --k-max 8) with the benchmark-only oracle draft (the server makes the model
+    peaked; AR serves the random weights as they are: the same cost per pass)."""
+    draft = ["--draft", f"oracle:{args.oracle}"]
+    if args.oracle_draft_cost:
+        draft += ["--oracle-draft-cost", args.oracle_draft_cost]
+    costs = ["--cost-table", str(Path(args.out) / "cost_table.json")]     # measured once, by the first auto server
+    return {"AR": [], "K=2": draft + ["-k", "2"], "K=4": draft + ["-k", "4"],
+            "k=auto": draft + costs}
+
+
 def _wait_health(base: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -36,22 +54,35 @@ def _wait_health(base: str, timeout_s: float) -> None:
     raise RuntimeError(f"the server at {base} did not come up in {timeout_s:.0f} s")
 
 
-def run_config(name: str, extra: list[str], args, port: int, out: Path) -> dict:
+def run_config(name: str, extra: list[str], args, port: int, out: Path) -> list[dict]:
+    """One server process for ``name``, driven at each of ``args.rates`` in turn: one result per rate."""
     base = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "verispec.cli", "serve", "--model", args.model, "--port", str(port),
+    model = ["--model", args.model] + (["--tokenizer", args.tokenizer] if args.tokenizer else [])
+    server = subprocess.Popen([sys.executable, "-m", "verispec.cli", "serve", *model, "--port", str(port),
                                "--max-batch-size", str(args.concurrency), *extra],
                               stdout=subprocess.DEVNULL, stderr=open(out / f"server_{port}.log", "w"))
+    results = []
     try:
         _wait_health(base, 600)
-        label = name.replace(" ", "_").replace("=", "")
-        bench = subprocess.run([sys.executable, "-m", "verispec.cli", "bench", "serve", "--url", base, "--endpoint", "chat",
-                                "--num-prompts", str(args.num_prompts), "--request-rate", "inf",
-                                "--max-concurrency", str(args.concurrency), "--random-input-len", "64",
-                                "--random-output-len", str(args.max_tokens), "--temperature", "0",
-                                "--out", str(out), "--label", label], capture_output=True, text=True, timeout=900)
-        if bench.returncode != 0:
-            return dict(config=name, error=bench.stderr[-600:])
-        return dict(config=name, summary=json.loads((out / f"{label}.json").read_text())["summary"])
+        for rate in args.rates:
+            label = f"{name}_{rate}".replace(" ", "_").replace("=", "").replace('"', "")
+            bench = subprocess.run([sys.executable, "-m", "verispec.cli", "bench", "serve", "--url", base,
+                                    "--endpoint", "chat", "--num-prompts", str(args.num_prompts),
+                                    "--request-rate", rate, "--max-concurrency", str(args.concurrency),
+                                    "--random-input-len", str(args.input_len),
+                                    "--random-output-len", str(args.max_tokens), "--temperature", "0",
+                                    "--out", str(out), "--label", label], capture_output=True, text=True, timeout=900)
+            if bench.returncode != 0:
+                results.append(dict(config=name, rate=rate, error=bench.stderr[-600:]))
+            else:
+                results.append(dict(config=name, rate=rate,
+                                    summary=json.loads((out / f"{label}.json").read_text())["summary"]))
+            r = results[-1].get("summary")
+            print(name, rate, results[-1]["error"][-300:] if r is None else
+                  f"{r['output_throughput']:.0f} tok/s TTFT p50/p99 {r['p50_ttft_ms']:.0f}/{r['p99_ttft_ms']:.0f} ms "
+                  f"TPOT p50/p99 {r['p50_tpot_ms']:.2f}/{r['p99_tpot_ms']:.2f} ms "
+                  f"accepted/round {r['speculative']['mean_accepted_per_round']:.2f}", flush=True)
+        return results
     finally:
         server.terminate()
         try:
@@ -82,39 +113,103 @@ def in_process(args) -> dict:
     return rows
 
 
+def in_process_oracle(args) -> dict:
+    """The oracle configurations through ``run_engine`` at saturation (all requests at once, ``concurrency``
+    rows): output tok/s per configuration, on the model the server makes (peaked, same successor oracle)."""
+    import random
+
+    import torch
+
+    from verispec.bench.measure import run_engine
+    from verispec.drafters import SuccessorOracle, make_peaked
+    from verispec.engine.auto_k import AutoK, CostTable
+    from verispec.runtime import load_model
+
+    target = load_model(args.model, device="cuda", dtype=torch.bfloat16)
+    successor = make_peaked(target)
+    cost = load_model(args.oracle_draft_cost, device="cuda", dtype=torch.bfloat16, seed=1) \
+        if args.oracle_draft_cost else None
+    rng = random.Random(0)
+    prompts = [[rng.randrange(49152) for _ in range(args.input_len)] for _ in range(args.num_prompts)]
+    table_path = Path(args.out) / "cost_table.json"
+    rows = {}
+    for name, k in (("AR", 0), ("K=2", 2), ("K=4", 4), ("k=auto", 8)):
+        policy = None
+        if name == "k=auto":
+            if not table_path.exists():
+                continue
+            policy = AutoK(CostTable.from_json(table_path.read_text()), reference_batch=args.concurrency)
+        for _ in range(2):      # the second run is the warm one
+            drafter = SuccessorOracle(successor, args.oracle, cost_model=cost) if k else None
+            if drafter is not None:
+                drafter.attach(target)
+            run = run_engine(target, drafter, prompts, k=k, max_new_tokens=args.max_tokens, k_policy=policy,
+                             arrivals=[0.0] * len(prompts), max_batch=args.concurrency)
+        rows[name] = run.tokens_per_s
+    return rows
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True, help="what `verispec serve --model` loads (e.g. the embedded GGUF)")
+    ap.add_argument("--model", required=True, help="what `verispec serve --model` loads (the embedded GGUF, or a "
+                    "shape such as llama-3.1-8b with --tokenizer and --oracle)")
+    ap.add_argument("--tokenizer", default=None, help="`verispec serve --tokenizer` (for a shape)")
+    ap.add_argument("--oracle", type=float, default=None, help="serve AR, K=2, K=4, k=auto with --draft oracle:ALPHA")
+    ap.add_argument("--oracle-draft-cost", default=None, help="the model whose passes the oracle's drafts pay")
+    ap.add_argument("--rates", default="inf", help="comma-separated request rates (req/s; inf = all at once)")
+    ap.add_argument("--input-len", type=int, default=64, help="mean prompt length in words")
     ap.add_argument("--num-prompts", type=int, default=64)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/serve_http"))
     ap.add_argument("--write", action="store_true", help="also write benchmarks/results/serve_http.md")
     args = ap.parse_args(argv)
+    args.rates = args.rates.split(",")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    results = [run_config(name, extra, args, 8100 + i, out) for i, (name, extra) in enumerate(CONFIGS.items())]
-    engine = in_process(args)
+    t0 = time.perf_counter()
+    configs = oracle_configs(args) if args.oracle is not None else CONFIGS
+    # the auto server first: it measures the cost table that the in-process k=auto reads
+    order = sorted(configs.items(), key=lambda kv: kv[0] != "k=auto")
+    results = [r for i, (name, extra) in enumerate(order) for r in run_config(name, extra, args, 8100 + i, out)]
+    results.sort(key=lambda r: (list(configs).index(r["config"]), args.rates.index(r["rate"])))
+    engine = in_process_oracle(args) if args.oracle is not None else in_process(args)
+    name = "serve_http_8b" if args.oracle is not None else "serve_http"
+    model = Path(args.model).name if os.path.exists(args.model) else args.model
+    command = (f"python benchmarks/serve_http.py --model {model} --num-prompts {args.num_prompts} --concurrency "
+               f"{args.concurrency} --max-tokens {args.max_tokens} --input-len {args.input_len} --rates "
+               f"{','.join(args.rates)}" + (f" --tokenizer {Path(args.tokenizer).name} --oracle {args.oracle} "
+                                            f"--oracle-draft-cost {args.oracle_draft_cost}" if args.oracle is not None
+                                            else ""))
     lines = ["# `verispec serve` through HTTP vs in-process", "", environment_line(environment()), "",
-             f"Command: `python benchmarks/serve_http.py --model {Path(args.model).name} --num-prompts "
-             f"{args.num_prompts} --concurrency {args.concurrency} --max-tokens {args.max_tokens}`. Chat requests, "
-             f"greedy, all sent at once with at most {args.concurrency} in flight (`verispec bench serve`, streaming, "
-             f"the openai client); in-process = `verispec.generate` on {args.concurrency} prompts in one batch "
-             f"(second call).", ""]
+             f"Command: `{command}` ({time.perf_counter() - t0:.0f} s in all). Chat requests, greedy, "
+             f"{args.num_prompts} per rate, Poisson arrivals at each rate (inf: all at once), at most "
+             f"{args.concurrency} in flight (`verispec bench serve`, streaming, the openai client); one server "
+             "process per configuration, its CUDA graphs captured at startup.", ""]
+    if args.oracle is not None:
+        lines += [f"Model: {args.model} with random weights made peaked by the server (`--draft oracle:{args.oracle}`,"
+                  " benchmarks only: the text is meaningless, the cost is the model's); drafts accepted with "
+                  f"probability {args.oracle} each, paying {args.oracle_draft_cost or 'no'} draft passes. "
+                  "A peaked model's greedy chain meets EOS about once in 128k tokens: requests run to their max_tokens.", ""]
     rows = []
     for r in results:
         if "error" in r:
-            rows.append((r["config"], "error: " + r["error"].replace("|", "/")[-160:], "", "", "", ""))
+            rows.append((r["config"], r["rate"], "error: " + r["error"].replace("|", "/").replace("\n", " ")[-160:],
+                         "", "", "", "", ""))
             continue
         s = r["summary"]
-        rows.append((r["config"], f"{s['output_throughput']:.0f}", f"{s['p50_ttft_ms']:.0f}",
-                     f"{s['p99_ttft_ms']:.0f}", f"{s['p50_tpot_ms']:.2f}", f"{s['p99_e2el_ms']:.0f}"))
-    lines += markdown_table(["server", "output tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "E2EL p99 ms"], rows)
-    lines += ["", "In-process (`generate`, one batch): " + ", ".join(f"{k} {v:.0f} tok/s" for k, v in engine.items()), ""]
+        rows.append((r["config"], r["rate"], f"{s['output_throughput']:.0f}", f"{s['p50_ttft_ms']:.0f}",
+                     f"{s['p99_ttft_ms']:.0f}", f"{s['p50_tpot_ms']:.2f}", f"{s['p99_tpot_ms']:.2f}",
+                     f"{s['p99_e2el_ms']:.0f}"))
+    lines += markdown_table(["server", "rate req/s", "output tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms",
+                             "TPOT p99 ms", "E2EL p99 ms"], rows)
+    where = ("`run_engine`, the same requests all at once, the same rows" if args.oracle is not None
+             else "`verispec.generate`, one batch, second call")
+    lines += ["", f"In-process ({where}): " + ", ".join(f"{k} {v:.0f} tok/s" for k, v in engine.items()), ""]
     text = "\n".join(lines)
-    (out / "serve_http.md").write_text(text)
+    (out / f"{name}.md").write_text(text)
     if args.write:
-        (Path(__file__).resolve().parent / "results" / "serve_http.md").write_text(text)
+        (Path(__file__).resolve().parent / "results" / f"{name}.md").write_text(text)
     print(text)
 
 

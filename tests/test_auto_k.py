@@ -5,6 +5,7 @@ number of rounds, and explores at a bounded cost where drafting does not pay."""
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -202,6 +203,23 @@ def test_greedy_rows_follow_the_load_and_draft_to_the_widest_row():
     assert 0 < own_greedy < own_sampled
     ks = policy([_seq(600), _seq(500, temperature=1.0), _seq(601, max_new=3)], K)
     assert ks == [own_sampled, own_sampled, 1]
+
+
+def test_a_loaded_greedy_batch_explores_as_one():
+    """32 greedy rows, admitted a few rounds apart, at a load where their drafts (each accepted with probability
+    0.8) do not pay: the batch's rounds stay plain decode steps but for one probe per hold. Chosen row by row, each
+    row's own probes (desynchronized by the staggered admissions) widened every late round to k >= 1."""
+    policy, rng = AutoK(table(*LOADED)), random.Random(0)
+    rows, ks = [], []
+    for r in range(32 * 3 + 300):
+        if r % 3 == 0 and len(rows) < 32:
+            rows.append(_seq(900 + len(rows)))
+        got = policy(rows, K)
+        ks.append(max(got))
+        for seq, k in zip(rows, got):
+            _round(seq, k, next((i for i in range(k) if rng.random() >= 0.8), k))
+    late = ks[-300:]
+    assert sum(1 for k in late if k) <= policy.settle * math.ceil(300 / (policy.max_hold + 1))
 
 
 def test_state_lives_on_the_sequence():

@@ -262,3 +262,22 @@ def test_refusals_are_openai_errors_and_counted():
             "error"]["message"]
         m = _metrics(srv.base)
         assert [m.get(f'verispec_http_errors_total{{status="{c}"}}') for c in (400, 404, 405)] == [4, 1, 1]
+
+
+def test_a_stream_behind_the_engine_merges_its_queued_tokens_and_keeps_the_end():
+    """Token events queued behind the one read become one chunk (ids and text in order); the end event after them
+    is handed back, not lost or merged."""
+    import asyncio
+
+    from verispec.serve.app import _merge_queued_tokens
+    from verispec.serve.engine import Handle
+
+    async def scenario():
+        handle = Handle(None, asyncio.get_running_loop())
+        for event in (("tokens", ([3], "c")), ("tokens", ([4, 5], "de")), ("end", "SEQ"), ("tokens", ([9], "z"))):
+            handle.events.put_nowait(event)
+        first = ([1, 2], "ab")
+        return _merge_queued_tokens(handle, first), handle.events.qsize()
+
+    (tokens, text, after), left = asyncio.run(scenario())
+    assert tokens == [1, 2, 3, 4, 5] and text == "abcde" and after == ("end", "SEQ") and left == 1

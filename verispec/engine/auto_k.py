@@ -11,8 +11,13 @@ other requests ran beside it. So row b's k_b is a function of its own state and 
                         which the server measures at --max-batch-size), and K
 
 A greedy request's tokens are the same at any k (greedy verification emits the target's argmax whatever was
-drafted), so greedy rows may look at the batch: their costs are the table's at the running batch size, and
-they draft up to the round's widest k, whose target pass and draft steps the round runs anyway.
+drafted), so the greedy rows share one k, chosen for the batch: the k that maximizes the round's expected tokens
+(every greedy row's at that k, within its room, plus the sampled rows' at their own k) per second of the round
+at the running batch size, whose width is the widest row's. They never draft less than the sampled rows' widest
+k: that target pass and those draft steps are run anyway. One k for them matters at load: chosen row by row,
+some row's probe (below) would widen almost every round of a large batch to k >= 1, paying a wider pass for
+one row's question -- on the 8B shape at 32 rows through HTTP that ran k=auto below plain decoding
+(benchmarks/results/serve_http_8b.md).
 
 The choice. With alpha_i the row's estimate at draft position i, a round of k drafts emits in expectation
     E(k) = 1 + alpha_0 + alpha_0 alpha_1 + ... + alpha_0 ... alpha_{k-1}      (``analysis.expected_tokens_from_positions``)
@@ -37,7 +42,8 @@ the cost of finding out again:
     acceptance would pay at all (else it holds again).
   * slow start: after a round at k = 0 the next k is at most 1, and k at most doubles from one round to the
     next: a probe starts with one draft, and k climbs 1, 2, 4, ... while drafts are accepted.
-So where drafting does not pay, a probe (a few rounds of small k, until its rejections bring the estimate below
+The greedy rows explore as one: the same hold and slow start, on the batch's state (``AutoK.greedy_state``); when
+their hold ends, every greedy row forgets its evidence. So where drafting does not pay, a probe (a few rounds of small k, until its rejections bring the estimate below
 break-even) comes once per max_hold + 1 rounds once the holds have doubled up; and once acceptance is back, the
 row drafts again within max_hold + 1 rounds (if drafting at the prior's acceptance pays at all) and its k doubles
 every round up to what its estimate supports (``tests/test_auto_k.py`` checks both on scripted acceptance).
@@ -136,6 +142,32 @@ def _best_k(alphas: list[float], round_s: list[float]) -> int:
     return best
 
 
+def expected_tokens(alphas: list[float], k: int) -> float:
+    """E(k) = 1 + alpha_0 + alpha_0 alpha_1 + ... (k terms after the 1)."""
+    tokens, reach = 1.0, 1.0
+    for a in alphas[:k]:
+        reach *= a
+        tokens += reach
+    return tokens
+
+
+def _best_joint(rows: list[tuple[list[float], int]], fixed: float, floor: int, round_s: list[float]) -> int:
+    """argmax over k in [0, len(round_s) - 1] of (fixed + sum over rows of E_row(min(k, room_row))) /
+    round_s[max(k, floor)]; ``rows``: (per-position alphas, room) of each row; the smallest k on ties."""
+    reach = [1.0] * len(rows)
+    tokens = fixed + len(rows)
+    best, best_rate = 0, tokens / round_s[floor]
+    for k in range(1, len(round_s)):
+        for i, (alphas, room) in enumerate(rows):
+            if k <= room:
+                reach[i] *= alphas[k - 1]
+                tokens += reach[i]
+        rate = tokens / round_s[max(k, floor)]
+        if rate > best_rate:
+            best, best_rate = k, rate
+    return best
+
+
 @dataclass
 class RowState:
     """What k=auto keeps about one request (``Sequence.k_state``): decayed per-position evidence and the
@@ -217,6 +249,7 @@ class AutoK:
     max_hold: int = 32
     settle: int = 4
     last_k: int = 0
+    greedy_state: RowState = field(default_factory=RowState)   # the greedy rows' shared exploration (its hold fields)
 
     def __post_init__(self):
         if not 0.0 <= self.prior_alpha <= 1.0 or not self.prior_strength > 0:
@@ -233,15 +266,16 @@ class AutoK:
             raise ValueError(f"AutoK: reference_batch must be >= 1, got {self.reference_batch}")
 
     def __call__(self, running: list[Sequence], k_max: int) -> list[int]:
-        costs = {b: [self.costs.round(b, k) for k in range(k_max + 1)]   # round costs, once per batch size used
-                 for b in {self.reference_batch, len(running)}}
-        ks = [self._choose(seq, k_max, costs[len(running) if seq.request.greedy else self.reference_batch])
-              for seq in running]
-        widest = max(ks, default=0)
-        # greedy rows: their tokens do not depend on k, and the round scores (and drafts) the widest row's k anyway
-        ks = [min(widest, _room(seq, k_max)) if seq.request.greedy else k for seq, k in zip(running, ks)]
+        reference = [self.costs.round(self.reference_batch, k) for k in range(k_max + 1)]
+        ks = [0 if seq.request.greedy else self._choose(seq, k_max, reference) for seq in running]
+        greedy = [seq for seq in running if seq.request.greedy]
+        if greedy:
+            sampled = [(seq, k) for seq, k in zip(running, ks) if not seq.request.greedy]
+            round_s = [self.costs.round(len(running), k) for k in range(k_max + 1)]
+            k_greedy = self._choose_greedy(greedy, sampled, k_max, round_s)
+            ks = [min(k_greedy, _room(seq, k_max)) if seq.request.greedy else k for seq, k in zip(running, ks)]
         for seq, k in zip(running, ks):
-            seq.k_state.last_k = k
+            self.state(seq).last_k = k
         self.last_k = max(ks, default=0)
         return ks
 
@@ -257,20 +291,44 @@ class AutoK:
         return self.state(seq).alphas(k_max, self.prior_alpha, self.prior_strength)
 
     def _choose(self, seq: Sequence, k_max: int, round_s: list[float]) -> int:
-        """Row ``seq``'s own choice (before a greedy row is widened): from its state, its position and ``round_s``,
-        the round costs of 0..k_max drafts at the reference batch (a greedy row: at the running batch)."""
+        """Sampled row ``seq``'s own choice: from its state, its position and ``round_s``, the round costs of
+        0..k_max drafts at the reference batch."""
         st = self.state(seq)
-        cap = _room(seq, k_max)
+        return self._explore(st, _room(seq, k_max), [seq],
+                             lambda cap: _best_k(st.alphas(cap, self.prior_alpha, self.prior_strength),
+                                                 round_s[:cap + 1]))
+
+    def _choose_greedy(self, greedy: list[Sequence], sampled: list[tuple[Sequence, int]], k_max: int,
+                       round_s: list[float]) -> int:
+        """The greedy rows' one k: the most expected tokens per second of the round at the running batch (the
+        sampled rows' tokens at their own k, ``sampled``; the round as wide as its widest row), never below the
+        sampled rows' widest k."""
+        floor = max((k for _, k in sampled), default=0)
+        fixed = sum(expected_tokens(self.alphas(seq, k), k) for seq, k in sampled)
+
+        def best(cap: int) -> int:
+            rows = [(self.alphas(seq, max(cap, floor)), _room(seq, k_max)) for seq in greedy]
+            return _best_joint(rows, fixed, floor, round_s[:max(cap, floor) + 1])
+
+        k = self._explore(self.greedy_state, max(_room(seq, k_max) for seq in greedy), greedy, best)
+        self.greedy_state.last_k = max(k, floor)
+        return max(k, floor)
+
+    def _explore(self, st: RowState, cap: int, rows: list[Sequence], best) -> int:
+        """The hold and the slow start (module docstring) on exploration state ``st`` around ``best(cap) -> k``;
+        a hold's end makes ``rows`` forget their evidence (the next round starts over from the prior, with k <= 1:
+        a probe)."""
         if cap <= 0:
             return 0
         if st.hold > 0:
             st.hold -= 1
             if st.hold == 0:
-                st.forget()       # the next round starts over from the prior, with k <= 1: a probe
+                for seq in rows:
+                    self.state(seq).forget()
             return 0
         if st.last_k is not None:
             cap = min(cap, max(1, 2 * st.last_k))                       # slow start
-        k = _best_k(st.alphas(cap, self.prior_alpha, self.prior_strength), round_s[:cap + 1])
+        k = best(cap)
         if k > 0:
             st.drafting += 1
             return k

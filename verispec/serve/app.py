@@ -118,6 +118,8 @@ class _Handlers:
     async def next_event(self, handle: Handle) -> tuple:
         """The next ("tokens", ids) or ("end", Sequence) of ``handle``; ("lost", reason) when the engine can no
         longer deliver it (dead, stuck, or it does not know the request): a bounded wait."""
+        if not handle.events.empty():         # the common case under load: no timer, no task
+            return handle.events.get_nowait()
         while True:
             try:
                 return await asyncio.wait_for(handle.events.get(), POLL_S)
@@ -239,10 +241,12 @@ class _Handlers:
         try:
             if chat:
                 yield self.chunk(ident, chat, "", [], first=True)
+            after = None                             # an event read while merging token events
             while True:
-                kind, payload = await self.next_event(handle)
+                kind, payload = after if after is not None else await self.next_event(handle)
+                after = None
                 if kind == "tokens":
-                    tokens, piece = payload
+                    tokens, piece, after = _merge_queued_tokens(handle, payload)
                     yield self.chunk(ident, chat, piece, tokens)
                     continue
                 if kind == "lost":                   # the engine cannot deliver the end: say so, and stop waiting
@@ -267,6 +271,20 @@ class _Handlers:
                 return
         finally:
             self.release(handle)
+
+
+def _merge_queued_tokens(handle: Handle, payload: tuple) -> tuple[list[int], str | None, tuple | None]:
+    """``payload`` ([ids], text) and the token events queued behind it, as one chunk: a stream that fell behind
+    sends one chunk per turn, not one per round it missed. -> (ids, text, the next non-token event or None)."""
+    tokens, piece = payload
+    while not handle.events.empty():
+        event = handle.events.get_nowait()
+        if event[0] != "tokens":
+            return tokens, piece, event
+        more, text = event[1]
+        tokens = tokens + more
+        piece = None if piece is None or text is None else piece + text
+    return tokens, piece, None
 
 
 class _Stream(StreamingResponse):

@@ -3,8 +3,11 @@
 HTTP handlers (on the asyncio loop) talk to it through ``EngineLoop.submit`` / ``cancel``, which put
 commands in a thread-safe inbox and wake the loop. Tokens come back through each request's
 ``on_tokens`` callback, which runs on the engine thread, detokenizes them there when the handler streams
-(``Handle.text``: the event loop never decodes) and hands both to the handler's asyncio queue with
-``loop.call_soon_threadsafe``; the end of a request (finished, cancelled, failed) comes the same way, last.
+(``Handle.text``: the event loop never decodes) and queues both in the engine's outbox; the end of a request
+(finished, cancelled, failed) comes the same way, last. After each pass of the loop the outbox goes to the event
+loop in one ``loop.call_soon_threadsafe`` (``_flush``): one wake-up of the event loop per round, not one per
+request per round -- at 32 streams each call would cost a self-pipe write and a wake-up, on the thread that
+shares the GIL with this one.
 
     handler                          engine thread
     submit(request) -> Future  --->  scheduler.submit (ValueError / QueueFull set on the Future)
@@ -57,20 +60,34 @@ class Handle:
     text: IncrementalText | None = None     # streaming: each chunk's text, made on the engine thread
     metrics: Metrics | None = None          # TTFT and inter-token latency are observed as chunks arrive
     last_chunk_at: float | None = None      # perf_counter of the last chunk (None: no token yet)
+    outbox: list | None = None              # the engine's outbox once submitted (events wait there for _flush)
 
     def push(self, event: tuple) -> None:
-        """From the engine thread: ("tokens", ([ids], text or None)) or ("end", Sequence). A closed event loop
-        (the server has gone) has no one left to tell."""
-        try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
-        except RuntimeError:
-            pass
+        """From the engine thread: ("tokens", ([ids], text or None)) or ("end", Sequence)."""
+        if self.outbox is not None:
+            self.outbox.append((self, event))
+        else:
+            _deliver_soon(self.loop, [(self, event)])
 
     def on_tokens(self, request: Request, tokens: list[int]) -> None:
         """The request's ``on_tokens`` (engine thread)."""
         if self.metrics is not None:
             self.last_chunk_at = self.metrics.tokens(request, self.last_chunk_at, len(tokens))
         self.push(("tokens", (tokens, self.text.add(tokens) if self.text is not None else None)))
+
+
+def _deliver(items: list) -> None:
+    """On the event loop: each (handle, event) into its handle's queue, in order."""
+    for handle, event in items:
+        handle.events.put_nowait(event)
+
+
+def _deliver_soon(loop: asyncio.AbstractEventLoop, items: list) -> None:
+    """Hand ``items`` to ``loop`` (thread-safe). A closed event loop (the server has gone) has no one left to tell."""
+    try:
+        loop.call_soon_threadsafe(_deliver, items)
+    except RuntimeError:
+        pass
 
 
 class EngineLoop:
@@ -92,6 +109,7 @@ class EngineLoop:
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.wake = threading.Event()
         self.handles: dict[int, Handle] = {}          # written by the engine thread only
+        self.outbox: list = []                         # (handle, event) pushed during this pass (engine thread)
         self.stopping = False
         self.fatal: str | None = None                  # why the engine died (None while it lives)
         self.step_started: float | None = None        # monotonic start of the step now running
@@ -162,11 +180,22 @@ class EngineLoop:
         try:
             with torch.no_grad():
                 while self._pass():
-                    pass
+                    self._flush()
             if self.fatal is None:
                 self._cancel_all()
         except BaseException as e:  # noqa: BLE001 - the guard itself broke: nothing can be trusted any more
             self._die(f"{type(e).__name__}: {e}", e)
+        finally:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Send the pass's events to their event loops: one call per loop (the server has one)."""
+        items, self.outbox[:] = list(self.outbox), []
+        by_loop: dict = {}
+        for handle, event in items:
+            by_loop.setdefault(handle.loop, []).append((handle, event))
+        for loop, mine in by_loop.items():
+            _deliver_soon(loop, mine)
 
     def _pass(self) -> bool:
         """One pass of the loop under the guard; False once told to stop (or dead)."""
@@ -205,6 +234,7 @@ class EngineLoop:
             fut.set_exception(e)
             return
         self.handles[handle.request.id] = handle
+        handle.outbox = self.outbox
         fut.set_result(handle.sequence)
 
     def _cancel(self, request_id: int) -> None:
