@@ -1,0 +1,98 @@
+"""``generate(..., tree=widths)``: draft trees through the engine (engine/tree_round.py) on a tiny real model (fp32,
+CPU): greedy output equals plain decoding for every tree drafter, batched and ragged; seeded sampling is
+reproducible and a sequence's tokens do not depend on its batch; bad ``tree=`` values and drafters that cannot
+draft trees are refused before any work."""
+import pytest
+import torch
+
+from verispec.drafters import DraftModel, OracleDraft, PromptLookup, SelfSpeculative, TreeDraftUnsupported
+from verispec.drafters.base import Drafter
+from verispec.drafters.prompt_lookup import _History, merge_trie
+from verispec.engine import SpeculativeDecoder, generate
+from verispec.runtime import ModelConfig, load_model
+
+CFG = ModelConfig(vocab_size=97, num_layers=3, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
+                  intermediate_size=96, rope_theta=10000.0)
+PROMPTS = [[1, 2, 3, 4, 1, 2, 3], [5, 6], [7, 8, 9, 10, 11, 7, 8, 9, 12, 3, 1]]   # ragged
+N_NEW = 24
+
+
+@pytest.fixture(scope="module")
+def target():
+    return load_model(CFG, device="cpu", dtype=torch.float32, seed=0)
+
+
+@pytest.fixture(scope="module")
+def references(target):
+    return [g.tokens for g in generate(target, PROMPTS, drafter=None, max_new_tokens=N_NEW)]
+
+
+DRAFTERS = {
+    "draft-model": lambda refs: DraftModel(load_model(CFG, device="cpu", dtype=torch.float32, seed=5)),
+    "self-speculative": lambda refs: SelfSpeculative(layers=2),
+    "prompt-lookup": lambda refs: PromptLookup(max_ngram=3, min_ngram=1),
+    "oracle": lambda refs: OracleDraft(refs, acceptance_rate=0.6, seed=1),
+}
+
+
+@pytest.mark.parametrize("name", DRAFTERS)
+@pytest.mark.parametrize("tree", [[2, 2, 1], [3], [1, 1, 1]])
+def test_greedy_tree_generation_equals_plain_decoding(target, references, name, tree):
+    out = generate(target, PROMPTS, drafter=DRAFTERS[name](references), tree=tree, max_new_tokens=N_NEW)
+    assert [g.tokens for g in out] == references
+    assert all(g.finish_reason == "length" for g in out)
+
+
+def test_an_oracle_tree_that_always_holds_the_target_token_emits_depth_plus_one(target, references):
+    """Rate 1: the target's token is among every true node's 3 children, so each round of a depth-3 tree accepts 3
+    nodes and emits 4 tokens (the 23 tokens after the prefill's take 6 rounds)."""
+    out = generate(target, PROMPTS[:1], drafter=OracleDraft(references[:1], 1.0), tree=[3, 3, 1],
+                   max_new_tokens=N_NEW)
+    assert out[0].tokens == references[0]
+    assert out[0].stats.rounds == -(-(N_NEW - 1) // 4)
+
+
+@pytest.mark.parametrize("name", ["draft-model", "prompt-lookup"])
+def test_seeded_tree_sampling_is_reproducible_and_batch_independent(target, references, name):
+    kw = dict(tree=[2, 2], max_new_tokens=16, temperature=0.9, top_p=0.95)
+    batch = generate(target, PROMPTS, drafter=DRAFTERS[name](references), seed=11, **kw)
+    again = generate(target, PROMPTS, drafter=DRAFTERS[name](references), seed=11, **kw)
+    assert [g.tokens for g in batch] == [g.tokens for g in again]
+    alone = generate(target, PROMPTS[2], drafter=DRAFTERS[name](references), seed=13, **kw)   # row 2: seed + 2
+    assert alone.tokens == batch[2].tokens
+
+
+def test_prompt_lookup_merges_continuations_into_a_trie():
+    h = _History([1, 2, 3, 1, 2, 4, 1, 2], 1, 2)
+    branches = h.branches(2, 3, 2, 1)
+    assert branches[:2] == [[4, 1], [3, 1]]
+    assert merge_trie([[4, 1], [3, 1], [4, 2]], (2, 1)) == ([4, 1, 3, 1], [-1, 0, -1, 2])
+    assert merge_trie([[4, 1], [3, 1], [5, 2]], (2, 2)) == ([4, 1, 3, 1], [-1, 0, -1, 2])   # 5: a third root child
+
+
+def test_bad_tree_values_are_refused_naming_the_problem(target):
+    lookup = PromptLookup()
+    with pytest.raises(TypeError, match="list of children per node"):
+        generate(target, PROMPTS[0], drafter=lookup, tree="4,2")
+    with pytest.raises(TypeError, match="list of children per node"):
+        generate(target, PROMPTS[0], drafter=lookup, tree=4)
+    with pytest.raises(ValueError, match="at least one depth"):
+        generate(target, PROMPTS[0], drafter=lookup, tree=[])
+    with pytest.raises(ValueError, match=r"tree\[1\] must be >= 1"):
+        generate(target, PROMPTS[0], drafter=lookup, tree=[2, 0])
+    with pytest.raises(TypeError, match=r"tree\[0\] must be an integer"):
+        generate(target, PROMPTS[0], drafter=lookup, tree=[2.0])
+    with pytest.raises(ValueError, match="at most 63"):
+        generate(target, PROMPTS[0], drafter=lookup, tree=[4, 4, 4])
+    with pytest.raises(ValueError, match="needs a drafter"):
+        generate(target, PROMPTS[0], drafter=None, tree=[2])
+
+
+def test_a_drafter_without_trees_is_refused_by_name(target):
+    class ChainOnly(Drafter):
+        pass
+
+    with pytest.raises(TreeDraftUnsupported, match="ChainOnly does not draft trees"):
+        SpeculativeDecoder(target, ChainOnly(), tree=[2, 1])
+    with pytest.raises(TreeDraftUnsupported, match="ChainOnly does not draft trees"):
+        ChainOnly().propose_tree((2,))
