@@ -96,3 +96,22 @@ def test_a_drafter_without_trees_is_refused_by_name(target):
         SpeculativeDecoder(target, ChainOnly(), tree=[2, 1])
     with pytest.raises(TreeDraftUnsupported, match="ChainOnly does not draft trees"):
         ChainOnly().propose_tree((2,))
+
+
+@pytest.mark.parametrize("name", ["draft-model", "prompt-lookup"])
+def test_scheduler_with_trees_admits_and_retires_between_rounds(target, references, name):
+    """Continuous batching with trees (what ``verispec serve --tree`` runs): 3 requests through 2 cache rows, the
+    third joining when the first ends; every output is plain decoding's."""
+    from verispec.engine import Scheduler, SchedulerConfig
+    from verispec.engine.request import Request
+    from verispec.engine.scheduler import tree_nodes
+
+    drafter = DRAFTERS[name](references)
+    drafter.attach(target)
+    lengths = [N_NEW - 14, N_NEW, N_NEW]                      # the first ends early: the third takes its row
+    need = max(len(p) for p in PROMPTS) + N_NEW + tree_nodes((2, 2)) + 1
+    sched = Scheduler(target, drafter, SchedulerConfig(2, need, tree=(2, 2)))
+    seqs = [sched.submit(Request(p, n, 0.0, 0, 1.0, 0, (), None, id=i))
+            for i, (p, n) in enumerate(zip(PROMPTS, lengths))]
+    sched.run()
+    assert [s.generated for s in seqs] == [r[:n] for r, n in zip(references, lengths)]
