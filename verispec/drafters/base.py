@@ -207,6 +207,10 @@ class Drafter:
         raise TreeDraftUnsupported(f"{type(self).__name__} does not draft trees: use tree=None (a chain), or a "
                                    f"drafter that does (DraftModel, SelfSpeculative, PromptLookup, OracleDraft)")
 
+    def warm_up_tree(self, max_batch_size: int, widths: tuple[int, ...]) -> int:
+        """Capture the CUDA graphs ``propose_tree(widths)`` replays (as ``warm_up``); returns how many."""
+        return 0
+
     def tree_accepted(self, path: Tensor, num_accepted: Tensor) -> None:
         """After verification of its trees, before ``commit``: path [B, D] (node offsets from the root, i.e.
         verification's path + 1) and num_accepted [B] on the target's device, for a drafter whose cache holds

@@ -243,6 +243,20 @@ class DraftModel(Drafter):
             row.valid = L + len(widths) - 1               # commit lowers it to L + min(a, D - 1)
         return torch.cat(levels, dim=1), parents
 
+    def warm_up_tree(self, max_batch_size: int, widths: tuple[int, ...]) -> int:
+        """The graphs of ``_tree_passes``: the [B, 2] feed and one tree pass per depth but the last."""
+        model = self.model
+        if not getattr(model, "use_graphs", False) or not hasattr(model, "warm_up_tree"):
+            return 0
+        n = model.warm_up(max_batch_size, 2)
+        parents, level = [-1], [0]
+        for w in widths[:-1]:
+            start = len(parents)
+            parents += [p for p in level for _ in range(w)]
+            level = list(range(start, len(parents)))
+            n += model.warm_up_tree(max_batch_size, tuple(parents), len(level))
+        return n
+
     def tree_accepted(self, path: Tensor, num_accepted: Tensor) -> None:
         held = self._tree_depth - 1                       # the last depth was never fed
         path = to_device(path, self.model.device, torch.long)[:, :held]

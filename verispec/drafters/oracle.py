@@ -116,6 +116,9 @@ class OracleDraft(Drafter):
             self._runner._tree_passes(tuple(widths), forced=nodes.view(len(trees), -1))
         return TreeProposal(nodes, tuple(p for _, parents in trees for p in parents), [len(t) for t, _ in trees])
 
+    def warm_up_tree(self, max_batch_size: int, widths: tuple[int, ...]) -> int:
+        return 0 if self._runner is None else self._runner.warm_up_tree(max_batch_size, widths)
+
     def tree_accepted(self, path, num_accepted) -> None:
         if self._runner is not None:
             self._runner.tree_accepted(path, num_accepted)

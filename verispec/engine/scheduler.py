@@ -33,6 +33,7 @@ import torch
 
 from ..drafters.base import Drafter, SamplingParams
 from ..runtime.cache import fill_order
+from ..runtime.tree import TREE_WIDTHS, tree_width
 from .request import Request, Sequence
 from .round import (PhaseClock, RoundResult, RunningBatch, failed_rows, read_outcome, run_round, verification,
                     warm_verification)
@@ -150,8 +151,16 @@ class Scheduler:
         t0 = time.perf_counter()
         n = 0
         if self.tree is not None:
-            # NOTE: the tree passes' graphs (target and draft model) are captured by the first rounds, not here
-            n += self.target.warm_up(self.config.max_batch_size, 1, prompt_tokens) if hasattr(self.target, "warm_up") else 0
+            # the target's tree passes of every node bucket up to the full tree (a prompt-lookup trie may be
+            # smaller), the drafter's tree passes, the prefill graphs
+            B = self.config.max_batch_size
+            if hasattr(self.target, "warm_up_tree"):
+                n += self.target.warm_up(B, 1, prompt_tokens)
+                for w in TREE_WIDTHS:
+                    if w <= tree_width(self.k + 1):
+                        n += self.target.warm_up_tree(B, (-1,) + (0,) * (w - 1), w)
+            if self.drafting:
+                n += self.drafter.warm_up_tree(B, self.tree)
             self.totals.warmup_s += time.perf_counter() - t0
             self.totals.graphs_captured += n
             return n

@@ -385,6 +385,23 @@ class Model:
         cache.max_len_bound += T
         return logits
 
+    @torch.no_grad()
+    def warm_up_tree(self, max_batch_size: int, parents: tuple[int, ...], num_tokens: int) -> int:
+        """Capture (only) the graphs ``append_tree(tokens [B, num_tokens], [parents] * B)`` replays for every batch
+        bucket up to ``max_batch_size``; safe while sequences run (as ``warm_up``). Returns how many were captured."""
+        cache = self._need_cache()
+        if not self.use_graphs:
+            return 0
+        width = trees.tree_width(num_tokens)
+        layout = trees.tree_layout((tuple(parents) + (0,) * (width - num_tokens),), width)
+        P, offset = layout.path.shape[2], layout.offset
+        before = len(self._graphs)
+        program = lambda static: (self._tree_step(static, width, offset),)  # noqa: E731
+        for rows in sorted({self.graph_rows(b) for b in range(1, min(max_batch_size, cache.max_batch_size) + 1)}):
+            dummy = torch.zeros(rows, width * (2 + P), dtype=torch.long)
+            self._graphs.ensure(("tree", rows, width, P, offset), program, dummy, rows)
+        return len(self._graphs) - before
+
     def _tree_inputs(self, layout: "trees.TreeLayout", tokens: Tensor) -> Tensor:
         """The packed input of a tree pass: host tokens make one host tensor (one copy to the device), device
         tokens (a draft model's choices) join the layout copied to their device."""
