@@ -11,8 +11,9 @@ would run, fed with the oracle's tokens, so the measured time includes a realist
 Trees (``propose_tree(widths)``): every row gets the full tree of widths[d] children per node at depth d; a node
 on the true path has the true next token among its children with probability alpha (at a random child index),
 every other child is surely wrong. So under greedy verification a round accepts i nodes with probability
-alpha^i (1 - alpha) (i < depth), whatever the widths: the acceptance per depth is set, the tree's width is the
-cost it pays for it (in the target pass, and in the cost model's passes).
+alpha^i (1 - alpha) (i < depth). ``tree_rates`` {w: rate} sets the rate for a node of w children (a real draft's
+top-w covers the target's token more often than its top-1: e.g. {1: 0.6, 2: 0.75, 4: 0.87}); absent widths use
+alpha. The width is the cost a tree pays for that rate (in the target pass, and in the cost model's passes).
 """
 from __future__ import annotations
 
@@ -35,9 +36,14 @@ class _Row:
 
 
 class OracleDraft(Drafter):
-    def __init__(self, continuations: list[list[int]], acceptance_rate: float, cost_model=None, seed: int = 0):
+    def __init__(self, continuations: list[list[int]], acceptance_rate: float, cost_model=None, seed: int = 0,
+                 tree_rates: dict[int, float] | None = None):
         if not 0.0 <= acceptance_rate <= 1.0:
             raise ValueError(f"OracleDraft: acceptance_rate must be in [0, 1], got {acceptance_rate}")
+        bad = {w: r for w, r in (tree_rates or {}).items() if not (isinstance(w, int) and w >= 1 and 0.0 <= r <= 1.0)}
+        if bad:
+            raise ValueError(f"OracleDraft: tree_rates maps widths >= 1 to rates in [0, 1], got {bad}")
+        self.tree_rates = dict(tree_rates or {})
         self.continuations = [list(c) for c in continuations]
         self.acceptance_rate = acceptance_rate
         self.seed = seed
@@ -101,7 +107,8 @@ class OracleDraft(Drafter):
             true = cont[g + d] if g + d < len(cont) else 0
             nxt = []
             for node, on_path in level:
-                hit = self._rng.randrange(w) if on_path and self._rng.random() < self.acceptance_rate else -1
+                rate = self.tree_rates.get(w, self.acceptance_rate)
+                hit = self._rng.randrange(w) if on_path and self._rng.random() < rate else -1
                 for c in range(w):
                     tokens.append(true if c == hit else self._wrong(true))
                     parents.append(node)
