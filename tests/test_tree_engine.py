@@ -140,3 +140,55 @@ def test_gpu_bf16_greedy_tree_generation_equals_plain_decoding_and_warm_up_captu
     out = decoder.generate(prompts, max_new_tokens=40)
     assert [g.tokens for g in out] == refs
     assert len(set(counts)) == 1, f"graphs captured during the run: {counts}"
+
+
+def _third_token_marginal(model, prompt: list[int], temperature: float) -> torch.Tensor:
+    """The exact distribution [V] of the 3rd generated token under plain sampling (sum over the first two)."""
+    from verispec.verify.sampling import filtered_probs
+
+    V = model.config.vocab_size
+    model.setup_cache(1, len(prompt) + 4)
+    p0 = filtered_probs(model.prefill([prompt])[0], temperature, 0, 1.0).double()
+    out = torch.zeros(V, dtype=torch.float64)
+    for a in range(V):
+        model.rollback(torch.tensor([len(prompt)]))
+        p1 = filtered_probs(model.decode(torch.tensor([[a]]))[0, 0], temperature, 0, 1.0).double()
+        for b in range(V):
+            model.rollback(torch.tensor([len(prompt) + 1]))
+            out += p0[a] * p1[b] * filtered_probs(model.decode(torch.tensor([[b]]))[0, 0], temperature, 0, 1.0).double()
+    return out
+
+
+def test_sampled_tree_generation_keeps_the_target_distribution():
+    """The 3rd generated token (drawn inside a [2, 2] tree round: the root's children, their children or the bonus)
+    follows the target's exact marginal (chi-square, N = 800 independent rows, fixed seeds); the power check: at
+    this N the same test rejects the draft model's own marginal, a distribution 0.06 away at most."""
+    from stats import chi2_pvalue
+
+    cfg = ModelConfig(vocab_size=16, num_layers=2, hidden_size=32, num_heads=2, num_kv_heads=1, head_dim=16,
+                      intermediate_size=48, rope_theta=10000.0)
+    target = load_model(cfg, device="cpu", dtype=torch.float32, seed=2)
+    draft = load_model(cfg, device="cpu", dtype=torch.float32, seed=2)
+    g = torch.Generator().manual_seed(9)
+    with torch.no_grad():
+        target.net.norm.mul_(8.0)                             # peaked logits: a flat target would test nothing
+        for w in draft.net.parameters():                       # a draft close to the target: deep acceptance
+            w.add_(0.3 * w.std() * torch.randn(w.shape, generator=g))
+        draft.net.norm.copy_(target.net.norm)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    n = 800
+    out = generate(target, [prompt] * n, drafter=DraftModel(draft), tree=[2, 2], max_new_tokens=3, temperature=1.0,
+                   seed=5)
+    assert sum(g.stats.accepted for g in out) > 0.5 * n                                   # trees were accepted
+    counts = torch.bincount(torch.tensor([g.tokens[2] for g in out]), minlength=16).double()
+    probs = _third_token_marginal(target, prompt, 1.0)
+    assert chi2_pvalue(counts, probs) > 1e-3
+    wrong = torch.multinomial(_third_token_marginal(draft, prompt, 1.0), n, replacement=True, generator=g)
+    assert chi2_pvalue(torch.bincount(wrong, minlength=16).double(), probs) < 1e-3
+
+
+def test_a_target_without_a_tree_pass_is_refused():
+    from fakes import FakeModel
+
+    with pytest.raises(ValueError, match="FakeModel has none"):
+        SpeculativeDecoder(FakeModel(), PromptLookup(), tree=[2])

@@ -33,6 +33,9 @@ class SpeculativeDecoder:
                  verify_backend: str | None = None, warm: bool = True, tree=None):
         check_drafter(drafter)
         self.tree = check_tree(tree, drafter)
+        if self.tree is not None and not hasattr(target, "append_tree"):
+            raise ValueError(f"tree= needs a target with a tree pass (verispec's Model); {type(target).__name__} has "
+                             f"none: use tree=None")
         if drafter is not None:
             if not isinstance(k, int) or isinstance(k, bool) or k < 1:
                 raise ValueError(f"k must be an integer >= 1 (drafts per round), got {k!r}")
