@@ -145,3 +145,24 @@ def test_gpu_bf16_tree_pass_is_bit_equal_to_each_path_as_a_chain(use_graphs):
     for n, path in enumerate(trees.depths_and_paths(TREE)):
         chain = _chain_logits(m, base, tokens, path, m.append)
         assert torch.equal(logits[:, n], chain), f"node {n} (path {path})"
+
+
+@pytest.mark.skipif(not ops.AVAILABLE or os.environ.get("TRITON_INTERPRET") != "1" and not GPU,
+                    reason="needs triton (the interpreter or a GPU)")
+def test_accept_path_kernel_equals_the_torch_moves():
+    """The one-launch compaction (every layer's K and V from the buffer table) leaves the cache exactly as the
+    torch gather/scatter does."""
+    device = "cuda" if GPU else "cpu"
+    m, tokens = _model(device)
+    m.append_tree(tokens.to(device), [TREE, TREE])
+    path = torch.tensor([[2, 5, 7], [1, 4, 0]], device=device)
+    num_accepted = torch.tensor([3, 2], device=device)
+    results = []
+    for kernel in (False, True):
+        cache = copy.deepcopy(m.cache)
+        trees.accept_path(cache, 2, path, num_accepted, len(TREE), kernel=kernel)
+        results.append(cache)
+    torch_moves, one_launch = results
+    assert torch.equal(torch_moves.lengths, one_launch.lengths)
+    for a, b in zip(torch_moves.k + torch_moves.v, one_launch.k + one_launch.v):
+        assert torch.equal(a, b)

@@ -191,24 +191,69 @@ def tree_pass_kernels(net, tokens: Tensor, depth: Tensor, path: Tensor, root: Te
 
 
 # ------------------------------------------------------------------------------------------ compaction
-def accept_path(cache, rows: int, path: Tensor, num_accepted: Tensor, tree_size: int) -> None:
+if ops.AVAILABLE:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _accept_path_kernel(table_ptr, root_ptr, path_ptr, num_accepted_ptr, D, s_cb, s_ch, s_cs,
+                            HEAD_DIM: tl.constexpr, WORD: tl.constexpr):
+        # program (buffer, row, kv head): the row's accepted nodes, one depth at a time in increasing order. Move t
+        # reads slot R + path[t - 1] >= R + t and earlier moves wrote slots R + 1 .. R + t - 1 < R + t: no move
+        # reads what another wrote.
+        buf = tl.load(table_ptr + tl.program_id(0)).to(tl.pointer_type(WORD))   # every K/V buffer of every layer
+        b = tl.program_id(1).to(tl.int64)
+        h = tl.program_id(2).to(tl.int64)
+        R = tl.load(root_ptr + b)
+        a = tl.load(num_accepted_ptr + b)
+        base = buf + b * s_cb + h * s_ch
+        offs = tl.arange(0, HEAD_DIM)
+        for t in range(1, a + 1):
+            node = tl.load(path_ptr + b * D + t - 1)
+            tl.store(base + (R + t) * s_cs + offs, tl.load(base + (R + node) * s_cs + offs))
+
+
+def _buffer_table(cache) -> Tensor:
+    """[2 * layers] int64 on the cache's device: the data pointers of every K and V buffer (they never move: the
+    cache's invariant), built once per cache; keyed by the buffers' own addresses, so a copy of the cache object
+    (which holds other buffers) builds its own."""
+    ptrs = tuple(buf.data_ptr() for buf in cache.k + cache.v)
+    held = getattr(cache, "_tree_buffer_table", None)
+    if held is None or held[0] != ptrs:
+        held = (ptrs, torch.tensor(ptrs, dtype=torch.int64).to(cache.k[0].device))
+        cache._tree_buffer_table = held
+    return held[1]
+
+
+def accept_path(cache, rows: int, path: Tensor, num_accepted: Tensor, tree_size: int,
+                kernel: bool | None = None) -> None:
     """Keep each sequence's accepted root-to-node path as a chain: node path[b, t - 1] moves from slot R + node to
     slot R + t (t = 1..num_accepted[b]), then lengths = R + 1 + num_accepted, where R = lengths - tree_size is the
-    root's slot. Device values only (no sync; capturable).
+    root's slot. Device values only (no sync; capturable once the buffer table exists).
 
     path: [rows, D] int64, node offsets from the root (verification's path + 1), entries past num_accepted[b]
           ignored; num_accepted: [rows] int64 (0..D). e.g. R = 7, path [2, 3], num_accepted 2: slot 9 -> 8,
           slot 10 -> 9, lengths 10.
-    One gather and one scatter per K/V buffer of every layer, all rows at once: the gather reads every source
-    before any write, so a move cannot clobber another's source."""
+    ``kernel`` (default: on CUDA): ONE launch moves every layer's K and V (``_accept_path_kernel``, grid
+    (2 * layers, rows, KV heads), the buffers' addresses from a table, bits copied as words); else one gather and
+    one scatter per buffer, every row at once (the gather reads every source before any write)."""
     lengths = cache.lengths_for(rows)
     D = path.shape[1]
     root = (lengths - tree_size).clamp_(min=0)                                   # padding rows: length 0
-    t = torch.arange(1, D + 1, device=path.device)                              # [D] depths
-    take = t[None, :] <= num_accepted[:, None]                                   # [rows, D]
-    dst = root[:, None] + t[None, :]                                              # [rows, D] chain slots
-    src = root[:, None] + torch.where(take, path, t[None, :])                    # not taken: stays in place
-    batch = torch.arange(rows, device=path.device)[:, None]
-    for buf in cache.k + cache.v:
-        buf[batch, :, dst] = buf[batch, :, src]
+    if kernel is None:
+        kernel = ops.AVAILABLE and path.is_cuda
+    if kernel and D and rows:
+        k0 = cache.k[0]
+        word = {2: tl.int16, 4: tl.int32}[k0.element_size()]
+        _accept_path_kernel[(2 * len(cache.k), rows, k0.shape[1])](
+            _buffer_table(cache), root, path.contiguous(), num_accepted, D, k0.stride(0), k0.stride(1), k0.stride(2),
+            HEAD_DIM=k0.shape[3], WORD=word, num_warps=1)
+    elif D:
+        t = torch.arange(1, D + 1, device=path.device)                          # [D] depths
+        take = t[None, :] <= num_accepted[:, None]                               # [rows, D]
+        dst = root[:, None] + t[None, :]                                          # [rows, D] chain slots
+        src = root[:, None] + torch.where(take, path, t[None, :])                # not taken: stays in place
+        batch = torch.arange(rows, device=path.device)[:, None]
+        for buf in cache.k + cache.v:
+            buf[batch, :, dst] = buf[batch, :, src]
     torch.minimum(lengths, root + 1 + num_accepted, out=lengths)
