@@ -241,7 +241,8 @@ def accept_path(cache, rows: int, path: Tensor, num_accepted: Tensor, tree_size:
     D = path.shape[1]
     root = (lengths - tree_size).clamp_(min=0)                                   # padding rows: length 0
     if kernel is None:
-        kernel = ops.AVAILABLE and path.is_cuda
+        head_dim = cache.k[0].shape[3]
+        kernel = ops.AVAILABLE and path.is_cuda and head_dim == ops._pow2(head_dim)
     if kernel and D and rows:
         k0 = cache.k[0]
         word = {2: tl.int16, 4: tl.int32}[k0.element_size()]

@@ -87,7 +87,7 @@ if ops.AVAILABLE:
             acc = acc * alpha[:, None] + tl.dot(pr.to(v.dtype), v, input_precision=PREC)
             m_i = m_new
         # blocks that reach the tree: each row gathers its own path (see the module docstring)
-        rep = tl.arange(0, 16)
+        rep = tl.arange(0, BLOCK_M)                    # a row's q repeated over the tile: BLOCK_M = 16 lanes
         sel_rows = tl.arange(0, BLOCK_M)
         for j0 in range(shared_end, end, BLOCK_N):
             slots = j0 + tl.arange(0, BLOCK_N)
