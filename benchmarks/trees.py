@@ -74,7 +74,8 @@ def pass_part(args) -> dict:
             lengths = cache.lengths_for(B)
             lay = trees.tree_layout((bushy_tree(T),) * B, T)
             depth, path = lay.depth.cuda(), lay.path.cuda()
-            chain = capture_graph(lambda: model.net.append(tokens, lengths, model._rope, cache, model.num_active_layers), 2)
+            chain = capture_graph(lambda: model.net.append(tokens, lengths, model._rope, cache,
+                                                           model.num_active_layers), 2)
             chain_ms = time_calls(chain.replay, iters=20, warmup=3) * 1e3
             del chain
             tree = capture_graph(lambda: trees.tree_pass(model.net, tokens, depth, path, lengths, lengths, model._rope,
@@ -121,7 +122,8 @@ def pass_markdown(res: dict) -> list[str]:
              environment_line(res["env"]), "",
              "ms of one captured pass of T tokens for each of B sequences (median of 20 replays): `chain` = "
              "`Transformer.append` (causal), `tree` = `tree.tree_pass` over a bushy tree of T nodes (<= 4 children per "
-             "node). `tree / chain` is the tree attention's overhead; `vs T=1` the tree pass over the 1-token pass.", ""]
+             "node). `tree / chain` is the tree attention's overhead; `vs T=1` the tree pass over the 1-token "
+             "pass.", ""]
     one = {c["B"]: c["tree_ms"] for c in res["cells"] if c["T"] == 1}
     rows = [(c["B"], c["T"], f"{c['chain_ms']:.2f}", f"{c['tree_ms']:.2f}", f"{c['tree_ms'] / c['chain_ms']:.2f}",
              f"{c['tree_ms'] / one[c['B']]:.2f}" if c["B"] in one else "") for c in res["cells"]]
@@ -129,7 +131,8 @@ def pass_markdown(res: dict) -> list[str]:
     lines += ["", "Bit checks (`Model.append_tree` with graphs vs `Model.append` of each root-to-node path, 3 ragged "
               "sequences of 900, 41, 260 tokens):", ""]
     lines += markdown_table(["T", "nodes bit-equal", "max abs diff"],
-                            [(c["T"], f"{c['nodes_equal']}/{c['nodes']}", f"{c['max_abs_diff']:.3g}") for c in res["bits"]])
+                            [(c["T"], f"{c['nodes_equal']}/{c['nodes']}", f"{c['max_abs_diff']:.3g}")
+                             for c in res["bits"]])
     return lines + [""]
 
 
@@ -163,7 +166,8 @@ def verify_markdown(res: dict) -> list[str]:
              environment_line(res["env"]), "",
              "us per call (median of 50, CUDA events around eager calls: host work included). `chain` = "
              "`verify_greedy` with `nodes` drafts per sequence (default backend); `tree` = `verify_tree_greedy` "
-             "(Triton) over a bushy tree of the same node count; `tree (chain shape)` = the tree kernel on a chain.", ""]
+             "(Triton) over a bushy tree of the same node count; `tree (chain shape)` = the tree kernel on a "
+             "chain.", ""]
     rows = [(c["B"], c["nodes"], f"{c['chain_us']:.1f}", f"{c['tree_us']:.1f}", f"{c['chain_tree_us']:.1f}",
              f"{c['tree_us'] / c['chain_us']:.2f}") for c in res["cells"]]
     return lines + markdown_table(["B", "nodes", "chain us", "tree us", "tree (chain shape) us", "tree / chain"],

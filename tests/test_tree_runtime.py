@@ -96,7 +96,8 @@ def test_accept_path_moves_exactly_the_accepted_entries():
         for b, R in enumerate(roots):
             want_k, want_v = k0[b].clone(), v0[b].clone()
             for t in range(1, int(num_accepted[b]) + 1):
-                want_k[:, R + t], want_v[:, R + t] = k0[b, :, R + int(path[b, t - 1])], v0[b, :, R + int(path[b, t - 1])]
+                src = R + int(path[b, t - 1])
+                want_k[:, R + t], want_v[:, R + t] = k0[b, :, src], v0[b, :, src]
             n = R + 1 + int(num_accepted[b])
             assert torch.equal(k1[b, :, :n], want_k[:, :n]) and torch.equal(v1[b, :, :n], want_v[:, :n])
 

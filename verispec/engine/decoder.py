@@ -99,7 +99,8 @@ class SpeculativeDecoder:
                              f"= {needed} exceeds the model's max_position_embeddings {limit}: shorten the prompt "
                              f"or max_new_tokens")
         with ModelLease(self.target, getattr(self.drafter, "model", None)):
-            scheduler = Scheduler(self.target, self.drafter, SchedulerConfig(len(prompts), max_seq_len, k, tree=self.tree),
+            config = SchedulerConfig(len(prompts), max_seq_len, k, tree=self.tree)
+            scheduler = Scheduler(self.target, self.drafter, config,
                                   verify_backend=self.verify_backend, timing=self.timing)
             if self.warm:
                 settings = sorted({(r.temperature, r.top_k, r.top_p) for r in requests})
