@@ -115,11 +115,10 @@ def test_tiny_random_llama_greedy_parity():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, tree", [("lookup", [3, 2, 1]), ("draft", [2, 2, 1])])
+@pytest.mark.parametrize("name, tree", [("lookup", [3, 2, 1])])   # the draft model's trees: test_tree_engine.py
 def test_smollm_greedy_tree_generation_equals_target_only(smollm, references, name, tree):
     """Draft trees on the real model (a batch of 3 ragged chat prompts): token-identical to plain decoding."""
     out = generate(smollm, PROMPTS, drafter=_drafter(name, smollm, references), tree=tree, max_new_tokens=N_NEW,
                    chat=True)
     assert [g.tokens for g in out] == references
-    if name == "lookup":                          # (the 6-layer truncated draft rarely agrees: exactness only)
-        assert sum(g.stats.accepted for g in out) > 0
+    assert sum(g.stats.accepted for g in out) > 0

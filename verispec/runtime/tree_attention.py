@@ -14,14 +14,17 @@ virtual slots 0..12, exactly what a chain pass of root, node 2, node 3 at slots 
 
 Why virtual slots rather than a mask over the physical ones: the chain kernel's result for a row depends on where
 each key sits in its blocks (the online softmax meets blocks of BLOCK_N slots in order, splits of ATTN_SPLIT from
-slot 0). Reading the path at the chain's slots puts every key in the block and the lane a chain pass (and plain
+slot 0). Reading the path at the chain's slots puts every key in the block and the column a chain pass (and plain
 decoding) would put it in, so the same products are summed in the same order. Blocks wholly below R are read
-once per tile, as in ``ops._attn_split_kernel``; a block that reaches R gathers each query row's own keys, one
-row at a time: the row's q is repeated into a [16, D] tile so that its scores come from the same tl.dot shape
-as the chain's (an MMA computes each output element from its own row and column: the other 15 rows change
-nothing; a row's result is taken from lane r, where the chain's tile computes it, in case the lane matters,
-as it does for a CPU BLAS under the interpreter). Those blocks cost 16 small dots per query tile instead of one:
-at most two blocks per split for trees of <= 64 nodes.
+once per tile, as in ``ops._attn_split_kernel``. A block that reaches R is read token by token: the query rows are
+token-major (row i * G + g: the G heads of one token side by side, so a tile of 16 rows holds 16 / G tokens), and
+for each token of the tile one dot of the same [16, D] x [D, BLOCK_N] shape as the chain's runs on the tile with the
+other tokens' rows zeroed, against that token's own keys; its result is kept for that token's rows (an MMA computes
+each output element from its own row and column alone, so the zeroed rows and the row's lane change nothing). The
+values then go through the chain's online-softmax update; the P V product likewise. A mixed block costs 16 / G + 1
+or 2 dots per tile instead of one (Llama-3 8B: G = 4): at most two mixed blocks per split for trees of <= 64 nodes.
+(Under the CPU interpreter numpy's BLAS rounds by lane, so there the bits match the chain kernel only where a row
+keeps its lane; tests/test_tree_runtime.py checks both, and the bf16 GPU test checks every node.)
 
 The splits' partial results are merged by ``ops._attn_combine_kernel`` unchanged (same [rows] layout).
 """
@@ -39,9 +42,10 @@ if ops.AVAILABLE:
 
     @triton.jit
     def _tree_attn_split_kernel(q_ptr, k_ptr, v_ptr, root_ptr, depth_ptr, path_ptr, acc_ptr, ml_ptr,
-                                T, H, KV, G, NSPLIT, ROWS, P, s_cb, s_ch, s_cs, scale_log2,
-                                D: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
-                                BLOCK_N: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):
+                                T, H, KV, NSPLIT, ROWS, P, s_cb, s_ch, s_cs, scale_log2,
+                                G: tl.constexpr, TOKENS: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
+                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
+                                PDL: tl.constexpr):
         if PDL:                                        # see ops.use_pdl: start early, wait for the predecessor
             gdc_launch_dependents()
             gdc_wait()
@@ -50,15 +54,16 @@ if ops.AVAILABLE:
         rt = tl.program_id(2)                          # tile of BLOCK_M query rows
         b = bk // KV
         kvh = bk % KV
-        rows = rt * BLOCK_M + tl.arange(0, BLOCK_M)    # row r = g * T + i (query head kvh*G + g, token i)
-        g = rows // T
-        i = rows % T
+        rows = rt * BLOCK_M + tl.arange(0, BLOCK_M)    # token-major: row r = i * G + g (token i, query head g)
+        g = rows % G
+        i = rows // G
         row_ok = rows < G * T
+        i_safe = tl.where(row_ok, i, 0)
         R = tl.load(root_ptr + b).to(tl.int32)         # the root's slot: position of depth 0
-        dep = tl.load(depth_ptr + b * T + i).to(tl.int32)
+        dep = tl.load(depth_ptr + b * T + i_safe).to(tl.int32)
         qpos = R + dep                                 # [BLOCK_M] position of each row's token
         offs_d = tl.arange(0, D)
-        n_tok = (b * T + i).to(tl.int64)
+        n_tok = (b * T + i_safe).to(tl.int64)
         q = tl.load(q_ptr + ((n_tok * H + kvh * G + g) * D)[:, None] + offs_d[None, :],
                     mask=row_ok[:, None], other=0.0)
         kbase = k_ptr + b.to(tl.int64) * s_cb + kvh.to(tl.int64) * s_ch
@@ -86,29 +91,26 @@ if ops.AVAILABLE:
             l_i = l_i * alpha + tl.sum(pr, axis=1)
             acc = acc * alpha[:, None] + tl.dot(pr.to(v.dtype), v, input_precision=PREC)
             m_i = m_new
-        # blocks that reach the tree: each row gathers its own path (see the module docstring)
-        rep = tl.arange(0, BLOCK_M)                    # a row's q repeated over the tile: BLOCK_M = 16 lanes
-        sel_rows = tl.arange(0, BLOCK_M)
+        # blocks that reach the tree: the tile's rows of one token at a time read that token's path (see the
+        # module docstring); the other rows of the dot are zeros and its result is kept for that token's rows only
+        first = (rt * BLOCK_M) // G                    # the tile's first token; TOKENS covers the rest
         for j0 in range(shared_end, end, BLOCK_N):
             slots = j0 + tl.arange(0, BLOCK_N)
             smask = slots < end
             s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-            for r in tl.static_range(BLOCK_M):
-                row = rt * BLOCK_M + r
-                i_r = row % T
-                g_r = (row // T) % G
-                dep_r = tl.load(depth_ptr + b * T + i_r).to(tl.int32)
+            for j in tl.static_range(TOKENS):
+                tok = tl.minimum(first + j, T - 1)
+                mine = (i == first + j) & row_ok                                       # [BLOCK_M]
+                dep_j = tl.load(depth_ptr + b * T + tok).to(tl.int32)
                 t = slots - R
-                on_path = (t >= 0) & (t <= dep_r)
-                node = tl.load(path_ptr + (b * T + i_r).to(tl.int64) * P + tl.minimum(tl.maximum(t, 0), P - 1),
+                on_path = (t >= 0) & (t <= dep_j)
+                node = tl.load(path_ptr + (b * T + tok).to(tl.int64) * P + tl.minimum(tl.maximum(t, 0), P - 1),
                                mask=on_path, other=0)
                 phys = tl.where(slots < R, slots, R + node).to(tl.int64)
-                ok_r = (slots <= R + dep_r) & smask
-                k_r = tl.load(kbase + phys[:, None] * s_cs + offs_d[None, :], mask=ok_r[:, None], other=0.0)
-                q_r = tl.load(q_ptr + (((b * T + i_r).to(tl.int64) * H + kvh * G + g_r) * D)
-                              + offs_d[None, :] + 0 * rep[:, None])                    # [16, D], equal rows
-                s_r = tl.dot(q_r, tl.trans(k_r), input_precision=PREC)                   # [16, BLOCK_N]
-                s = tl.where(sel_rows[:, None] == r, s_r, s)   # row r from lane r, as in the chain's tile
+                ok_j = (slots <= R + dep_j) & smask
+                k_j = tl.load(kbase + phys[:, None] * s_cs + offs_d[None, :], mask=ok_j[:, None], other=0.0)
+                q_j = tl.where(mine[:, None], q, 0.0)
+                s = tl.where(mine[:, None], tl.dot(q_j, tl.trans(k_j), input_precision=PREC), s)
             s = s * scale_log2
             ok = (slots[None, :] <= qpos[:, None]) & smask[None, :]
             s = tl.where(ok, s, float("-inf"))
@@ -118,26 +120,25 @@ if ops.AVAILABLE:
             pr = tl.exp2(s - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(pr, axis=1)
             scaled = acc * alpha[:, None]
-            for r in tl.static_range(BLOCK_M):
-                row = rt * BLOCK_M + r
-                i_r = row % T
-                dep_r = tl.load(depth_ptr + b * T + i_r).to(tl.int32)
+            for j in tl.static_range(TOKENS):
+                tok = tl.minimum(first + j, T - 1)
+                mine = (i == first + j) & row_ok
+                dep_j = tl.load(depth_ptr + b * T + tok).to(tl.int32)
                 t = slots - R
-                on_path = (t >= 0) & (t <= dep_r)
-                node = tl.load(path_ptr + (b * T + i_r).to(tl.int64) * P + tl.minimum(tl.maximum(t, 0), P - 1),
+                on_path = (t >= 0) & (t <= dep_j)
+                node = tl.load(path_ptr + (b * T + tok).to(tl.int64) * P + tl.minimum(tl.maximum(t, 0), P - 1),
                                mask=on_path, other=0)
                 phys = tl.where(slots < R, slots, R + node).to(tl.int64)
-                ok_r = (slots <= R + dep_r) & smask
-                v_r = tl.load(vbase + phys[:, None] * s_cs + offs_d[None, :], mask=ok_r[:, None], other=0.0)
-                is_r = sel_rows[:, None] == r
-                pr_r = tl.sum(tl.where(is_r, pr, 0.0), axis=0)        # row r, exactly (one term, zeros elsewhere)
-                pr_rep = (pr_r[None, :] + 0.0 * rep[:, None]).to(v_r.dtype)              # [16, BLOCK_N]
-                acc = tl.where(is_r, scaled + tl.dot(pr_rep, v_r, input_precision=PREC), acc)
+                ok_j = (slots <= R + dep_j) & smask
+                v_j = tl.load(vbase + phys[:, None] * s_cs + offs_d[None, :], mask=ok_j[:, None], other=0.0)
+                pr_j = tl.where(mine[:, None], pr, 0.0).to(v_j.dtype)
+                acc = tl.where(mine[:, None], scaled + tl.dot(pr_j, v_j, input_precision=PREC), acc)
             m_i = m_new
-        part = (bk * NSPLIT + sp).to(tl.int64) * ROWS + rows
-        tl.store(acc_ptr + part[:, None] * D + offs_d[None, :], acc)
-        tl.store(ml_ptr + part * 2, m_i)
-        tl.store(ml_ptr + part * 2 + 1, l_i)
+        # partials in the chain kernel's row layout (g * T + i), which ops._attn_combine_kernel reads
+        part = (bk * NSPLIT + sp).to(tl.int64) * ROWS + g * T + i_safe
+        tl.store(acc_ptr + part[:, None] * D + offs_d[None, :], acc, mask=row_ok[:, None])
+        tl.store(ml_ptr + part * 2, m_i, mask=row_ok)
+        tl.store(ml_ptr + part * 2 + 1, l_i, mask=row_ok)
 
 
 def tree_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, root: Tensor, depth: Tensor, path: Tensor,
@@ -161,9 +162,9 @@ def tree_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, root: Tensor, de
     acc = torch.empty(B * KV * nsplit * rows, D, device=q.device, dtype=torch.float32)
     ml = torch.empty(B * KV * nsplit * rows, 2, device=q.device, dtype=torch.float32)
     _tree_attn_split_kernel[(B * KV, nsplit, tiles)](
-        q, k_cache, v_cache, root, depth, path, acc, ml, T, H, KV, G, nsplit, rows, P,
+        q, k_cache, v_cache, root, depth, path, acc, ml, T, H, KV, nsplit, rows, P,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), scale * 1.4426950408889634,
-        D=D, SPLIT=ops.ATTN_SPLIT, BLOCK_M=ops.ATTN_BLOCK_M, BLOCK_N=ops.attention_block_n(q.dtype, D),
+        G=G, TOKENS=(ops.ATTN_BLOCK_M - 1) // G + 2, D=D, SPLIT=ops.ATTN_SPLIT, BLOCK_M=ops.ATTN_BLOCK_M, BLOCK_N=ops.attention_block_n(q.dtype, D),
         PREC="ieee" if fp32 else "tf32", num_warps=4, **ops._launch_options(q.device))
     o = torch.empty(N, H * D, device=q.device, dtype=q.dtype)
     ops._attn_combine_kernel[(B * KV, G * T)](acc, ml, o, T, H, KV, G, nsplit, rows, D=D, num_warps=1,
