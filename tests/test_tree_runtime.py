@@ -86,6 +86,27 @@ def test_tree_attention_kernel_reads_each_path_as_the_chain_kernel(G, parents):
         torch.testing.assert_close(o[:, n], chain, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.skipif(not ops.AVAILABLE or os.environ.get("TRITON_INTERPRET") != "1", reason="the interpreter run")
+def test_kernels_tree_pass_matches_the_torch_tree_pass():
+    """The kernels path of a tree pass (RoPE at tree positions with K/V at the pass's slots, the tree attention)
+    against the torch path: logits and the K/V it writes (fp32, interpreter)."""
+    cfg = CFG.replace(num_layers=1)
+    parents = (-1, 0, 0, 1)
+    m, tokens = _model(cfg=cfg)
+    tokens = tokens[:, :len(parents)]
+    lay = trees.tree_layout((parents, parents), len(parents))
+    out = {}
+    for name, fn in (("torch", trees.tree_pass_torch), ("kernels", trees.tree_pass_kernels)):
+        cache = copy.deepcopy(m.cache)
+        L = cache.lengths.clone()
+        out[name] = (fn(m.net, tokens, lay.depth, lay.path, L, L, m._rope, cache, 1), cache)
+    torch.testing.assert_close(out["kernels"][0], out["torch"][0], rtol=1e-4, atol=1e-4)
+    ct, ck = out["torch"][1], out["kernels"][1]
+    for b, n in enumerate((ct.lengths + len(parents)).tolist()):
+        torch.testing.assert_close(ck.k[0][b, :, :n], ct.k[0][b, :, :n], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(ck.v[0][b, :, :n], ct.v[0][b, :, :n], rtol=1e-5, atol=1e-5)
+
+
 def test_accept_path_moves_exactly_the_accepted_entries():
     """Against a reference gather: slot R + t takes node path[t - 1]'s K/V for t <= num_accepted, every other
     slot below the new length is untouched, lengths = R + 1 + num_accepted."""
