@@ -31,9 +31,20 @@ def _model(device="cpu", dtype=torch.float32, lens=(5, 40), cap=96, use_graphs=F
     return m, tokens
 
 
+def _restore(m, base) -> None:
+    """Put the cache state ``base`` (a deep copy) back into the model's own cache buffers: captured CUDA graphs
+    hold those buffers, so the cache object must not be swapped."""
+    cache = m.cache
+    for dst, src in zip(cache.k + cache.v, base.k + base.v):
+        dst.copy_(src)
+    cache._lengths.copy_(base._lengths)
+    cache.live.copy_(base.live)
+    cache.batch_size, cache.max_len_bound = base.batch_size, base.max_len_bound
+
+
 def _chain_logits(m, base, tokens, path, append):
     """Last-row logits of the chain pass of ``path`` (node indices) from the cache state ``base``."""
-    m.cache = copy.deepcopy(base)
+    _restore(m, base)
     return append(tokens[:, path].to(m.device))[:, -1]
 
 
@@ -136,7 +147,7 @@ def test_after_accepting_a_path_the_next_pass_sees_the_chain():
     nxt = torch.tensor([[7], [11]])
     after_tree = m.append(nxt)[:, 0]
     for b, path in enumerate(([0, 1, 3, 6], [0, 2, 5])):
-        m.cache = copy.deepcopy(base)
+        _restore(m, base)
         m.cache.keep([b])
         m.append(tokens[b:b + 1, path])
         torch.testing.assert_close(m.append(nxt[b:b + 1])[0, 0], after_tree[b], rtol=1e-5, atol=1e-5)
