@@ -109,7 +109,7 @@ if ops.AVAILABLE:
                 phys = tl.where(slots < R, slots, R + node).to(tl.int64)
                 ok_j = (slots <= R + dep_j) & smask
                 k_j = tl.load(kbase + phys[:, None] * s_cs + offs_d[None, :], mask=ok_j[:, None], other=0.0)
-                q_j = tl.where(mine[:, None], q, 0.0)
+                q_j = tl.where(mine[:, None], q, tl.zeros_like(q))                      # keeps q's dtype
                 s = tl.where(mine[:, None], tl.dot(q_j, tl.trans(k_j), input_precision=PREC), s)
             s = s * scale_log2
             ok = (slots[None, :] <= qpos[:, None]) & smask[None, :]
