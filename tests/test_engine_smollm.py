@@ -112,3 +112,13 @@ def test_tiny_random_llama_greedy_parity():
                        (DraftModel(draft), 8)]:
         out = generate(target, prompts, drafter=drafter, k=k, max_new_tokens=20)
         assert [g.tokens for g in out] == refs, type(drafter).__name__
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, tree", [("lookup", [3, 2, 1])])   # the draft model's trees: test_tree_engine.py
+def test_smollm_greedy_tree_generation_equals_target_only(smollm, references, name, tree):
+    """Draft trees on the real model (a batch of 3 ragged chat prompts): token-identical to plain decoding."""
+    out = generate(smollm, PROMPTS, drafter=_drafter(name, smollm, references), tree=tree, max_new_tokens=N_NEW,
+                   chat=True)
+    assert [g.tokens for g in out] == references
+    assert sum(g.stats.accepted for g in out) > 0

@@ -1,7 +1,7 @@
 """The ``verispec`` command line: the front end only (all the work is in engine / drafters / runtime).
 
     verispec demo                                   prompt lookup on an echo-heavy prompt, vs plain decoding
-    verispec generate "PROMPT" [--draft-lookup | --draft MODEL | --draft-self L] [-k K] [--compare] ...
+    verispec generate "PROMPT" [--draft-lookup | --draft MODEL | --draft-self L] [-k K | --tree 4,2,2,1] [--compare] ...
     verispec generate - < prompt.txt                (the prompt from stdin)
     verispec verify-demo [--batch-size B --num-draft K --vocab-size V --acceptance-rate A]
     verispec serve [--model M] [--draft-lookup | --draft D | --draft-self L] [-k N|auto] [--port P] ...
@@ -140,6 +140,12 @@ def _prompt_texts(args) -> list[str]:
     return [prompt]
 
 
+class _TreeCapable:
+    """Stands for the drafter in ``check_tree`` before any is built (every CLI drafter drafts trees)."""
+
+    drafts_trees = True
+
+
 def _validate_generate(args) -> None:
     """Every check that needs no model: runs before anything is loaded (loading takes seconds)."""
     from .device import DTYPE_NAMES, parse_device
@@ -147,6 +153,22 @@ def _validate_generate(args) -> None:
 
     if args.k is not None and args.k < 1:
         _die(f"-k must be >= 1 (drafts per round), got {args.k}")
+    if args.tree is not None:
+        from .engine.guards import check_tree
+
+        if args.k is not None:
+            _die("-k and --tree exclude each other: a tree's depth is its number of widths")
+        try:
+            args.tree = [int(w) for w in args.tree.split(",")]
+        except ValueError:
+            _die(f"--tree must be comma-separated integers (children per node at each depth), e.g. 4,2,2,1, "
+                 f"got {args.tree!r}")
+        if not (args.draft_lookup or args.draft or args.draft_self is not None):
+            _die("--tree needs a drafter: --draft-lookup, --draft MODEL or --draft-self L")
+        try:
+            check_tree(args.tree, _TreeCapable())
+        except (TypeError, ValueError) as e:
+            _die(f"--tree: {e}")
     if args.threads is not None and args.threads < 1:
         _die(f"--threads must be >= 1, got {args.threads}")
     if args.max_new_tokens < 1:
@@ -246,12 +268,12 @@ def _run_generate(args, *, banner: str | None = None) -> int:
     drafter = None
     try:
         drafter = _make_drafter(args, target)
-        if drafter is not None:
+        if drafter is not None and args.tree is None:
             k, note = check_k(k, args.max_new_tokens, max(len(p) for p in prompts),
                               getattr(target.config, "max_position_embeddings", None))
             if note:
                 _note(note)
-        spec = SpeculativeDecoder(target, drafter, k=k)
+        spec = SpeculativeDecoder(target, drafter, k=k or 4, tree=args.tree if drafter is not None else None)
         plain = SpeculativeDecoder(target, None)
     except (TypeError, ValueError) as e:
         _die(str(e))
@@ -553,6 +575,9 @@ def _generate_args(p: argparse.ArgumentParser) -> None:
                    help="self-speculation: the model's first L layers draft for it")
     p.add_argument("-k", type=int, default=None, help="draft tokens per round, >= 1; None = 8 for --draft-lookup, "
                    "else 4; capped at --max-new-tokens - 1 and the model's positions")
+    p.add_argument("--tree", default=None, metavar="W1,W2,...",
+                   help="draft trees instead of chains: children per node at each depth, e.g. 4,2,2,1 (at most 63 "
+                        "nodes); excludes -k")
     p.add_argument("--ngram-max", type=int, default=3, help="--draft-lookup: longest n-gram matched")
     p.add_argument("--ngram-min", type=int, default=2, help="--draft-lookup: shortest n-gram matched")
     p.add_argument("--temperature", type=float, default=0.0,
@@ -642,7 +667,7 @@ def _main(argv) -> int:
               "then the same request with plain decoding")
         _note(f"prompt: {DEMO_PROMPT[:90]!r}...")
         return _run_generate(demo)
-    if args.k is None:
+    if args.k is None and args.tree is None:
         args.k = 8 if args.draft_lookup else 4
     return _run_generate(args)
 

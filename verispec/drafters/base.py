@@ -120,6 +120,27 @@ class Proposal:
     draft_probs: Tensor | None = None
 
 
+@dataclass
+class TreeProposal:
+    """Draft trees for one round (``Drafter.propose_tree``), in the layout of ``verispec.verify_tree_greedy``.
+
+    draft_tokens: [sum n_b] int64, any device: sequence b's nodes, in node order, after sequence b - 1's
+    parents:      sum n_b host ints, node j's parent local to its sequence (-1 = the root: the certain token);
+                  parents come before their children
+    num_nodes:    B host ints n_b (0 allowed: that row's round is a plain decode step)
+    e.g. widths (2, 1) for one row: nodes [a, b, a', b'] with parents [-1, -1, 0, 1].
+    Every tree drafter proposes deterministic nodes (no draft_probs): ``verify_tree_sample`` is exact for them.
+    """
+
+    draft_tokens: Tensor
+    parents: tuple[int, ...]
+    num_nodes: list[int]
+
+
+class TreeDraftUnsupported(TypeError):
+    """The drafter has no tree drafting: it would only draft a chain (``generate(..., tree=...)`` refuses it)."""
+
+
 class DraftError(RuntimeError):
     """``propose`` or ``commit`` failed for the rows in ``failed`` (batch row -> reason) only.
 
@@ -176,6 +197,24 @@ class Drafter:
 
     def keep(self, batch_indices: list[int]) -> None:
         raise NotImplementedError
+
+    # Token trees (``generate(..., tree=widths)``): a drafter that drafts trees overrides both.
+    drafts_trees = False
+
+    def propose_tree(self, widths: tuple[int, ...]) -> TreeProposal:
+        """A draft tree per row continuing each h_b: at most widths[d] children per node at depth d (the root,
+        the certain token, at depth 0); ``commit`` follows as after ``propose``."""
+        raise TreeDraftUnsupported(f"{type(self).__name__} does not draft trees: use tree=None (a chain), or a "
+                                   f"drafter that does (DraftModel, SelfSpeculative, PromptLookup, OracleDraft)")
+
+    def warm_up_tree(self, max_batch_size: int, widths: tuple[int, ...]) -> int:
+        """Capture the CUDA graphs ``propose_tree(widths)`` replays (as ``warm_up``); returns how many."""
+        return 0
+
+    def tree_accepted(self, path: Tensor, num_accepted: Tensor) -> None:
+        """After verification of its trees, before ``commit``: path [B, D] (node offsets from the root, i.e.
+        verification's path + 1) and num_accepted [B] on the target's device, for a drafter whose cache holds
+        its tree (it keeps the accepted path, ``Model.accept_tree_path``). Others need nothing."""
 
 
 def check_same_vocab(target, draft, what: str = "draft model") -> None:

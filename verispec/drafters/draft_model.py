@@ -17,6 +17,14 @@ filtered_probs + the exponential race for a sampled batch), run as one captured 
 (``_run_eager``: one ``append`` per pass, ``draw`` in between) serves every other case and draws the same
 drafts; the catch-up pass stays eager (rare, and of a width no graph would be reused for).
 
+Trees (``propose_tree(widths)``): the same rollback and [B, 2] feed give the root's logits; its top-w_1 tokens are
+the depth-1 nodes, and each further depth is ONE tree pass over the previous depth's nodes (``Model.append_tree``:
+each node attends to the history and its own path), whose top-w_d tokens per node are the next depth. The last
+depth is never fed. After verification ``tree_accepted`` moves the accepted nodes the cache holds (depth < D) to
+the chain slots after the root, so V_b = L_b + min(a, D - 1) holds for the next round as in the chain case.
+e.g. widths (2, 2), L = 10: feed h[8], h[9] -> d1 in {x, y}; one pass over [x, y] (slots 10, 11, position 10)
+     -> children {x1, x2, y1, y2}; the tree's nodes 1..6; accepted [y, y2]: y moves from slot 11 to slot 10.
+
 Per row, everything on the host lives in one ``_Row`` (history, V_b, settings and seed, draft-stream counter).
 A round runs k = max_b k_b draft passes for every row; row b proposes its first k_b drafts and its counter
 advances by k_b, so its next draws start where its own drafts ended whatever the others asked for (the draws
@@ -32,7 +40,8 @@ from torch import Tensor
 
 from ..device import to_device
 from ..verify.sampling import filtered_probs, is_greedy
-from .base import Drafter, Proposal, Sampling, SamplingParams, check_same_vocab, draw, one_setting, race
+from .base import (Drafter, Proposal, Sampling, SamplingParams, TreeProposal, check_same_vocab, draw, one_setting,
+                   race)
 
 
 @dataclass
@@ -193,6 +202,68 @@ class DraftModel(Drafter):
                 rows = [b * k + i for b, n in enumerate(max_num_draft) for i in range(n)]
                 draft_probs = draft_probs[to_device(rows, q.device, torch.long)]
         return Proposal(draft_tokens, list(max_num_draft), draft_probs)
+
+    drafts_trees = True
+
+    def propose_tree(self, widths: tuple[int, ...]) -> TreeProposal:
+        """Top-w_d children per node by the draft's logits, one batched pass per depth (see the module docstring);
+        every row proposes the full tree."""
+        nodes, parents = self._tree_passes(tuple(widths))
+        B = len(self._rows)
+        local = tuple(p - 1 for p in parents[1:]) * B            # verification's layout: -1 = the root
+        return TreeProposal(nodes.reshape(-1), local, [nodes.shape[1]] * B)
+
+    def _tree_passes(self, widths: tuple[int, ...], forced: Tensor | None = None) -> tuple[Tensor, list[int]]:
+        """The tree's passes for the whole batch -> (nodes [B, N - 1] int64 on the draft device, in node order;
+        the runtime parents of all N nodes, node 0 the root). ``forced`` [B, N - 1] (host): these nodes instead
+        of the top-w (``OracleDraft``'s cost model runs the same passes)."""
+        model = self.model
+        lengths = [len(row.history) for row in self._rows]
+        self._catch_up(lengths)
+        model.rollback(torch.tensor([L - 2 for L in lengths], dtype=torch.long))
+        feed = to_device([row.history[-2:] for row in self._rows], model.device, torch.long)   # [B, 2]
+        logits = model.append(feed)[:, -1:]                                           # [B, 1, V]: the root's
+        if forced is not None:
+            forced = to_device(forced, model.device, torch.long)
+        parents, level, levels = [-1], [0], []
+        for d, w in enumerate(widths):
+            start = len(parents)
+            if forced is None:
+                new = logits.topk(w, dim=-1).indices.reshape(len(lengths), -1)         # [B, n_d]
+            else:
+                new = forced[:, start - 1:start - 1 + len(level) * w]
+            parents += [p for p in level for _ in range(w)]
+            level = list(range(start, len(parents)))
+            levels.append(new)
+            if d < len(widths) - 1:
+                logits = model.append_tree(new, [tuple(parents)] * len(lengths))      # [B, n_d, V]
+        self._tree_size = len(parents) - len(level)       # the nodes the cache holds: root + all but the last depth
+        self._tree_depth = len(widths)
+        for row, L in zip(self._rows, lengths):
+            row.valid = L + len(widths) - 1               # commit lowers it to L + min(a, D - 1)
+        return torch.cat(levels, dim=1), parents
+
+    def warm_up_tree(self, max_batch_size: int, widths: tuple[int, ...]) -> int:
+        """The graphs of ``_tree_passes``: the [B, 2] feed and one tree pass per depth but the last."""
+        model = self.model
+        if not getattr(model, "use_graphs", False) or not hasattr(model, "warm_up_tree"):
+            return 0
+        n = model.warm_up(max_batch_size, 2)
+        parents, level = [-1], [0]
+        for w in widths[:-1]:
+            start = len(parents)
+            parents += [p for p in level for _ in range(w)]
+            level = list(range(start, len(parents)))
+            n += model.warm_up_tree(max_batch_size, tuple(parents), len(level))
+        return n
+
+    def tree_accepted(self, path: Tensor, num_accepted: Tensor) -> None:
+        held = self._tree_depth - 1                       # the last depth was never fed
+        path = to_device(path, self.model.device, torch.long)[:, :held]
+        if path.shape[1] < held:                          # every row's path ended early (e.g. all rows failed)
+            path = torch.nn.functional.pad(path, (0, held - path.shape[1]))
+        self.model.accept_tree_path(path, to_device(num_accepted, self.model.device, torch.long).clamp(max=held),
+                                    self._tree_size)
 
     def commit(self, num_accepted, emitted) -> None:
         # the cache stays valid for the history and the accepted drafts it was fed; the rest is dead

@@ -7,6 +7,13 @@ i.i.d.-acceptance model behind E_SD = (1 - alpha^(k+1)) / (1 - alpha) (see ``ver
 
 ``cost_model`` (optional, e.g. a random-weight llama-3.2-1b) runs the very passes a ``DraftModel``
 would run, fed with the oracle's tokens, so the measured time includes a realistic draft cost.
+
+Trees (``propose_tree(widths)``): every row gets the full tree of widths[d] children per node at depth d; a node
+on the true path has the true next token among its children with probability alpha (at a random child index),
+every other child is surely wrong. So under greedy verification a round accepts i nodes with probability
+alpha^i (1 - alpha) (i < depth). ``tree_rates`` {w: rate} sets the rate for a node of w children (a real draft's
+top-w covers the target's token more often than its top-1: e.g. {1: 0.6, 2: 0.75, 4: 0.87}); absent widths use
+alpha. The width is the cost a tree pays for that rate (in the target pass, and in the cost model's passes).
 """
 from __future__ import annotations
 
@@ -16,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from ..runtime.quant.packed import packed_weights
-from .base import Drafter, Proposal
+from .base import Drafter, Proposal, TreeProposal
 from .draft_model import DraftModel
 
 
@@ -29,9 +36,14 @@ class _Row:
 
 
 class OracleDraft(Drafter):
-    def __init__(self, continuations: list[list[int]], acceptance_rate: float, cost_model=None, seed: int = 0):
+    def __init__(self, continuations: list[list[int]], acceptance_rate: float, cost_model=None, seed: int = 0,
+                 tree_rates: dict[int, float] | None = None):
         if not 0.0 <= acceptance_rate <= 1.0:
             raise ValueError(f"OracleDraft: acceptance_rate must be in [0, 1], got {acceptance_rate}")
+        bad = {w: r for w, r in (tree_rates or {}).items() if not (isinstance(w, int) and w >= 1 and 0.0 <= r <= 1.0)}
+        if bad:
+            raise ValueError(f"OracleDraft: tree_rates maps widths >= 1 to rates in [0, 1], got {bad}")
+        self.tree_rates = dict(tree_rates or {})
         self.continuations = [list(c) for c in continuations]
         self.acceptance_rate = acceptance_rate
         self.seed = seed
@@ -81,6 +93,43 @@ class OracleDraft(Drafter):
             self._runner._run(k, forced=drafts)
         return Proposal(drafts, list(max_num_draft), None)
 
+    drafts_trees = True
+
+    def _wrong(self, true: int) -> int:
+        return (true + 1 + self._rng.randrange(self._vocab - 1)) % self._vocab      # surely not ``true``
+
+    def _oracle_tree(self, b: int, widths: tuple[int, ...]) -> tuple[list[int], list[int]]:
+        """Row b's full tree (tokens, parents) in node order, depth by depth (see the module docstring)."""
+        cont, g = self._rows[b].continuation, self._rows[b].generated
+        tokens, parents = [], []
+        level = [(-1, True)]                   # (node, on the true path)
+        for d, w in enumerate(widths):
+            true = cont[g + d] if g + d < len(cont) else 0
+            nxt = []
+            for node, on_path in level:
+                rate = self.tree_rates.get(w, self.acceptance_rate)
+                hit = self._rng.randrange(w) if on_path and self._rng.random() < rate else -1
+                for c in range(w):
+                    tokens.append(true if c == hit else self._wrong(true))
+                    parents.append(node)
+                    nxt.append((len(tokens) - 1, c == hit))
+            level = nxt
+        return tokens, parents
+
+    def propose_tree(self, widths: tuple[int, ...]) -> TreeProposal:
+        trees = [self._oracle_tree(b, tuple(widths)) for b in range(len(self._rows))]
+        nodes = torch.tensor([t for tokens, _ in trees for t in tokens], dtype=torch.long)
+        if self._runner is not None:
+            self._runner._tree_passes(tuple(widths), forced=nodes.view(len(trees), -1))
+        return TreeProposal(nodes, tuple(p for _, parents in trees for p in parents), [len(t) for t, _ in trees])
+
+    def warm_up_tree(self, max_batch_size: int, widths: tuple[int, ...]) -> int:
+        return 0 if self._runner is None else self._runner.warm_up_tree(max_batch_size, widths)
+
+    def tree_accepted(self, path, num_accepted) -> None:
+        if self._runner is not None:
+            self._runner.tree_accepted(path, num_accepted)
+
     def commit(self, num_accepted, emitted) -> None:
         for row, e in zip(self._rows, emitted, strict=True):
             row.generated += len(e)
@@ -123,6 +172,9 @@ class SuccessorOracle(OracleDraft):
     by ``make_peaked`` the target's greedy next token is ``successor[current]``, so each row's drafts follow
     that chain from its certain token, each corrupted with probability 1 - alpha (the same i.i.d. acceptance
     as ``OracleDraft`` under greedy verification). ``cost_model`` pays a draft model's passes as there."""
+
+    drafts_trees = False                     # no trees here yet: its rows know no continuation to branch on
+    propose_tree = Drafter.propose_tree
 
     def __init__(self, successor: list[int], acceptance_rate: float, cost_model=None, seed: int = 0):
         super().__init__([], acceptance_rate, cost_model, seed)

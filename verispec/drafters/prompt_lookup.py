@@ -7,6 +7,13 @@ has at least one token after it. Appending token h[i] registers the n-grams endi
 e.g. h = [5 6 7 5 6], n=2: tail (5, 6) -> start 0 -> drafts h[2:2+k] = [7, 5, 6][:k].
 No match -> 0 drafts: that sequence's round is a plain decode step (floor ~ the baseline).
 
+Trees (``propose_tree(widths)``): the continuations of several earlier occurrences of the tail (the most recent
+first, longest n-gram first, then shorter ones) become branches, merged into a trie of at most widths[d] children
+per node at depth d and len(widths) levels. The first branch is the chain's draft. ``starts[n][ngram]`` keeps
+the most recent MAX_BRANCH_STARTS starts of each n-gram for it.
+e.g. h = [1 2 3 1 2 4 1 2], widths (2, 1): tail (1, 2) occurs at 3 and 0 -> continuations [4, 1], [3, 1]
+     -> nodes [4, 1, 3, 1] with parents [-1, 0, -1, 2].
+
 Adaptive length (``adaptive=True``): a verify pass costs more with more tokens (a lot more on CPUs,
 a little on GPUs), so each sequence proposes at most ``cap_b`` drafts: after a round that accepted
 a of its drafts, cap_b = a + 1 if some were rejected, else min(k, 2 * cap_b). A copy run grows the
@@ -22,7 +29,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import DraftError, Drafter, Proposal, each_row
+from .base import DraftError, Drafter, Proposal, TreeProposal, each_row
+
+# Earlier occurrences of an n-gram kept for tree branches (the most recent ones).
+MAX_BRANCH_STARTS = 8
 
 
 class _History:
@@ -30,6 +40,7 @@ class _History:
         self.tokens: list[int] = []
         self.ngrams = range(min_ngram, max_ngram + 1)
         self.last_start: dict[int, dict[tuple, int]] = {n: {} for n in self.ngrams}
+        self.starts: dict[int, dict[tuple, list[int]]] = {n: {} for n in self.ngrams}   # oldest first
         self.extend(tokens)
 
     def extend(self, new: list[int]) -> None:
@@ -38,8 +49,26 @@ class _History:
             i = len(h)
             for n in self.ngrams:
                 if i - n >= 0:
-                    self.last_start[n][tuple(h[i - n:i])] = i - n
+                    key = tuple(h[i - n:i])
+                    self.last_start[n][key] = i - n
+                    starts = self.starts[n].setdefault(key, [])
+                    starts.append(i - n)
+                    if len(starts) > MAX_BRANCH_STARTS:
+                        del starts[0]
             h.append(t)
+
+    def branches(self, depth: int, max_branches: int, max_ngram: int, min_ngram: int) -> list[list[int]]:
+        """Up to ``max_branches`` distinct continuations of up to ``depth`` tokens of the tail's earlier
+        occurrences: longest n-gram first, the most recent occurrence first within one n."""
+        h, out = self.tokens, []
+        for n in range(min(max_ngram, len(h) - 1), min_ngram - 1, -1):
+            for start in reversed(self.starts[n].get(tuple(h[-n:]), [])):
+                cont = h[start + n:start + n + depth]
+                if cont and cont not in out:
+                    out.append(cont)
+                    if len(out) == max_branches:
+                        return out
+        return out
 
     def lookup(self, k: int, max_ngram: int, min_ngram: int) -> list[int]:
         h = self.tokens
@@ -48,6 +77,28 @@ class _History:
             if start is not None:
                 return h[start + n:start + n + k]
         return []
+
+
+def merge_trie(branches: list[list[int]], widths: tuple[int, ...]) -> tuple[list[int], list[int]]:
+    """Branches merged into one trie of at most widths[d] children per node at depth d -> (tokens, parents) in
+    node order (-1 = the root), parents before children. A branch stops where its node would exceed a width.
+    e.g. [[4, 1], [3, 1], [4, 2]], widths (2, 1) -> tokens [4, 1, 3, 1], parents [-1, 0, -1, 2]."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    children: dict[int, dict[int, int]] = {-1: {}}
+    for branch in branches:
+        node = -1
+        for d, tok in enumerate(branch[:len(widths)]):
+            kids = children[node]
+            if tok not in kids:
+                if len(kids) >= widths[d]:
+                    break
+                kids[tok] = len(tokens)
+                tokens.append(tok)
+                parents.append(node)
+                children[kids[tok]] = {}
+            node = kids[tok]
+    return tokens, parents
 
 
 @dataclass
@@ -105,6 +156,29 @@ class PromptLookup(Drafter):
         proposal = Proposal(torch.tensor(padded, dtype=torch.long).reshape(len(drafts), width), num_draft, None)
         if failed:
             raise DraftError(failed, proposal)
+        return proposal
+
+    drafts_trees = True
+
+    def propose_tree(self, widths: tuple[int, ...]) -> TreeProposal:
+        """One trie per row from its tail's earlier continuations (the module docstring); a row that pauses
+        (adaptive back-off) or matches nothing proposes no node."""
+        rows = self._rows
+
+        def one(b: int) -> tuple[list[int], list[int]]:
+            if self.adaptive and rows[b].pause:
+                return [], []
+            return merge_trie(rows[b].history.branches(len(widths), widths[0], self.max_ngram, self.min_ngram),
+                              widths)
+
+        trees, failed = each_row(one, len(rows))
+        trees = [t or ([], []) for t in trees]
+        for row, (tokens, _) in zip(rows, trees):
+            row.last = 0                       # the chain's adaptive cap is not a tree's: commit leaves it
+        proposal = TreeProposal(torch.tensor([t for tokens, _ in trees for t in tokens], dtype=torch.long),
+                                tuple(p for _, parents in trees for p in parents), [len(t) for t, _ in trees])
+        if failed:
+            raise DraftError(failed, proposal)         # the failed rows have no node
         return proposal
 
     @staticmethod

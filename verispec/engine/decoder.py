@@ -9,9 +9,9 @@ from typing import Callable, Sequence as Seq
 
 from ..drafters.base import Drafter
 from .guards import (ModelLease, check_drafter, check_k, check_max_new_tokens, check_prompts, check_same_model,
-                     check_sampling, check_stop)
+                     check_sampling, check_stop, check_tree)
 from .request import Request, Sequence
-from .scheduler import Scheduler, SchedulerConfig
+from .scheduler import Scheduler, SchedulerConfig, tree_nodes
 from .stats import Generation, Stats
 
 
@@ -23,13 +23,19 @@ class SpeculativeDecoder:
     ``verify_backend`` is passed to ``verify_greedy`` / ``verify_sample`` (None = fastest available).
     ``warm=True``: before the run, capture every CUDA graph it can replay (``Scheduler.warm_up``; once per model
     and shape), so that no request captures; its time is ``Stats.warmup_s``, outside the timed run.
+    ``tree=[w1, ..., wd]``: each round drafts a tree of w_i children per node at depth i and verifies it in one
+    tree pass (engine/tree_round.py); ``k`` is then unused. None: chains of k drafts.
     A sequence that fails (e.g. NaN logits) makes ``generate`` raise ``GenerationError`` (which holds every
     ``Generation``, the failed ones with their ``error``): a failure is never returned as a short output.
     """
 
     def __init__(self, target, drafter: Drafter | None = None, *, k: int = 4, timing: bool = False,
-                 verify_backend: str | None = None, warm: bool = True):
+                 verify_backend: str | None = None, warm: bool = True, tree=None):
         check_drafter(drafter)
+        self.tree = check_tree(tree, drafter)
+        if self.tree is not None and not hasattr(target, "append_tree"):
+            raise ValueError(f"tree= needs a target with a tree pass (verispec's Model); {type(target).__name__} has "
+                             f"none: use tree=None")
         if drafter is not None:
             if not isinstance(k, int) or isinstance(k, bool) or k < 1:
                 raise ValueError(f"k must be an integer >= 1 (drafts per round), got {k!r}")
@@ -77,7 +83,9 @@ class SpeculativeDecoder:
         longest = max(len(p) for p in prompts)
         limit = getattr(self.target.config, "max_position_embeddings", None)
         k = self.k
-        if k:
+        if self.tree is not None:
+            k = tree_nodes(self.tree)             # the lookahead: every node of a tree goes through the pass
+        elif k:
             k, _ = check_k(k, max_new_tokens, longest, limit)
         # room for the prompt, the new tokens and one round of lookahead (certain token + K drafts)
         needed = longest + max_new_tokens + k + 1
@@ -91,7 +99,8 @@ class SpeculativeDecoder:
                              f"= {needed} exceeds the model's max_position_embeddings {limit}: shorten the prompt "
                              f"or max_new_tokens")
         with ModelLease(self.target, getattr(self.drafter, "model", None)):
-            scheduler = Scheduler(self.target, self.drafter, SchedulerConfig(len(prompts), max_seq_len, k),
+            config = SchedulerConfig(len(prompts), max_seq_len, k, tree=self.tree)
+            scheduler = Scheduler(self.target, self.drafter, config,
                                   verify_backend=self.verify_backend, timing=self.timing)
             if self.warm:
                 settings = sorted({(r.temperature, r.top_k, r.top_p) for r in requests})
@@ -137,8 +146,8 @@ class GenerationError(RuntimeError):
 def generate(target, prompt, *, drafter: Drafter | None = None, k: int = 4, max_new_tokens: int = 128,
              temperature=0.0, top_k=None, top_p=None, seed: int | None = None, stop=None, chat: bool = False,
              max_seq_len: int | None = None, on_tokens=None, timing: bool = False, verify_backend: str | None = None,
-             warm: bool = True):
-    """One-call speculative generation; see ``SpeculativeDecoder.generate``.
+             warm: bool = True, tree=None):
+    """One-call speculative generation; see ``SpeculativeDecoder.generate`` (``tree=[w1, ..., wd]``: draft trees).
 
     Example (the embedded SmolLM2; greedy output equals plain decoding's token for token)::
 
@@ -148,7 +157,8 @@ def generate(target, prompt, *, drafter: Drafter | None = None, k: int = 4, max_
         out = generate(model, "Repeat exactly: the cat sat on the mat.", drafter=PromptLookup(), k=8, chat=True)
         print(out.text, out.stats.summary())
     """
-    decoder = SpeculativeDecoder(target, drafter, k=k, timing=timing, verify_backend=verify_backend, warm=warm)
+    decoder = SpeculativeDecoder(target, drafter, k=k, timing=timing, verify_backend=verify_backend, warm=warm,
+                                 tree=tree)
     return decoder.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                             top_p=top_p, seed=seed, stop=stop, chat=chat, max_seq_len=max_seq_len,
                             on_tokens=on_tokens)

@@ -10,6 +10,7 @@ kind and ``ValueError`` for a value out of range, with a message that names the 
     check_stop(stop) -> tuple of stop strings
     check_drafter(drafter)                     a Drafter or None, not a name or a bare model
     check_k(k, max_new_tokens, longest_prompt, max_positions) -> (k to use, note or None)
+    check_tree(tree, drafter) -> widths (children per node at each depth) or None
     check_same_model(target, drafter)          target and draft must not share one KV cache
     ModelLease(*models)                        one generation per model at a time (threads, re-entry)
 """
@@ -21,7 +22,8 @@ from numbers import Integral
 import torch
 from torch import Tensor
 
-from ..drafters.base import Drafter, SamplingParams
+from ..drafters.base import Drafter, SamplingParams, TreeDraftUnsupported
+from ..runtime.tree import MAX_TREE_TOKENS
 from ..verify import rng
 from ..verify.sampling import check_seed, check_temperature, check_top_k, check_top_p
 
@@ -187,6 +189,38 @@ def check_drafter(drafter) -> None:
     if hasattr(drafter, "append") and hasattr(drafter, "setup_cache"):
         raise TypeError("drafter is a model: wrap it as drafter=DraftModel(model)")
     raise TypeError(f"drafter must be None or one of {DRAFTER_CLASSES}, got {type(drafter).__name__}")
+
+
+def check_tree(tree, drafter) -> tuple[int, ...] | None:
+    """``tree``: None (chains of k drafts) or the children per node at each depth, e.g. [4, 2, 2, 1] (4 children
+    of the root, 2 of each of those, ...): integers >= 1, at most MAX_TREE_TOKENS - 1 nodes in all (the tree pass
+    holds the certain token too). The drafter must draft trees: one that cannot is refused, never run as a chain."""
+    if tree is None:
+        return None
+    if isinstance(tree, (str, bytes, Integral)) or not hasattr(tree, "__iter__"):
+        raise TypeError(f"tree must be a list of children per node at each depth, e.g. [4, 2, 2, 1], or None, "
+                        f"got {tree!r}")
+    widths = tuple(tree)
+    if not widths:
+        raise ValueError("tree must name at least one depth, e.g. [4] (4 alternatives for the next token)")
+    for d, w in enumerate(widths):
+        if isinstance(w, bool) or not isinstance(w, Integral):
+            raise TypeError(f"tree[{d}] must be an integer (children per node at depth {d + 1}), got {w!r}")
+        if w < 1:
+            raise ValueError(f"tree[{d}] must be >= 1 (children per node at depth {d + 1}), got {w}")
+    nodes, level = 0, 1
+    for w in widths:
+        level *= w
+        nodes += level
+    if nodes > MAX_TREE_TOKENS - 1:
+        raise ValueError(f"tree {list(widths)} has {nodes} nodes; a tree pass holds at most {MAX_TREE_TOKENS - 1} "
+                         f"(plus the certain token): use fewer or narrower depths")
+    if drafter is None:
+        raise ValueError("tree= needs a drafter (drafter=None is plain decoding: there is nothing to draft)")
+    if not getattr(drafter, "drafts_trees", False):
+        raise TreeDraftUnsupported(f"{type(drafter).__name__} does not draft trees: use tree=None (a chain), or "
+                                   f"DraftModel, SelfSpeculative, PromptLookup or OracleDraft")
+    return tuple(int(w) for w in widths)
 
 
 def check_k(k, max_new_tokens: int, longest_prompt: int, max_positions: int | None) -> tuple[int, str | None]:

@@ -33,9 +33,11 @@ import torch
 
 from ..drafters.base import Drafter, SamplingParams
 from ..runtime.cache import fill_order
+from ..runtime.tree import TREE_WIDTHS, tree_width
 from .request import Request, Sequence
 from .round import (PhaseClock, RoundResult, RunningBatch, failed_rows, read_outcome, run_round, verification,
                     warm_verification)
+from .tree_round import run_tree_round
 from .stats import Stats
 
 log = logging.getLogger(__name__)
@@ -49,6 +51,17 @@ class SchedulerConfig:
     max_seq_len: int               # tokens a sequence may hold: prompt + new tokens + one round's lookahead
     k: int = 4                     # drafts per round (the most any row gets; 0 = plain decoding)
     max_waiting: int | None = None # queued requests beyond which submit() refuses (None = unbounded)
+    tree: tuple[int, ...] | None = None   # draft trees: children per node at each depth (None = chains of k)
+
+
+def tree_nodes(widths) -> int:
+    """Nodes of the full tree of ``widths`` children per node at each depth: w1 + w1*w2 + ... e.g. (4, 2, 2, 1)
+    -> 4 + 8 + 16 + 16 = 44."""
+    total, level = 0, 1
+    for w in widths:
+        level *= w
+        total += level
+    return total
 
 
 class QueueFull(RuntimeError):
@@ -69,6 +82,10 @@ class Scheduler:
             raise ValueError(f"max_batch_size must be >= 1 and max_seq_len >= 2, got {config}")
         self.target, self.drafter, self.config = target, drafter, config
         self.k = config.k if drafter is not None else 0
+        # a tree round appends the certain token and every node of the tree: its lookahead is the tree's size
+        self.tree = tuple(config.tree) if config.tree is not None and drafter is not None else None
+        if self.tree is not None:
+            self.k = tree_nodes(self.tree)
         self.k_policy = k_policy or (lambda running, k: [k] * len(running))
         self.verify_backend = verify_backend
         self.isolate_drafter = isolate_drafter
@@ -133,6 +150,20 @@ class Scheduler:
         captures inside a request. Time and count go to ``totals`` (warmup_s, graphs_captured)."""
         t0 = time.perf_counter()
         n = 0
+        if self.tree is not None:
+            # the target's tree passes of every node bucket up to the full tree (a prompt-lookup trie may be
+            # smaller), the drafter's tree passes, the prefill graphs
+            B = self.config.max_batch_size
+            if hasattr(self.target, "warm_up_tree"):
+                n += self.target.warm_up(B, 1, prompt_tokens)
+                for w in TREE_WIDTHS:
+                    if w <= tree_width(self.k + 1):
+                        n += self.target.warm_up_tree(B, (-1,) + (0,) * (w - 1), w)
+            if self.drafting:
+                n += self.drafter.warm_up_tree(B, self.tree)
+            self.totals.warmup_s += time.perf_counter() - t0
+            self.totals.graphs_captured += n
+            return n
         if hasattr(self.target, "warm_up"):
             n += self.target.warm_up(self.config.max_batch_size, self.k + 1, prompt_tokens)
         if self.drafter is not None and self.k:
@@ -252,7 +283,10 @@ class Scheduler:
         drafter = self.drafter if self.drafting else None
         caps = self.k_policy(self.running, self.k) if self.k and drafter is not None else [0] * len(self.running)
         try:
-            result = run_round(self.target, drafter, self.batch, caps, self.clock, self.verify_backend)
+            if self.tree is not None and drafter is not None:
+                result = run_tree_round(self.target, drafter, self.batch, self.tree, self.clock, self.verify_backend)
+            else:
+                result = run_round(self.target, drafter, self.batch, caps, self.clock, self.verify_backend)
         except Exception as e:  # noqa: BLE001 - the target pass is shared: every running request fails with it
             self._fail_running(e)
             return

@@ -19,6 +19,7 @@ from .cache import StaticKVCache
 from .config import ModelConfig
 from .graphs import GraphCache, PrefillGraphs, pack_prefill, unpack_prefill
 from .transformer import Transformer, rope_table
+from . import tree as trees
 
 
 # Passes of more tokens a sequence (a drafter catching up after rounds without drafting) run eagerly: each
@@ -347,6 +348,96 @@ class Model:
             if i < k - 1:
                 logits = self._step(d[:, None])[:, 0]
         return torch.stack(tokens, dim=1), None if probs[0] is None else torch.stack(probs, dim=1)
+
+    # ------------------------------------------------------------------------------- token trees
+    @torch.no_grad()
+    def append_tree(self, tokens: Tensor, parents) -> Tensor:
+        """A tree pass (runtime/tree.py): tokens [B, T] are the last T nodes of each sequence's tree, whose
+        ``parents[b]`` (a host sequence of N >= T ints, node 0 the root with parent -1, parents before children,
+        the same N for every sequence) describe all of it; the first N - T nodes were appended before (the
+        target passes a whole tree, T = N, its root the certain token). Token i goes to slot lengths[b] + i at
+        position root + depth, attending the prefix before the root and its own root-to-node path; lengths
+        advance by T. -> logits [B, T, V]. With graphs, the pass replays the graph of (``graph_rows(B)``,
+        ``tree.tree_width(T)``) with padding nodes (children of the root) after the real ones."""
+        cache = self._need_cache()
+        if tokens.dim() != 2 or tokens.shape[0] != cache.batch_size:
+            raise ValueError(f"append_tree: tokens must be [B={cache.batch_size}, T], got {tuple(tokens.shape)}")
+        if len(parents) != cache.batch_size:
+            raise ValueError(f"append_tree: {len(parents)} trees for a batch of {cache.batch_size}")
+        T = tokens.shape[1]
+        parents = tuple(tuple(int(p) for p in row) for row in parents)
+        width = trees.tree_width(T) if self.use_graphs else T
+        if width > T:   # padding nodes: children of the root; their K/V go to dead slots (cache.PAD_SLOTS)
+            parents = tuple(row + (0,) * (width - T) for row in parents)
+            tokens = torch.cat([tokens, tokens[:, -1:].expand(-1, width - T)], dim=1)
+        layout = trees.tree_layout(parents, width)
+        self._check_room(cache, T)
+        inputs = self._tree_inputs(layout, tokens)                                 # [B, width * (2 + P)]
+        program = lambda static: (self._tree_step(static, width, layout.offset),)  # noqa: E731
+        if self.use_graphs:
+            key = ("tree", self.graph_rows(cache.batch_size), width, layout.path.shape[2], layout.offset)
+            (logits,) = self._graphs.replay(key, program, inputs, key[1])
+            logits = logits[:cache.batch_size, :T].clone()
+            if width > T:
+                cache.lengths.sub_(width - T)   # the graph advanced every live row by width
+        else:
+            logits = program(inputs)[0]
+        cache.max_len_bound += T
+        return logits
+
+    @torch.no_grad()
+    def warm_up_tree(self, max_batch_size: int, parents: tuple[int, ...], num_tokens: int) -> int:
+        """Capture (only) the graphs ``append_tree(tokens [B, num_tokens], [parents] * B)`` replays for every batch
+        bucket up to ``max_batch_size``; safe while sequences run (as ``warm_up``). Returns how many were captured."""
+        cache = self._need_cache()
+        if not self.use_graphs:
+            return 0
+        width = trees.tree_width(num_tokens)
+        layout = trees.tree_layout((tuple(parents) + (0,) * (width - num_tokens),), width)
+        P, offset = layout.path.shape[2], layout.offset
+        before = len(self._graphs)
+        program = lambda static: (self._tree_step(static, width, offset),)  # noqa: E731
+        for rows in sorted({self.graph_rows(b) for b in range(1, min(max_batch_size, cache.max_batch_size) + 1)}):
+            dummy = torch.zeros(rows, width * (2 + P), dtype=torch.long)
+            self._graphs.ensure(("tree", rows, width, P, offset), program, dummy, rows)
+        return len(self._graphs) - before
+
+    def _tree_inputs(self, layout: "trees.TreeLayout", tokens: Tensor) -> Tensor:
+        """The packed input of a tree pass: host tokens make one host tensor (one copy to the device), device
+        tokens (a draft model's choices) join the layout copied to their device."""
+        if tokens.device.type == "cpu":
+            return to_device(layout.packed(tokens), self.device)
+        B = tokens.shape[0]
+        return torch.cat([tokens.to(torch.long), to_device(layout.depth, tokens.device),
+                          to_device(layout.path.reshape(B, -1), tokens.device)], dim=1)
+
+    def _tree_step(self, inputs: Tensor, width: int, offset: int) -> Tensor:
+        # inputs [R, width * (2 + P)] -> logits [R, width, V]; the body of the tree graphs. Padding rows have
+        # length 0: their root is clamped to slot 0.
+        rows = inputs.shape[0]
+        tokens, depth, path = trees.unpack(inputs, width)
+        lengths = self.cache.lengths_for(rows)
+        root = (lengths - offset).clamp(min=0)
+        logits = trees.tree_pass(self.net, tokens, depth, path, root, lengths, self._rope, self.cache,
+                                 self.num_active_layers)
+        lengths.add_(self.cache.live[:rows], alpha=width)
+        return logits
+
+    @torch.no_grad()
+    def accept_tree_path(self, path: Tensor, num_accepted: Tensor, tree_size: int) -> None:
+        """After verifying a tree of ``tree_size`` nodes (its root included) appended last: move the accepted
+        nodes' K/V to the chain slots after the root and set lengths = root + 1 + num_accepted
+        (``tree.accept_path``). path [B, D] (node offsets from the root, i.e. verification's path + 1; entries
+        past num_accepted ignored), num_accepted [B]: device values, no sync."""
+        cache = self._need_cache()
+        B = cache.batch_size
+        if path.dim() != 2 or path.shape[0] != B or num_accepted.shape != (B,):
+            raise ValueError(f"accept_tree_path: path must be [B={B}, D] and num_accepted [B], got "
+                             f"{tuple(path.shape)}, {tuple(num_accepted.shape)}")
+        if not 1 <= tree_size:
+            raise ValueError(f"accept_tree_path: tree_size must be >= 1, got {tree_size}")
+        trees.accept_path(cache, B, to_device(path, self.device, torch.long),
+                          to_device(num_accepted, self.device, torch.long), tree_size)
 
     def decode(self, tokens: Tensor) -> Tensor:
         """tokens [B, 1] -> logits [B, 1, V]; ``append`` with k = 1."""

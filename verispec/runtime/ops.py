@@ -94,8 +94,9 @@ if AVAILABLE:
         tl.store(h_ptr + row * E + offs, (x * rstd * w).to(h_ptr.dtype.element_ty), mask=msk)
 
     @triton.jit
-    def _rope_kv_kernel(qkv_ptr, rope_ptr, pos_ptr, q_ptr, k_ptr, v_ptr, T, H, KV,
-                        s_qkv, s_cb, s_ch, s_cs, D: tl.constexpr, HALF: tl.constexpr, PDL: tl.constexpr):
+    def _rope_kv_kernel(qkv_ptr, rope_ptr, pos_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, T, H, KV,
+                        s_qkv, s_cb, s_ch, s_cs, D: tl.constexpr, HALF: tl.constexpr, HAS_SLOT: tl.constexpr,
+                        PDL: tl.constexpr):
         if PDL:                                        # see use_pdl: start early, wait for the predecessor
             gdc_launch_dependents()
             gdc_wait()
@@ -103,6 +104,10 @@ if AVAILABLE:
         h = tl.program_id(1)                           # head: [0, H) q, [H, H+KV) k, [H+KV, H+2KV) v
         b = (n // T).to(tl.int64)
         p = tl.load(pos_ptr + n).to(tl.int64)
+        if HAS_SLOT:                                   # a tree pass: the cache slot is not the RoPE position
+            slot = tl.load(slot_ptr + n).to(tl.int64)
+        else:
+            slot = p
         offs = tl.arange(0, HALF)
         src = qkv_ptr + n.to(tl.int64) * s_qkv + h * D
         if h < H + KV:
@@ -118,12 +123,12 @@ if AVAILABLE:
             if h < H:
                 dst = q_ptr + (n.to(tl.int64) * H + h) * D
             else:
-                dst = k_ptr + b * s_cb + (h - H) * s_ch + p * s_cs
+                dst = k_ptr + b * s_cb + (h - H) * s_ch + slot * s_cs
             tl.store(dst + offs, o1.to(k_ptr.dtype.element_ty))
             tl.store(dst + HALF + offs, o2.to(k_ptr.dtype.element_ty))
         else:
             offs_d = tl.arange(0, D)
-            dst = v_ptr + b * s_cb + (h - H - KV) * s_ch + p * s_cs
+            dst = v_ptr + b * s_cb + (h - H - KV) * s_ch + slot * s_cs
             tl.store(dst + offs_d, tl.load(src + offs_d))
 
     @triton.jit
@@ -285,16 +290,18 @@ def add_rmsnorm(x: Tensor, delta: Tensor | None, weight: Tensor, eps: float) -> 
 
 
 def rope_kv_write(qkv: Tensor, rope: Tensor, pos: Tensor, k_cache: Tensor, v_cache: Tensor, T: int,
-                  H: int, KV: int, D: int) -> Tensor:
+                  H: int, KV: int, D: int, slots: Tensor | None = None) -> Tensor:
     """qkv [N, (H+2KV)*D] (rows [q; k; v] heads), rope [P, 2, D] fp32, pos [N] -> q [N, H, D] with RoPE;
-    k (with RoPE) and v written to k_cache/v_cache [B_max, KV, S, D] at [n // T, :, pos[n]]."""
+    k (with RoPE) and v written to k_cache/v_cache [B_max, KV, S, D] at [n // T, :, pos[n]], or at
+    [n // T, :, slots[n]] when ``slots`` [N] is given (a tree pass: siblings share a position, not a slot)."""
     N = qkv.shape[0]
     assert qkv.stride(1) == 1 and k_cache.stride(3) == 1 and k_cache.stride() == v_cache.stride()
     assert rope.is_contiguous() and rope.dtype == torch.float32 and D % 2 == 0
     q = torch.empty(N, H, D, device=qkv.device, dtype=k_cache.dtype)
-    _rope_kv_kernel[(N, H + 2 * KV)](qkv, rope, pos, q, k_cache, v_cache, T, H, KV, qkv.stride(0),
-                                     k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-                                     D=D, HALF=D // 2, num_warps=1, **_launch_options(qkv.device))
+    _rope_kv_kernel[(N, H + 2 * KV)](qkv, rope, pos, pos if slots is None else slots, q, k_cache, v_cache, T, H,
+                                     KV, qkv.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+                                     D=D, HALF=D // 2, HAS_SLOT=slots is not None, num_warps=1,
+                                     **_launch_options(qkv.device))
     return q
 
 

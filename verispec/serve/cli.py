@@ -30,6 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-k", default="auto", help="drafts per round: an integer >= 1, or auto: each round, each "
                    "request's k in [0, --k-max] with the most expected tokens/s for its own acceptance")
     p.add_argument("--k-max", type=int, default=8, help="the largest k that -k auto considers")
+    p.add_argument("--tree", default=None, metavar="W1,W2,...", help="draft trees instead of chains: children per "
+                   "node at each depth, e.g. 4,2,2,1 (at most 63 nodes); replaces -k (no auto for trees yet)")
     p.add_argument("--cost-table", default=None, help="-k auto: JSON cost table to load, or to write after "
                    "measuring at startup when the file does not exist; None = measure, keep in memory")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (loopback unless --allow-remote)")
@@ -122,6 +124,12 @@ def _check_sources(args) -> None:
         peek("--oracle-draft-cost", args.oracle_draft_cost)
 
 
+class _TreeCapable:
+    """Stands for the drafter in ``check_tree`` before any is built."""
+
+    drafts_trees = True
+
+
 def check_args(args) -> None:
     """Refuse bad settings before loading anything."""
     if not is_loopback(args.host) and not args.allow_remote:
@@ -136,6 +144,22 @@ def check_args(args) -> None:
             _die(f"-k must be an integer >= 1 or 'auto', got {args.k}")
     if args.k_max < 1:
         _die(f"--k-max must be >= 1, got {args.k_max}")
+    if getattr(args, "tree", None) is not None:
+        from ..engine.guards import check_tree
+
+        try:
+            args.tree = [int(w) for w in args.tree.split(",")]
+        except ValueError:
+            _die(f"--tree must be comma-separated integers (children per node at each depth), e.g. 4,2,2,1, "
+                 f"got {args.tree!r}")
+        if not (args.draft_lookup or args.draft or args.draft_self is not None):
+            _die("--tree needs a drafter: --draft-lookup, --draft MODEL or --draft-self L")
+        if args.draft is not None and args.draft.startswith("oracle:"):
+            _die("--tree: the oracle drafter of the server (SuccessorOracle) does not draft trees")
+        try:
+            check_tree(args.tree, _TreeCapable())
+        except (TypeError, ValueError) as e:
+            _die(f"--tree: {e}")
     for name in ("max_batch_size", "max_seq_len", "max_waiting"):
         if getattr(args, name) < (0 if name == "max_waiting" else 1):
             _die(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")

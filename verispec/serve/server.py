@@ -10,6 +10,8 @@ import threading
 from fastapi import FastAPI
 
 from ..engine import Scheduler, SchedulerConfig
+from ..engine.guards import check_tree
+from ..engine.scheduler import tree_nodes
 from ..engine.auto_k import AutoK, CostTable, default_batch_sizes, measure_costs
 from .app import ServedModel, build_app
 from .cli import served_name
@@ -87,12 +89,16 @@ def assemble(target, drafter, args) -> tuple[EngineLoop, FastAPI]:
     limit = getattr(target.config, "max_position_embeddings", None)
     if limit is not None and args.max_seq_len > limit:
         raise ValueError(f"--max-seq-len {args.max_seq_len} exceeds the model's max_position_embeddings {limit}")
-    auto = args.k == "auto"
+    tree = getattr(args, "tree", None) if drafter is not None else None
+    auto = args.k == "auto" and tree is None
     k = 0 if drafter is None else (args.k_max if auto else args.k)
+    if tree is not None:
+        check_tree(tree, drafter)
+        k = tree_nodes(tree)      # a tree round's lookahead: the certain token and every node
     # sampled requests are given the k that pays at --max-batch-size, whatever the load: their tokens depend on k
     policy = (AutoK(cost_table(args, target, drafter, k), reference_batch=args.max_batch_size)
               if auto and drafter is not None else None)
-    config = SchedulerConfig(args.max_batch_size, args.max_seq_len, k, args.max_waiting)
+    config = SchedulerConfig(args.max_batch_size, args.max_seq_len, k, args.max_waiting, tree=tree)
     name = served_name(args)
     metrics = Metrics(name)
     def make_scheduler() -> Scheduler:
@@ -107,7 +113,8 @@ def assemble(target, drafter, args) -> tuple[EngineLoop, FastAPI]:
 
     engine = EngineLoop(make_scheduler, metrics)
     served = ServedModel(name, target.tokenizer, target.config.vocab_size, args.max_seq_len, k + 1)
-    _log(f"{name}: drafter {type(drafter).__name__ if drafter else 'none'}, k={'auto' if policy else k}, "
+    _log(f"{name}: drafter {type(drafter).__name__ if drafter else 'none'}, "
+         f"{f'tree={list(tree)}' if tree else 'k=' + ('auto' if policy else str(k))}, "
          f"max batch {args.max_batch_size}, max_seq_len {args.max_seq_len}")
     return engine, build_app(engine, served, metrics)
 

@@ -1,0 +1,340 @@
+"""Token trees on a GPU (issue 22): what a tree pass costs, what tree verification costs, and what trees buy.
+
+Four parts, each one device call that writes ``<out>/trees_<part>.json`` and a markdown section; ``report`` joins
+the sections present; ``--write`` (on ``report``) writes ``benchmarks/results/trees.md``:
+
+    python benchmarks/trees.py pass --out DIR      8B shape (random bf16 weights), context 512: ms of a captured
+                                                   chain pass (Transformer.append) and tree pass (tree.tree_pass) of
+                                                   T tokens per sequence, T = 1..64, B = 1, 8, 32; the tree mask's
+                                                   overhead (tree / chain); bit checks: each node vs its path as a chain
+    python benchmarks/trees.py verify --out DIR    verify_tree_greedy (Triton) vs verify_greedy at the same node count,
+                                                   V = 128256, B = 1, 8, 32 (median us per call, eager, incl. host work)
+    python benchmarks/trees.py e2e --out DIR       8B target (random weights, make_peaked) + OracleDraft with a 1B cost
+                                                   model: the best chain k vs trees, B = 1 and 8, tok/s and tokens per
+                                                   round; greedy output checked against plain decoding
+    python benchmarks/trees.py accept --out DIR    the embedded SmolLM2 (bf16 on a GPU, fp32 on a CPU): mean accepted
+                                                   tokens per round, chain vs tree of the same depth, SelfSpeculative
+                                                   and PromptLookup on a few prompts
+    python benchmarks/trees.py report DIR [--write]
+
+Timings: median over CUDA-graph replays (``benchmarks/common.py``) for passes; CUDA events around eager calls for
+verification; wall time of ``generate`` after its warm-up for end to end.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from benchmarks.common import capture_graph, environment, environment_line, markdown_table, time_calls  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PARTS = ("pass", "verify", "e2e", "accept")
+
+
+def bushy_tree(T: int) -> tuple[int, ...]:
+    """A tree of T nodes (the root included) that fills depth by depth with up to 4 children per node: the shape
+    draft trees have (wide near the root). e.g. T = 7 -> (-1, 0, 0, 0, 0, 1, 1)."""
+    parents, frontier, nxt = [-1], [0], []
+    while len(parents) < T:
+        for p in frontier:
+            for _ in range(4):
+                if len(parents) == T:
+                    break
+                nxt.append(len(parents))
+                parents.append(p)
+        frontier, nxt = nxt, []
+    return tuple(parents)
+
+
+# -------------------------------------------------------------------------------------------------- pass
+def pass_part(args) -> dict:
+    from verispec import load_model
+    from verispec.runtime import tree as trees
+
+    model = load_model(args.model, device="cuda", dtype=torch.bfloat16)
+    out = dict(env=environment(), model=args.model, cells=[], bits=[])
+    V = model.config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    model.setup_cache(32, 512 + 80, empty=True)
+    model.admit([torch.randint(0, V, (512,), generator=gen).tolist() for _ in range(32)])
+    cache = model.cache
+    for B in (1, 8, 32):
+        for T in [int(t) for t in args.tokens.split(",")]:
+            if B * T > args.max_rows:
+                continue
+            tokens = torch.randint(0, V, (B, T), device="cuda")
+            lengths = cache.lengths_for(B)
+            lay = trees.tree_layout((bushy_tree(T),) * B, T)
+            depth, path = lay.depth.cuda(), lay.path.cuda()
+            chain = capture_graph(lambda: model.net.append(tokens, lengths, model._rope, cache,
+                                                           model.num_active_layers), 2)
+            chain_ms = time_calls(chain.replay, iters=20, warmup=3) * 1e3
+            del chain
+            tree = capture_graph(lambda: trees.tree_pass(model.net, tokens, depth, path, lengths, lengths, model._rope,
+                                                         cache, model.num_active_layers), 2)
+            tree_ms = time_calls(tree.replay, iters=20, warmup=3) * 1e3
+            del tree
+            cell = dict(B=B, T=T, chain_ms=chain_ms, tree_ms=tree_ms)
+            out["cells"].append(cell)
+            print("pass", json.dumps(cell), flush=True)
+    out["bits"] = _bit_checks(model)
+    return out
+
+
+def _bit_checks(model) -> list[dict]:
+    """Model.append_tree (graphs on) vs Model.append of each node's root-to-node path, 3 ragged sequences."""
+    import copy
+
+    from verispec.runtime import tree as trees
+
+    V = model.config.vocab_size
+    gen = torch.Generator().manual_seed(1)
+    checks = []
+    for T in (5, 17, 45, 64):
+        parents = bushy_tree(T)
+        model.setup_cache(3, 1200, empty=True)
+        model.admit([torch.randint(0, V, (n,), generator=gen).tolist() for n in (900, 41, 260)])
+        base = copy.deepcopy(model.cache)
+        tokens = torch.randint(0, V, (3, T), generator=gen)
+        logits = model.append_tree(tokens, [parents] * 3)
+        paths = trees.depths_and_paths(parents)
+        equal, worst = 0, 0.0
+        for n, path in enumerate(paths):
+            _restore(model.cache, base)      # in place: the captured graphs hold the cache's buffers
+            chain = model.append(tokens[:, path])[:, -1]
+            equal += bool(torch.equal(chain, logits[:, n]))
+            worst = max(worst, (chain.float() - logits[:, n].float()).abs().max().item())
+        checks.append(dict(T=T, nodes_equal=equal, nodes=len(paths), max_abs_diff=worst))
+        print("bits", json.dumps(checks[-1]), flush=True)
+    return checks
+
+
+def _restore(cache, base) -> None:
+    """Copy the cache state ``base`` (a deep copy) back into ``cache``'s own buffers."""
+    for dst, src in zip(cache.k + cache.v, base.k + base.v):
+        dst.copy_(src)
+    cache._lengths.copy_(base._lengths)
+    cache.live.copy_(base.live)
+    cache.batch_size, cache.max_len_bound = base.batch_size, base.max_len_bound
+
+
+def pass_markdown(res: dict) -> list[str]:
+    lines = [f"## The tree pass ({res['model']} shape, random bf16 weights, context 512)", "",
+             environment_line(res["env"]), "",
+             "ms of one captured pass of T tokens for each of B sequences (median of 20 replays): `chain` = "
+             "`Transformer.append` (causal), `tree` = `tree.tree_pass` over a bushy tree of T nodes (<= 4 children per "
+             "node). `tree / chain` is the tree attention's overhead; `vs T=1` the tree pass over the 1-token "
+             "pass.", ""]
+    one = {c["B"]: c["tree_ms"] for c in res["cells"] if c["T"] == 1}
+    rows = [(c["B"], c["T"], f"{c['chain_ms']:.2f}", f"{c['tree_ms']:.2f}", f"{c['tree_ms'] / c['chain_ms']:.2f}",
+             f"{c['tree_ms'] / one[c['B']]:.2f}" if c["B"] in one else "") for c in res["cells"]]
+    lines += markdown_table(["B", "T", "chain ms", "tree ms", "tree / chain", "vs T=1"], rows)
+    lines += ["", "Bit checks (`Model.append_tree` with graphs vs `Model.append` of each root-to-node path, 3 ragged "
+              "sequences of 900, 41, 260 tokens):", ""]
+    lines += markdown_table(["T", "nodes bit-equal", "max abs diff"],
+                            [(c["T"], f"{c['nodes_equal']}/{c['nodes']}", f"{c['max_abs_diff']:.3g}")
+                             for c in res["bits"]])
+    return lines + [""]
+
+
+# ------------------------------------------------------------------------------------------------ verify
+def verify_part(args) -> dict:
+    from verispec import verify_greedy, verify_tree_greedy
+
+    out = dict(env=environment(), cells=[])
+    V = 128256
+    for B in (1, 8, 32):
+        for n in (4, 8, 16, 32, 63):
+            logits = torch.randn(B * (n + 1), V, device="cuda", dtype=torch.bfloat16)
+            drafts = torch.randint(0, V, (B * n,), device="cuda")
+            parents = bushy_tree(n + 1)
+            local = [p - 1 for p in parents[1:]] * B
+            chain_parents = list(range(-1, n - 1)) * B
+            cell = dict(B=B, nodes=n)
+            cell["chain_us"] = 1e6 * time_calls(lambda: verify_greedy(logits, drafts, [n] * B, check_values=False),
+                                                iters=50)
+            cell["tree_us"] = 1e6 * time_calls(lambda: verify_tree_greedy(logits, drafts, local, [n] * B,
+                                                                          check_values=False), iters=50)
+            cell["chain_tree_us"] = 1e6 * time_calls(lambda: verify_tree_greedy(logits, drafts, chain_parents, [n] * B,
+                                                                                check_values=False), iters=50)
+            out["cells"].append(cell)
+            print("verify", json.dumps(cell), flush=True)
+    return out
+
+
+def verify_markdown(res: dict) -> list[str]:
+    lines = ["## Tree verification vs chain verification (greedy, V = 128256, bf16 logits)", "",
+             environment_line(res["env"]), "",
+             "us per call (median of 50, CUDA events around eager calls: host work included). `chain` = "
+             "`verify_greedy` with `nodes` drafts per sequence (default backend); `tree` = `verify_tree_greedy` "
+             "(Triton) over a bushy tree of the same node count; `tree (chain shape)` = the tree kernel on a "
+             "chain.", ""]
+    rows = [(c["B"], c["nodes"], f"{c['chain_us']:.1f}", f"{c['tree_us']:.1f}", f"{c['chain_tree_us']:.1f}",
+             f"{c['tree_us'] / c['chain_us']:.2f}") for c in res["cells"]]
+    return lines + markdown_table(["B", "nodes", "chain us", "tree us", "tree (chain shape) us", "tree / chain"],
+                                  rows) + [""]
+
+
+# --------------------------------------------------------------------------------------------------- e2e
+# The oracle's coverage: the target's token is among a node's w children with this probability (an assumption
+# shaped like a real draft's top-w coverage; the chain is w = 1).
+TREE_RATES = {1: 0.6, 2: 0.75, 3: 0.82, 4: 0.87}
+TREES = ((2, 2, 1), (2, 2, 2, 1), (3, 2, 2, 1), (4, 2, 2, 1), (4, 2, 1, 1, 1), (2, 2, 2, 2, 1))
+
+
+def e2e_part(args) -> dict:
+    from verispec import load_model
+    from verispec.bench.peaked import make_peaked
+    from verispec.drafters import OracleDraft
+    from verispec.engine import SpeculativeDecoder, generate
+
+    target = load_model(args.model, device="cuda", dtype=torch.bfloat16)
+    make_peaked(target)
+    draft = load_model(args.draft, device="cuda", dtype=torch.bfloat16)
+    out = dict(env=environment(), model=args.model, draft=args.draft, rates=TREE_RATES, cells=[])
+    V = target.config.vocab_size
+    for B in (1, 8):
+        gen = torch.Generator().manual_seed(B)
+        prompts = [torch.randint(0, V, (128,), generator=gen).tolist() for _ in range(B)]
+        refs = [g.tokens for g in generate(target, prompts, drafter=None, max_new_tokens=args.new_tokens)]
+        configs = [("plain", None, None)] + [(f"chain k={k}", k, None) for k in (2, 3, 4, 6, 8)] + \
+                  [(f"tree {list(t)}", None, t) for t in TREES]
+        for name, k, tree in configs:
+            drafter = None if name == "plain" else OracleDraft(refs, TREE_RATES[1], cost_model=draft, seed=0,
+                                                               tree_rates=TREE_RATES)
+            dec = SpeculativeDecoder(target, drafter, k=k or 4, tree=tree)
+            dec.generate(prompts, max_new_tokens=8)                                   # warm-up (graphs, kernels)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            gens = dec.generate(prompts, max_new_tokens=args.new_tokens)
+            torch.cuda.synchronize()
+            seconds = time.perf_counter() - t0
+            stats = dec.last_stats
+            cell = dict(B=B, config=name, tok_s=B * args.new_tokens / seconds, rounds=stats.rounds,
+                        tokens_per_round=sum(len(g.tokens) for g in gens) / max(stats.rounds, 1) / B,
+                        exact=[g.tokens for g in gens] == refs)
+            out["cells"].append(cell)
+            print("e2e", json.dumps(cell), flush=True)
+    return out
+
+
+def e2e_markdown(res: dict) -> list[str]:
+    lines = [f"## End to end: {res['model']} target, OracleDraft trees with a {res['draft']} cost model", "",
+             environment_line(res["env"]), "",
+             f"Random weights (make_peaked), bf16, prompts of 128 tokens. The oracle puts the target's token among a "
+             f"node's w children with probability {res['rates']} (an assumed top-w coverage; chain = w 1). tok/s = "
+             f"new tokens of the batch / wall seconds of `generate` after a warm-up call. `exact`: the output equals "
+             f"plain decoding's.", ""]
+    for B in sorted({c["B"] for c in res["cells"]}):
+        cells = [c for c in res["cells"] if c["B"] == B]
+        best_chain = max((c for c in cells if c["config"].startswith("chain")), key=lambda c: c["tok_s"])
+        rows = [(c["config"], f"{c['tok_s']:.1f}", f"{c['tokens_per_round']:.2f}",
+                 f"{c['tok_s'] / best_chain['tok_s']:.2f}", "yes" if c["exact"] else "NO") for c in cells]
+        lines += [f"### B = {B} (best chain: {best_chain['config']})", ""]
+        lines += markdown_table(["config", "tok/s", "tokens per round", "vs best chain", "exact"], rows) + [""]
+    return lines
+
+
+# ------------------------------------------------------------------------------------------------ accept
+ACCEPT_PROMPTS = [
+    "Repeat exactly, twice: The quick brown fox jumps over the lazy dog near the river bank.",
+    "Write a Python function that returns the n-th Fibonacci number, with a docstring and two tests.",
+    "List the planets of the solar system in order, one per line, with one fact about each.",
+    "Fix the typos: Teh wether is nise todya and we are goin to the parck after lunch with freinds.",
+]
+
+
+def accept_part(args) -> dict:
+    from verispec import load_model
+    from verispec.drafters import PromptLookup, SelfSpeculative
+    from verispec.engine import generate
+    from verispec.engine.scheduler import tree_nodes
+
+    cuda = torch.cuda.is_available()
+    model = load_model(device="cuda" if cuda else "cpu", dtype=torch.bfloat16 if cuda else torch.float32)
+    out = dict(env=environment(), cells=[])
+    configs = [("self-speculative 10 layers", lambda: SelfSpeculative(10)), ("prompt lookup", lambda: PromptLookup())]
+    shapes = [("chain", [1, 1, 1, 1]), ("tree", [3, 2, 1, 1]), ("tree", [4, 2, 2, 1])]
+    for dname, make in configs:
+        for kind, tree in shapes:
+            gens = generate(model, ACCEPT_PROMPTS, drafter=make(), tree=tree, max_new_tokens=args.new_tokens, chat=True)
+            rounds = sum(g.stats.rounds for g in gens)
+            accepted = sum(g.stats.accepted for g in gens)
+            nodes = tree_nodes(tree)
+            cell = dict(drafter=dname, shape=f"{kind} {tree}", nodes=nodes, rounds=rounds,
+                        accepted_per_round=accepted / max(rounds, 1))
+            out["cells"].append(cell)
+            print("accept", json.dumps(cell), flush=True)
+    return out
+
+
+def accept_markdown(res: dict) -> list[str]:
+    lines = ["## Accepted tokens per round on the embedded SmolLM2: chain vs tree of the same depth", "",
+             environment_line(res["env"]), "",
+             f"Greedy, {len(ACCEPT_PROMPTS)} chat prompts as one batch. A chain is the tree [1, 1, 1, 1]; "
+             "`accepted / round` counts the accepted nodes (the emitted tokens are one more).", ""]
+    rows = [(c["drafter"], c["shape"], c["nodes"], c["rounds"], f"{c['accepted_per_round']:.2f}") for c in res["cells"]]
+    return lines + markdown_table(["drafter", "shape", "nodes", "rounds", "accepted / round"], rows) + [""]
+
+
+# ------------------------------------------------------------------------------------------------ report
+MARKDOWN = dict(zip(PARTS, (pass_markdown, verify_markdown, e2e_markdown, accept_markdown)))
+
+
+def report(folder: Path) -> list[str]:
+    lines = ["# Token trees: the tree pass, tree verification, trees end to end", "",
+             "Written by `benchmarks/trees.py report DIR --write` from the parts found in DIR (docs: "
+             "docs/engine.md, \"Trees\").", ""]
+    for part in PARTS:
+        f = folder / f"trees_{part}.json"
+        if f.exists():
+            lines += MARKDOWN[part](json.loads(f.read_text()))
+        else:
+            lines += [f"## {part}: not run", ""]
+    return lines
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("part", choices=PARTS + ("report",))
+    ap.add_argument("folder", nargs="?", default=None, help="report: the folder the parts wrote to")
+    ap.add_argument("--out", default=None, help="folder for trees_<part>.json and .md (default: a temp folder)")
+    ap.add_argument("--write", action="store_true", help="report: also write benchmarks/results/trees.md")
+    ap.add_argument("--model", default="llama-3.1-8b", help="pass, e2e: the target shape (random weights)")
+    ap.add_argument("--draft", default="llama-3.2-1b", help="e2e: the oracle's cost model (random weights)")
+    ap.add_argument("--tokens", default="1,2,4,8,16,24,32,48,64", help="pass: tokens per sequence")
+    ap.add_argument("--max-rows", type=int, default=2048, help="pass: skip B * T above this")
+    ap.add_argument("--new-tokens", type=int, default=128, help="e2e, accept: tokens generated per sequence")
+    args = ap.parse_args(argv)
+    if args.part == "report":
+        if args.folder is None:
+            ap.error("report needs the folder the parts wrote to")
+        lines = report(Path(args.folder))
+        print("\n".join(lines))
+        if args.write:
+            (RESULTS / "trees.md").write_text("\n".join(lines) + "\n")
+            print(f"wrote {RESULTS / 'trees.md'}", file=sys.stderr)
+        return
+    if args.part != "accept" and not torch.cuda.is_available():
+        ap.error(f"{args.part} needs a CUDA GPU")
+    torch.set_num_threads(1)
+    folder = Path(args.out or tempfile.mkdtemp(prefix="trees_"))
+    folder.mkdir(parents=True, exist_ok=True)
+    res = dict(pass_=pass_part, verify=verify_part, e2e=e2e_part, accept=accept_part)[
+        "pass_" if args.part == "pass" else args.part](args)
+    (folder / f"trees_{args.part}.json").write_text(json.dumps(res, indent=1))
+    (folder / f"trees_{args.part}.md").write_text("\n".join(MARKDOWN[args.part](res)) + "\n")
+    print("\n".join(MARKDOWN[args.part](res)))
+    print(f"wrote {folder / f'trees_{args.part}.json'}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

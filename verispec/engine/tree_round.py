@@ -1,0 +1,151 @@
+"""One speculative round over draft *trees*: draft tree -> ONE tree pass -> tree verification -> compaction -> commit.
+
+The chain round (``round.run_round``) with a tree in place of the k drafts. For each row b, with n_b nodes:
+
+    draft         drafter.propose_tree(widths) -> nodes, parents (local, -1 = the root), num_nodes
+    target pass   target.append_tree([c, node_0 .. node_{n-1}, padding], parents + 1)   [B, T, V], T = 1 + max n_b
+                  row 0 is the root's (the certain token's) logits, row j + 1 node j's: exactly the layout of
+                  verify_tree_greedy / verify_tree_sample; padding nodes (children of the root) fill short rows
+    verification  the n_b + 1 live rows of each row -> path [B, D] (accepted nodes), num_accepted, tokens
+    compaction    target.accept_tree_path(path + 1, num_accepted, T): the accepted nodes' K/V move to the chain
+                  slots after the root; lengths = root + 1 + a_b (the rejected nodes' slots are dead)
+    commit        as the chain's: one host read, emitted = accepted nodes + recovered/bonus; drafter.tree_accepted
+                  (a draft model keeps its own accepted path), then drafter.commit
+
+Faults as in the chain round: a ``DraftError`` fails its rows (their trees are empty), a row whose status word
+is set fails alone, a drafter exception that names no row makes the round run without trees.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..device import to_device
+from ..drafters.base import DraftError, Drafter, SamplingParams, TreeProposal
+from ..verify import TreeVerifyOutput, verify_tree_greedy, verify_tree_sample
+from ..verify.tree_api import TREE_BACKENDS
+from .round import PhaseClock, RoundResult, RunningBatch, failed_rows, read_outcome
+
+
+def tree_verification(target_logits, draft_tokens, parents: tuple[int, ...], num_nodes: list[int],
+                      sampling: SamplingParams, offsets: list[int], backend: str | None) -> TreeVerifyOutput:
+    """verify_tree_greedy when every row is greedy, else verify_tree_sample (deterministic proposals: no
+    draft_probs), each row with its own seed and stream offset; the status is read with the round's outcome."""
+    backend = backend if backend in TREE_BACKENDS else None
+    if sampling.all_greedy:
+        return verify_tree_greedy(target_logits, draft_tokens, parents, num_nodes, backend=backend,
+                                  check_values=False)
+    keys = to_device(torch.tensor([sampling.seed, offsets], dtype=torch.int64), target_logits.device)   # [2, B]
+    return verify_tree_sample(target_logits, draft_tokens, parents, num_nodes, None,
+                              temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                              seed=keys[0], offset=keys[1], backend=backend, check_values=False)
+
+
+def _propose_tree(drafter: Drafter, widths: tuple[int, ...]):
+    """drafter.propose_tree with its faults sorted by owner (as ``round._propose``)."""
+    try:
+        return drafter.propose_tree(widths), {}, None
+    except DraftError as e:
+        return e.proposal, {b: f"drafter: {why}" for b, why in e.failed.items()}, None
+    except Exception as e:  # noqa: BLE001 - no row to blame: this round runs without trees (the scheduler decides)
+        return None, {}, ("propose", e)
+
+
+def _without(proposal: TreeProposal, rows: set[int]) -> TreeProposal:
+    """The proposal with the trees of ``rows`` removed (those rows propose no node)."""
+    if not rows:
+        return proposal
+    tokens = proposal.draft_tokens
+    keep_tok, parents, num_nodes, node0 = [], [], [], 0
+    for b, n in enumerate(proposal.num_nodes):
+        if b not in rows:
+            keep_tok += range(node0, node0 + n)
+            parents += proposal.parents[node0:node0 + n]
+        num_nodes.append(0 if b in rows else n)
+        node0 += n
+    return TreeProposal(tokens[to_device(keep_tok, tokens.device, torch.long)], tuple(parents), num_nodes)
+
+
+def _pass_inputs(certain, proposal: TreeProposal) -> tuple[torch.Tensor, list[tuple[int, ...]], int]:
+    """(tokens [B, T] on the certain tokens' device, runtime parents per row (node 0 the root), T) for the tree
+    pass; a row with fewer nodes is padded with children of the root (their logits are never read).
+    e.g. num_nodes [2, 0], parents [-1, 0]: T = 3, rows' parents (-1, 0, 1) and (-1, 0, 0)."""
+    B = certain.shape[0]
+    T = 1 + max(proposal.num_nodes, default=0)
+    device = certain.device
+    nodes = to_device(proposal.draft_tokens, device, torch.long)                    # [sum n_b]
+    if all(n == T - 1 for n in proposal.num_nodes):
+        tokens = torch.cat([certain, nodes.view(B, T - 1)], dim=1)
+    else:
+        tokens = certain.expand(B, T).clone()
+        cols = [(b, 1 + j) for b, n in enumerate(proposal.num_nodes) for j in range(n)]
+        if cols:
+            idx = to_device(cols, device, torch.long)
+            tokens[idx[:, 0], idx[:, 1]] = nodes
+    parents, node0 = [], 0
+    for n in proposal.num_nodes:
+        local = proposal.parents[node0:node0 + n]
+        parents.append((-1,) + tuple(p + 1 for p in local) + (0,) * (T - 1 - n))
+        node0 += n
+    return tokens, parents, T
+
+
+def run_tree_round(target, drafter: Drafter, batch: RunningBatch, widths: tuple[int, ...], clock: PhaseClock,
+                   backend: str | None = None) -> RoundResult:
+    """Advance every row of ``batch`` by one tree round (see the module docstring). ``RoundResult.num_draft`` holds
+    each row's tree depth (the positions its round tested, as k_b for a chain). Exactly one device->host read."""
+    device = batch.certain.device
+    t0 = clock.now()
+    proposal, failed, draft_error = _propose_tree(drafter, widths)
+    drafted = proposal is not None                     # the drafter's cache holds this round's tree
+    if proposal is None:
+        proposal = TreeProposal(torch.zeros(0, dtype=torch.long), (), [0] * batch.size)
+    proposal = _without(proposal, set(failed))
+    t1 = clock.now()
+    tokens, parents, T = _pass_inputs(batch.certain, proposal)
+    logits = target.append_tree(tokens, parents)                                            # [B, T, V]
+    t2 = clock.now()
+    live = [b * T + j for b, n in enumerate(proposal.num_nodes) for j in range(n + 1)]
+    flat_logits = logits.flatten(0, 1)
+    if len(live) != flat_logits.shape[0]:
+        flat_logits = flat_logits[to_device(live, device, torch.long)]                      # [sum(n_b + 1), V]
+    nodes = to_device(proposal.draft_tokens, device, torch.long)
+    out = tree_verification(flat_logits, nodes, proposal.parents, proposal.num_nodes, batch.sampling, batch.offsets,
+                            backend)
+    path = out.path.to(torch.long) + 1                                                     # [B, D] offsets
+    num_accepted = out.num_accepted.to(torch.long)
+    target.accept_tree_path(path, num_accepted, T)
+    batch.certain = out.tokens.gather(1, num_accepted[:, None]).to(torch.long)              # [B, 1]
+    try:
+        if drafted:
+            drafter.tree_accepted(path, num_accepted)
+    except Exception as e:  # noqa: BLE001 - names no row: the tokens stand, the scheduler sets the drafter aside
+        draft_error = draft_error or ("commit", e)
+    outcome = read_outcome(out)
+    failed.update(failed_rows(outcome, "this round's target logits"))
+    t3 = clock.now()
+    accepted = [0 if b in failed else row[0] for b, row in enumerate(outcome)]
+    emitted = [[] if b in failed else row[1: a + 2] for b, (row, a) in enumerate(zip(outcome, accepted))]
+    for seq in batch.seqs:
+        seq.rounds_done += 1
+    try:
+        drafter.commit(accepted, emitted)
+    except DraftError as e:
+        failed.update((b, f"drafter: {why}") for b, why in e.failed.items() if b not in failed)
+    except Exception as e:  # noqa: BLE001 - names no row: the tokens stand, the scheduler sets the drafter aside
+        draft_error = draft_error or ("commit", e)
+    t4 = clock.now()
+    depths = _depths(proposal)
+    phases = dict(draft=t1 - t0, target=t2 - t1, verification=t3 - t2, commit=t4 - t3)
+    return RoundResult(depths, accepted, emitted, phases, failed, draft_error)
+
+
+def _depths(proposal: TreeProposal) -> list[int]:
+    """Each row's tree depth (0 for no node)."""
+    out, node0 = [], 0
+    for n in proposal.num_nodes:
+        depth: list[int] = []
+        for p in proposal.parents[node0:node0 + n]:
+            depth.append(1 if p < 0 else depth[p] + 1)
+        out.append(max(depth, default=0))
+        node0 += n
+    return out

@@ -1,0 +1,172 @@
+"""Split-KV attention of a token-tree pass (``Model.append_tree``), batch-invariant like ``ops.decode_attention``.
+
+In a tree pass the new tokens of a sequence sit in consecutive cache slots, but a token must see only the
+committed prefix and its own ancestors, at the positions they would have in a chain. So the kernel reads the
+cache through *virtual slots*: for the query row of token i (depth d_i, ancestors a_0 = root, a_1, ..., a_d = i,
+as node offsets from the root's slot R):
+
+    virtual slot v < R                -> physical slot v                (the prefix: shared by every row)
+    virtual slot v = R + t, t <= d_i  -> physical slot R + a_t          (its root-to-node path)
+    virtual slot v > R + d_i          -> masked
+
+e.g. R = 10, tree root(0) -> {1, 2}, 2 -> {3}: token 3 (depth 2, path [0, 2, 3]) reads slots 0..9, 10, 12, 13 as
+virtual slots 0..12, exactly what a chain pass of root, node 2, node 3 at slots 10..12 would read.
+
+Why virtual slots rather than a mask over the physical ones: the chain kernel's result for a row depends on where
+each key sits in its blocks (the online softmax meets blocks of BLOCK_N slots in order, splits of ATTN_SPLIT from
+slot 0). Reading the path at the chain's slots puts every key in the block and the column a chain pass (and plain
+decoding) would put it in, so the same products are summed in the same order. Blocks wholly below R are read
+once per tile, as in ``ops._attn_split_kernel``. A block that reaches R is read token by token: the query rows are
+token-major (row i * G + g: the G heads of one token side by side, so a tile of 16 rows holds 16 / G tokens), and
+for each token of the tile one dot of the same [16, D] x [D, BLOCK_N] shape as the chain's runs on the tile with the
+other tokens' rows zeroed, against that token's own keys; its result is kept for that token's rows (an MMA computes
+each output element from its own row and column alone, so the zeroed rows and the row's lane change nothing). The
+values then go through the chain's online-softmax update; the P V product likewise. A mixed block costs 16 / G + 1
+or 2 dots per tile instead of one (Llama-3 8B: G = 4): at most two mixed blocks per split for trees of <= 64 nodes.
+(Under the CPU interpreter numpy's BLAS rounds by lane, so there the bits match the chain kernel only where a row
+keeps its lane; tests/test_tree_runtime.py checks both, and the bf16 GPU test checks every node.)
+
+The splits' partial results are merged by ``ops._attn_combine_kernel`` unchanged (same [rows] layout).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import ops
+
+if ops.AVAILABLE:
+    import triton
+    import triton.language as tl
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+    @triton.jit
+    def _tree_attn_split_kernel(q_ptr, k_ptr, v_ptr, root_ptr, depth_ptr, path_ptr, acc_ptr, ml_ptr,
+                                T, H, KV, NSPLIT, ROWS, P, s_cb, s_ch, s_cs, scale_log2,
+                                G: tl.constexpr, TOKENS: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
+                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
+                                PDL: tl.constexpr):
+        if PDL:                                        # see ops.use_pdl: start early, wait for the predecessor
+            gdc_launch_dependents()
+            gdc_wait()
+        bk = tl.program_id(0)                          # b * KV + kv head
+        sp = tl.program_id(1)                          # split of the (virtual) cache slots
+        rt = tl.program_id(2)                          # tile of BLOCK_M query rows
+        b = bk // KV
+        kvh = bk % KV
+        rows = rt * BLOCK_M + tl.arange(0, BLOCK_M)    # token-major: row r = i * G + g (token i, query head g)
+        g = rows % G
+        i = rows // G
+        row_ok = rows < G * T
+        i_safe = tl.where(row_ok, i, 0)
+        R = tl.load(root_ptr + b).to(tl.int32)         # the root's slot: position of depth 0
+        dep = tl.load(depth_ptr + b * T + i_safe).to(tl.int32)
+        qpos = R + dep                                 # [BLOCK_M] position of each row's token
+        offs_d = tl.arange(0, D)
+        n_tok = (b * T + i_safe).to(tl.int64)
+        q = tl.load(q_ptr + ((n_tok * H + kvh * G + g) * D)[:, None] + offs_d[None, :],
+                    mask=row_ok[:, None], other=0.0)
+        kbase = k_ptr + b.to(tl.int64) * s_cb + kvh.to(tl.int64) * s_ch
+        vbase = v_ptr + b.to(tl.int64) * s_cb + kvh.to(tl.int64) * s_ch
+        start = sp * SPLIT
+        end = tl.minimum(start + SPLIT, R + P)         # virtual slots past every row's path are masked
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, D], tl.float32)
+        # blocks wholly below the root: the prefix, one shared key tile (the chain kernel's loop body)
+        shared_end = tl.minimum(end, start + (tl.maximum(R - start, 0) // BLOCK_N) * BLOCK_N)
+        for j0 in range(start, shared_end, BLOCK_N):
+            slots = j0 + tl.arange(0, BLOCK_N)
+            smask = slots < end
+            koff = slots.to(tl.int64)[:, None] * s_cs + offs_d[None, :]
+            k = tl.load(kbase + koff, mask=smask[:, None], other=0.0)
+            v = tl.load(vbase + koff, mask=smask[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale_log2
+            ok = (slots[None, :] <= qpos[:, None]) & smask[None, :]
+            s = tl.where(ok, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_safe)
+            pr = tl.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(pr, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(pr.to(v.dtype), v, input_precision=PREC)
+            m_i = m_new
+        # blocks that reach the tree: the tile's rows of one token at a time read that token's path (see the
+        # module docstring); the other rows of the dot are zeros and its result is kept for that token's rows only
+        first = (rt * BLOCK_M) // G                    # the tile's first token; TOKENS covers the rest
+        for j0 in range(shared_end, end, BLOCK_N):
+            slots = j0 + tl.arange(0, BLOCK_N)
+            smask = slots < end
+            s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            for j in tl.static_range(TOKENS):
+                tok = tl.minimum(first + j, T - 1)
+                mine = (i == first + j) & row_ok                                       # [BLOCK_M]
+                dep_j = tl.load(depth_ptr + b * T + tok).to(tl.int32)
+                t = slots - R
+                on_path = (t >= 0) & (t <= dep_j)
+                node = tl.load(path_ptr + (b * T + tok).to(tl.int64) * P + tl.minimum(tl.maximum(t, 0), P - 1),
+                               mask=on_path, other=0)
+                phys = tl.where(slots < R, slots, R + node).to(tl.int64)
+                ok_j = (slots <= R + dep_j) & smask
+                k_j = tl.load(kbase + phys[:, None] * s_cs + offs_d[None, :], mask=ok_j[:, None], other=0.0)
+                q_j = tl.where(mine[:, None], q, tl.zeros_like(q))                      # keeps q's dtype
+                s = tl.where(mine[:, None], tl.dot(q_j, tl.trans(k_j), input_precision=PREC), s)
+            s = s * scale_log2
+            ok = (slots[None, :] <= qpos[:, None]) & smask[None, :]
+            s = tl.where(ok, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_safe)
+            pr = tl.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(pr, axis=1)
+            scaled = acc * alpha[:, None]
+            for j in tl.static_range(TOKENS):
+                tok = tl.minimum(first + j, T - 1)
+                mine = (i == first + j) & row_ok
+                dep_j = tl.load(depth_ptr + b * T + tok).to(tl.int32)
+                t = slots - R
+                on_path = (t >= 0) & (t <= dep_j)
+                node = tl.load(path_ptr + (b * T + tok).to(tl.int64) * P + tl.minimum(tl.maximum(t, 0), P - 1),
+                               mask=on_path, other=0)
+                phys = tl.where(slots < R, slots, R + node).to(tl.int64)
+                ok_j = (slots <= R + dep_j) & smask
+                v_j = tl.load(vbase + phys[:, None] * s_cs + offs_d[None, :], mask=ok_j[:, None], other=0.0)
+                pr_j = tl.where(mine[:, None], pr, 0.0).to(v_j.dtype)
+                acc = tl.where(mine[:, None], scaled + tl.dot(pr_j, v_j, input_precision=PREC), acc)
+            m_i = m_new
+        # partials in the chain kernel's row layout (g * T + i), which ops._attn_combine_kernel reads
+        part = (bk * NSPLIT + sp).to(tl.int64) * ROWS + g * T + i_safe
+        tl.store(acc_ptr + part[:, None] * D + offs_d[None, :], acc, mask=row_ok[:, None])
+        tl.store(ml_ptr + part * 2, m_i, mask=row_ok)
+        tl.store(ml_ptr + part * 2 + 1, l_i, mask=row_ok)
+
+
+def tree_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, root: Tensor, depth: Tensor, path: Tensor,
+                   scale: float) -> Tensor:
+    """q [N=B*T, H, D] (the pass's tokens, their K/V already in the cache), root [B] int64 (each sequence's root
+    slot), depth [B, T] int64, path [B, T, P] int64 (node offsets from the root of each token's root-to-token path,
+    root first; entries past the token's depth are not read) -> o [N, H*D]: softmax(q K^T * scale) V over the
+    prefix slots < root and the token's path. Same tiles, blocks and splits as ``ops.decode_attention``."""
+    N, H, D = q.shape
+    B, T = depth.shape
+    P = path.shape[2]
+    KV, S = k_cache.shape[1], k_cache.shape[2]
+    G = H // KV
+    assert N == B * T and q.is_contiguous() and depth.is_contiguous() and path.is_contiguous()
+    assert k_cache.stride(3) == 1 and k_cache.stride() == v_cache.stride()
+    assert D == ops._pow2(D) and D >= 16, "head_dim must be a power of two >= 16"
+    fp32 = q.dtype == torch.float32
+    nsplit = ops.attention_splits(S)
+    tiles = -(-(G * T) // ops.ATTN_BLOCK_M)
+    rows = tiles * ops.ATTN_BLOCK_M
+    acc = torch.empty(B * KV * nsplit * rows, D, device=q.device, dtype=torch.float32)
+    ml = torch.empty(B * KV * nsplit * rows, 2, device=q.device, dtype=torch.float32)
+    _tree_attn_split_kernel[(B * KV, nsplit, tiles)](
+        q, k_cache, v_cache, root, depth, path, acc, ml, T, H, KV, nsplit, rows, P,
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), scale * 1.4426950408889634,
+        G=G, TOKENS=(ops.ATTN_BLOCK_M - 1) // G + 2, D=D, SPLIT=ops.ATTN_SPLIT, BLOCK_M=ops.ATTN_BLOCK_M, BLOCK_N=ops.attention_block_n(q.dtype, D),
+        PREC="ieee" if fp32 else "tf32", num_warps=4, **ops._launch_options(q.device))
+    o = torch.empty(N, H * D, device=q.device, dtype=q.dtype)
+    ops._attn_combine_kernel[(B * KV, G * T)](acc, ml, o, T, H, KV, G, nsplit, rows, D=D, num_warps=1,
+                                              **ops._launch_options(q.device))
+    return o
