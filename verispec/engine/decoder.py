@@ -20,6 +20,8 @@ class SpeculativeDecoder:
 
     ``timing=True`` synchronizes the device around each phase so that the per-phase times in
     ``Stats`` are exact on GPUs (CPU timings are always exact); it costs a little throughput.
+    ``isolate_drafter=True``: a drafter exception that names no row sets the drafter aside (plain decode steps,
+    exact) instead of raising (``Scheduler``; the SSD launch uses it: a draft rank that died is not a failed run).
     ``verify_backend`` is passed to ``verify_greedy`` / ``verify_sample`` (None = fastest available).
     ``warm=True``: before the run, capture every CUDA graph it can replay (``Scheduler.warm_up``; once per model
     and shape), so that no request captures; its time is ``Stats.warmup_s``, outside the timed run.
@@ -28,7 +30,7 @@ class SpeculativeDecoder:
     """
 
     def __init__(self, target, drafter: Drafter | None = None, *, k: int = 4, timing: bool = False,
-                 verify_backend: str | None = None, warm: bool = True):
+                 verify_backend: str | None = None, warm: bool = True, isolate_drafter: bool = False):
         check_drafter(drafter)
         if drafter is not None:
             if not isinstance(k, int) or isinstance(k, bool) or k < 1:
@@ -41,6 +43,7 @@ class SpeculativeDecoder:
         self.timing = timing
         self.verify_backend = verify_backend
         self.warm = warm
+        self.isolate_drafter = isolate_drafter
         self.last_stats: Stats | None = None   # the whole batch's counts of the last generate()
         self._debug_round_hook: Callable[["SpeculativeDecoder", list[Sequence]], None] | None = None  # tests
 
@@ -92,7 +95,8 @@ class SpeculativeDecoder:
                              f"or max_new_tokens")
         with ModelLease(self.target, getattr(self.drafter, "model", None)):
             scheduler = Scheduler(self.target, self.drafter, SchedulerConfig(len(prompts), max_seq_len, k),
-                                  verify_backend=self.verify_backend, timing=self.timing)
+                                  verify_backend=self.verify_backend, timing=self.timing,
+                                  isolate_drafter=self.isolate_drafter)
             if self.warm:
                 settings = sorted({(r.temperature, r.top_k, r.top_p) for r in requests})
                 scheduler.warm_up(settings, longest)
