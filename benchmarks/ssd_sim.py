@@ -6,7 +6,10 @@ every batch size it measured. Every number this script writes is a PREDICTION of
 verispec.distributed.simulator, not a measurement; the one check against reality is the table that puts the
 predicted SD speedup beside each cell ``e2e.md`` measured (single-GPU SD, the draft on the target's GPU).
 
-    python benchmarks/ssd_sim.py [--out benchmarks/results] [--calibration benchmarks/results/ssd_calibration.json]
+    python benchmarks/ssd_sim.py --out DIR [--write] [--calibration benchmarks/results/ssd_calibration.json]
+
+It writes ssd.md and its plots into --out; only --write also replaces the committed benchmarks/results/ssd.md
+(and plots), so a run never overwrites them by accident. With neither, it prints the tables and writes nothing.
 """
 from __future__ import annotations
 
@@ -209,12 +212,24 @@ def plot_breakdown(path: Path, setups: dict) -> dict:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    ap.add_argument("--out", default=None, help="folder for ssd.md and its plots (default: print only)")
+    ap.add_argument("--write", action="store_true", help="also replace the committed benchmarks/results/ssd.md + plots")
     ap.add_argument("--calibration", default=None,
                     help="JSON of benchmarks/ssd_calibrate.py: measured step times instead of the quoted ones")
     args = ap.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    committed = Path(__file__).resolve().parent / "results"
+    if args.out is not None and Path(args.out).resolve() == committed and not args.write:
+        ap.error(f"--out {args.out} is the committed results folder: add --write to replace its files")
+    outs = [Path(args.out)] if args.out else []
+    if args.write and committed not in [o.resolve() for o in outs]:
+        outs.append(committed)
+    if not outs:
+        import tempfile
+
+        out = Path(tempfile.mkdtemp(prefix="ssd_sim_"))     # the plots need a file; nothing is kept
+    else:
+        out = outs[0]
+        out.mkdir(parents=True, exist_ok=True)
     if args.calibration:
         targets, draft, raw = load_calibration(Path(args.calibration))
         if 1 not in targets:
@@ -263,8 +278,15 @@ def main(argv=None) -> None:
     lines += sd_check_table(targets, draft)
     lines += ["", "![throughput vs alpha and K](ssd_alpha_k.png)", "![hit-rate sweep](ssd_hit_rate.png)",
               "![fan-out sweep](ssd_fanout.png)", "![per-round breakdown](ssd_breakdown.png)", ""]
-    (out / "ssd.md").write_text("\n".join(lines))
     print("\n".join(lines))
+    if not outs:
+        return
+    (out / "ssd.md").write_text("\n".join(lines))
+    for other in outs[1:]:
+        other.mkdir(parents=True, exist_ok=True)
+        for name in ("ssd.md", "ssd_alpha_k.png", "ssd_hit_rate.png", "ssd_fanout.png", "ssd_breakdown.png"):
+            (other / name).write_bytes((out / name).read_bytes())
+    print(f"wrote ssd.md and its plots to {', '.join(str(o) for o in outs)}")
 
 
 HEADER = """# AR vs SD vs SSD: simulator predictions (NOT measurements)

@@ -74,18 +74,17 @@ def rank_main(rank: int, world_size: int, spec: LaunchSpec) -> dict:
     """Run this rank's part: the engine on a target rank, ``DraftServer.serve`` on the draft rank (the last)."""
     draft_rank, targets = world_size - 1, list(range(world_size - 1))
     group = dist.new_group(targets) if len(targets) > 1 else None      # every rank joins the call
-    device = _device(spec, rank)
     if rank == draft_rank:
         if spec.draft is None:
             model = _load(spec.target, spec, rank).truncated(spec.draft_layers)
         else:
             model = _load(spec.draft, spec, rank)
-        stats = DraftServer(model, targets, spec.ssd, device=device).serve()
+        stats = DraftServer(model, targets, spec.ssd).serve()
         return {"role": "draft", "stats": asdict(stats)}
     target = _load(spec.target, spec, rank)
     if group is not None:
         target = tensor_parallel_model(target, group)
-    drafter = SSDDrafter(draft_rank, spec.ssd, leader=rank == 0, device=device)
+    drafter = SSDDrafter(draft_rank, spec.ssd, leader=rank == 0)
     try:
         out = _timed(SpeculativeDecoder(target, drafter, k=spec.ssd.k, isolate_drafter=True), spec)
     finally:

@@ -1,8 +1,9 @@
 """Point-to-point messages between two ranks with a bounded wait on every receive.
 
 A message is a small picklable object (a dict of host lists and numbers): its bytes go as a uint8 tensor after
-an int64 length, both on the backend's device (gloo: CPU tensors, NCCL: CUDA tensors). Large tensors (the
-drafts' q rows) go as tensors of a size both sides know. ``send_object(..., wait=False)`` returns at once;
+an int64 length. Large tensors (the drafts' q rows) go as tensors of a size both sides know. All of them are CPU
+tensors, so they travel over gloo also when the ranks run on GPUs (``group.init_group`` joins NCCL runs as
+"cpu:gloo,cuda:nccl"): a gloo receive can be bounded, a CUDA one cannot (NCCL's wait only orders streams). ``send_object(..., wait=False)`` returns at once;
 the sends of a channel stay in order, and a channel waits for its earlier sends before it reuses them.
 
 Every receive waits at most ``timeout_s``: a peer that died (gloo reports the closed connection at once) or
@@ -21,11 +22,10 @@ from .group import DistributedError
 
 
 class Channel:
-    """Messages to and from one peer rank. ``device``: where the backend's tensors live ("cpu" for gloo, this
-    rank's CUDA device for NCCL)."""
+    """Messages to and from one peer rank (CPU tensors: see the module docstring)."""
 
-    def __init__(self, peer: int, device: torch.device | str, timeout_s: float):
-        self.peer, self.device = peer, torch.device(device)
+    def __init__(self, peer: int, timeout_s: float):
+        self.peer, self.device = peer, torch.device("cpu")
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self._pending: list = []              # (work, tensors kept alive until the send completes)
 

@@ -88,17 +88,16 @@ def likely_outcomes(drafts: list[int], top: list[list[int]], fanouts: tuple[int,
 
 class DraftServer:
     """The draft rank's loop: ``serve()`` answers the calls of the target ranks' ``SSDDrafter``s until the leader
-    closes the run; returns its ``SSDStats``. ``targets``: the target ranks (the first one is the leader);
-    ``device``: where the backend's tensors live (CPU for gloo, this rank's GPU for NCCL)."""
+    closes the run; returns its ``SSDStats``. ``targets``: the target ranks (the first one is the leader)."""
 
-    def __init__(self, draft_model: Model, targets: list[int], config: SSDConfig, *, device="cpu"):
+    def __init__(self, draft_model: Model, targets: list[int], config: SSDConfig):
         self.config, self.k, self.width = config, config.k, config.budget
         self.model = draft_model
         self.spot = ScoringDraftModel(draft_model)
         self.branches = ScoringDraftModel(Model(draft_model.net, draft_model.tokenizer,
                                                 num_layers=draft_model.num_active_layers,
                                                 use_graphs=draft_model.use_graphs))
-        self.channels = [Channel(r, device, config.recv_timeout_s) for r in targets]
+        self.channels = [Channel(r, config.recv_timeout_s) for r in targets]
         self.stats = SSDStats()
         self.seqs: list[_Seq] = []
         self.error: str | None = None        # a failure here: reported to the targets at the next propose

@@ -80,13 +80,13 @@ class SSDStats:
 class SSDDrafter(Drafter):
     """The drafter of a target rank: every call goes to the draft rank ``draft_rank`` (see the module
     docstring). ``leader``: this is target rank 0, which sends the calls (the other target ranks only receive
-    drafts). ``device``: where the backend's tensors live (CPU for gloo, this rank's GPU for NCCL).
+    drafts).
 
     Connects in ``attach`` (once): both sides check the vocabulary and the configuration."""
 
-    def __init__(self, draft_rank: int, config: SSDConfig, *, leader: bool, device="cpu"):
+    def __init__(self, draft_rank: int, config: SSDConfig, *, leader: bool):
         self.config, self.leader = config, leader
-        self.channel = Channel(draft_rank, device, config.recv_timeout_s)
+        self.channel = Channel(draft_rank, config.recv_timeout_s)
         self.stats = SSDStats()
         self.error: str | None = None       # why the draft rank is unusable (then every call raises at once)
         self.vocab_size: int | None = None
