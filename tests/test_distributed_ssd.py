@@ -85,9 +85,14 @@ def ssd_cases(rank: int, world_size: int, cases: list[dict]) -> list:
             except SystemExit:
                 return out                        # dies: the process group closes as this worker returns
             continue
+        drafter = SSDDrafter(draft_rank, cfg, leader=rank == 0)
+        if case.get("schedule"):
+            drafter.attach(target)
+            out.append((continuous_batching(target, drafter), drafter.stats))
+            drafter.close()
+            continue
         if case.get("eos") is not None:
             target.tokenizer.eos_token_ids = [case["eos"]]
-        drafter = SSDDrafter(draft_rank, cfg, leader=rank == 0)
         decoder = SpeculativeDecoder(target, drafter, k=cfg.k, isolate_drafter=True)
         gens = decoder.generate(case.get("prompts", PROMPTS), **generate_kwargs(case))
         drafter.close()
@@ -96,7 +101,29 @@ def ssd_cases(rank: int, world_size: int, cases: list[dict]) -> list:
     return out
 
 
+def continuous_batching(target, drafter) -> list:
+    """Requests join between rounds (a batch of at most 3 rows: the fourth waits for a free row) and one leaves
+    mid-stream (cancelled); greedy and sampled rows side by side -> each request's (tokens, finish reason)."""
+    from verispec.engine.request import Request
+    from verispec.engine.scheduler import Scheduler, SchedulerConfig
+
+    scheduler = Scheduler(target, drafter, SchedulerConfig(max_batch_size=3, max_seq_len=64, k=K))
+    requests = [Request(p, 14, temperature=t, top_p=0.9, seed=20 + i, id=i)
+                for i, (p, t) in enumerate(zip(PROMPTS, [0.0, 0.05, 0.0, 0.05]))]
+    seqs = [scheduler.submit(requests[0]), scheduler.submit(requests[1])]
+    scheduler.step()
+    scheduler.step()
+    seqs += [scheduler.submit(requests[2]), scheduler.submit(requests[3])]
+    scheduler.step()
+    scheduler.cancel(1)
+    scheduler.run()
+    return [(s.generated, s.finish_reason) for s in seqs]
+
+
 def engine_sd(case: dict, drafter: bool = True):
+    if case.get("schedule"):
+        target, draft = models()
+        return continuous_batching(target, DraftModel(draft))
     target, draft = models()
     if case.get("eos") is not None:
         target.tokenizer.eos_token_ids = [case["eos"]]
@@ -112,7 +139,7 @@ NO_CACHE = replace(CACHE, budget=0)
 SAMPLED = dict(temperature=0.05, top_p=0.9, seed=11)
 
 
-def test_ssd_equals_engine_sd_greedy_sampled_cache_on_off_forced_misses_eos_stop_and_a_dying_draft_rank():
+def test_ssd_equals_engine_sd_greedy_sampled_cache_on_off_forced_misses_eos_stop_joins_leaves_and_a_dying_draft_rank():
     plain = engine_sd({}, drafter=False)
     text = models()[0].tokenizer.decode(plain[0][0])
     eos = plain[0][1][4]                                     # sequences end early (at different rounds)
@@ -120,9 +147,13 @@ def test_ssd_equals_engine_sd_greedy_sampled_cache_on_off_forced_misses_eos_stop
     cases = [dict(config=CACHE), dict(config=NO_CACHE), dict(config=CACHE, **SAMPLED),
              dict(config=NO_CACHE, **SAMPLED), dict(config=CACHE, server="forced_misses", **SAMPLED),
              dict(config=CACHE, eos=eos), dict(config=CACHE, stop=[stop], max_new_tokens=30),
+             dict(config=CACHE, schedule=True),
              dict(config=replace(CACHE, recv_timeout_s=5), server="dies", max_new_tokens=40)]
     results, draft_hits = run_local(ssd_cases, 2, cases, timeout_s=150, collective_timeout_s=30)
     assert len(draft_hits) == len(cases) - 1                 # every server but the dying one closed cleanly
+    scheduled, stats = results.pop(7)
+    assert scheduled == engine_sd(cases.pop(7))                   # requests joining and leaving between rounds
+    assert scheduled[1][1] == "cancelled" and stats.hits > 0 and stats.misses > 0
     for case, (tokens, finish, stats, error) in zip(cases[:-1], results):
         sd = engine_sd(case)
         assert (tokens, finish) == sd, case

@@ -39,7 +39,11 @@ class Channel:
 
     def _send(self, tensors: list[Tensor], wait: bool) -> None:
         for t in tensors:
-            self._pending.append((dist.isend(t, dst=self.peer), t))
+            try:
+                self._pending.append((dist.isend(t, dst=self.peer), t))
+            except RuntimeError as e:           # gloo raises at once when the peer's connection is closed
+                raise DistributedError(f"sending to rank {self.peer}: the peer failed or closed the connection "
+                                       f"({e})") from e
         if wait:
             self.flush()
 
@@ -59,7 +63,11 @@ class Channel:
         return self._recv(torch.empty(shape, dtype=dtype, device=self.device), what, self.timeout)
 
     def _recv(self, buffer: Tensor, what: str, timeout: datetime.timedelta) -> Tensor:
-        wait(dist.irecv(buffer, src=self.peer), timeout, what)
+        try:
+            work = dist.irecv(buffer, src=self.peer)
+        except RuntimeError as e:
+            raise DistributedError(f"{what}: the peer failed or closed the connection ({e})") from e
+        wait(work, timeout, what)
         return buffer
 
 

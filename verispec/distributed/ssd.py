@@ -110,9 +110,13 @@ class SSDDrafter(Drafter):
             raise DistributedError(answer["error"])
 
     def close(self) -> None:
-        """Tell the draft rank that this run is over (leader only; its ``serve`` returns its stats)."""
-        if self.leader and not self.closed and self.error is None:
-            self._call(lambda: self.channel.send_object({"op": "close"}))
+        """Tell the draft rank that this run is over (leader only; its ``serve`` returns its stats). Also after a
+        fault: a draft rank that failed but lives still waits for it; one that died makes the send fail (bounded)."""
+        if self.leader and not self.closed:
+            try:
+                self.channel.send_object({"op": "close"})
+            except DistributedError as e:
+                self.error = self.error or str(e)
         self.closed = True
 
     def _call(self, fn, *args):
