@@ -103,11 +103,15 @@ def ssd_cases(rank: int, world_size: int, cases: list[dict]) -> list:
 
 def continuous_batching(target, drafter) -> list:
     """Requests join between rounds (a batch of at most 3 rows: the fourth waits for a free row) and one leaves
-    mid-stream (cancelled); greedy and sampled rows side by side -> each request's (tokens, finish reason)."""
+    mid-stream (cancelled); greedy and sampled rows side by side, each with its own k (3, 1, 0, 2 drafts per round:
+    ragged rounds, a row without drafts) -> each request's (tokens, finish reason)."""
     from verispec.engine.request import Request
     from verispec.engine.scheduler import Scheduler, SchedulerConfig
 
-    scheduler = Scheduler(target, drafter, SchedulerConfig(max_batch_size=3, max_seq_len=64, k=K))
+    def own_k(running, k):
+        return [min(k, (3, 1, 0, 2)[seq.request.id]) for seq in running]
+
+    scheduler = Scheduler(target, drafter, SchedulerConfig(max_batch_size=3, max_seq_len=64, k=K), k_policy=own_k)
     requests = [Request(p, 14, temperature=t, top_p=0.9, seed=20 + i, id=i)
                 for i, (p, t) in enumerate(zip(PROMPTS, [0.0, 0.05, 0.0, 0.05]))]
     seqs = [scheduler.submit(requests[0]), scheduler.submit(requests[1])]

@@ -200,7 +200,10 @@ class DraftServer:
                 channel.send_tensor(q, wait=False)
         if self.width:
             t0 = time.perf_counter()
-            self._prespeculate()
+            try:
+                self._prespeculate()
+            except Exception:  # noqa: BLE001 - reported to the targets with the next drafts
+                self.error = f"pre-speculation: {traceback.format_exc(limit=3)}"
             self.stats.prespec_s += time.perf_counter() - t0
         for channel in self.channels:
             channel.flush()
@@ -262,6 +265,7 @@ class DraftServer:
 
     def _fanout(self, k: int) -> tuple[int, ...]:
         if k not in self._fanouts:
-            c = self.config
-            self._fanouts[k] = fanout_for_budget((c.alpha_hint,) * k, c.budget, c.fanout_policy)
+            c = self.config       # a row that drafted nothing has one outcome position: its next token
+            self._fanouts[k] = (fanout_for_budget((c.alpha_hint,) * k, c.budget, c.fanout_policy) if k
+                                else (c.budget,))
         return self._fanouts[k]
