@@ -307,3 +307,50 @@ def test_the_launch_refuses_bad_arguments_before_loading(tmp_path, monkeypatch, 
     if not torch.cuda.is_available():
         assert main(["--target", model, "--draft-layers", "1", "--prompt-ids", "1", "--backend", "nccl"]) == 2
         assert "nccl" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------------- verispec serve --ssd
+def serve_ssd_child(results):
+    """In a fresh process (it joins a process group): ``verispec serve --ssd``'s launch of the draft rank, then the
+    server's scheduler path (generate) against the engine with DraftModel."""
+    import argparse
+
+    from verispec.launch import ssd_drafter
+
+    target = load_model(TARGET, device="cpu", dtype=torch.float32)       # seed 0: the draft rank loads the same
+    args = argparse.Namespace(k=K, ssd_budget=3, draft=None, draft_self=1, model=TARGET, dtype="float32")
+    drafter = ssd_drafter(args, target)
+    decoder = SpeculativeDecoder(target, drafter, k=K, isolate_drafter=True)
+    ssd = [g.tokens for g in decoder.generate(PROMPTS, max_new_tokens=12, **dict(temperature=0.05, seed=3))]
+    drafter.close()
+    sd = SpeculativeDecoder(target, DraftModel(target.truncated(1)), k=K).generate(
+        PROMPTS, max_new_tokens=12, temperature=0.05, seed=3)
+    results.put((ssd, [g.tokens for g in sd], drafter.stats.hits, drafter.error))
+
+
+def test_serve_ssd_starts_a_draft_rank_that_drafts_like_the_engine():
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    child = ctx.Process(target=serve_ssd_child, args=(results,))
+    child.start()
+    try:
+        ssd, sd, hits, error = results.get(timeout=90)
+    finally:
+        child.join(timeout=10)
+        if child.is_alive():
+            child.kill()
+    assert ssd == sd and hits > 0 and error is None
+
+
+def test_serve_ssd_refuses_bad_settings_before_loading(capsys):
+    from verispec.cli import main
+
+    for argv, message in [(["serve", "--ssd", "--draft-lookup", "-k", "3"], "--ssd needs a draft model"),
+                          (["serve", "--ssd", "--draft-self", "4"], "--ssd needs -k N"),
+                          (["serve", "--ssd", "--draft-self", "4", "-k", "3", "--ssd-budget", "-1"],
+                           "--ssd-budget must be >= 0")]:
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2 and message in capsys.readouterr().err

@@ -624,6 +624,10 @@ def _main(argv) -> int:
     if args.command == "serve":
         from .serve.cli import main as serve_main
 
+        if getattr(args, "ssd", False):
+            from .launch import ssd_drafter
+
+            return serve_main(args, ssd_drafter)
         return serve_main(args)
     if hasattr(args, "run_command"):
         return args.run_command(args)

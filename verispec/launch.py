@@ -240,6 +240,59 @@ def main(argv=None) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------ verispec serve --ssd
+@dataclass(frozen=True)
+class DraftRankSpec:
+    """What the draft rank of ``verispec serve --ssd`` loads and serves (picklable)."""
+
+    source: object                  # the draft model's source, or the target's when ``layers`` is set
+    layers: int | None              # draft with the first ``layers`` layers of ``source``
+    device: str
+    dtype: str | None
+    ssd: SSDConfig
+
+
+IDLE_FOREVER_S = 10 ** 7            # a server's draft rank waits for the next request however long it takes
+
+
+def serve_draft_rank(init_method: str, spec: DraftRankSpec) -> None:
+    """The draft rank process of ``verispec serve --ssd`` (rank 1 of 2): serves until the server closes or dies."""
+    from .device import parse_dtype
+    from .runtime import load_model
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    init_group(1, 2, "gloo", init_method, spec.ssd.recv_timeout_s)
+    dtype = parse_dtype(spec.dtype) if spec.dtype else None
+    model = load_model(spec.source, device=spec.device, dtype=dtype)
+    if spec.layers is not None:
+        model = model.truncated(spec.layers)
+    try:
+        DraftServer(model, [0], spec.ssd).serve(idle_timeout_s=IDLE_FOREVER_S)
+    except DistributedError as e:
+        print(f"[verispec serve --ssd] draft rank: {e}", file=sys.stderr, flush=True)
+
+
+def ssd_drafter(args, target) -> SSDDrafter:
+    """``verispec serve --ssd``: spawn the draft rank (its own process; the next GPU when there is one, else the
+    target's device), join it as rank 0 and return the target's drafter. The process exits with the server."""
+    import torch.multiprocessing as mp
+
+    from .distributed.group import free_port
+
+    device = target.device
+    if device.type == "cuda" and torch.cuda.device_count() > 1:
+        device = torch.device("cuda", (device.index or 0) + 1 if (device.index or 0) + 1 < torch.cuda.device_count()
+                              else 0)
+    config = SSDConfig(k=args.k, budget=args.ssd_budget, recv_timeout_s=120.0)
+    source = args.draft if args.draft_self is None else args.model
+    spec = DraftRankSpec(source, args.draft_self, str(device), args.dtype, config)
+    init_method = f"tcp://127.0.0.1:{free_port()}"
+    process = mp.get_context("spawn").Process(target=serve_draft_rank, args=(init_method, spec), daemon=True)
+    process.start()
+    init_group(0, 2, "gloo", init_method, config.recv_timeout_s)
+    return SSDDrafter(1, config, leader=True)
+
+
 def run_spec(spec: LaunchSpec, *, timeout_s: float = 120.0) -> list[dict]:
     """Every rank's result of ``spec`` run in spawned local processes (tests, scripts)."""
     return run_local(rank_main, spec.tp + 1, spec, backend=spec.backend, timeout_s=timeout_s,
