@@ -5,6 +5,7 @@
     verispec generate - < prompt.txt                (the prompt from stdin)
     verispec verify-demo [--batch-size B --num-draft K --vocab-size V --acceptance-rate A]
     verispec serve [--model M] [--draft-lookup | --draft D | --draft-self L] [-k N|auto] [--port P] ...
+    verispec serve --ssd (--draft D | --draft-self L) -k N ...   (the draft in a second process: verispec/launch.py)
     verispec quantize --model M --type Q4_K_M|Q4_0|Q8_0 --out model.gguf   (an HF dir or a shape name -> GGUF)
 """
 from __future__ import annotations
