@@ -343,3 +343,13 @@ def test_serve_ssd_refuses_bad_settings_before_loading(capsys):
         with pytest.raises(SystemExit) as e:
             main(argv)
         assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_outcome_stats_measure_acceptance_per_position():
+    from verispec.distributed.draft_rank import OutcomeStats
+
+    stats = OutcomeStats(3, prior=0.5)
+    stats.tested, stats.accepted = [0.0] * 3, [0.0] * 3                 # no prior: the docstring's example
+    stats.add([3, 3, 2], [1, 3, 0], [[5, 6], [1, 2, 3, 4], []])          # the third row failed: no outcome
+    assert stats.tested == [2, 2, 1] and stats.accepted == [2, 1, 1]
+    assert stats.alphas() == (1.0, 0.5, 1.0)

@@ -38,7 +38,7 @@ from .engine.decoder import SpeculativeDecoder
 class LaunchSpec:
     """What every rank runs (picklable: it travels to spawned processes)."""
 
-    target: object                  # HF dir, .gguf, shape name or ModelConfig (random weights)
+    target: object                  # HF dir, .gguf, shape name or ModelConfig (random weights); None: embedded
     draft: object | None            # the draft model's source; None: the target's first ``draft_layers`` layers
     draft_layers: int | None
     tp: int                         # target ranks
@@ -139,7 +139,8 @@ def report(result: dict, spec: LaunchSpec) -> list[str]:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m verispec.distributed", description=__doc__.split("\n")[0])
     p.add_argument("prompts", nargs="*", help="text prompts (the target needs a tokenizer); a batch if several")
-    p.add_argument("--target", required=True, help="HF dir, .gguf, or a shape name (random weights)")
+    p.add_argument("--target", default=None, help="HF dir, .gguf, or a shape name (random weights); None = the "
+                   "embedded SmolLM2-135M-Instruct")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--draft", help="the draft model: HF dir, .gguf, or a shape name (random weights)")
     source.add_argument("--draft-layers", type=int, help="draft with the target's first N layers (self-speculation)")
@@ -198,7 +199,7 @@ def check_spec(args: argparse.Namespace) -> LaunchSpec:
         raise ValueError(f"--draft-layers {args.draft_layers}: need 1 <= N < the target's {target_cfg.num_layers} "
                          f"layers")
     if args.prompts and load_tokenizer(args.target) is None:
-        raise ValueError(f"{args.target} has no tokenizer: give the prompts as --prompt-ids")
+        raise ValueError(f"{args.target} has no tokenizer: give the prompts as --prompt-ids")  # (a loader may say so)
     prompts = tuple(args.prompts) if args.prompts else tuple(parse_prompt_ids(args.prompt_ids))
     ssd = SSDConfig(k=args.k, budget=args.budget, fanout_policy=args.fanout_policy,
                     recv_timeout_s=args.recv_timeout_s)

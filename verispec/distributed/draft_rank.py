@@ -13,8 +13,8 @@ One round, for sequence b with committed history h (its certain token last) and 
                    s += k_b; the drafts' q rows go along when some row samples
     pre-speculate  outcomes (j accepted, token t) for j <= k_b: at j < k_b the draft's top tokens other than
                    d_{j+1} (a recovered token is never the rejected draft), at j = k_b its top tokens after d_k
-                   (the bonus); ``simulator.fanout_for_budget`` splits the F branches over the positions. Branch
-                   (j, t) drafts from (h + d_1..d_j + t, s).
+                   (the bonus); ``simulator.fanout_for_budget`` splits the F branches over the positions for the
+                   acceptance measured so far (``OutcomeStats``). Branch (j, t) drafts from (h + d_1..d_j + t, s).
     commit         h += emitted; the branch whose (j, t) is the outcome holds the next round's drafts (a hit)
 
 Every draft call drafts K + 1 tokens: the first K are the drafts (a row asking for fewer takes a prefix, as
@@ -101,7 +101,8 @@ class DraftServer:
         self.stats = SSDStats()
         self.seqs: list[_Seq] = []
         self.error: str | None = None        # a failure here: reported to the targets at the next propose
-        self._fanouts: dict[int, tuple[int, ...]] = {}
+        self.outcomes = OutcomeStats(config.k, config.alpha_hint)
+        self._fanouts: dict[int, tuple[int, ...]] = {}     # k -> fan-out, for this round's acceptance estimates
 
     @property
     def leader(self) -> Channel:
@@ -178,6 +179,8 @@ class DraftServer:
             self.branches.keep([i * self.width + f for i in order for f in range(self.width)])
 
     def _commit(self, num_accepted, emitted) -> None:
+        self.outcomes.add([len(seq.drafts) for seq in self.seqs], num_accepted, emitted)
+        self._fanouts = {}
         for seq, a, chunk in zip(self.seqs, num_accepted, emitted, strict=True):
             seq.history += chunk
             # a failed row (no tokens) or an outcome not pre-speculated: drafted on the spot at the next propose
@@ -264,8 +267,33 @@ class DraftServer:
                 self.seqs[r // F].branches[key] = (drafts[r], scores[r])
 
     def _fanout(self, k: int) -> tuple[int, ...]:
+        """F split over the k + 1 outcome positions by the policy, for the acceptance measured so far."""
         if k not in self._fanouts:
             c = self.config       # a row that drafted nothing has one outcome position: its next token
-            self._fanouts[k] = (fanout_for_budget((c.alpha_hint,) * k, c.budget, c.fanout_policy) if k
+            self._fanouts[k] = (fanout_for_budget(self.outcomes.alphas()[:k], c.budget, c.fanout_policy) if k
                                 else (c.budget,))
         return self._fanouts[k]
+
+
+class OutcomeStats:
+    """Live acceptance per draft position, from every committed outcome: alpha_i = P(draft i accepted | drafts
+    before it accepted), starting from ``prior`` (``SSDConfig.alpha_hint``) worth ``PRIOR_ROUNDS`` tests. It steers
+    only which outcomes are pre-speculated (the hit rate), never a token.
+    e.g. drafts [3, 3], accepted [1, 3]: position 0 tested 2, accepted 2; 1: tested 2, accepted 1; 2: tested 1, 1."""
+
+    PRIOR_ROUNDS = 8
+
+    def __init__(self, k: int, prior: float):
+        self.tested = [float(self.PRIOR_ROUNDS)] * k
+        self.accepted = [self.PRIOR_ROUNDS * prior] * k
+
+    def add(self, num_draft: list[int], num_accepted: list[int], emitted: list[list[int]]) -> None:
+        for n, a, chunk in zip(num_draft, num_accepted, emitted):
+            if not chunk:                    # a failed row: no outcome
+                continue
+            for i in range(min(a + 1, n)):   # draft i was tested when every draft before it was accepted
+                self.tested[i] += 1
+                self.accepted[i] += i < a
+
+    def alphas(self) -> tuple[float, ...]:
+        return tuple(acc / tested for acc, tested in zip(self.accepted, self.tested))

@@ -45,7 +45,7 @@ class SSDConfig:
     k: int = 4                      # drafts per round at most (the engine's k)
     budget: int = 4                 # pre-speculated branches per sequence and round (0: no cache, plain SD)
     fanout_policy: str = "profile"  # how the budget is split over the K+1 outcome positions (simulator)
-    alpha_hint: float = 0.7         # acceptance rate the "profile" / "geometric" policies assume
+    alpha_hint: float = 0.7         # the acceptance rate assumed before any outcome is seen (then: measured)
     recv_timeout_s: float = 60.0    # the longest wait for drafts, or for the draft rank's next message in a run
 
     def __post_init__(self):
