@@ -8,7 +8,8 @@
 Each time is the median of ``--iters`` CUDA-event timings of the public call (graph replay + logits) after
 the call that captures its graph, the context ``--prompt-len`` tokens deep (``benchmarks/common.time_calls``).
 
-  python benchmarks/ssd_calibrate.py            # GPU: -> results/ssd_calibration.md + ssd_calibration.json
+  python benchmarks/ssd_calibrate.py --out DIR [--write]   # GPU: -> DIR/ssd_calibration.md + .json
+                                                          #   (--write: also the committed results/ files)
   python benchmarks/ssd_calibrate.py --quick --out /tmp/cal   # CPU: tiny random models, checks the script
 
 The JSON is what ``benchmarks/ssd_sim.py --calibration PATH`` loads (``load_calibration`` there).
@@ -149,8 +150,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--draft", default="llama-3.2-1b")
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--iters", type=int, default=15)
-    p.add_argument("--out", default=None, help="results folder (default benchmarks/results on a GPU, none with "
-                                               "--quick)")
+    p.add_argument("--out", default=None, help="folder for ssd_calibration.md + .json (default: write nothing)")
+    p.add_argument("--write", action="store_true",
+                   help="also replace the committed benchmarks/results/ssd_calibration.md + .json (not with --quick)")
     args = p.parse_args(argv)
     args.batches, args.ks, args.fanouts, args.tp_batches = BATCHES, KS, FANOUTS, TP_BATCHES
     if args.quick:
@@ -159,8 +161,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.target, args.draft = "tiny random target (--quick)", "tiny random draft (--quick)"
     elif not torch.cuda.is_available():
         p.error("the full calibration needs a CUDA GPU; use --quick on the CPU")
-    if args.out is None and not args.quick:
-        args.out = str(Path(__file__).parent / "results")
+    committed = Path(__file__).resolve().parent / "results"
+    if args.write and args.quick:
+        p.error("--write keeps a GPU calibration; --quick measures tiny CPU models")
+    if args.out is not None and Path(args.out).resolve() == committed and not args.write:
+        p.error(f"--out {args.out} is the committed results folder: add --write to replace its files")
+    args.outs = [Path(args.out)] if args.out else []
+    if args.write and committed not in [o.resolve() for o in args.outs]:
+        args.outs.append(committed)
     return args
 
 
@@ -175,7 +183,7 @@ def main(argv=None) -> dict:
         target, draft = load_model(args.target), load_model(args.draft)
     log(f"loaded {target} and {draft} in {time.perf_counter() - t0:.1f} s")
     res = {"env": environment(), "command": "python " + " ".join([sys.argv[0], *(argv or sys.argv[1:])]),
-           "args": {k: v for k, v in vars(args).items() if k != "out"}, "dtype": str(target.dtype),
+           "args": {k: v for k, v in vars(args).items() if k not in ("out", "outs")}, "dtype": str(target.dtype),
            "graphs": target.use_graphs, "json_name": "ssd_calibration.json"}
     res["target"] = measure_target(target, args, log)
     res["tp1"] = measure_tp1(target, args, log)
@@ -185,8 +193,7 @@ def main(argv=None) -> dict:
     res["draft"] = measure_draft(draft, args, log)
     res["seconds"] = time.perf_counter() - t0
     log(f"total {res['seconds']:.1f} s")
-    if args.out:
-        out = Path(args.out)
+    for out in args.outs:
         out.mkdir(parents=True, exist_ok=True)
         (out / "ssd_calibration.json").write_text(json.dumps(res, indent=1))
         write_markdown(out / "ssd_calibration.md", res)

@@ -6,7 +6,11 @@ every batch size it measured. Every number this script writes is a PREDICTION of
 verispec.distributed.simulator, not a measurement; the one check against reality is the table that puts the
 predicted SD speedup beside each cell ``e2e.md`` measured (single-GPU SD, the draft on the target's GPU).
 
-    python benchmarks/ssd_sim.py [--out benchmarks/results] [--calibration benchmarks/results/ssd_calibration.json]
+    python benchmarks/ssd_sim.py --out DIR [--write] [--calibration benchmarks/results/ssd_calibration.json]
+                                 [--measured benchmarks/results/ssd_gpu_check.json]
+
+It writes ssd.md and its plots into --out; only --write also replaces the committed benchmarks/results/ssd.md
+(and plots), so a run never overwrites them by accident. With neither, it prints the tables and writes nothing.
 """
 from __future__ import annotations
 
@@ -207,14 +211,51 @@ def plot_breakdown(path: Path, setups: dict) -> dict:
     return out
 
 
+def measured_table(raw: dict, targets: dict[int, PassTime], draft: PassTime, path: str) -> list[str]:
+    """Predicted vs measured for every cell ``ssd_gpu_check.py`` measured: the target pass of [B, K + 1] and the
+    draft rank's pre-speculation of B * F rows, against what the simulator charges (``simulator.ssd_round``: K
+    draft steps of B * F rows) with this run's step times."""
+    k = 4   # ssd_gpu_check.K
+    lines = ["", f"## Predicted vs measured: the draft rank's pre-speculation ({path})", "",
+             f"Measured on {raw['env'].get('device', '?')} ({raw['env'].get('date', '?')}), one process, random weights "
+             f"(target {raw['args']['target']}, draft {raw['args']['draft']}), K = {k}. The simulator charges K draft "
+             "steps of B * F rows for pre-speculation; the draft rank also runs a catch-up pass, a (K + 1)-th pass that "
+             "ranks the bonus outcomes and host work: where `measured / predicted` is above 1 the simulator is "
+             "optimistic about SSD by that much.", "",
+             "| B | F | target pass measured ms | predicted ms | pre-speculation measured ms | predicted ms | "
+             "measured / predicted |", "|---|---|---|---|---|---|---|"]
+    for r in raw["per_round"]:
+        B, F = r["B"], r["F"]
+        target = targets.get(B)
+        t_pred = "–" if target is None else f"{target(B * (k + 1)) / MS:.2f}"
+        p_pred = k * draft(B * F)
+        lines.append(f"| {B} | {F} | {r['target_ms']:.2f} | {t_pred} | {r['prespec_ms']:.2f} | {p_pred / MS:.2f} | "
+                     f"{r['prespec_ms'] / (p_pred / MS):.2f}x |")
+    return lines
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    ap.add_argument("--out", default=None, help="folder for ssd.md and its plots (default: print only)")
+    ap.add_argument("--write", action="store_true", help="also replace the committed benchmarks/results/ssd.md + plots")
+    ap.add_argument("--measured", default=None, help="JSON of benchmarks/ssd_gpu_check.py: the draft rank's measured "
+                    "pre-speculation and target pass beside what the simulator charges for them")
     ap.add_argument("--calibration", default=None,
                     help="JSON of benchmarks/ssd_calibrate.py: measured step times instead of the quoted ones")
     args = ap.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    committed = Path(__file__).resolve().parent / "results"
+    if args.out is not None and Path(args.out).resolve() == committed and not args.write:
+        ap.error(f"--out {args.out} is the committed results folder: add --write to replace its files")
+    outs = [Path(args.out)] if args.out else []
+    if args.write and committed not in [o.resolve() for o in outs]:
+        outs.append(committed)
+    if not outs:
+        import tempfile
+
+        out = Path(tempfile.mkdtemp(prefix="ssd_sim_"))     # the plots need a file; nothing is kept
+    else:
+        out = outs[0]
+        out.mkdir(parents=True, exist_ok=True)
     if args.calibration:
         targets, draft, raw = load_calibration(Path(args.calibration))
         if 1 not in targets:
@@ -261,10 +302,19 @@ def main(argv=None) -> None:
               "acceptance model at the cell's nominal α; `predicted (measured tok/round)` uses the tokens per round "
               "the run actually got, so it tests the timing model alone.", ""]
     lines += sd_check_table(targets, draft)
+    if args.measured:
+        lines += measured_table(json.loads(Path(args.measured).read_text()), targets, draft, args.measured)
     lines += ["", "![throughput vs alpha and K](ssd_alpha_k.png)", "![hit-rate sweep](ssd_hit_rate.png)",
               "![fan-out sweep](ssd_fanout.png)", "![per-round breakdown](ssd_breakdown.png)", ""]
-    (out / "ssd.md").write_text("\n".join(lines))
     print("\n".join(lines))
+    if not outs:
+        return
+    (out / "ssd.md").write_text("\n".join(lines))
+    for other in outs[1:]:
+        other.mkdir(parents=True, exist_ok=True)
+        for name in ("ssd.md", "ssd_alpha_k.png", "ssd_hit_rate.png", "ssd_fanout.png", "ssd_breakdown.png"):
+            (other / name).write_bytes((out / name).read_bytes())
+    print(f"wrote ssd.md and its plots to {', '.join(str(o) for o in outs)}")
 
 
 HEADER = """# AR vs SD vs SSD: simulator predictions (NOT measurements)

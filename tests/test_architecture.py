@@ -13,8 +13,9 @@ The rules (this table is the single source: the test parses it):
     distributed device jit analysis verify runtime drafters distributed
     serve       device jit analysis verify runtime drafters engine serve
     bench       device jit analysis verify runtime drafters engine distributed bench
+    launch      device jit analysis verify runtime drafters engine distributed launch
     verispec    device jit analysis verify runtime drafters engine verispec
-    cli         device jit analysis verify runtime drafters engine distributed serve bench verispec cli
+    cli         device jit analysis verify runtime drafters engine distributed serve bench launch verispec cli
 
 A layer is a top-level module or subpackage of verispec (``verispec/verify/triton/greedy.py`` is in
 ``verify``); ``verispec`` is the package's ``__init__.py`` (its re-exports), so ``from verispec import
@@ -22,7 +23,9 @@ generate`` inside the package counts as importing the whole public API. Reading 
 and jit.py are the bottom and import nothing of verispec; verification depends only on them; the
 runtime never imports verification, drafters or the engine; drafters may use the runtime, never the
 engine; the engine sits on verify, runtime and drafters; tensor parallelism and SSD (``distributed``)
-run their own round loop beside the engine, never through it; the server (``serve``) is a skin over the
+provide models and a drafter and never import the engine, which drives them; ``launch`` (the SSD launch: the
+engine on the target ranks, the draft server on the draft rank) sits on both, and ``distributed/__main__.py``,
+the command's entry point ``python -m verispec.distributed``, belongs to it (``ENTRY_POINTS``); the server (``serve``) is a skin over the
 engine; bench (the ``verispec bench`` studies) measures the engine and uses the simulator; only cli.py sits
 on top. Nothing in verispec/ imports the repository's ``dev`` or ``benchmarks`` packages at all.
 
@@ -37,6 +40,8 @@ from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / "verispec"
 OUTSIDE_THE_PACKAGE = ("dev", "benchmarks")   # importable from the repository root, never from verispec/
+# modules that are a layer's command entry point though they sit in another layer's folder
+ENTRY_POINTS = {("verispec", "distributed", "__main__"): "launch"}
 
 
 def _rules() -> dict[str, set[str]]:
@@ -60,6 +65,8 @@ def _module_name(path: Path, package_dir: Path) -> list[str]:
 
 def _layer(module: list[str], package_dir: Path) -> str:
     """The layer of a module inside the package: its top-level module or subpackage, else the package root."""
+    if tuple(module) in ENTRY_POINTS:
+        return ENTRY_POINTS[tuple(module)]
     if len(module) < 2:
         return module[0]
     name = module[1]

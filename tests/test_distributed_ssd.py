@@ -1,167 +1,355 @@
-"""SSD on gloo: a target rank (or two, tensor-parallel) and a draft rank, tiny random models."""
+"""SSD on gloo: the engine on the target rank(s) with an ``SSDDrafter``, the draft rank's ``DraftServer``; tiny
+random models. SSD's output must equal the engine's SD output with ``DraftModel`` (same draft, same seeds) token
+for token, greedy and sampled, whatever the hit rate. Each spawned run serves several cases in turn (a spawn
+costs seconds)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
 import torch
 
+from verispec.distributed.draft_rank import DraftServer, ScoringDraftModel, likely_outcomes
 from verispec.distributed.group import DistributedError, run_local
-from verispec.distributed.ssd import (DraftState, SSDConfig, draft_workers, greedy_generate, run_ssd,
-                                      sd_generate)
+from verispec.distributed.ssd import SSDConfig, SSDDrafter
+from verispec.drafters import DraftModel
+from verispec.drafters.base import Sampling, SamplingParams
+from verispec.engine.decoder import SpeculativeDecoder
 from verispec.runtime import ModelConfig, load_model
 
-from stats import chi2_pvalue
-
-TARGET = dict(vocab_size=64, num_layers=2, hidden_size=32, num_heads=4, num_kv_heads=2, head_dim=8,
-              intermediate_size=48, max_position_embeddings=256)
-PROMPT = [3, 14, 15, 9, 26, 5]
-
-
-def models(draft_vocab=64):
-    target = load_model(ModelConfig(**TARGET), device="cpu", dtype=torch.float32, seed=1)
-    # the draft: the target's first layer (self-speculative: agrees often, not always -> hits and misses)
-    if draft_vocab == TARGET["vocab_size"]:
-        return target, target.truncated(1)
-    return target, load_model(ModelConfig(**{**TARGET, "vocab_size": draft_vocab}), device="cpu",
-                              dtype=torch.float32, seed=2)
+TARGET = ModelConfig(vocab_size=64, num_layers=2, hidden_size=32, num_heads=4, num_kv_heads=2, head_dim=8,
+                     intermediate_size=48, max_position_embeddings=256)
+PROMPTS = [[3, 14, 15, 9, 26, 5], [2, 7], [31, 41, 59, 26], [1]]       # ragged batch
+K = 3
 
 
-def ssd_worker(rank, world_size, configs, draft_vocab=64, prompts=(PROMPT,)):
-    target, draft = models(draft_vocab)
+def models():
+    """The target (random, with a character tokenizer: EOS and stop strings act on its text) and its draft: the
+    target's first layer (agrees often, not always: hits and misses)."""
+    from fakes import FakeTokenizer
+
+    target = load_model(TARGET, device="cpu", dtype=torch.float32, seed=1)
+    target.tokenizer = FakeTokenizer(TARGET.vocab_size)
+    return target, target.truncated(1)
+
+
+class ForcedMisses(DraftServer):
+    """Throws away every other pre-speculated hit: the rows that missed are drafted on the spot beside the rows
+    that hit."""
+
+    def _commit(self, num_accepted, emitted):
+        super()._commit(num_accepted, emitted)
+        for b, seq in enumerate(self.seqs):
+            if (b + self.stats.rounds) % 2:
+                seq.ready = None
+
+
+class Dies(DraftServer):
+    """Stops answering at its fourth round: the worker returns and its process group closes."""
+
+    def _propose(self, max_num_draft):
+        if self.stats.rounds == 3:
+            raise SystemExit("the draft rank dies")
+        return super()._propose(max_num_draft)
+
+
+SERVERS = {"ok": DraftServer, "forced_misses": ForcedMisses, "dies": Dies}
+
+
+def generate_kwargs(case: dict) -> dict:
+    return dict(max_new_tokens=case.get("max_new_tokens", 20), temperature=case.get("temperature", 0.0),
+                top_p=case.get("top_p"), seed=case.get("seed", 5), stop=case.get("stop"))
+
+
+def ssd_cases(rank: int, world_size: int, cases: list[dict]) -> list:
+    """Run each case on this rank: the engine with an SSDDrafter on rank 0, the case's DraftServer on rank 1 (the
+    tensor-parallel target runs in the torchrun launch test)."""
+    draft_rank, targets = world_size - 1, list(range(world_size - 1))
+    target, draft = models()
     out = []
-    for cfg in configs:
-        tokens, stats = run_ssd(target, draft, list(prompts), cfg)
-        out.append((None if tokens is None else (tokens[0] if len(prompts) == 1 else tokens),
-                    stats.hits, stats.misses, stats.rounds))
+    for case in cases:
+        cfg = case["config"]
+        if rank == draft_rank:
+            try:
+                out.append(SERVERS[case.get("server", "ok")](draft, targets, cfg).serve().hits)
+            except SystemExit:
+                return out                        # dies: the process group closes as this worker returns
+            continue
+        drafter = SSDDrafter(draft_rank, cfg, leader=rank == 0)
+        if case.get("schedule"):
+            drafter.attach(target)
+            out.append((continuous_batching(target, drafter), drafter.stats))
+            drafter.close()
+            continue
+        if case.get("eos") is not None:
+            target.tokenizer.eos_token_ids = [case["eos"]]
+        decoder = SpeculativeDecoder(target, drafter, k=cfg.k, isolate_drafter=True)
+        gens = decoder.generate(case.get("prompts", PROMPTS), **generate_kwargs(case))
+        drafter.close()
+        target.tokenizer.eos_token_ids = [TARGET.vocab_size - 1]
+        out.append(([g.tokens for g in gens], [g.finish_reason for g in gens], drafter.stats, drafter.error))
     return out
 
 
-GREEDY = SSDConfig(k=3, max_new_tokens=24, temperature=0.0, budget=6)
-SAMPLED = SSDConfig(k=3, max_new_tokens=24, temperature=1.0, seed=7, budget=0)
+def continuous_batching(target, drafter) -> list:
+    """Requests join between rounds (a batch of at most 3 rows: the fourth waits for a free row) and one leaves
+    mid-stream (cancelled); greedy and sampled rows side by side, each with its own k (3, 1, 0, 2 drafts per round:
+    ragged rounds, a row without drafts) -> each request's (tokens, finish reason)."""
+    from verispec.engine.request import Request
+    from verispec.engine.scheduler import Scheduler, SchedulerConfig
+
+    def own_k(running, k):
+        return [min(k, (3, 1, 0, 2)[seq.request.id]) for seq in running]
+
+    scheduler = Scheduler(target, drafter, SchedulerConfig(max_batch_size=3, max_seq_len=64, k=K), k_policy=own_k)
+    requests = [Request(p, 14, temperature=t, top_p=0.9, seed=20 + i, id=i)
+                for i, (p, t) in enumerate(zip(PROMPTS, [0.0, 0.05, 0.0, 0.05]))]
+    seqs = [scheduler.submit(requests[0]), scheduler.submit(requests[1])]
+    scheduler.step()
+    scheduler.step()
+    seqs += [scheduler.submit(requests[2]), scheduler.submit(requests[3])]
+    scheduler.step()
+    scheduler.cancel(1)
+    scheduler.run()
+    return [(s.generated, s.finish_reason) for s in seqs]
 
 
-def test_ssd_greedy_equals_sd_equals_plain_and_no_cache_is_sd():
-    configs = [GREEDY, replace(GREEDY, budget=0), SAMPLED]
-    target_res, draft_res = run_local(ssd_worker, 2, configs, timeout_s=90, collective_timeout_s=30)
+def engine_sd(case: dict, drafter: bool = True):
+    if case.get("schedule"):
+        target, draft = models()
+        return continuous_batching(target, DraftModel(draft))
     target, draft = models()
-    plain = greedy_generate(target, PROMPT, 24)
-    sd = sd_generate(target, draft, PROMPT, GREEDY)
-    assert sd == plain
-    ssd_cached, ssd_nocache, ssd_sampled = target_res
-    assert ssd_cached[0] == plain and ssd_nocache[0] == plain
-    hits, misses = draft_res[0][1], draft_res[0][2]
-    assert hits > 0 and misses > 0, (hits, misses)          # both paths were exercised
-    assert draft_res[1][1] == 0                              # budget 0: never a hit
-    # sampling with the cache off is token-identical to single-process SD with the same seed
-    assert ssd_sampled[0] == sd_generate(target, draft, PROMPT, SAMPLED)
-    assert len(ssd_sampled[0]) == 24
+    if case.get("eos") is not None:
+        target.tokenizer.eos_token_ids = [case["eos"]]
+    gens = SpeculativeDecoder(target, DraftModel(draft) if drafter else None, k=K).generate(
+        case.get("prompts", PROMPTS), **generate_kwargs(case))
+    return [g.tokens for g in gens], [g.finish_reason for g in gens]
 
 
-def test_ssd_with_tensor_parallel_target():
-    (t0, t1, d) = run_local(ssd_worker, 3, [GREEDY], timeout_s=90, collective_timeout_s=30)
-    target, _ = models()
-    plain = greedy_generate(target, PROMPT, 24)
-    assert t0[0][0] == plain and t1[0][0] == plain
-    assert d[0][0] is None
+CACHE = SSDConfig(k=K, budget=4, recv_timeout_s=20)
+NO_CACHE = replace(CACHE, budget=0)
+# the tiny random target's logits spread ~0.1: at T = 0.05 its distributions are peaked enough for the draft's top
+# candidates to cover the outcome often (hits)
+SAMPLED = dict(temperature=0.05, top_p=0.9, seed=11)
 
 
-BATCH_PROMPTS = ([3, 14, 15, 9, 26, 5], [2, 7], [31, 41, 59, 26], [1])
+def test_ssd_equals_engine_sd_greedy_sampled_cache_on_off_forced_misses_eos_stop_joins_leaves_and_a_dying_draft_rank():
+    plain = engine_sd({}, drafter=False)
+    text = models()[0].tokenizer.decode(plain[0][0])
+    eos = plain[0][1][4]                                     # sequences end early (at different rounds)
+    stop = text[4:7]
+    cases = [dict(config=CACHE), dict(config=NO_CACHE), dict(config=CACHE, **SAMPLED),
+             dict(config=NO_CACHE, **SAMPLED), dict(config=CACHE, server="forced_misses", **SAMPLED),
+             dict(config=CACHE, eos=eos), dict(config=CACHE, stop=[stop], max_new_tokens=30),
+             dict(config=CACHE, schedule=True),
+             dict(config=replace(CACHE, recv_timeout_s=5), server="dies", max_new_tokens=40)]
+    results, draft_hits = run_local(ssd_cases, 2, cases, timeout_s=150, collective_timeout_s=30)
+    assert len(draft_hits) == len(cases) - 1                 # every server but the dying one closed cleanly
+    scheduled, stats = results.pop(7)
+    assert scheduled == engine_sd(cases.pop(7))                   # requests joining and leaving between rounds
+    assert scheduled[1][1] == "cancelled" and stats.hits > 0 and stats.misses > 0
+    for case, (tokens, finish, stats, error) in zip(cases[:-1], results):
+        sd = engine_sd(case)
+        assert (tokens, finish) == sd, case
+        assert error is None
+        if case["config"].budget:
+            assert stats.hits > 0 and stats.misses > 0, (case, stats)   # both paths ran
+        else:
+            assert stats.hits == 0 and stats.misses > 0
+    assert results[0][0] == plain[0]                         # greedy SSD = plain greedy decoding
+    assert results[5][1][1] == "eos" and results[6][1][0] == "stop"
+    tokens, finish, stats, error = results[-1]
+    assert "draft rank" in error and stats.rounds == 3       # a clear error; then plain decoding, exact
+    assert tokens == engine_sd(dict(max_new_tokens=40), drafter=False)[0]
 
 
-def test_ssd_batch_greedy_equals_plain_decoding_per_sequence():
-    # B = 4 prompts of different lengths: one verify pass per round for all; a miss re-drafts only the
-    # sequences that missed (hits keep their cached drafts)
-    configs = [GREEDY, replace(GREEDY, budget=0)]
-    target_res, draft_res = run_local(ssd_worker, 2, configs, 64, BATCH_PROMPTS, timeout_s=90,
-                                      collective_timeout_s=30)
-    target, _ = models()
-    plain = [greedy_generate(target, p, GREEDY.max_new_tokens) for p in BATCH_PROMPTS]
-    (cached, hits, misses, rounds), (nocache, nocache_hits, _, _) = target_res
-    assert cached == plain and nocache == plain
-    assert hits > 0 and misses > 0 and nocache_hits == 0, (hits, misses, nocache_hits)
-    assert hits + misses == len(BATCH_PROMPTS) * (rounds - 1)   # every sequence, every round after the first
-    assert draft_res[0][1:3] == (hits, misses)
-
-
-class CountingWorker:
-    def __init__(self, worker):
-        self.worker, self.calls = worker, 0
-
-    def draft(self, history):
-        self.calls += 1
-        return self.worker.draft(history)
-
-
-def test_a_miss_drafts_only_the_sequences_that_missed():
+def test_the_branches_batched_draft_equals_one_branch_at_a_time():
+    """B*F branch rows drafted in one batched draft give the drafts of each branch drafted alone."""
     _, draft = models()
-    workers = draft_workers(draft, 2, GREEDY, 64)
-    state = DraftState(workers, [[3, 14, 15], [2, 7]])
-    state.advance([(0, 9), (0, 26)])                          # first drafts: both on the spot
-    state.prespeculate(GREEDY.fanouts)
-    hit_outcome = next(key[1:] for key in state.cache if key[0] == 0)
-    state.workers = [CountingWorker(w) for w in workers]
-    miss_outcome = (GREEDY.k, 63 if (1, GREEDY.k, 63) not in state.cache else 62)
-    hits, _ = state.advance([hit_outcome, miss_outcome])
-    assert hits == [True, False] and [w.calls for w in state.workers] == [0, 1]
-    assert state.drafts[1] == draft_workers(draft, 1, GREEDY, 64)[0].draft(state.history[1])[0]
+    rows = SamplingParams((Sampling(0.0, 0, 1.0, 3), Sampling(1.0, 0, 0.9, 4)))
+    prompts, firsts = [[3, 14, 15, 9], [2, 7, 1]], [26, 8]
+    F = 3
+    batched = ScoringDraftModel(draft)
+    batched.reserve(None, 2 * F, 64)
+    batched.admit(list(range(2 * F)), [p for p in prompts for _ in range(F)], [t for t in firsts for _ in range(F)],
+                  rows.select([0, 0, 0, 1, 1, 1]))
+    branches = [h + tail for h in [p + [t] for p, t in zip(prompts, firsts)] for tail in ([5], [9, 11], [4, 4, 6])]
+    steps = [0, 0, 0, 7, 7, 7]
+    batched.redirect(branches, steps)
+    together, q_together = batched.draft(K + 1)
+    for r, (history, step) in enumerate(zip(branches, steps)):
+        alone = ScoringDraftModel(load_model(TARGET, device="cpu", dtype=torch.float32, seed=1).truncated(1))
+        alone.reserve(None, 1, 64)
+        alone.admit([0], [prompts[r // F]], [firsts[r // F]], rows.select([r // F]))
+        alone.redirect([history], [step])
+        tokens, q = alone.draft(K + 1)
+        assert tokens[0] == together[r]
+        if r >= F:                                  # sampled rows: q (a greedy row alone scores with its logits)
+            torch.testing.assert_close(q[0], q_together[r], rtol=1e-5, atol=1e-6)
 
 
-def test_mismatched_vocabularies_are_a_clear_error():
-    with pytest.raises(DistributedError, match="vocabularies differ"):
-        run_local(ssd_worker, 2, [GREEDY], 80, timeout_s=60, collective_timeout_s=10)
+def test_likely_outcomes_skip_the_rejected_draft():
+    assert likely_outcomes([5, 7], [[5, 2, 9], [3, 7, 1], [4, 8, 6]], (1, 1, 2)) == [(0, 2), (1, 3), (2, 4), (2, 8)]
+    assert likely_outcomes([], [[4, 8, 6]], (2,)) == [(0, 4), (0, 8)]
 
 
-def test_launcher_refuses_a_wrong_world_size_and_missing_nccl(monkeypatch, capsys):
-    from verispec.distributed.__main__ import main
+class FakeChannel:
+    """A target rank's end as the draft rank sees it: says ``hello`` once, records the answers."""
 
+    def __init__(self, peer, hello):
+        self.peer, self.hello, self.sent = peer, hello, []
+
+    def recv_object(self, what, timeout_s=None):
+        return self.hello
+
+    def send_object(self, obj, wait=True):
+        self.sent.append(obj)
+
+
+def test_mismatched_vocabularies_or_configurations_are_a_clear_error_on_both_sides():
+    _, draft = models()
+    for hello, message in [(dict(vocab_size=80, config=vars(CACHE)), "vocabularies differ: draft V=64, target rank 0 V=80"),
+                           (dict(vocab_size=64, config=vars(NO_CACHE)), "SSD configuration differs .*budget")]:
+        server = DraftServer(draft, [0], CACHE)
+        server.channels = [FakeChannel(0, dict(op="hello", leader=True, **hello))]
+        with pytest.raises(DistributedError, match=message):
+            server.serve()
+        assert server.channels[0].sent[0]["error"]                # the target learns it too (and raises it)
+
+
+# --------------------------------------------------------------------------------------------- the launch
+def _checkpoint(path):
+    """config.json + model.safetensors of a random tiny model (no tokenizer: prompts as ids)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from verispec.runtime.loading import hf_state_dict
+
+    cfg = replace(TARGET, vocab_size=64)
+    model = load_model(cfg, device="cpu", dtype=torch.float32, seed=1)
+    save_file({k: v.contiguous().clone() for k, v in hf_state_dict(model.net).items()}, str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps(dict(
+        model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=cfg.vocab_size,
+        num_hidden_layers=cfg.num_layers, hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, intermediate_size=cfg.intermediate_size,
+        tie_word_embeddings=cfg.tie_word_embeddings, max_position_embeddings=cfg.max_position_embeddings)))
+    return str(path)
+
+
+LAUNCH = ["--draft-layers", "1", "--prompt-ids", "3,14,15;2,7", "-k", "3", "--max-new-tokens", "16",
+          "--recv-timeout-s", "30"]
+
+
+def _run(command: list[str]) -> str:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.getcwd())
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.mark.parametrize("launcher", ["python -m", "torchrun"])
+def test_the_launch_runs_and_reports(tmp_path, launcher):
+    """Spawned ranks with one target rank; torchrun with a tensor-parallel target (2 target ranks + the draft
+    rank: SSD through the sharded engine, its tokens those of plain decoding on the same target)."""
+    model = _checkpoint(tmp_path)
+    args = ["-m", "verispec.distributed", "--target", model, *LAUNCH]
+    if launcher == "torchrun":
+        args = ["-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-port", str(_free_port()), *args,
+                "--tp", "2"]
+    out = _run([sys.executable, *args])
+    assert "identical to plain decoding: yes" in out, out
+    assert "tokens/s" in out and "hit rate" in out and "plain decoding:" in out, out
+
+
+def _free_port() -> int:
+    from verispec.distributed.group import free_port
+
+    return free_port()
+
+
+def test_the_launch_refuses_bad_arguments_before_loading(tmp_path, monkeypatch, capsys):
+    from verispec.launch import main
+
+    def no_load(*a, **kw):
+        raise AssertionError("a model was loaded before the arguments were checked")
+
+    monkeypatch.setattr("verispec.runtime.load_model", no_load)
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "llama", "vocab_size": 64, "num_hidden_layers": 2, "hidden_size": 36, '
+        '"num_attention_heads": 9, "num_key_value_heads": 3, "intermediate_size": 64}')
+    model = str(tmp_path)
+    assert main(["--target", model, "--draft-layers", "1", "--tp", "2", "--prompt-ids", "1,2"]) == 2
+    assert "--tp 2: tensor parallelism over 2 ranks needs num_heads divisible by 2, got 9" in capsys.readouterr().err
+    assert main(["--target", model, "--draft-layers", "1", "a text prompt"]) == 2
+    assert "tokenizer.json not found" in capsys.readouterr().err
+    assert main(["--target", model, "--draft-layers", "5", "--prompt-ids", "1"]) == 2
+    assert "--draft-layers 5: need 1 <= N < the target's 2 layers" in capsys.readouterr().err
+    assert main(["--target", model, "--draft", "llama-3.2-1b", "--prompt-ids", "1"]) == 2
+    assert "draft vocab 128256 != target vocab 64" in capsys.readouterr().err
     monkeypatch.setenv("WORLD_SIZE", "3")
-    monkeypatch.setenv("RANK", "0")
-    assert main(["--target", "x", "--draft", "y", "--tp", "1"]) == 2
+    assert main(["--target", model, "--draft-layers", "1", "--prompt-ids", "1"]) == 2
     assert "WORLD_SIZE is 3 but --tp 1 needs 2 processes" in capsys.readouterr().err
     if not torch.cuda.is_available():
-        assert main(["--target", "x", "--draft", "y", "--backend", "nccl"]) == 2
+        assert main(["--target", model, "--draft-layers", "1", "--prompt-ids", "1", "--backend", "nccl"]) == 2
         assert "nccl" in capsys.readouterr().err
 
 
-# ------------------------------------------------------------------------------------------ sampling (T > 0)
-CHI2_PROMPTS = ([3, 14, 15, 9, 26, 5], [2, 7, 1, 8], [31, 41, 59], [27, 18, 28, 18, 28])
-# the tiny random target's logits have a spread of ~0.1: T = 0.05 makes its distributions peaked enough that the
-# draft's top candidates often cover the outcome (cache hits) and a wrong distribution is detectable
-CHI2_CFG = SSDConfig(k=3, max_new_tokens=140, temperature=0.05, seed=11, budget=4)
-PIT_BINS = 10
+# ----------------------------------------------------------------------------------------- verispec serve --ssd
+def serve_ssd_child(results):
+    """In a fresh process (it joins a process group): ``verispec serve --ssd``'s launch of the draft rank, then the
+    server's scheduler path (generate) against the engine with DraftModel."""
+    import argparse
+
+    from verispec.launch import ssd_drafter
+
+    target = load_model(TARGET, device="cpu", dtype=torch.float32)       # seed 0: the draft rank loads the same
+    args = argparse.Namespace(k=K, ssd_budget=3, draft=None, draft_self=1, model=TARGET, dtype="float32")
+    drafter = ssd_drafter(args, target)
+    decoder = SpeculativeDecoder(target, drafter, k=K, isolate_drafter=True)
+    ssd = [g.tokens for g in decoder.generate(PROMPTS, max_new_tokens=12, **dict(temperature=0.05, seed=3))]
+    drafter.close()
+    sd = SpeculativeDecoder(target, DraftModel(target.truncated(1)), k=K).generate(
+        PROMPTS, max_new_tokens=12, temperature=0.05, seed=3)
+    results.put((ssd, [g.tokens for g in sd], drafter.stats.hits, drafter.error))
 
 
-def pit_counts(model, prompts, outputs, temperature: float, seed: int) -> torch.Tensor:
-    """Randomized probability integral transform of every emitted token under ``model`` at ``temperature``,
-    binned into PIT_BINS equal bins -> counts [PIT_BINS].
+def test_serve_ssd_starts_a_draft_rank_that_drafts_like_the_engine():
+    import multiprocessing
 
-    Token x drawn from p (given its history) maps to u = P(X < x) + v p(x), v ~ U(0, 1): u is U(0, 1) and
-    independent of the earlier u's exactly when every token is drawn from p given everything before it, so
-    the counts are uniform multinomial iff the sequences are distributed as target-only sampling."""
-    generator = torch.Generator().manual_seed(seed)
-    counts = torch.zeros(PIT_BINS)
-    for prompt, out in zip(prompts, outputs):
-        seq = list(prompt) + list(out)
-        model.setup_cache(1, len(seq))
-        logits = model.append(torch.tensor([seq[:-1]]))[0, len(prompt) - 1:]          # [len(out), V]
-        p = torch.softmax(logits.double() / temperature, dim=-1)
-        x = torch.tensor(out)[:, None]
-        below = p.cumsum(-1).gather(1, x)[:, 0] - p.gather(1, x)[:, 0]
-        u = below + torch.rand(len(out), generator=generator, dtype=torch.float64) * p.gather(1, x)[:, 0]
-        counts += torch.histc(u.float(), PIT_BINS, 0.0, 1.0)
-    return counts
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    child = ctx.Process(target=serve_ssd_child, args=(results,))
+    child.start()
+    try:
+        ssd, sd, hits, error = results.get(timeout=90)
+    finally:
+        child.join(timeout=10)
+        if child.is_alive():
+            child.kill()
+    assert ssd == sd and hits > 0 and error is None
 
 
-def test_ssd_sampling_matches_the_target_over_hits_and_misses():
-    target_res, draft_res = run_local(ssd_worker, 2, [CHI2_CFG], 64, CHI2_PROMPTS, timeout_s=90,
-                                      collective_timeout_s=30)
-    outputs, hits, misses, _ = target_res[0]
-    assert hits > 0 and misses > 0, (hits, misses)         # drafts came from the cache and from the spot
-    assert draft_res[0][1:3] == (hits, misses)
-    assert [len(o) for o in outputs] == [CHI2_CFG.max_new_tokens] * len(CHI2_PROMPTS)
-    target, _ = models()
-    counts = pit_counts(target, CHI2_PROMPTS, outputs, CHI2_CFG.temperature, seed=5)
-    assert chi2_pvalue(counts, torch.ones(PIT_BINS)) > 1e-3, counts
-    # the same test rejects another model's distribution: it has power at this sample size
-    other = load_model(ModelConfig(**TARGET), device="cpu", dtype=torch.float32, seed=2)
-    assert chi2_pvalue(pit_counts(other, CHI2_PROMPTS, outputs, CHI2_CFG.temperature, seed=5),
-                       torch.ones(PIT_BINS)) < 1e-6
+def test_serve_ssd_refuses_bad_settings_before_loading(capsys):
+    from verispec.cli import main
+
+    for argv, message in [(["serve", "--ssd", "--draft-lookup", "-k", "3"], "--ssd needs a draft model"),
+                          (["serve", "--ssd", "--draft-self", "4"], "--ssd needs -k N"),
+                          (["serve", "--ssd", "--draft-self", "4", "-k", "3", "--ssd-budget", "-1"],
+                           "--ssd-budget must be >= 0")]:
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_outcome_stats_measure_acceptance_per_position():
+    from verispec.distributed.draft_rank import OutcomeStats
+
+    stats = OutcomeStats(3, prior=0.5)
+    stats.tested, stats.accepted = [0.0] * 3, [0.0] * 3                 # no prior: the docstring's example
+    stats.add([3, 3, 2], [1, 3, 0], [[5, 6], [1, 2, 3, 4], []])          # the third row failed: no outcome
+    assert stats.tested == [2, 2, 1] and stats.accepted == [2, 1, 1]
+    assert stats.alphas() == (1.0, 0.5, 1.0)

@@ -5,6 +5,7 @@
     verispec generate - < prompt.txt                (the prompt from stdin)
     verispec verify-demo [--batch-size B --num-draft K --vocab-size V --acceptance-rate A]
     verispec serve [--model M] [--draft-lookup | --draft D | --draft-self L] [-k N|auto] [--port P] ...
+    verispec serve --ssd (--draft D | --draft-self L) -k N ...   (the draft in a second process: verispec/launch.py)
     verispec quantize --model M --type Q4_K_M|Q4_0|Q8_0 --out model.gguf   (an HF dir or a shape name -> GGUF)
 """
 from __future__ import annotations
@@ -649,6 +650,10 @@ def _main(argv) -> int:
     if args.command == "serve":
         from .serve.cli import main as serve_main
 
+        if getattr(args, "ssd", False):
+            from .launch import ssd_drafter
+
+            return serve_main(args, ssd_drafter)
         return serve_main(args)
     if hasattr(args, "run_command"):
         return args.run_command(args)

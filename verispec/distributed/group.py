@@ -41,9 +41,13 @@ def check_backend(backend: str) -> None:
 
 
 def init_group(rank: int, world_size: int, backend: str, init_method: str, collective_timeout_s: float) -> None:
+    """Join the default process group. "nccl" joins as "cpu:gloo,cuda:nccl": CUDA tensors (the tensor-parallel
+    all-reduces) go over NCCL, CPU tensors (SSD's messages, ``channel.py``) over gloo, whose receives can be
+    bounded and which lets two ranks share one GPU (NCCL refuses two ranks on one device)."""
     check_backend(backend)
     if backend == "nccl":
         torch.cuda.set_device(rank % torch.cuda.device_count())
+        backend = "cpu:gloo,cuda:nccl"
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=collective_timeout_s))
 

@@ -98,10 +98,10 @@ class DraftModel(Drafter):
         rows share one), or the forced feed (``OracleDraft``'s cost model); the prefill graphs of its prompts."""
         if not getattr(self.model, "use_graphs", False) or not hasattr(self.model, "warm_up_draft_loop") or k < 1:
             return 0
-        keys = [("forced",)] if forced else sorted({("greedy",) if is_greedy(t) else ("sample", t, tk, tp)
+        keys = [("forced",)] if forced else sorted({self.GREEDY_KEY if is_greedy(t) else ("sample", t, tk, tp)
                                                      for t, tk, tp in settings}, key=repr)
         width = 5 + (k if forced else 0)
-        n = sum(self.model.warm_up_draft_loop(max_batch_size, k, _choose(key), key, width) for key in keys)
+        n = sum(self.model.warm_up_draft_loop(max_batch_size, k, self._choice(key), key, width) for key in keys)
         return n + self.model.warm_up(max_batch_size, 1, prompt_tokens=prompt_tokens)
 
     def admit(self, seq_ids, prompts, first_tokens, sampling) -> None:
@@ -155,7 +155,7 @@ class DraftModel(Drafter):
         if forced:
             return ("forced",)
         if self._sampling.all_greedy:
-            return ("greedy",)
+            return self.GREEDY_KEY
         setting = one_setting(self._sampling)
         return None if setting is None else ("sample", *setting)
 
@@ -167,7 +167,7 @@ class DraftModel(Drafter):
         inputs = torch.tensor(rows, dtype=torch.long)                                    # [B, 5]
         if forced is not None:
             inputs = torch.cat([inputs, forced.to(torch.long)], dim=1)                   # [B, 5 + k]
-        return self.model.draft_loop(inputs, k, _choose(key), key)
+        return self.model.draft_loop(inputs, k, self._choice(key), key)
 
     def _run_eager(self, k: int, lengths: list[int], forced: Tensor | None) -> tuple[Tensor, Tensor | None]:
         """The same draft passes as ``Model.draft_loop``, one ``append`` at a time with the choice on the host
@@ -183,12 +183,38 @@ class DraftModel(Drafter):
             if forced is not None:
                 d, q = forced[:, i], None
             else:
-                d, q = draw(logits, self._sampling, [row.step + i for row in self._rows])
+                d, q = self._draw(logits, [row.step + i for row in self._rows])
             tokens.append(d)
             probs.append(q)
             if i < k - 1:
                 logits = model.decode(to_device(d[:, None], model.device))[:, 0]
         return torch.stack(tokens, dim=1), None if probs[0] is None else torch.stack(probs, dim=1)
+
+    # The choice of each draft, as hooks: the captured loop's (``_choice``, keyed by ``_loop_key``) and the eager
+    # loop's (``_draw``) compute the same tokens. SSD's draft rank (verispec/distributed/draft_rank.py) overrides
+    # them to also keep the greedy logits, which rank the outcomes it pre-speculates.
+    GREEDY_KEY: tuple = ("greedy",)
+
+    def _choice(self, key: tuple):
+        return _choose(key)
+
+    def _draw(self, logits: Tensor, steps: list[int]) -> tuple[Tensor, Tensor | None]:
+        return draw(logits, self._sampling, steps)
+
+    def redirect(self, histories: list[list[int]], steps: list[int]) -> None:
+        """Point row b at history ``histories[b]`` (its certain token last) and DRAFT-stream counter ``steps[b]``:
+        the next ``propose`` drafts what a row with that history and counter drafts. The row's K/V stay valid for
+        the longest common prefix of its old history and the new one (``_catch_up`` feeds the rest). SSD's draft
+        rank moves its rows between the outcomes it pre-speculates this way."""
+        for row, history, step in zip(self._rows, histories, steps, strict=True):
+            m = min(row.valid, len(row.history), len(history))
+            if row.history[:m] != history[:m]:            # rare: search the agreeing prefix (C-speed slices)
+                lo, hi = 0, m
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    lo, hi = (mid, hi) if row.history[:mid] == history[:mid] else (lo, mid - 1)
+                m = lo
+            row.history, row.valid, row.step = list(history), m, step
 
     def propose(self, max_num_draft: list[int]) -> Proposal:
         k = max(max_num_draft)

@@ -20,6 +20,8 @@ class SpeculativeDecoder:
 
     ``timing=True`` synchronizes the device around each phase so that the per-phase times in
     ``Stats`` are exact on GPUs (CPU timings are always exact); it costs a little throughput.
+    ``isolate_drafter=True``: a drafter exception that names no row sets the drafter aside (plain decode steps,
+    exact) instead of raising (``Scheduler``; the SSD launch uses it: a draft rank that died is not a failed run).
     ``verify_backend`` is passed to ``verify_greedy`` / ``verify_sample`` (None = fastest available).
     ``warm=True``: before the run, capture every CUDA graph it can replay (``Scheduler.warm_up``; once per model
     and shape), so that no request captures; its time is ``Stats.warmup_s``, outside the timed run.
@@ -30,7 +32,7 @@ class SpeculativeDecoder:
     """
 
     def __init__(self, target, drafter: Drafter | None = None, *, k: int = 4, timing: bool = False,
-                 verify_backend: str | None = None, warm: bool = True, tree=None):
+                 verify_backend: str | None = None, warm: bool = True, tree=None, isolate_drafter: bool = False):
         check_drafter(drafter)
         self.tree = check_tree(tree, drafter)
         if self.tree is not None and not hasattr(target, "append_tree"):
@@ -47,6 +49,7 @@ class SpeculativeDecoder:
         self.timing = timing
         self.verify_backend = verify_backend
         self.warm = warm
+        self.isolate_drafter = isolate_drafter
         self.last_stats: Stats | None = None   # the whole batch's counts of the last generate()
         self._debug_round_hook: Callable[["SpeculativeDecoder", list[Sequence]], None] | None = None  # tests
 
@@ -100,8 +103,8 @@ class SpeculativeDecoder:
                              f"or max_new_tokens")
         with ModelLease(self.target, getattr(self.drafter, "model", None)):
             config = SchedulerConfig(len(prompts), max_seq_len, k, tree=self.tree)
-            scheduler = Scheduler(self.target, self.drafter, config,
-                                  verify_backend=self.verify_backend, timing=self.timing)
+            scheduler = Scheduler(self.target, self.drafter, config, verify_backend=self.verify_backend,
+                                  timing=self.timing, isolate_drafter=self.isolate_drafter)
             if self.warm:
                 settings = sorted({(r.temperature, r.top_k, r.top_p) for r in requests})
                 scheduler.warm_up(settings, longest)

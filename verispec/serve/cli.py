@@ -27,6 +27,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--oracle-draft-cost", metavar="MODEL", default=None,
                    help="--draft oracle:ALPHA: the drafts pay the passes of this model (e.g. llama-3.2-1b); "
                         "None = free drafts")
+    p.add_argument("--ssd", action="store_true", help="asynchronous speculation: the --draft / --draft-self model "
+                   "drafts in a second process (the draft rank), pre-speculating each round's likely outcomes while "
+                   "the target verifies; needs -k N (docs/distributed.md)")
+    p.add_argument("--ssd-budget", type=int, default=4, help="--ssd: pre-speculated branches per request and round")
     p.add_argument("-k", default="auto", help="drafts per round: an integer >= 1, or auto: each round, each "
                    "request's k in [0, --k-max] with the most expected tokens/s for its own acceptance")
     p.add_argument("--k-max", type=int, default=8, help="the largest k that -k auto considers")
@@ -168,12 +172,23 @@ def check_args(args) -> None:
     if args.draft_self is not None and args.draft_self < 1:
         _die(f"--draft-self must be >= 1 (layers), got {args.draft_self}")
     parse_oracle(args.draft)
+    if args.ssd:
+        if args.draft_self is None and (args.draft is None or parse_oracle(args.draft) is not None):
+            _die("--ssd needs a draft model: --draft MODEL or --draft-self L")
+        if args.k == "auto":
+            _die("--ssd needs -k N (k=auto measures the draft's costs in this process, not on the draft rank)")
+        if args.ssd_budget < 0:
+            _die(f"--ssd-budget must be >= 0, got {args.ssd_budget}")
     _check_port(args.host, args.port)
     _check_sources(args)
 
 
-def main(args) -> int:
+def main(args, ssd_drafter=None) -> int:
+    """``ssd_drafter(args, target) -> Drafter``: with --ssd, starts the draft rank and returns the target's drafter
+    (``verispec.launch.ssd_drafter``, passed in by verispec/cli.py: serve/ never imports the distributed wing)."""
     check_args(args)
+    if args.ssd and ssd_drafter is None:
+        _die("--ssd: this entry point has no launch for a draft rank (run `verispec serve --ssd`)")
     try:
         import fastapi  # noqa: F401
         import prometheus_client  # noqa: F401
@@ -187,7 +202,7 @@ def main(args) -> int:
 
         torch.set_num_threads(args.threads)
     try:
-        return run_server(args)
+        return run_server(args, ssd_drafter)
     except (ValueError, FileNotFoundError) as e:
         _die(str(e))
     return 0

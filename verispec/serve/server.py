@@ -30,7 +30,7 @@ def _log(message: str) -> None:
     print(f"[verispec serve] {message}", file=sys.stderr, flush=True)
 
 
-def load_target_and_drafter(args):
+def load_target_and_drafter(args, ssd_drafter=None):
     from ..drafters import DraftModel, PromptLookup, SelfSpeculative, SuccessorOracle, make_peaked
     from ..runtime import load_model
     from ..runtime.loading import load_tokenizer
@@ -46,7 +46,11 @@ def load_target_and_drafter(args):
     if target.tokenizer is None:
         raise ValueError(f"{args.model} has no tokenizer (random weights?): pass --tokenizer")
     alpha = parse_oracle(args.draft)
-    if args.draft_lookup:
+    if getattr(args, "ssd", False):
+        drafter = ssd_drafter(args, target)
+        _log(f"--ssd: the draft rank drafts with {args.draft or f'the first {args.draft_self} layers'}, "
+             f"{args.ssd_budget} branches per request and round")
+    elif args.draft_lookup:
         drafter = PromptLookup()
     elif args.draft_self is not None:
         drafter = SelfSpeculative(layers=args.draft_self)
@@ -119,8 +123,8 @@ def assemble(target, drafter, args) -> tuple[EngineLoop, FastAPI]:
     return engine, build_app(engine, served, metrics)
 
 
-def run_server(args) -> int:
-    target, drafter = load_target_and_drafter(args)
+def run_server(args, ssd_drafter=None) -> int:
+    target, drafter = load_target_and_drafter(args, ssd_drafter)
     engine, app = assemble(target, drafter, args)
     return serve(engine, app, args)
 
