@@ -139,3 +139,26 @@ def test_packed_refusals(files):
 
     with pytest.raises(ValueError, match="make_peaked overwrites dense weights"):
         make_peaked(model)
+
+
+def test_packed_kernel_arguments_are_checked_before_any_launch():
+    """packed_matmul / packed_dequantize name what is wrong before they build or launch anything (so on a CPU too)."""
+    from verispec.runtime.gemv import packed_dequantize, packed_matmul
+
+    blocks = quantize(torch.randn(4, 256), "Q4_K")                  # [4, 144]
+    x = torch.randn(2, 256)
+    with pytest.raises(ValueError, match=r"GGML type Q5_0 \(6\) is not a block format verispec decodes"):
+        packed_matmul(x, blocks, 6)
+    with pytest.raises(ValueError, match=r"rows of 288 weights are not a whole number of Q4_K blocks of 256"):
+        packed_matmul(torch.randn(2, 288), blocks, "Q4_K")
+    with pytest.raises(ValueError, match=r"rows of 512 weights need Q4_K blocks uint8 \[N, 288\], got torch.uint8 "
+                                         r"\(4, 144\)"):
+        packed_dequantize(blocks, 12, 512, torch.bfloat16)
+    with pytest.raises(ValueError, match=r"variant must be 0 \(the default\) or one of \(1, 2\), got 3"):
+        packed_matmul(x, blocks, 12, variant=3)
+    with pytest.raises(ValueError, match=r"x must be float32/bfloat16/float16, got torch.int64"):
+        packed_matmul(x.long(), blocks, 12)
+    with pytest.raises(ValueError, match=r"x and blocks must be on one CUDA device, got cpu, cpu"):
+        packed_matmul(x, blocks, 12)
+    with pytest.raises(ValueError, match=r"blocks must be on a CUDA device, got cpu"):
+        packed_dequantize(blocks, 12, 256, torch.bfloat16)
