@@ -426,13 +426,14 @@ GEMV_CONFIG: tuple[int, int] | None = None   # (rows, split) for every model; No
 #     dequantizer into a scratch copy, then cuBLAS on the tensor cores (the weights' values are the dense model's, so
 #     the prefill is the dense-loaded model's bit for bit but for that LM head).
 # VERISPEC_PACKED_GEMV=0 dequantizes every matrix instead (decode too: the dense path, for comparisons), and
-# VERISPEC_PACKED_VARIANT=1 runs packed.cu's first variant (the same bits; its header says what differs).
+# VERISPEC_PACKED_VARIANT=1 or 2 picks packed.cu's variant (the same bits; its header says what differs; 0: its default).
 PACKED_GEMV = os.environ.get("VERISPEC_PACKED_GEMV", "1") != "0"
 PACKED_VARIANT = int(os.environ.get("VERISPEC_PACKED_VARIANT", "0"))
 # NOTE: up to 8 rows packed.cu reads the blocks once (one token tile) and moves only the packed bytes; the dense route
 # writes and re-reads a 16-bit copy, about 4 / 0.56 = 7x the bytes of a Q4_K matrix, which pays off only once the
 # tensor cores have many rows to work on (the prefill's buckets start at 16 tokens). benchmarks/quant.py measures both.
-PACKED_GEMV_MAX_ROWS = 8
+# VERISPEC_PACKED_GEMV_MAX_ROWS sets it (a large value sends the whole prefill through packed.cu).
+PACKED_GEMV_MAX_ROWS = int(os.environ.get("VERISPEC_PACKED_GEMV_MAX_ROWS", "8"))
 
 
 def gemv_config(hidden_size: int) -> tuple[int, int]:

@@ -207,7 +207,8 @@ def invariant_variants() -> int:
 
 
 # ------------------------------------------------------------------------------------ packed (GGUF block) matmul
-PACKED_VARIANTS = (1, 2)   # packed.cu's variants: the same bits; 2 is the default (its header says what differs)
+PACKED_VARIANTS = (1, 2)   # packed.cu's variants: the same bits (its header says what differs); 0 = the default, v1 until
+                           # v2's GPU checks have passed (vs_packed_default_variant)
 
 
 def _packed_args(fn: str, blocks: torch.Tensor, qtype: int, K: int, variant: int):
@@ -231,7 +232,8 @@ def packed_matmul(x: torch.Tensor, blocks: torch.Tensor, qtype: int, b: torch.Te
     """``F.linear(x, W, b)`` with W [N, K] given as GGUF blocks: ``blocks`` uint8 [N, K / QK * type_size] of GGML type
     ``qtype`` (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K). x [..., K] (fp32 / bf16 / fp16, CUDA) -> [..., N] of x's dtype, fp32
     accumulation, each output element reduced in packed.cu's one order (row i of the result does not depend on the
-    other rows). One launch, no host sync. variant: 0 = the default (2), 1 or 2 (the same bits; packed.cu's header).
+    other rows). One launch, no host sync. variant: 0 = the default (``PACKED_VARIANTS``), 1 or 2 (the same bits;
+    packed.cu's header).
 
     Example: W = 2 rows of 32 weights, all 1.0 in Q8_0 (d = 1, q = 1):
     ``blocks = torch.tensor([[0, 60] + [1] * 32] * 2, dtype=torch.uint8, device="cuda")``,

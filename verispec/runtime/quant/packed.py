@@ -7,13 +7,13 @@ types (Q4_K_M keeps some attn_v in Q6_K beside Q4_K q and k) is one PackedWeight
 blocks, so a row permutation (llama.cpp's Q/K layout, undone at load) or a row gather (an embedding lookup) moves
 bytes, never re-quantizes.
 
-How a pass uses it (``linear``, ``embedding`` below, called by transformer.py and ops.py wherever a weight is read):
-  * matmul: ``dequantize`` to the activations' dtype, then the dense matmul the pass would run (on the CPU
-    F.linear; on CUDA the batch-invariant path of ops.linear). Correctness only: it dequantizes the whole matrix
-    each pass. The packed GEMV that reads the blocks directly is CUDA work (docs/runtime.md, "Packed weights").
+How a pass uses it:
+  * matmul on the CPU (``linear`` below, the torch path of transformer.py): ``dequantize`` to the activations' dtype,
+    then F.linear. The results equal the dense model's whose weights are the dequantized blocks (same values, same
+    matmul), bit for bit: tests/test_quant_packed.py.
+  * matmul on CUDA (``ops.linear``, the kernels path): gemv/packed.cu reads the blocks in place for the decode /
+    verify pass, the prefill dequantizes a matrix at a time for cuBLAS (docs/runtime.md, "Packed weights").
   * embedding: gather the token rows' blocks and dequantize those rows only.
-The results equal the dense model's whose weights are the dequantized blocks (same values, same matmul), bit for
-bit on the CPU: tests/test_quant_packed.py.
 """
 from __future__ import annotations
 
