@@ -8,7 +8,8 @@
     packed.cu      ``packed_matmul(x, blocks, qtype)``: W kept as GGUF blocks (quant/formats.py), dequantized in registers,
                    any rows, one reduction order (the decode / verify pass of a packed model); ``packed_dequantize``:
                    blocks -> a dense copy (the prefill's, for cuBLAS). docs/runtime.md, "Packed weights".
-    gemv_common.cuh  the device helpers they share; binding.cpp the torch glue (built on a CUDA machine only)
+    gemv_common.cuh  the device helpers they share; packed_decoders.cuh packed.cu's block decoders (also built for
+                   the host by tests/test_quant_decoders.py); binding.cpp the torch glue (built on a CUDA machine only)
 
 The extension is built on first use by ``verispec.jit``; it holds only these kernels, so the first decode step
 does not compile the verification kernels. Which one a pass uses: ``verispec.runtime.ops.linear`` and the
