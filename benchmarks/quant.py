@@ -465,6 +465,7 @@ def report(src: Path, write: bool) -> Path:
     text = "\n".join(lines)
     (src / "quant.md").write_text(text)
     if write:
+        RESULTS.mkdir(parents=True, exist_ok=True)
         (RESULTS / "quant.md").write_text(text)
     return RESULTS / "quant.md" if write else src / "quant.md"
 

@@ -44,7 +44,13 @@ def test_report_from_saved_parts(tmp_path, monkeypatch):
                               bit_checks=[dict(k=4, pass_equals_steps=True, batch_equals_alone=True, max_abs_diff=0.0)]),
                          dict(model="llama-3.1-8b bf16", weight_bytes=16e9, floor_bytes=15e9,
                               passes={"invariant": {"1": 5.7, "5": 6.3, "9": 6.8}}, prefill={"1024": 25.0})])
-    for name, part in (("kernel", kernel), ("model", model)):
+    smollm = dict(env=env, command="python benchmarks/quant.py smollm",
+                  runs=[dict(model="dense bf16", weight_mb=270.0, median_tok_s=500.0, tokens=768, wall_s=2.0),
+                        dict(model="packed", weight_mb=96.6, median_tok_s=520.0, tokens=768, wall_s=1.9)],
+                  packed_equals_dense=dict(same=7, of=8, first_diff=[None] * 7 + [40]),
+                  exact=[dict(drafter="lookup", k=4, differ_batch=[], alone_equal=True, alone_tok_s=900.0,
+                              tokens_per_round=2.1)])
+    for name, part in (("kernel", kernel), ("model", model), ("smollm", smollm)):
         (tmp_path / f"quant_{name}.json").write_text(json.dumps(part))
     monkeypatch.setattr(quant, "RESULTS", tmp_path / "results")
     assert quant.report(tmp_path, write=False) == tmp_path / "quant.md"
@@ -53,4 +59,7 @@ def test_report_from_saved_parts(tmp_path, monkeypatch):
     assert "verify(k = 4) / decode = 1.08" in text and "1024 tokens: 30.0 ms packed vs 25.0 ms bf16 = 1.20x" in text
     assert "quoted in issue 24, not measured here" in text and "1 of 1 k values" in text
     assert "| q/o | Q4_K | 1 | 9.4 | 3.1 | 9.0 | 4.0 | 78% | 12.0 | 3.00x |" in text
+    assert "speculative greedy == plain greedy in 1 of 1 (drafter, k) cells" in text and "7 of 8 prompts identical" in text
     assert not (tmp_path / "results").exists()
+    quant.report(tmp_path, write=True)
+    assert (tmp_path / "results" / "quant.md").read_text() == text
