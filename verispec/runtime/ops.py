@@ -36,6 +36,7 @@ from torch import Tensor
 
 from ..device import sm_count
 from .quant.packed import PackedWeight
+from .quant.packed import embedding as packed_embedding
 
 try:
     import triton
@@ -548,6 +549,20 @@ def _packed_linear(x: Tensor, w: PackedWeight, b: Tensor | None) -> Tensor:
                                         variant=PACKED_VARIANT))
         row += n
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+
+
+def embedding(ids: Tensor, w: Tensor | PackedWeight) -> Tensor:
+    """``F.embedding(ids, w)`` for the kernels path: ids [...] -> [..., E]. A packed w on CUDA: the ids' rows of blocks
+    gathered and dequantized by packed.cu (two launches; a decode step's embedding in the torch dequantizer is a few
+    dozen small kernels), the values of ``PackedWeight.embedding`` bit for bit; otherwise ``quant.packed.embedding``."""
+    if isinstance(w, PackedWeight) and ids.is_cuda and len(w.parts) == 1 and _gemv_available():
+        from . import gemv as vgemv
+
+        qtype, blocks = w.parts[0]
+        rows = vgemv.packed_dequantize(blocks.index_select(0, ids.reshape(-1)), qtype, w.K, w.dtype,
+                                       variant=PACKED_VARIANT)
+        return rows.view(*ids.shape, w.K)
+    return packed_embedding(ids, w)
 
 
 def _packed_dense(w: PackedWeight, dtype: torch.dtype) -> Tensor:
