@@ -479,7 +479,7 @@ def main(argv=None) -> None:
     ap.add_argument("--types", default=",".join(TYPES), help="kernel: block types")
     ap.add_argument("--ms", default=",".join(map(str, MS)), help="kernel: rows M to time")
     ap.add_argument("--calls", type=int, default=10, help="kernel: calls per captured graph")
-    ap.add_argument("--reps", type=int, default=20, help="replays per timing")
+    ap.add_argument("--reps", type=int, default=15, help="replays per timing")
     ap.add_argument("--rotate-mb", type=int, default=256, help="kernel: rotate weight copies over at least this")
     ap.add_argument("--shape", default="llama-3.1-8b", help="model: the named shape")
     ap.add_argument("--tokens", default="1,2,3,5,9", help="model: tokens per pass (k + 1)")

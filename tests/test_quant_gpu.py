@@ -84,7 +84,7 @@ def test_packed_variants_compute_the_same_bits(name, N, K):
     if K % BY_NAME[name].block_size:
         pytest.skip(f"rows of {K} are not whole {name} blocks")
     qtype = BY_NAME[name].ggml_type
-    blocks = blocks_of(name, N, K, seed=3).cuda()
+    blocks = blocks_of(name, N, K).cuda()                # seed 0: the shapes of SHAPES are quantized once
     flat = torch.randn(17 * K + 1, device="cuda").to(dtype)
     for x in (flat[:17 * K].view(17, K), flat[1:].view(17, K)):          # 16-byte aligned, then misaligned
         for M in (1, 2, 3, 4, 5, 8, 9, 16, 17):
@@ -102,13 +102,13 @@ def test_packed_dequantize_equals_the_reference(name, variant):
     from verispec.runtime.gemv import packed_dequantize
 
     qtype = BY_NAME[name].ggml_type
-    blocks = blocks_of(name, 2048, 4096, seed=4).cuda()
+    blocks = blocks_of(name, 4096, 4096).cuda()
     ref = dequantize(blocks, qtype)
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         assert torch.equal(packed_dequantize(blocks, qtype, 4096, dtype, variant=variant), ref.to(dtype)), dtype
-    out = torch.full((4096, 4096), float("nan"), device="cuda", dtype=torch.bfloat16)
-    packed_dequantize(blocks, qtype, 4096, torch.bfloat16, out=out[1024:3072], variant=variant)
-    assert torch.equal(out[1024:3072], ref.bfloat16()) and bool(out[:1024].isnan().all())
+    out = torch.full((6144, 4096), float("nan"), device="cuda", dtype=torch.bfloat16)
+    packed_dequantize(blocks, qtype, 4096, torch.bfloat16, out=out[1024:5120], variant=variant)
+    assert torch.equal(out[1024:5120], ref.bfloat16()) and bool(out[:1024].isnan().all() and out[5120:].isnan().all())
 
 
 def test_packed_prefill_is_the_dense_models(tmp_path):
