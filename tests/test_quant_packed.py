@@ -65,8 +65,8 @@ def test_packed_model_equals_the_dense_model(files, name):
     assert set(held) == expected | ({"lm_head"} if name.startswith("llama") else set())
     assert note is None                                  # every matrix kept: nothing to say
     if name == "llama-Q4_K_M":
-        assert held["layers.1.wqkv"].type_names == ("Q4_K", "Q4_K", "Q6_K")
-        assert held["layers.0.wqkv"].type_names == ("Q4_K", "Q4_K", "Q4_K")
+        assert held["layers.1.wqkv"].type_names == ("Q4_K", "Q6_K")          # q and k joined: one Q4_K part
+        assert held["layers.0.wqkv"].type_names == ("Q4_K",) and held["layers.0.w13"].type_names == ("Q4_K",)
     assert torch.equal(passes(model), passes(dense))
     # what is held: the file's matrix bytes + the fp32 norms
     reader = gguf.GGUFReader(str(path))
@@ -125,6 +125,9 @@ def test_packed_weight_rows_and_errors():
     single = PackedWeight(parts[:1], 256, torch.float32)
     assert torch.equal(single.embedding(ids), dense[:4][ids]) and torch.equal(p.embedding(ids), dense[ids])
     assert torch.equal(PackedWeight(parts, 256, torch.bfloat16).dequantize(), dense.bfloat16())
+    joined = PackedWeight([parts[0], (12, parts[0][1][:2]), parts[1]], 256, torch.float32)   # Q4_K, Q4_K, Q8_0
+    assert joined.type_names == ("Q4_K", "Q8_0") and joined.shape == (8, 256)
+    assert torch.equal(joined.dequantize(), torch.cat([dense[:4], dense[:2], dense[4:]]))
     with pytest.raises(ValueError, match=r"a Q4_K part of rows of 512 weights must be uint8 \[n, 288\]"):
         PackedWeight(parts[:1], 512, torch.float32)
 
