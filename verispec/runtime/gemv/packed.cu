@@ -21,9 +21,9 @@
 //   v1  the first version (checked on an H100): byte loads of W and x, 8 tokens per block, (float) casts.
 //       Each weight costs a byte load and an int -> float conversion (I2F, a quarter-rate instruction on Hopper).
 //   v2  the same warp layout and order, cheaper per weight: a chunk's bytes read as aligned 32-bit words (``pk_bytes``:
-//       a Q4_K chunk is 12 loads instead of 52, whatever the block's alignment: Q6_K / Q8_0 blocks are only 2-byte
-//       aligned), small integers made floats exactly by the 2^23 trick (one LOP + one FADD, full rate), x read as
-//       16-byte vectors when aligned, tokens per block 1 / 2 / 4 / 8 (the smallest that holds M, so a decode step
+//       a Q4_K chunk is 12 to 14 word loads instead of about 40 byte loads, whatever the block's alignment: Q6_K /
+//       Q8_0 blocks are only 2-byte aligned), small integers made floats exactly by the 2^23 trick (one LOP + one
+//       FADD, full rate), x read as 16-byte vectors (the wrapper copies a misaligned x), tokens per block 1 / 2 / 4 / 8 (the smallest that holds M, so a decode step
 //       carries no dead accumulators), the chunk loop unrolled by 2 (two chunks' loads in flight per lane). Built for
 //       bf16 activations only (fp32 and fp16 run v1: fewer kernels to compile, and no model's default dtype on a GPU).
 // The warp-per-row layout is the contract's, so neither variant can split K further for a small N: N = 1024 gives
