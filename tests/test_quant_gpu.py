@@ -1,6 +1,8 @@
 """Packed weights on a GPU (CUDA only; every test skips on the CPU with the reason): packed.cu against the torch
-dequantizer + matmul, its batch invariance, the packed model through the kernels path, and the quantizer on CUDA
-equal to the CPU's bytes. Not yet run on a device: these are the checks that gate VERISPEC_PACKED_GEMV=1."""
+dequantizer + matmul, its batch invariance, its two variants computing the same bits, its dequantizer (the prefill's)
+equal to the torch dequantizer, the packed model through the kernels path (decode / verify through packed.cu, the
+prefill through the dequantizer and cuBLAS), the embedded SmolLM2 from its blocks, and the quantizer on CUDA equal to
+the CPU's bytes."""
 import functools
 
 import pytest
@@ -70,16 +72,121 @@ def test_quantize_on_cuda_equals_the_cpu():
         assert torch.equal(quantize(w.cuda(), name).cpu(), quantize(w, name)), name
 
 
-@pytest.mark.parametrize("gemv", [False, True])
-def test_packed_model_on_the_gpu(tmp_path, monkeypatch, gemv):
+@pytest.mark.parametrize("name", TYPES)
+@pytest.mark.parametrize("N, K", [(1024, 4096), (4096, 14336), (960, 576), (300, 1536)])
+def test_packed_variants_compute_the_same_bits(name, N, K):
+    """packed.cu's v2 (word loads, exact int -> float by the 2^23 trick, 1 / 2 / 4 / 8 tokens a block; bf16 only, fp32
+    and fp16 run v1) equals v1 bit for bit at every width, x aligned or not (the wrapper copies a misaligned x for v2's
+    vector loads), with a bias too."""
+    dtype = torch.bfloat16
+    from verispec.runtime.gemv import packed_matmul
+
+    if K % BY_NAME[name].block_size:
+        pytest.skip(f"rows of {K} are not whole {name} blocks")
+    qtype = BY_NAME[name].ggml_type
+    blocks = blocks_of(name, N, K).cuda()                # seed 0: the shapes of SHAPES are quantized once
+    flat = torch.randn(17 * K + 1, device="cuda").to(dtype)
+    for x in (flat[:17 * K].view(17, K), flat[1:].view(17, K)):          # 16-byte aligned, then misaligned
+        for M in (1, 2, 3, 4, 5, 8, 9, 16, 17):
+            assert torch.equal(packed_matmul(x[:M], blocks, qtype, variant=2), packed_matmul(x[:M], blocks, qtype,
+                                                                                              variant=1)), (M, x.data_ptr() % 16)
+    b = torch.randn(N, device="cuda").to(dtype)
+    assert torch.equal(packed_matmul(x[:3], blocks, qtype, b, variant=2), packed_matmul(x[:3], blocks, qtype, b, variant=1))
+
+
+@pytest.mark.parametrize("name", TYPES)
+@pytest.mark.parametrize("variant", [1, 2])
+def test_packed_dequantize_equals_the_reference(name, variant):
+    """The prefill's dequantizer: every weight the torch dequantizer's fp32 value (gguf-py's bit for bit), rounded
+    once to the dtype; row slices of a fused matrix's copy written in place."""
+    from verispec.runtime.gemv import packed_dequantize
+
+    qtype = BY_NAME[name].ggml_type
+    blocks = blocks_of(name, 4096, 4096).cuda()
+    ref = dequantize(blocks, qtype)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        assert torch.equal(packed_dequantize(blocks, qtype, 4096, dtype, variant=variant), ref.to(dtype)), dtype
+    out = torch.full((6144, 4096), float("nan"), device="cuda", dtype=torch.bfloat16)
+    packed_dequantize(blocks, qtype, 4096, torch.bfloat16, out=out[1024:5120], variant=variant)
+    assert torch.equal(out[1024:5120], ref.bfloat16()) and bool(out[:1024].isnan().all() and out[5120:].isnan().all())
+
+
+def test_packed_prefill_is_the_dense_models(tmp_path):
+    """The prefill on packed weights (each matrix dequantized to bf16, then cuBLAS; the LM head on the last token
+    through packed.cu) writes the K/V of the dense-loaded model bit for bit (the same bf16 weights, the same GEMMs);
+    its logits are within bf16 rounding of the dense model's (the head's weights are exact there, rounded to bf16 in
+    the dense model)."""
+    from verispec.runtime import ModelConfig, load_model
+    from verispec.runtime.quant.export import write_quantized_gguf
+
+    cfg = ModelConfig(vocab_size=512, num_layers=2, hidden_size=256, num_heads=4, num_kv_heads=2, head_dim=64,
+                      intermediate_size=512)
+    path = tmp_path / "tiny.gguf"
+    write_quantized_gguf(cfg, path, "Q4_K_M", device="cuda", seed=2)
+    packed, dense = load_model(path, device="cuda", packed=True), load_model(path, device="cuda")
+    prompts = [torch.randint(0, 512, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (40, 700)]
+    for prompt in prompts:                                # a graph bucket (<= 512 tokens), then an eager prefill
+        logits = []
+        for m in (packed, dense):
+            m.setup_cache(1, 768)
+            logits.append(m.prefill([prompt]).float())
+        for i in range(cfg.num_layers):
+            assert torch.equal(packed.cache.k[i][:, :, :len(prompt)], dense.cache.k[i][:, :, :len(prompt)]), i
+            assert torch.equal(packed.cache.v[i][:, :, :len(prompt)], dense.cache.v[i][:, :, :len(prompt)]), i
+        assert ((logits[0] - logits[1]).abs().max() / logits[1].abs().max()).item() < 2e-2
+
+
+def test_embedded_smollm2_runs_from_its_blocks_on_the_gpu():
+    """The embedded SmolLM2-135M (Q4_1 matrices, a Q8_0 embedding that is also the LM head) packed on CUDA, every
+    matmul through packed.cu or its dequantizer:
+      * its logits (teacher-forced, prefill then 24 decode steps) are within 5% (of the largest logit) of the dense
+        bf16 load's, i.e. the same model up to rounding (a wrong decoding is off by the logits' whole size). Not bit
+        for bit: the dense model's weights are rounded to bf16, packed.cu multiplies by the exact fp32 ones, so greedy
+        texts agree until a near-tie flips a token, which is not asserted;
+      * speculative greedy output equals plain greedy output on the packed model, bit for bit, for every drafter
+        (the product's promise: packed.cu is batch-invariant)."""
+    from verispec import DraftModel, PromptLookup, SelfSpeculative, generate
+    from verispec.runtime import load_model
+    from verispec.runtime.loading import embedded_gguf_path
+    from verispec.runtime.quant.packed import packed_weights
+
+    try:
+        embedded_gguf_path()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    packed, dense = load_model(device="cuda", packed=True), load_model(device="cuda")
+    assert len(packed_weights(packed.net)) == 1 + 30 * 4 and packed.weight_bytes < 100e6
+    ids = packed.tokenizer.apply_chat_template([{"role": "user", "content": "Name three colours of the rainbow."}])
+    steps = torch.randint(0, packed.config.vocab_size, (1, 24), generator=torch.Generator().manual_seed(0))
+    out = []
+    for m in (packed, dense):
+        m.setup_cache(1, 256)
+        first = m.prefill([ids])[:, None]
+        out.append(torch.cat([first, *(m.append(steps[:, i:i + 1].cuda()) for i in range(24))], dim=1).float())
+    assert ((out[0] - out[1]).abs().max() / out[1].abs().max()).item() < 5e-2
+    prompts = ["Repeat exactly: the quick brown fox jumps over the lazy dog.", "Write a haiku about the sea.",
+               "List three fruits."]
+    plain = [g.tokens for g in generate(packed, prompts, max_new_tokens=48, chat=True)]
+    assert plain == [generate(packed, p, max_new_tokens=48, chat=True).tokens for p in prompts]
+    drafters = {"lookup": PromptLookup, "self": lambda: SelfSpeculative(layers=20),
+                "draft": lambda: DraftModel(packed.truncated(10))}
+    for kind, make in drafters.items():
+        for k in (1, 4):
+            got = [g.tokens for g in generate(packed, prompts, drafter=make(), k=k, max_new_tokens=48, chat=True)]
+            assert got == plain, (kind, k)
+
+
+@pytest.mark.parametrize("gemv, variant", [(False, 0), (True, 1), (True, 2)])
+def test_packed_model_on_the_gpu(tmp_path, monkeypatch, gemv, variant):
     """A tiny Q4_K_M model loaded packed on CUDA (bf16, the kernels path): its logits within bf16 rounding of the
     dense-loaded model's, and a 4-token verify pass bit-identical to 4 decode steps (with packed.cu: its batch
-    invariance; without: the dequantized weights through invariant.cu)."""
+    invariance, either variant; without: the dequantized weights through invariant.cu)."""
     import verispec.runtime.ops as ops
     from verispec.runtime import ModelConfig, load_model
     from verispec.runtime.quant.export import write_quantized_gguf
 
     monkeypatch.setattr(ops, "PACKED_GEMV", gemv)
+    monkeypatch.setattr(ops, "PACKED_VARIANT", variant)
     cfg = ModelConfig(vocab_size=512, num_layers=2, hidden_size=256, num_heads=4, num_kv_heads=2, head_dim=64,
                       intermediate_size=512)
     path = tmp_path / "tiny.gguf"

@@ -65,8 +65,8 @@ def test_packed_model_equals_the_dense_model(files, name):
     assert set(held) == expected | ({"lm_head"} if name.startswith("llama") else set())
     assert note is None                                  # every matrix kept: nothing to say
     if name == "llama-Q4_K_M":
-        assert held["layers.1.wqkv"].type_names == ("Q4_K", "Q4_K", "Q6_K")
-        assert held["layers.0.wqkv"].type_names == ("Q4_K", "Q4_K", "Q4_K")
+        assert held["layers.1.wqkv"].type_names == ("Q4_K", "Q6_K")          # q and k joined: one Q4_K part
+        assert held["layers.0.wqkv"].type_names == ("Q4_K",) and held["layers.0.w13"].type_names == ("Q4_K",)
     assert torch.equal(passes(model), passes(dense))
     # what is held: the file's matrix bytes + the fp32 norms
     reader = gguf.GGUFReader(str(path))
@@ -125,6 +125,9 @@ def test_packed_weight_rows_and_errors():
     single = PackedWeight(parts[:1], 256, torch.float32)
     assert torch.equal(single.embedding(ids), dense[:4][ids]) and torch.equal(p.embedding(ids), dense[ids])
     assert torch.equal(PackedWeight(parts, 256, torch.bfloat16).dequantize(), dense.bfloat16())
+    joined = PackedWeight([parts[0], (12, parts[0][1][:2]), parts[1]], 256, torch.float32)   # Q4_K, Q4_K, Q8_0
+    assert joined.type_names == ("Q4_K", "Q8_0") and joined.shape == (8, 256)
+    assert torch.equal(joined.dequantize(), torch.cat([dense[:4], dense[:2], dense[4:]]))
     with pytest.raises(ValueError, match=r"a Q4_K part of rows of 512 weights must be uint8 \[n, 288\]"):
         PackedWeight(parts[:1], 512, torch.float32)
 
@@ -139,3 +142,26 @@ def test_packed_refusals(files):
 
     with pytest.raises(ValueError, match="make_peaked overwrites dense weights"):
         make_peaked(model)
+
+
+def test_packed_kernel_arguments_are_checked_before_any_launch():
+    """packed_matmul / packed_dequantize name what is wrong before they build or launch anything (so on a CPU too)."""
+    from verispec.runtime.gemv import packed_dequantize, packed_matmul
+
+    blocks = quantize(torch.randn(4, 256), "Q4_K")                  # [4, 144]
+    x = torch.randn(2, 256)
+    with pytest.raises(ValueError, match=r"GGML type Q5_0 \(6\) is not a block format verispec decodes"):
+        packed_matmul(x, blocks, 6)
+    with pytest.raises(ValueError, match=r"rows of 288 weights are not a whole number of Q4_K blocks of 256"):
+        packed_matmul(torch.randn(2, 288), blocks, "Q4_K")
+    with pytest.raises(ValueError, match=r"rows of 512 weights need Q4_K blocks uint8 \[N, 288\], got torch.uint8 "
+                                         r"\(4, 144\)"):
+        packed_dequantize(blocks, 12, 512, torch.bfloat16)
+    with pytest.raises(ValueError, match=r"variant must be 0 \(the default\) or one of \(1, 2\), got 3"):
+        packed_matmul(x, blocks, 12, variant=3)
+    with pytest.raises(ValueError, match=r"x must be float32/bfloat16/float16, got torch.int64"):
+        packed_matmul(x.long(), blocks, 12)
+    with pytest.raises(ValueError, match=r"x and blocks must be on one CUDA device, got cpu, cpu"):
+        packed_matmul(x, blocks, 12)
+    with pytest.raises(ValueError, match=r"blocks must be on a CUDA device, got cpu"):
+        packed_dequantize(blocks, 12, 256, torch.bfloat16)

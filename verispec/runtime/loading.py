@@ -420,8 +420,10 @@ def load_model(source=None, *, device=None, dtype=None, use_graphs: bool = True,
     device: default cuda if available, else cpu.  dtype: default bf16 on cuda, fp32 on cpu (the compute dtype).
     packed: GGUF sources only: keep every matrix stored as Q4_0, Q4_1, Q8_0, Q4_K or Q6_K as its blocks
     (``quant.packed.PackedWeight``) instead of a dequantized copy; a one-line warning names the matrices of
-    other types, which are dequantized as usual. Each pass dequantizes the matrices it reads (no packed GEMV yet): for memory, not speed; the
-    logits equal the dequantized model's (docs/runtime.md, "Packed weights").
+    other types, which are dequantized as usual. On CUDA the decode / verify pass reads the blocks in place
+    (gemv/packed.cu, batch-invariant) and the prefill dequantizes a matrix at a time for cuBLAS; on the CPU each pass
+    dequantizes the matrices it reads, and the logits equal the dequantized model's (docs/runtime.md, "Packed
+    weights").
     On a CPU device this also sets torch's thread count to the cores other processes leave free
     (``verispec.device.apply_cpu_thread_policy``), unless you chose one yourself (OMP_NUM_THREADS or
     torch.set_num_threads): all cores on a busy machine make decoding collapse.

@@ -36,6 +36,7 @@ from torch import Tensor
 
 from ..device import sm_count
 from .quant.packed import PackedWeight
+from .quant.packed import embedding as packed_embedding
 
 try:
     import triton
@@ -426,10 +427,21 @@ MATMUL_MODES = ("invariant", "cublas", "gemv")
 # VERISPEC_INVARIANT_PDL=1 turns it back on (the bits are the same either way).
 INVARIANT_PDL = os.environ.get("VERISPEC_INVARIANT_PDL", "0") == "1"
 GEMV_CONFIG: tuple[int, int] | None = None   # (rows, split) for every model; None: ``gemv_config``'s rule
-# Packed weights (quant/packed.py) on CUDA: packed.cu when VERISPEC_PACKED_GEMV=1 (batch-invariant like invariant.cu;
-# NOTE: not yet run on a GPU, tests/test_quant_gpu.py are its checks), else dequantized to x's dtype each pass and
-# sent down the dense path above.
-PACKED_GEMV = os.environ.get("VERISPEC_PACKED_GEMV") == "1"
+# Packed weights (quant/packed.py) on CUDA, ``linear``'s route (docs/runtime.md, "Packed weights"):
+#   * the decode / verify pass (invariant=True), and any matmul of at most PACKED_GEMV_MAX_ROWS rows (the prefill's LM
+#     head on the prompts' last tokens): packed.cu, the blocks read in place, batch-invariant like invariant.cu;
+#   * the prefill's other matmuls (invariant=False, more rows): each matrix dequantized to x's dtype by packed.cu's
+#     dequantizer into a scratch copy, then cuBLAS on the tensor cores (the weights' values are the dense model's, so
+#     the prefill is the dense-loaded model's bit for bit but for that LM head).
+# VERISPEC_PACKED_GEMV=0 dequantizes every matrix instead (decode too: the dense path, for comparisons), and
+# VERISPEC_PACKED_VARIANT=1 or 2 picks packed.cu's variant (the same bits; its header says what differs; 0: its default).
+PACKED_GEMV = os.environ.get("VERISPEC_PACKED_GEMV", "1") != "0"
+PACKED_VARIANT = int(os.environ.get("VERISPEC_PACKED_VARIANT", "0"))
+# NOTE: up to 8 rows packed.cu reads the blocks once (one token tile) and moves only the packed bytes; the dense route
+# writes and re-reads a 16-bit copy, about 4 / 0.56 = 7x the bytes of a Q4_K matrix, which pays off only once the
+# tensor cores have many rows to work on (the prefill's buckets start at 16 tokens). benchmarks/quant.py measures both.
+# VERISPEC_PACKED_GEMV_MAX_ROWS sets it (a large value sends the whole prefill through packed.cu).
+PACKED_GEMV_MAX_ROWS = int(os.environ.get("VERISPEC_PACKED_GEMV_MAX_ROWS", "8"))
 
 
 def gemv_config(hidden_size: int) -> tuple[int, int]:
@@ -504,11 +516,15 @@ def linear(x: Tensor, w: Tensor | PackedWeight, b: Tensor | None = None, *, inva
     """F.linear(x [M, K], w [N, K], b) -> [M, N]. ``invariant=True`` (the decode / verify pass of ``batch_size``
     sequences, M = batch_size * tokens): the path of ``matmul_path`` (invariant.cu, or gemv.cu v1 in 8-row chunks in
     the model's configuration ``config`` = (rows, split)); ``invariant=False`` (the prefill): cuBLAS. A packed w
-    (quant/packed.py) is dequantized to x's dtype first, then takes the same path."""
+    (quant/packed.py) on CUDA: packed.cu for the pass and for few rows, else a dequantized copy and cuBLAS (see
+    PACKED_GEMV); on the CPU it is dequantized to x's dtype and takes the dense path."""
     if isinstance(w, PackedWeight):
-        if PACKED_GEMV and x.is_cuda and _gemv_available():
+        if not (x.is_cuda and _gemv_available()):
+            w = w.dequantize(x.dtype)   # the torch dequantizer (CPU: the reference path)
+        elif PACKED_GEMV and (invariant or x.shape[0] <= PACKED_GEMV_MAX_ROWS):
             return _packed_linear(x, w, b)
-        w = w.dequantize(x.dtype)       # NOTE: the whole matrix, every pass: correctness, not speed
+        else:
+            w = _packed_dense(w, x.dtype)
     if not (invariant and x.is_cuda and _gemv_available()):
         return torch.nn.functional.linear(x, w, b)
     M, K = x.shape
@@ -536,6 +552,37 @@ def _packed_linear(x: Tensor, w: PackedWeight, b: Tensor | None) -> Tensor:
     outs, row = [], 0
     for qtype, blocks in w.parts:
         n = blocks.shape[0]
-        outs.append(vgemv.packed_matmul(x, blocks, qtype, None if b is None else b[row:row + n]))
+        outs.append(vgemv.packed_matmul(x, blocks, qtype, None if b is None else b[row:row + n],
+                                        variant=PACKED_VARIANT))
         row += n
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+
+
+def embedding(ids: Tensor, w: Tensor | PackedWeight) -> Tensor:
+    """``F.embedding(ids, w)`` for the kernels path: ids [...] -> [..., E]. A packed w on CUDA: the ids' rows of blocks
+    gathered and dequantized by packed.cu (two launches; a decode step's embedding in the torch dequantizer is a few
+    dozen small kernels), the values of ``PackedWeight.embedding`` bit for bit; otherwise ``quant.packed.embedding``."""
+    if isinstance(w, PackedWeight) and ids.is_cuda and len(w.parts) == 1 and _gemv_available():
+        from . import gemv as vgemv
+
+        qtype, blocks = w.parts[0]
+        rows = vgemv.packed_dequantize(blocks.index_select(0, ids.reshape(-1)), qtype, w.K, w.dtype,
+                                       variant=PACKED_VARIANT)
+        return rows.view(*ids.shape, w.K)
+    return packed_embedding(ids, w)
+
+
+def _packed_dense(w: PackedWeight, dtype: torch.dtype) -> Tensor:
+    """w [N, K] dequantized to ``dtype`` on its CUDA device by packed.cu (the values of ``PackedWeight.dequantize``,
+    bit for bit): a scratch copy for one matmul."""
+    from . import gemv as vgemv
+
+    if len(w.parts) == 1:
+        qtype, blocks = w.parts[0]
+        return vgemv.packed_dequantize(blocks, qtype, w.K, dtype, variant=PACKED_VARIANT)
+    out = torch.empty(w.shape, device=w.device, dtype=dtype)
+    row = 0
+    for qtype, blocks in w.parts:
+        vgemv.packed_dequantize(blocks, qtype, w.K, dtype, out=out[row:row + blocks.shape[0]], variant=PACKED_VARIANT)
+        row += blocks.shape[0]
+    return out

@@ -223,7 +223,7 @@ class Transformer(nn.Module):
         B, T = tokens.shape
         c = self.cfg
         H, KV, D, eps = c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps
-        x = packed.embedding(tokens.reshape(-1), self.embed)                           # [N=B*T, E]
+        x = ops.embedding(tokens.reshape(-1), self.embed)                              # [N=B*T, E]
         delta = None
         for i in range(num_layers):
             L = self.layers[i]
@@ -304,7 +304,7 @@ class Transformer(nn.Module):
         c = self.cfg
         H, KV, D, eps = c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps
         pos = (lengths[:, None] + torch.arange(T, device=tokens.device)).view(-1)          # [N]
-        x = packed.embedding(tokens.reshape(-1), self.embed)                              # [N, E]
+        x = ops.embedding(tokens.reshape(-1), self.embed)                                 # [N, E]
         delta = None
         scale = 1.0 / math.sqrt(D)
         # every matmul batch-invariant (ops.matmul_path): a row's result does not depend on B or T

@@ -6,9 +6,10 @@
     gemv.cu        ``gemv_cuda(x, w)`` for M <= 8 rows: v1 fp32 FMAs (every dtype; per-row order fixed by its
                    (rows, split) configuration, so fp32 passes run it in chunks of 8 rows), v2 tensor cores.
     packed.cu      ``packed_matmul(x, blocks, qtype)``: W kept as GGUF blocks (quant/formats.py), dequantized in registers,
-                   any rows, one reduction order. Not yet run on a GPU: ops.linear uses it only with
-                   VERISPEC_PACKED_GEMV=1 (docs/runtime.md, "Packed weights").
-    gemv_common.cuh  the device helpers they share; binding.cpp the torch glue (built on a CUDA machine only)
+                   any rows, one reduction order (the decode / verify pass of a packed model); ``packed_dequantize``:
+                   blocks -> a dense copy (the prefill's, for cuBLAS). docs/runtime.md, "Packed weights".
+    gemv_common.cuh  the device helpers they share; packed_decoders.cuh packed.cu's block decoders (also built for
+                   the host by tests/test_quant_decoders.py); binding.cpp the torch glue (built on a CUDA machine only)
 
 The extension is built on first use by ``verispec.jit``; it holds only these kernels, so the first decode step
 does not compile the verification kernels. Which one a pass uses: ``verispec.runtime.ops.linear`` and the
@@ -207,28 +208,71 @@ def invariant_variants() -> int:
 
 
 # ------------------------------------------------------------------------------------ packed (GGUF block) matmul
-def packed_matmul(x: torch.Tensor, blocks: torch.Tensor, qtype: int, b: torch.Tensor | None = None, *,
-                  out: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, W, b)`` with W [N, K] given as GGUF blocks: ``blocks`` uint8 [N, K / QK * type_size] of GGML type
-    ``qtype`` (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K). x [..., K] (fp32 / bf16 / fp16, CUDA) -> [..., N] of x's dtype, fp32
-    accumulation, each output element reduced in packed.cu's one order (row i of the result does not depend on the
-    other rows). One launch, no host sync. NOTE: not yet validated on a GPU (tests/test_quant_gpu.py)."""
+PACKED_VARIANTS = (1, 2)   # packed.cu's variants: the same bits (its header says what differs); 0 = the default, v1 until
+                           # v2's GPU checks have passed (vs_packed_default_variant)
+
+
+def _packed_args(fn: str, blocks: torch.Tensor, qtype: int, K: int, variant: int):
+    """The block format of ``qtype``, after checking blocks [N, row bytes of K] and the variant (ValueError naming
+    what is wrong)."""
     from ..quant.formats import block_format
 
     fmt = block_format(qtype)
+    if K % fmt.block_size:
+        raise ValueError(f"{fn}: rows of {K} weights are not a whole number of {fmt.name} blocks of {fmt.block_size}")
+    if blocks.dtype != torch.uint8 or blocks.dim() != 2 or blocks.shape[1] != fmt.row_bytes(K):
+        raise ValueError(f"{fn}: rows of {K} weights need {fmt.name} blocks uint8 [N, {fmt.row_bytes(K)}], got "
+                         f"{blocks.dtype} {tuple(blocks.shape)}")
+    if variant not in (0, *PACKED_VARIANTS):
+        raise ValueError(f"{fn}: variant must be 0 (the default) or one of {PACKED_VARIANTS}, got {variant}")
+    return fmt
+
+
+def packed_matmul(x: torch.Tensor, blocks: torch.Tensor, qtype: int, b: torch.Tensor | None = None, *,
+                  out: torch.Tensor | None = None, variant: int = 0) -> torch.Tensor:
+    """``F.linear(x, W, b)`` with W [N, K] given as GGUF blocks: ``blocks`` uint8 [N, K / QK * type_size] of GGML type
+    ``qtype`` (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K). x [..., K] (fp32 / bf16 / fp16, CUDA) -> [..., N] of x's dtype, fp32
+    accumulation, each output element reduced in packed.cu's one order (row i of the result does not depend on the
+    other rows). One launch, no host sync. variant: 0 = the default (``PACKED_VARIANTS``), 1 or 2 (the same bits;
+    packed.cu's header).
+
+    Example: W = 2 rows of 32 weights, all 1.0 in Q8_0 (d = 1, q = 1):
+    ``blocks = torch.tensor([[0, 60] + [1] * 32] * 2, dtype=torch.uint8, device="cuda")``,
+    ``packed_matmul(torch.ones(1, 32, device="cuda"), blocks, 8)`` -> ``tensor([[32., 32.]], device='cuda:0')``.
+    """
     K = x.shape[-1]
-    if not (x.is_cuda and blocks.device == x.device):
-        raise ValueError(f"packed_matmul: x and blocks must be on one CUDA device, got {x.device}, {blocks.device}")
+    fmt = _packed_args("packed_matmul", blocks, qtype, K, variant)
     if x.dtype not in _GEMV_DTYPES:
         raise ValueError(f"packed_matmul: x must be float32/bfloat16/float16, got {x.dtype}")
-    if K % fmt.block_size:
-        raise ValueError(f"packed_matmul: rows of {K} weights are not a whole number of {fmt.name} blocks")
-    if blocks.dtype != torch.uint8 or blocks.dim() != 2 or blocks.shape[1] != fmt.row_bytes(K):
-        raise ValueError(f"packed_matmul: x [..., {K}] needs {fmt.name} blocks uint8 [N, {fmt.row_bytes(K)}], got "
-                         f"{blocks.dtype} {tuple(blocks.shape)}")
+    if not (x.is_cuda and blocks.device == x.device):
+        raise ValueError(f"packed_matmul: x and blocks must be on one CUDA device, got {x.device}, {blocks.device}")
     N = blocks.shape[0]
     out_shape = (*x.shape[:-1], N)
     x2 = x.reshape(-1, K).contiguous()
+    if x2.data_ptr() % 16:                      # v2 reads x as 16-byte vectors
+        x2 = x2.clone()
     y = load().packed_matmul(x2, blocks.contiguous(), fmt.ggml_type, fmt.type_size,
-                             None if b is None else b.contiguous(), None if out is None else out.view(-1, N))
+                             None if b is None else b.contiguous(), None if out is None else out.view(-1, N),
+                             int(variant))
     return y.view(out_shape) if out is None else out
+
+
+def packed_dequantize(blocks: torch.Tensor, qtype: int, K: int, dtype: torch.dtype, *, out: torch.Tensor | None = None,
+                      variant: int = 0) -> torch.Tensor:
+    """W [N, K] in ``dtype`` from its GGUF blocks (uint8 [N, K / QK * type_size], CUDA): one launch, each weight the
+    value ``quant.dequantize`` gives (bit for bit, as fp32) rounded once to ``dtype``. The prefill's dense copy of a
+    packed matrix for a tensor-core GEMM (``ops.linear``). out: optional contiguous [N, K] ``dtype`` tensor (e.g. a
+    row slice of a fused matrix's copy), written and returned. variant: as ``packed_matmul``'s (the same decoders)."""
+    fmt = _packed_args("packed_dequantize", blocks, qtype, K, variant)
+    if dtype not in _GEMV_DTYPES:
+        raise ValueError(f"packed_dequantize: dtype must be float32/bfloat16/float16, got {dtype}")
+    if not blocks.is_cuda:
+        raise ValueError(f"packed_dequantize: blocks must be on a CUDA device, got {blocks.device}")
+    shape = (blocks.shape[0], K)
+    if out is None:
+        out = torch.empty(shape, device=blocks.device, dtype=dtype)
+    elif (tuple(out.shape) != shape or out.dtype != dtype or out.device != blocks.device or not out.is_contiguous()
+          or out.data_ptr() % 16):
+        raise ValueError(f"packed_dequantize: out must be a contiguous 16-byte aligned {shape} {dtype} tensor on "
+                         f"{blocks.device}, got {tuple(out.shape)} {out.dtype} on {out.device}")
+    return load().packed_dequantize(blocks.contiguous(), fmt.ggml_type, fmt.type_size, out, int(variant))

@@ -15,8 +15,11 @@ void vs_inv_variant_shape(int variant, int* rt, int* nt, int* u);
 cudaError_t vs_inv_matmul(const void* x, const void* w, const void* b, void* y, int dtype, int M, int N, int K,
                           int variant, int slices, cudaStream_t stream, int pdl);
 int vs_packed_block_size(int qtype);
+int vs_packed_default_variant();
 cudaError_t vs_packed_matmul(const void* x, const void* w, const void* b, void* y, int dtype, int qtype, int M, int N,
-                             int K, cudaStream_t stream);
+                             int K, int variant, cudaStream_t stream);
+cudaError_t vs_packed_dequantize(const void* w, void* out, int dtype, int qtype, int N, int K, int variant,
+                                 cudaStream_t stream);
 }
 
 namespace {
@@ -110,7 +113,7 @@ std::vector<int64_t> inv_config(int64_t M, int64_t N, int64_t K, int64_t variant
 // ---- packed (GGUF block) matmul ---------------------------------------------------------------
 // y [M, N] = x [M, K] @ W^T (+ b [N]), W = blocks uint8 [N, K / QK * type size] of GGML type qtype (packed.cu).
 at::Tensor packed_matmul(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype, int64_t type_size,
-                         const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& out) {
+                         const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& out, int64_t variant) {
     TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.is_contiguous(), "x must be a contiguous CUDA [M, K] tensor");
     check_cuda(blocks, x, "blocks");
     const int qk = vs_packed_block_size((int)qtype);
@@ -140,9 +143,31 @@ at::Tensor packed_matmul(const at::Tensor& x, const at::Tensor& blocks, int64_t 
     }
     const c10::cuda::CUDAGuard guard(x.device());
     check_launch(vs_packed_matmul(x.data_ptr(), blocks.data_ptr(), bp, y.data_ptr(), dtype_code(x, "x"), (int)qtype,
-                                  M, N, K, at::cuda::getCurrentCUDAStream()),
+                                  M, N, K, (int)variant, at::cuda::getCurrentCUDAStream()),
                  "packed_matmul");
     return y;
+}
+
+// out [N, K] (contiguous, fp32 / bf16 / fp16) = W dequantized, W = blocks uint8 [N, K / QK * type size] of GGML type
+// qtype; returns out.
+at::Tensor packed_dequantize(const at::Tensor& blocks, int64_t qtype, int64_t type_size, const at::Tensor& out,
+                             int64_t variant) {
+    TORCH_CHECK(blocks.is_cuda(), "blocks must be a CUDA tensor");
+    check_cuda(out, blocks, "out");
+    const int qk = vs_packed_block_size((int)qtype);
+    TORCH_CHECK(out.dim() == 2 && out.is_contiguous() && out.size(0) == blocks.size(0),
+                "out must be a contiguous [N, K] tensor, N = ", blocks.size(0), ", got ", out.sizes());
+    const int64_t K = out.size(1);
+    TORCH_CHECK(qk > 0 && K % qk == 0, "GGML type ", qtype, " is not one packed.cu decodes, or K = ", K,
+                " is not a whole number of its blocks");
+    TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.is_contiguous() &&
+                    blocks.size(1) == (K / qk) * type_size,
+                "blocks must be a contiguous uint8 [N, ", (K / qk) * type_size, "] tensor, got ", blocks.sizes());
+    const c10::cuda::CUDAGuard guard(blocks.device());
+    check_launch(vs_packed_dequantize(blocks.data_ptr(), out.data_ptr(), dtype_code(out, "out"), (int)qtype,
+                                      (int)blocks.size(0), (int)K, (int)variant, at::cuda::getCurrentCUDAStream()),
+                 "packed_dequantize");
+    return out;
 }
 
 }  // namespace
@@ -154,5 +179,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("inv_config", &inv_config, "[slices, variant, RT, NT, U] of inv_matmul for (M, N, K, variant)");
     m.def("inv_num_variants", &vs_inv_num_variants, "how many variants inv_matmul has (1..n)");
     m.def("gemv_config", &gemv_config, "the automatic (version, rows, split) of vs_gemv for w [N, K] and M rows");
-    m.def("packed_matmul", &packed_matmul, "y = x @ W^T (+ b), W as GGUF blocks, in packed.cu's fixed order, any M");
+    m.def("packed_matmul", &packed_matmul, "y = x @ W^T (+ b), W as GGUF blocks, in packed.cu's fixed order, any M "
+          "(variant: 0 = default, 1, 2: the same bits)");
+    m.def("packed_dequantize", &packed_dequantize, "out [N, K] = W dequantized from its GGUF blocks (variant as above)");
+    m.def("packed_default_variant", &vs_packed_default_variant, "the variant packed_matmul runs for variant 0");
 }

@@ -62,6 +62,13 @@ def block_format(qtype) -> BlockFormat:
     fmt = BY_NAME.get(key) if isinstance(key, str) else FORMATS.get(int(key))
     if fmt is None:
         name = getattr(qtype, "name", qtype)
+        if not hasattr(qtype, "name") and not isinstance(key, str):
+            try:                                   # a bare id: say which type it is (e.g. "Q5_0 (6)")
+                from gguf.constants import GGMLQuantizationType
+
+                name = f"{GGMLQuantizationType(int(key)).name} ({int(key)})"
+            except (ImportError, ValueError):
+                pass
         raise ValueError(f"GGML type {name} is not a block format verispec decodes (supported: {sorted(BY_NAME)})")
     return fmt
 

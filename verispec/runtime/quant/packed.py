@@ -2,18 +2,19 @@
 
     W [N, K] = rows [part 0; part 1; ...]; part j: ``blocks`` uint8 [n_j, K / QK * type_size] of one GGML type
 
-A fused matrix of the runtime (``wqkv`` = [q; k; v], ``w13`` = [gate; up]) whose parts were stored in different
-types (Q4_K_M keeps some attn_v in Q6_K beside Q4_K q and k) is one PackedWeight of several parts. Rows are whole
-blocks, so a row permutation (llama.cpp's Q/K layout, undone at load) or a row gather (an embedding lookup) moves
-bytes, never re-quantizes.
+A fused matrix of the runtime (``wqkv`` = [q; k; v], ``w13`` = [gate; up]) is one PackedWeight of one part per run of
+rows of one type: consecutive GGUF tensors of the same type are joined at construction (Q4_K_M's w13 is one Q4_K
+part; a wqkv whose attn_v is Q6_K is [q and k Q4_K; v Q6_K]), so a matmul is one launch per type, not per tensor.
+Rows are whole blocks, so a row permutation (llama.cpp's Q/K layout, undone at load), a join or a row gather (an
+embedding lookup) moves bytes, never re-quantizes.
 
-How a pass uses it (``linear``, ``embedding`` below, called by transformer.py and ops.py wherever a weight is read):
-  * matmul: ``dequantize`` to the activations' dtype, then the dense matmul the pass would run (on the CPU
-    F.linear; on CUDA the batch-invariant path of ops.linear). Correctness only: it dequantizes the whole matrix
-    each pass. The packed GEMV that reads the blocks directly is CUDA work (docs/runtime.md, "Packed weights").
+How a pass uses it:
+  * matmul on the CPU (``linear`` below, the torch path of transformer.py): ``dequantize`` to the activations' dtype,
+    then F.linear. The results equal the dense model's whose weights are the dequantized blocks (same values, same
+    matmul), bit for bit: tests/test_quant_packed.py.
+  * matmul on CUDA (``ops.linear``, the kernels path): gemv/packed.cu reads the blocks in place for the decode /
+    verify pass, the prefill dequantizes a matrix at a time for cuBLAS (docs/runtime.md, "Packed weights").
   * embedding: gather the token rows' blocks and dequantize those rows only.
-The results equal the dense model's whose weights are the dequantized blocks (same values, same matmul), bit for
-bit on the CPU: tests/test_quant_packed.py.
 """
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ from .formats import block_format
 class PackedWeight:
     """W [N, K] as GGUF blocks, computing in ``dtype``.
 
-    parts: [(GGML type, blocks uint8 [n_j, K / QK_j * type_size_j])], stacked by rows; K: the row length."""
+    parts: [(GGML type, blocks uint8 [n_j, K / QK_j * type_size_j])], stacked by rows (consecutive parts of one type
+    are joined into one); K: the row length."""
 
     def __init__(self, parts: list[tuple[int, Tensor]], K: int, dtype: torch.dtype):
         if not parts:
@@ -40,7 +42,10 @@ class PackedWeight:
                     or K % fmt.block_size:
                 raise ValueError(f"a {fmt.name} part of rows of {K} weights must be uint8 [n, {fmt.row_bytes(K)}], "
                                  f"got {blocks.dtype} {tuple(blocks.shape)}")
-            self.parts.append((fmt.ggml_type, blocks))
+            if self.parts and self.parts[-1][0] == fmt.ggml_type:      # one launch per run of one type
+                self.parts[-1] = (fmt.ggml_type, torch.cat([self.parts[-1][1], blocks]))
+            else:
+                self.parts.append((fmt.ggml_type, blocks))
         devices = {b.device for _, b in self.parts}
         if len(devices) != 1:
             raise ValueError(f"PackedWeight parts on several devices: {devices}")

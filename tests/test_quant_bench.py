@@ -1,0 +1,65 @@
+"""benchmarks/quant.py on the CPU: the random-block model it times (llama.cpp's Q4_K_M type mix, finite logits) and
+its report from saved parts (the GPU parts themselves run on a device: the commands in the module docstring)."""
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("gguf")
+
+from benchmarks import quant  # noqa: E402
+from verispec.runtime import ModelConfig  # noqa: E402
+from verispec.runtime.quant.packed import packed_weights  # noqa: E402
+
+
+def test_random_block_model_has_the_q4_k_m_mix():
+    cfg = ModelConfig(vocab_size=320, num_layers=8, hidden_size=256, num_heads=4, num_kv_heads=2, head_dim=64,
+                      intermediate_size=512)
+    model = quant.packed_random_model(cfg, device="cpu", dtype=torch.float32)
+    held = packed_weights(model.net)
+    assert held["embed"].type_names == ("Q4_K",) and held["lm_head"].type_names == ("Q6_K",)
+    # more_bits(i) for 8 layers: 0, 3 and 7 keep attn_v and ffn_down in Q6_K
+    assert [held[f"layers.{i}.wqkv"].type_names[-1] for i in range(8)] == \
+        ["Q6_K", "Q4_K", "Q4_K", "Q6_K", "Q4_K", "Q4_K", "Q6_K", "Q6_K"]
+    assert [held[f"layers.{i}.w2"].type_names for i in (0, 1)] == [("Q6_K",), ("Q4_K",)]
+    model.setup_cache(1, 16)
+    logits = model.prefill([[1, 2, 3]])
+    assert bool(torch.isfinite(logits).all()) and 0.01 < logits.std().item() < 100
+    assert quant._decode_floor_bytes(model) == model.weight_bytes - held["embed"].nbytes
+
+
+def test_report_from_saved_parts(tmp_path, monkeypatch):
+    env = dict(date="2026-11-25 10:00 UTC", torch="2", cuda="12", triton="3", transformers="4", python="3.11",
+               device="NVIDIA H100", sms=132, l2_mib=50, driver="1")
+    checks = [dict(shape="q/o", type="Q4_K", N=4096, K=4096, v2_equals_v1=True, bad_m=[], alone=True,
+                   dequant_equals_torch=True, finite=True)]
+    rows = [dict(shape="q/o", type="Q4_K", N=4096, K=4096, M=1, packed_mb=9.4, floor_us=3.1, bf16_floor_us=11.1,
+                 bf16_us=12.0, v1_us=9.0, v2_us=4.0)]
+    dequant = [dict(shape="q/o", type="Q4_K", N=4096, K=4096, v1_us=20.0, v2_us=15.0, floor_us=14.0)]
+    kernel = dict(env=env, bandwidth=3e12, rows=rows, checks=checks, dequant=dequant, command="python benchmarks/quant.py kernel")
+    passes = {"v2": {"1": 2.5, "5": 2.7, "9": 3.0}, "v1": {"1": 4.0, "5": 5.0, "9": 6.0}}
+    model = dict(env=env, bandwidth=3e12, shape="llama-3.1-8b", command="python benchmarks/quant.py model",
+                 models=[dict(model="llama-3.1-8b Q4_K_M (packed)", weight_bytes=5.7e9, floor_bytes=4.9e9,
+                              passes=passes, prefill={"1024": 30.0},
+                              bit_checks=[dict(k=4, pass_equals_steps=True, batch_equals_alone=True, max_abs_diff=0.0)]),
+                         dict(model="llama-3.1-8b bf16", weight_bytes=16e9, floor_bytes=15e9,
+                              passes={"invariant": {"1": 5.7, "5": 6.3, "9": 6.8}}, prefill={"1024": 25.0})])
+    smollm = dict(env=env, command="python benchmarks/quant.py smollm",
+                  runs=[dict(model="dense bf16", weight_mb=270.0, median_tok_s=500.0, tokens=768, wall_s=2.0),
+                        dict(model="packed", weight_mb=96.6, median_tok_s=520.0, tokens=768, wall_s=1.9)],
+                  packed_equals_dense=dict(same=7, of=8, first_diff=[None] * 7 + [40]),
+                  exact=[dict(drafter="lookup", k=4, differ_batch=[], alone_equal=True, alone_tok_s=900.0,
+                              tokens_per_round=2.1)])
+    for name, part in (("kernel", kernel), ("model", model), ("smollm", smollm)):
+        (tmp_path / f"quant_{name}.json").write_text(json.dumps(part))
+    monkeypatch.setattr(quant, "RESULTS", tmp_path / "results")
+    assert quant.report(tmp_path, write=False) == tmp_path / "quant.md"
+    text = (tmp_path / "quant.md").read_text()
+    assert "Q4_K_M decode, B = 1 (v2): 2.50 ms = 400 tok/s = 65% of its packed-byte floor (1.63 ms)" in text
+    assert "verify(k = 4) / decode = 1.08" in text and "1024 tokens: 30.0 ms packed vs 25.0 ms bf16 = 1.20x" in text
+    assert "quoted in issue 24, not measured here" in text and "1 of 1 k values" in text
+    assert "| q/o | Q4_K | 1 | 9.4 | 3.1 | 9.0 | 4.0 | 78% | 12.0 | 3.00x |" in text
+    assert "speculative greedy == plain greedy in 1 of 1 (drafter, k) cells" in text and "7 of 8 prompts identical" in text
+    assert not (tmp_path / "results").exists()
+    quant.report(tmp_path, write=True)
+    assert (tmp_path / "results" / "quant.md").read_text() == text
