@@ -107,7 +107,7 @@ def test_capture_adds_no_pass_and_changes_no_logits():
             model.capture_hidden(LAYERS)
         passes = count_passes(model)
         out = generate(model, [[5, 6, 7, 5, 6], [8, 9, 10, 11, 12]], drafter=PromptLookup(2, 1), k=3,
-                       max_new_tokens=12))
+                       max_new_tokens=12)
         runs[capture] = ([o.tokens for o in out], dict(passes))
     assert runs[True] == runs[False]
     assert runs[True][1]["prefill"] == 2 and runs[True][1]["append"] > 0   # one prefill a prompt, one pass a round
