@@ -12,9 +12,10 @@ The rules (this table is the single source: the test parses it):
     engine      device jit analysis verify runtime drafters engine
     distributed device jit analysis verify runtime drafters distributed
     serve       device jit analysis verify runtime drafters engine serve
+    training    device jit analysis verify runtime drafters engine training
     bench       device jit analysis verify runtime drafters engine distributed bench
     verispec    device jit analysis verify runtime drafters engine verispec
-    cli         device jit analysis verify runtime drafters engine distributed serve bench verispec cli
+    cli         device jit analysis verify runtime drafters engine distributed serve bench training verispec cli
 
 A layer is a top-level module or subpackage of verispec (``verispec/verify/triton/greedy.py`` is in
 ``verify``); ``verispec`` is the package's ``__init__.py`` (its re-exports), so ``from verispec import
@@ -23,7 +24,7 @@ and jit.py are the bottom and import nothing of verispec; verification depends o
 runtime never imports verification, drafters or the engine; drafters may use the runtime, never the
 engine; the engine sits on verify, runtime and drafters; tensor parallelism and SSD (``distributed``)
 run their own round loop beside the engine, never through it; the server (``serve``) is a skin over the
-engine; bench (the ``verispec bench`` studies) measures the engine and uses the simulator; only cli.py sits
+engine; ``training`` (``verispec train-head``) drives the engine to distill data for a drafter's head; bench (the ``verispec bench`` studies) measures the engine and uses the simulator; only cli.py sits
 on top. Nothing in verispec/ imports the repository's ``dev`` or ``benchmarks`` packages at all.
 
 Every import counts: ``import a.b``, ``from a import b``, relative imports (resolved against the

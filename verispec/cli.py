@@ -6,6 +6,8 @@
     verispec verify-demo [--batch-size B --num-draft K --vocab-size V --acceptance-rate A]
     verispec serve [--model M] [--draft-lookup | --draft D | --draft-self L] [-k N|auto] [--port P] ...
     verispec quantize --model M --type Q4_K_M|Q4_0|Q8_0 --out model.gguf   (an HF dir or a shape name -> GGUF)
+    verispec train-head --model M --out DIR [--tokens N] [--steps S] [--device D] [--resume]   (a feature head)
+    verispec generate "PROMPT" --draft-head [DIR]   (a feature head; without DIR the embedded SmolLM2's)
 """
 from __future__ import annotations
 
@@ -191,8 +193,13 @@ def _check_positions(args, what: str, source) -> None:
 
 
 def _make_drafter(args, target):
-    from .drafters import DraftModel, PromptLookup, SelfSpeculative
+    from .drafters import DraftModel, FeatureHead, PromptLookup, SelfSpeculative
 
+    if args.draft_head is not None:
+        try:
+            return FeatureHead(args.draft_head or None)
+        except (ValueError, FileNotFoundError) as e:
+            _die(f"--draft-head {args.draft_head or '(the embedded head)'}: {e}")
     if args.draft_lookup:
         return PromptLookup(max_ngram=args.ngram_max, min_ngram=args.ngram_min)
     if args.draft_self is not None:
@@ -442,6 +449,69 @@ def _quantize_parser(sub) -> None:
     q.set_defaults(run_command=_run_quantize)
 
 
+# ------------------------------------------------------------------------------------------ train-head
+def _run_train_head(args) -> int:
+    from .device import apply_cpu_thread_policy
+    from .training import TrainConfig, train_head
+
+    for name in ("tokens", "steps", "max_new_tokens", "ttt_steps", "batch_tokens"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            _die(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if not args.lr > 0:
+        _die(f"--lr must be > 0, got {args.lr}")
+    if args.time_limit is not None and not args.time_limit > 0:
+        _die(f"--time-limit must be > 0 seconds, got {args.time_limit}")
+    threads = apply_cpu_thread_policy(args.threads)
+    target = _load(args.model, args.device, args.dtype)
+    if target.device.type == "cpu":
+        _note(f"training on the CPU with {threads} thread(s)")
+    cfg = TrainConfig(out=args.out, tokens=args.tokens, held_out_tokens=max(200, args.tokens // 10),
+                      steps=args.steps, batch_tokens=args.batch_tokens, max_new_tokens=args.max_new_tokens,
+                      ttt_steps=args.ttt_steps, lr=args.lr, eval_every=args.eval_every, seed=args.seed,
+                      resume=args.resume, time_limit_s=args.time_limit)
+    start = time.perf_counter()
+    try:
+        result = train_head(target, cfg, log=lambda msg, transient=False: None if transient else _note(msg))
+    except FileNotFoundError as e:
+        _die(str(e))
+    acc = ", ".join(f"{a:.3f}" for a in result.get("acc", []))
+    untrained = result.get("untrained") or {}
+    print(f"head written to {args.out} after step {result['step']} ({time.perf_counter() - start:.0f} s): held-out "
+          f"loss {result.get('loss', float('nan')):.3f} (untrained {untrained.get('loss', float('nan')):.3f}), "
+          f"acceptance by depth [{acc}], tau {result.get('tau', float('nan')):.2f}")
+    return 0
+
+
+def _train_head_parser(sub) -> None:
+    t = sub.add_parser("train-head", help="train a feature head (EAGLE-3 style drafter) for a model",
+                       formatter_class=_Formatter,
+                       description="Self-distillation: the model answers built-in prompts with its own distribution, "
+                                   "then a one-layer head learns its next-token distribution from its hidden states, "
+                                   "with EAGLE-3's training-time test (several draft steps on the head's own "
+                                   "outputs). Writes config.json + head.safetensors (usable at every checkpoint), "
+                                   "train_state.pt and corpus.pt (for --resume).")
+    t.add_argument("--model", default=None, help="HF checkpoint dir, .gguf file or shape name; None = the embedded "
+                   "SmolLM2-135M-Instruct")
+    t.add_argument("--out", required=True, help="the head's directory")
+    t.add_argument("--tokens", type=int, default=20000, help="training tokens to distill (prompt + answer)")
+    t.add_argument("--steps", type=int, default=None, help="optimizer steps; None = 3 passes over the tokens")
+    t.add_argument("--batch-tokens", type=int, default=2048, help="tokens per optimizer step")
+    t.add_argument("--max-new-tokens", type=int, default=96, help="answer length per prompt")
+    t.add_argument("--ttt-steps", type=int, default=3, help="unrolled draft steps per entry (training-time test)")
+    t.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
+    t.add_argument("--eval-every", type=int, default=50, help="steps between held-out evaluations / checkpoints")
+    t.add_argument("--time-limit", type=float, default=None, help="stop training (with a checkpoint) after this "
+                   "many seconds of training; --resume continues")
+    t.add_argument("--resume", action="store_true", help="continue the run in --out (its corpus and state)")
+    t.add_argument("--seed", type=int, default=0, help="seed of the data order, the sampled answers and the init")
+    t.add_argument("--device", default=None, help="cpu | cuda | cuda:i; None = cuda if available, else cpu")
+    t.add_argument("--dtype", default=None, help="the model's dtype; None = bf16 on cuda, fp32 on cpu (the head "
+                   "trains in fp32)")
+    t.add_argument("--threads", type=int, default=None, help="torch CPU threads; None = the free physical cores")
+    t.set_defaults(run_command=_run_train_head)
+
+
 # ------------------------------------------------------------------------------------------ verify-demo
 def _validate_verify_demo(args):
     """(device, dtype) after checking every argument, and the workload's size, before allocating."""
@@ -551,6 +621,9 @@ def _generate_args(p: argparse.ArgumentParser) -> None:
                    help="prompt-lookup drafting: copy what followed earlier occurrences of the last n-gram")
     d.add_argument("--draft-self", metavar="L", type=int, default=None,
                    help="self-speculation: the model's first L layers draft for it")
+    d.add_argument("--draft-head", metavar="DIR", nargs="?", const="", default=None,
+                   help="a feature head (EAGLE-3 style) reading the model's hidden states: a directory written by "
+                        "`verispec train-head`; without DIR the head shipped for the embedded SmolLM2")
     p.add_argument("-k", type=int, default=None, help="draft tokens per round, >= 1; None = 8 for --draft-lookup, "
                    "else 4; capped at --max-new-tokens - 1 and the model's positions")
     p.add_argument("--ngram-max", type=int, default=3, help="--draft-lookup: longest n-gram matched")
@@ -610,6 +683,7 @@ def _parser() -> argparse.ArgumentParser:
 
     add_bench_parser(sub)
     _quantize_parser(sub)
+    _train_head_parser(sub)
     return parser
 
 

@@ -1,0 +1,67 @@
+"""Self-distillation data: the target answers prompts with its own distribution (plain decoding through the engine:
+greedy for half the prompts, sampled at temperature 0.8 for the other half, seeded), then one pass over each whole
+sequence records the states the head reads and the target's last-layer state, from which the training loss
+recomputes the target's next-token distribution (storing [T, V] logits would take 50x the memory).
+
+A ``Corpus`` holds, per sequence: tokens [T] and states [T, C + 1, E] (the head's C layers, then the last layer),
+on the target's device in its dtype.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from ..engine import generate
+
+
+@dataclass
+class Corpus:
+    layers: tuple[int, ...]                  # the C head layers (slots 0..C-1); slot C is the target's last layer
+    tokens: list[Tensor] = field(default_factory=list)   # [T] int64 each
+    states: list[Tensor] = field(default_factory=list)   # [T, C + 1, E] each
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(t.numel() for t in self.tokens)
+
+
+@torch.no_grad()
+def record_states(target, sequences: list[list[int]], layers: tuple[int, ...]) -> list[Tensor]:
+    """One prefill pass per sequence with the target's hidden states on -> [T, C + 1, E] each (the C ``layers``,
+    then the last layer). The capture is switched off again afterwards."""
+    last = target.config.num_layers - 1
+    captured = tuple(layers) + (() if last in layers else (last,))
+    slots = list(range(len(layers))) + [captured.index(last)]
+    before = target.hidden_layers
+    target.capture_hidden(captured)
+    out = []
+    try:
+        width = max(len(s) for s in sequences)
+        for seq in sequences:
+            target.setup_cache(1, width, empty=True)
+            target.admit([seq])
+            out.append(target.take_prompt_hidden(0)[:, slots].clone())
+    finally:
+        target.capture_hidden(before)
+    return out
+
+
+def distill(target, prompts: list[list[int]], layers: tuple[int, ...], *, max_new_tokens: int, batch_size: int = 16,
+            seed: int = 0, progress=None) -> Corpus:
+    """Answer every prompt with the target (prompt i: greedy if i is even, else T = 0.8 with seed + i), record the
+    states of prompt + answer -> a ``Corpus``. ``progress(num_tokens)`` after each batch."""
+    corpus = Corpus(tuple(layers))
+    for start in range(0, len(prompts), batch_size):
+        chunk = prompts[start:start + batch_size]
+        temps = [0.0 if (start + i) % 2 == 0 else 0.8 for i in range(len(chunk))]
+        outs = generate(target, chunk, drafter=None, max_new_tokens=max_new_tokens, temperature=temps,
+                        seed=seed + start, warm=target.device.type == "cuda")
+        sequences = [list(p) + list(o.tokens) for p, o in zip(chunk, outs)]
+        for seq, states in zip(sequences, record_states(target, sequences, layers)):
+            corpus.tokens.append(torch.tensor(seq, dtype=torch.long, device=target.device))
+            corpus.states.append(states)
+        if progress is not None:
+            progress(corpus.num_tokens)
+    return corpus
