@@ -29,30 +29,30 @@ class Corpus:
 
 @torch.no_grad()
 def record_states(target, sequences: list[list[int]], layers: tuple[int, ...]) -> list[Tensor]:
-    """One prefill pass per sequence with the target's hidden states on -> [T, C + 1, E] each (the C ``layers``,
-    then the last layer). The capture is switched off again afterwards."""
+    """One prefill pass per sequence with the hidden states on -> [T, C + 1, E] each (the C ``layers``, then the
+    last layer). It runs on a twin of the target (``truncated`` to its full depth: the same weights, its own cache
+    and graphs), so the target's cache and captured graphs stay as generation left them."""
     last = target.config.num_layers - 1
     captured = tuple(layers) + (() if last in layers else (last,))
     slots = list(range(len(layers))) + [captured.index(last)]
-    before = target.hidden_layers
-    target.capture_hidden(captured)
+    twin = target.truncated(target.config.num_layers)
+    twin.capture_hidden(captured)
+    twin.setup_cache(1, max(len(s) for s in sequences), empty=True)
     out = []
-    try:
-        width = max(len(s) for s in sequences)
-        for seq in sequences:
-            target.setup_cache(1, width, empty=True)
-            target.admit([seq])
-            out.append(target.take_prompt_hidden(0)[:, slots].clone())
-    finally:
-        target.capture_hidden(before)
+    for seq in sequences:
+        twin.setup_cache(1, twin.max_seq_len, empty=True)
+        twin.admit([seq])
+        out.append(twin.take_prompt_hidden(0)[:, slots].clone())
     return out
 
 
-def distill(target, prompts: list[list[int]], layers: tuple[int, ...], *, max_new_tokens: int, batch_size: int = 16,
-            seed: int = 0, progress=None) -> Corpus:
+def distill(target, prompts: list[list[int]], layers: tuple[int, ...], *, max_new_tokens: int,
+            batch_size: int | None = None, seed: int = 0, progress=None) -> Corpus:
     """Answer every prompt with the target (prompt i: greedy if i is even, else T = 0.8 with seed + i), record the
-    states of prompt + answer -> a ``Corpus``. ``progress(num_tokens)`` after each batch."""
+    states of prompt + answer -> a ``Corpus``. ``batch_size`` prompts per ``generate`` (None: 64 on a GPU, 16 on a
+    CPU). ``progress(num_tokens)`` after each batch."""
     corpus = Corpus(tuple(layers))
+    batch_size = batch_size or (64 if target.device.type == "cuda" else 16)
     for start in range(0, len(prompts), batch_size):
         chunk = prompts[start:start + batch_size]
         temps = [0.0 if (start + i) % 2 == 0 else 0.8 for i in range(len(chunk))]
