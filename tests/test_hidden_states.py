@@ -124,3 +124,43 @@ def test_off_by_default_and_bad_layers_are_refused():
     for bad in ([3], [0, 0], [-1]):
         with pytest.raises(ValueError, match=r"distinct indices in \[0, 3\)"):
             model.capture_hidden(bad)
+
+
+def _kernel_devices():
+    import os
+
+    from verispec.runtime import ops
+    if not ops.AVAILABLE:
+        return []
+    return (["cuda"] if torch.cuda.is_available() else []) + (["cpu"] if os.environ.get("TRITON_INTERPRET") == "1"
+                                                              else [])
+
+
+@pytest.mark.parametrize("device", _kernel_devices())
+def test_kernel_paths_write_the_states_of_the_torch_paths(device):
+    """append_kernels / prefill_kernels (CUDA's passes; here under the Triton interpreter on a CPU) write the same
+    states as the torch paths checked against transformers above."""
+    import copy
+
+    model = load_model(CFG, device=device, dtype=torch.float32, seed=0, use_graphs=False)
+    net, C, E = model.net, len(LAYERS), CFG.hidden_size
+    g = torch.Generator().manual_seed(2)
+    prompt = torch.randint(0, 101, (1, 9), generator=g).to(device)
+    model.setup_cache(2, 32)
+    states = {}
+    for name in ("torch", "kernels"):
+        cache = copy.deepcopy(model.cache)
+        buf = torch.zeros(9, C, E, device=device)
+        last = torch.tensor([8], device=device)
+        if name == "torch":
+            net._prefill_torch(prompt, last, model._rope[:9], cache, 3, 0, buf, LAYERS)
+        else:
+            net.prefill_kernels(prompt, last, model._rope, cache, 3, torch.tensor([0], device=device), buf, LAYERS)
+        cache.lengths[:] = torch.tensor([9, 0], device=device)
+        tokens = torch.randint(0, 101, (2, 3), generator=torch.Generator().manual_seed(3)).to(device)
+        step = torch.zeros(6, C, E, device=device)
+        f = net._append_torch if name == "torch" else net.append_kernels
+        f(tokens, cache.lengths, model._rope, cache, 3, step, LAYERS)
+        states[name] = (buf, step)
+    for a, b in zip(states["kernels"], states["torch"]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)

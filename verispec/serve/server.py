@@ -25,7 +25,7 @@ def _log(message: str) -> None:
 
 
 def load_target_and_drafter(args):
-    from ..drafters import DraftModel, PromptLookup, SelfSpeculative, SuccessorOracle, make_peaked
+    from ..drafters import DraftModel, FeatureHead, PromptLookup, SelfSpeculative, SuccessorOracle, make_peaked
     from ..runtime import load_model
     from ..runtime.loading import load_tokenizer
     from .cli import parse_oracle
@@ -40,7 +40,9 @@ def load_target_and_drafter(args):
     if target.tokenizer is None:
         raise ValueError(f"{args.model} has no tokenizer (random weights?): pass --tokenizer")
     alpha = parse_oracle(args.draft)
-    if args.draft_lookup:
+    if getattr(args, "draft_head", None) is not None:
+        drafter = FeatureHead(args.draft_head or None)
+    elif args.draft_lookup:
         drafter = PromptLookup()
     elif args.draft_self is not None:
         drafter = SelfSpeculative(layers=args.draft_self)
