@@ -1,6 +1,6 @@
 """Self-distillation data: the target answers prompts with its own distribution (plain decoding through the engine:
-greedy for half the prompts, sampled at temperature 0.8 for the other half, seeded), then one pass over each whole
-sequence records the states the head reads and the target's last-layer state, from which the training loss
+greedy for half the prompts, sampled at temperature 0.8 for the other half and for repeats, seeded), then one pass
+over each whole sequence records the states the head reads and the target's last-layer state, from which the training loss
 recomputes the target's next-token distribution (storing [T, V] logits would take 50x the memory).
 
 A ``Corpus`` holds, per sequence: tokens [T] and states [T, C + 1, E] (the head's C layers, then the last layer),
@@ -48,14 +48,18 @@ def record_states(target, sequences: list[list[int]], layers: tuple[int, ...]) -
 
 def distill(target, prompts: list[list[int]], layers: tuple[int, ...], *, max_new_tokens: int,
             batch_size: int | None = None, seed: int = 0, progress=None) -> Corpus:
-    """Answer every prompt with the target (prompt i: greedy if i is even, else T = 0.8 with seed + i), record the
-    states of prompt + answer -> a ``Corpus``. ``batch_size`` prompts per ``generate`` (None: 64 on a GPU, 16 on a
-    CPU). ``progress(num_tokens)`` after each batch."""
+    """Answer every prompt with the target, record the states of prompt + answer -> a ``Corpus``. The first
+    occurrence of a prompt at an even index i is answered greedily, every other one sampled at T = 0.8 with seed
+    + i (a prompt listed twice gets two different answers: how a budget larger than the prompts is filled).
+    ``batch_size`` prompts per ``generate`` (None: 64 on a GPU, 16 on a CPU). ``progress(num_tokens)`` after each
+    batch."""
     corpus = Corpus(tuple(layers))
     batch_size = batch_size or (64 if target.device.type == "cuda" else 16)
+    seen: set[tuple[int, ...]] = set()
     for start in range(0, len(prompts), batch_size):
         chunk = prompts[start:start + batch_size]
-        temps = [0.0 if (start + i) % 2 == 0 else 0.8 for i in range(len(chunk))]
+        temps = [0.0 if (start + i) % 2 == 0 and tuple(p) not in seen else 0.8 for i, p in enumerate(chunk)]
+        seen.update(tuple(p) for p in chunk)
         outs = generate(target, chunk, drafter=None, max_new_tokens=max_new_tokens, temperature=temps,
                         seed=seed + start, warm=target.device.type == "cuda")
         sequences = [list(p) + list(o.tokens) for p, o in zip(chunk, outs)]

@@ -169,8 +169,8 @@ def _corpora(target, cfg: TrainConfig, layers, out: Path, log) -> tuple[Corpus, 
     for split, budget in (("held-out", cfg.held_out_tokens), ("train", cfg.tokens)):
         prompts = prompt_ids(target, split)
         per_prompt = cfg.max_new_tokens + sum(len(p) for p in prompts) / max(len(prompts), 1)
-        need = min(len(prompts), max(2, math.ceil(budget / per_prompt * 1.1)))
-        prompts = prompts[:need]
+        need = max(2, math.ceil(budget / per_prompt * 1.1))
+        prompts = (prompts * math.ceil(need / len(prompts)))[:need]   # past the prompts: more sampled answers
         t0 = time.perf_counter()
         corpus = distill(target, prompts, layers, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
                          progress=lambda n, s=split: log(f"distill {s}: {n} tokens", transient=True))
