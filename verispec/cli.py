@@ -462,6 +462,12 @@ def _run_train_head(args) -> int:
         _die(f"--lr must be > 0, got {args.lr}")
     if args.time_limit is not None and not args.time_limit > 0:
         _die(f"--time-limit must be > 0 seconds, got {args.time_limit}")
+    if args.eval_every < 1:
+        _die(f"--eval-every must be >= 1, got {args.eval_every}")
+    from pathlib import Path
+
+    if args.resume and not (Path(args.out) / "train_state.pt").is_file():
+        _die(f"--resume: {Path(args.out) / 'train_state.pt'} does not exist (no run to continue in {args.out})")
     threads = apply_cpu_thread_policy(args.threads)
     target = _load(args.model, args.device, args.dtype)
     if target.device.type == "cpu":
