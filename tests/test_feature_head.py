@@ -23,8 +23,8 @@ CFG = ModelConfig(vocab_size=48, num_layers=4, hidden_size=32, num_heads=4, num_
 PROMPTS = [[3, 4, 5, 6, 7], [9, 1], [20, 21, 22, 23, 24, 25, 26, 27, 28]]
 
 
-def target(use_graphs: bool = False, seed: int = 0):
-    model = load_model(CFG, device="cpu", dtype=torch.float32, seed=seed)
+def target(use_graphs: bool = False, seed: int = 0, device: str = "cpu"):
+    model = load_model(CFG, device=device, dtype=torch.float32, seed=seed)
     model.use_graphs = use_graphs
     return model
 
@@ -39,9 +39,13 @@ def test_default_layers_are_low_middle_high():
     assert default_layers(30) == (1, 14, 26) and default_layers(32) == (1, 15, 28) and default_layers(3) == (0, 1, 2)
 
 
-@pytest.mark.parametrize("use_graphs", [False, True], ids=["eager", "graph-layout"])
-def test_greedy_with_the_head_equals_plain_decoding(use_graphs):
-    model = target(use_graphs)
+@pytest.mark.parametrize("device, use_graphs", [
+    ("cpu", False), ("cpu", True),
+    pytest.param("cuda", True, marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: the "
+                                                        "kernel passes and real CUDA graphs writing the states")),
+], ids=["eager", "graph-layout", "cuda-graphs"])
+def test_greedy_with_the_head_equals_plain_decoding(device, use_graphs):
+    model = target(use_graphs, device=device)
     plain = [g.tokens for g in generate(model, PROMPTS, drafter=None, max_new_tokens=20)]
     head = FeatureHead(random_head())
     accepted = 0
