@@ -28,14 +28,15 @@ class Corpus:
 
 
 @torch.no_grad()
-def record_states(target, sequences: list[list[int]], layers: tuple[int, ...]) -> list[Tensor]:
+def record_states(target, sequences: list[list[int]], layers: tuple[int, ...], twin=None) -> list[Tensor]:
     """One prefill pass per sequence with the hidden states on -> [T, C + 1, E] each (the C ``layers``, then the
-    last layer). It runs on a twin of the target (``truncated`` to its full depth: the same weights, its own cache
-    and graphs), so the target's cache and captured graphs stay as generation left them."""
+    last layer). It runs on ``twin``, a twin of the target (``truncated`` to its full depth: the same weights, its
+    own cache and graphs; made here when None), so the target's cache and captured graphs stay as generation left
+    them."""
     last = target.config.num_layers - 1
     captured = tuple(layers) + (() if last in layers else (last,))
     slots = list(range(len(layers))) + [captured.index(last)]
-    twin = target.truncated(target.config.num_layers)
+    twin = twin or target.truncated(target.config.num_layers)
     twin.capture_hidden(captured)
     twin.setup_cache(1, max(len(s) for s in sequences), empty=True)
     out = []
@@ -56,6 +57,7 @@ def distill(target, prompts: list[list[int]], layers: tuple[int, ...], *, max_ne
     corpus = Corpus(tuple(layers))
     batch_size = batch_size or (64 if target.device.type == "cuda" else 16)
     seen: set[tuple[int, ...]] = set()
+    twin = target.truncated(target.config.num_layers)   # one for the whole run: its prefill graphs are reused
     for start in range(0, len(prompts), batch_size):
         chunk = prompts[start:start + batch_size]
         temps = [0.0 if (start + i) % 2 == 0 and tuple(p) not in seen else 0.8 for i, p in enumerate(chunk)]
@@ -63,7 +65,7 @@ def distill(target, prompts: list[list[int]], layers: tuple[int, ...], *, max_ne
         outs = generate(target, chunk, drafter=None, max_new_tokens=max_new_tokens, temperature=temps,
                         seed=seed + start, warm=target.device.type == "cuda")
         sequences = [list(p) + list(o.tokens) for p, o in zip(chunk, outs)]
-        for seq, states in zip(sequences, record_states(target, sequences, layers)):
+        for seq, states in zip(sequences, record_states(target, sequences, layers, twin)):
             corpus.tokens.append(torch.tensor(seq, dtype=torch.long, device=target.device))
             corpus.states.append(states)
         if progress is not None:
