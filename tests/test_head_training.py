@@ -1,7 +1,7 @@
 """``verispec train-head`` on a tiny fp32 target (CPU): a few hundred steps lower the held-out loss and raise the
 held-out acceptance well above an untrained head's, the head it writes drafts real accepted tokens through the
 engine (greedy output still equal to plain decoding), and an interrupted run resumed with ``resume`` ends with
-exactly the weights of an uninterrupted one."""
+exactly the weights of an uninterrupted one (a head with a draft vocabulary: its d2t from the corpus)."""
 from __future__ import annotations
 
 import pytest
@@ -51,7 +51,7 @@ def test_training_raises_held_out_acceptance_and_the_head_drafts(tmp_path):
 
 def test_resume_continues_where_it_stopped(tmp_path):
     model = tiny_target()
-    small = dict(SMALL, tokens=1200, held_out_tokens=300)
+    small = dict(SMALL, tokens=1200, held_out_tokens=300, draft_vocab=32)   # and a draft vocabulary
     train_head(model, TrainConfig(out=str(tmp_path / "a"), steps=30, eval_every=10, **small))
     partial = train_head(model, TrainConfig(out=str(tmp_path / "b"), steps=30, eval_every=10, max_run_steps=17,
                                             **small))
@@ -59,6 +59,7 @@ def test_resume_continues_where_it_stopped(tmp_path):
     resumed = train_head(model, TrainConfig(out=str(tmp_path / "b"), steps=30, eval_every=10, resume=True, **small))
     assert resumed["step"] == 30
     a, b = FeatureHead(tmp_path / "a").net.state_dict(), FeatureHead(tmp_path / "b").net.state_dict()
+    assert a["lm_head"].shape == (32, CFG.hidden_size) and a["d2t"].unique().numel() == 32
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
     with pytest.raises(FileNotFoundError, match="no run to continue"):

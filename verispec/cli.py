@@ -454,7 +454,7 @@ def _run_train_head(args) -> int:
     from .device import apply_cpu_thread_policy
     from .training import TrainConfig, train_head
 
-    for name in ("tokens", "steps", "max_new_tokens", "ttt_steps", "batch_tokens"):
+    for name in ("tokens", "steps", "max_new_tokens", "ttt_steps", "batch_tokens", "draft_vocab", "head_intermediate"):
         value = getattr(args, name)
         if value is not None and value < 1:
             _die(f"--{name.replace('_', '-')} must be >= 1, got {value}")
@@ -475,7 +475,8 @@ def _run_train_head(args) -> int:
     cfg = TrainConfig(out=args.out, tokens=args.tokens, held_out_tokens=max(200, args.tokens // 10),
                       steps=args.steps, batch_tokens=args.batch_tokens, max_new_tokens=args.max_new_tokens,
                       ttt_steps=args.ttt_steps, lr=args.lr, eval_every=args.eval_every, seed=args.seed,
-                      resume=args.resume, time_limit_s=args.time_limit)
+                      resume=args.resume, time_limit_s=args.time_limit, draft_vocab=args.draft_vocab,
+                      intermediate_size=args.head_intermediate)
     start = time.perf_counter()
     try:
         result = train_head(target, cfg, log=lambda msg, transient=False: None if transient else _note(msg))
@@ -506,6 +507,9 @@ def _train_head_parser(sub) -> None:
     t.add_argument("--max-new-tokens", type=int, default=96, help="answer length per prompt")
     t.add_argument("--ttt-steps", type=int, default=3, help="unrolled draft steps per entry (training-time test)")
     t.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
+    t.add_argument("--draft-vocab", type=int, default=None, help="a draft vocabulary of this many ids (the ones the "
+                   "model predicts most often in the corpus) with its own LM head; None = the model's LM head, shared")
+    t.add_argument("--head-intermediate", type=int, default=None, help="the head's MLP width; None = the model's")
     t.add_argument("--eval-every", type=int, default=50, help="steps between held-out evaluations / checkpoints")
     t.add_argument("--time-limit", type=float, default=None, help="stop training (with a checkpoint) after this "
                    "many seconds of training; --resume continues")

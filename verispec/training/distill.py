@@ -21,6 +21,7 @@ class Corpus:
     layers: tuple[int, ...]                  # the C head layers (slots 0..C-1); slot C is the target's last layer
     tokens: list[Tensor] = field(default_factory=list)   # [T] int64 each
     states: list[Tensor] = field(default_factory=list)   # [T, C + 1, E] each
+    top: list[Tensor] = field(default_factory=list)      # [T] int64 each: the target's argmax at each position
 
     @property
     def num_tokens(self) -> int:
@@ -47,6 +48,13 @@ def record_states(target, sequences: list[list[int]], layers: tuple[int, ...], t
     return out
 
 
+@torch.no_grad()
+def target_argmax(target, last: Tensor, chunk: int = 256) -> Tensor:
+    """The target's greedy next token at each position from its last-layer states last [T, E] -> [T] int64 (in
+    chunks: a [T, V] logits tensor at once would be large)."""
+    return torch.cat([target.net.logits(last[i:i + chunk]).argmax(-1) for i in range(0, last.shape[0], chunk)])
+
+
 def distill(target, prompts: list[list[int]], layers: tuple[int, ...], *, max_new_tokens: int,
             batch_size: int | None = None, seed: int = 0, progress=None) -> Corpus:
     """Answer every prompt with the target, record the states of prompt + answer -> a ``Corpus``. The first
@@ -68,6 +76,7 @@ def distill(target, prompts: list[list[int]], layers: tuple[int, ...], *, max_ne
         for seq, states in zip(sequences, record_states(target, sequences, layers, twin)):
             corpus.tokens.append(torch.tensor(seq, dtype=torch.long, device=target.device))
             corpus.states.append(states)
+            corpus.top.append(target_argmax(target, states[:, -1]))
         if progress is not None:
             progress(corpus.num_tokens)
     return corpus
