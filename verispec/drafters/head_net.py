@@ -216,15 +216,17 @@ class HeadNet(nn.Module):
         return outs
 
     # ------------------------------------------------------------------------------------ files
-    def save(self, directory: str | Path, extra: dict | None = None) -> None:
-        """``config.json`` (the ``HeadConfig``, the format tag and ``extra``) + ``head.safetensors``."""
+    def save(self, directory: str | Path, extra: dict | None = None, dtype: torch.dtype | None = None) -> None:
+        """``config.json`` (the ``HeadConfig``, the format tag and ``extra``) + ``head.safetensors`` (floating
+        tensors in ``dtype``, default their own: bf16 halves a shipped head; it is cast to the target's on load)."""
         from safetensors.torch import save_file
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         meta = {"format": FORMAT, **asdict(self.cfg), **(extra or {})}
         meta["target_layers"] = list(self.cfg.target_layers)
-        tensors = {name: t.detach().contiguous().cpu() for name, t in self.state_dict().items()}
+        tensors = {name: (t.to(dtype) if dtype is not None and t.is_floating_point() else t).detach().contiguous().cpu()
+                   for name, t in self.state_dict().items()}
         if not self.cfg.draft_vocab:
             tensors.pop("d2t")
         save_file(tensors, str(directory / WEIGHTS_FILE))

@@ -54,6 +54,7 @@ class TrainConfig:
     time_limit_s: float | None = None # stop (with a checkpoint) once training ran this long; --resume continues
     max_run_steps: int | None = None  # stop (with a checkpoint) after this many steps in this call
     intermediate_size: int | None = None   # the head's MLP width; None = the target's
+    save_dtype: str | None = None     # the head file's float dtype ("bfloat16", ...); None = fp32 (training's)
     draft_vocab: int | None = None    # Vd: its own LM head over the Vd ids the target predicts most often in the
                                       # training corpus (d2t), initialized from the target's rows; None = shared
 
@@ -238,6 +239,7 @@ def train_head(target, cfg: TrainConfig, *, head_config: HeadConfig | None = Non
     if cfg.resume and not state_path.is_file():
         raise FileNotFoundError(f"--resume: {state_path} does not exist (no run to continue in {out})")
     torch.manual_seed(cfg.seed)
+    torch.backends.cuda.matmul.allow_tf32 = True   # the head trains in fp32; TF32 matmuls on a GPU are plenty
     vocab = cfg.draft_vocab if cfg.draft_vocab and cfg.draft_vocab < target.config.vocab_size else None
     hc = head_config or HeadConfig.for_target(target.config, intermediate_size=cfg.intermediate_size,
                                               draft_vocab=vocab)
@@ -269,7 +271,8 @@ def train_head(target, cfg: TrainConfig, *, head_config: HeadConfig | None = Non
     def checkpoint(metrics: dict | None) -> None:
         summary = {"step": step, "steps": total, "train_tokens": train.num_tokens, "held_out": metrics,
                    "untrained": untrained, "config": {k: v for k, v in asdict(cfg).items() if k != "resume"}}
-        net.save(out, extra={"training": summary})
+        net.save(out, extra={"training": summary},
+                 dtype=getattr(torch, cfg.save_dtype) if cfg.save_dtype else None)
         torch.save({"net": net.state_dict(), "opt": opt.state_dict(), "step": step, "history": history,
                     "untrained": untrained}, state_path)
 
