@@ -22,6 +22,7 @@ class Corpus:
     tokens: list[Tensor] = field(default_factory=list)   # [T] int64 each
     states: list[Tensor] = field(default_factory=list)   # [T, C + 1, E] each
     top: list[Tensor] = field(default_factory=list)      # [T] int64 each: the target's argmax at each position
+    prompt_len: list[int] = field(default_factory=list)  # P each: positions >= P are the target's answer
 
     @property
     def num_tokens(self) -> int:
@@ -73,7 +74,8 @@ def distill(target, prompts: list[list[int]], layers: tuple[int, ...], *, max_ne
         outs = generate(target, chunk, drafter=None, max_new_tokens=max_new_tokens, temperature=temps,
                         seed=seed + start, warm=target.device.type == "cuda")
         sequences = [list(p) + list(o.tokens) for p, o in zip(chunk, outs)]
-        for seq, states in zip(sequences, record_states(target, sequences, layers, twin)):
+        for p, seq, states in zip(chunk, sequences, record_states(target, sequences, layers, twin)):
+            corpus.prompt_len.append(len(p))
             corpus.tokens.append(torch.tensor(seq, dtype=torch.long, device=target.device))
             corpus.states.append(states)
             corpus.top.append(target_argmax(target, states[:, -1]))

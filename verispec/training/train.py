@@ -8,6 +8,8 @@ entries with a chain (j >= s), weighted 0.8^s (EAGLE-3's decay); mean over the b
 vocabulary (``draft_vocab``: the Vd ids the target predicts most often in the corpus, ``draft_ids``) both
 distributions are over those ids only, which makes every step about V / Vd times cheaper in the LM head.
 
+The loss and the metrics cover the answers' positions only (what drafting predicts; a chat template's prompt tokens
+are nearly free to predict and would inflate them).
 Held-out metrics (prompts on topics the training never sees, prompts.py): the loss, and ``acc_s``, how often step
 s's argmax equals the target's (the chance a greedy draft at depth s + 1 is accepted once the drafts before it
 were), and ``tau`` = 1 + acc_0 + acc_0 acc_1 + ... (tokens per round a chain of ``ttt_steps`` drafts would emit,
@@ -79,7 +81,8 @@ def _batches(corpus: Corpus, batch_tokens: int, seed: int, step: int) -> list[in
 
 
 def _pad(corpus: Corpus, idx: list[int]):
-    """tokens [B, T], states [B, T, C + 1, E], valid [B, T] bool, top [B, T] for sequences ``idx``
+    """tokens [B, T], states [B, T, C + 1, E], valid [B, T] bool (the answer's positions: the loss and the metrics
+    cover what drafting predicts, not the prompt's chat template), top [B, T] for sequences ``idx``
     (right-padded)."""
     T = max(corpus.tokens[i].numel() for i in idx)
     dev = corpus.tokens[idx[0]].device
@@ -89,7 +92,8 @@ def _pad(corpus: Corpus, idx: list[int]):
     top = torch.zeros(len(idx), T, dtype=torch.long, device=dev)
     for b, i in enumerate(idx):
         n = corpus.tokens[i].numel()
-        tokens[b, :n], states[b, :n], valid[b, :n] = corpus.tokens[i], corpus.states[i], True
+        start = corpus.prompt_len[i] if corpus.prompt_len else 0
+        tokens[b, :n], states[b, :n], valid[b, start:n] = corpus.tokens[i], corpus.states[i], True
         top[b, :n] = corpus.top[i]
     return tokens, states, valid, top
 
@@ -113,7 +117,8 @@ def _lm_head(target):
 def losses(net: HeadNet, target, tokens, states, valid, top, steps: int, lm_head=None):
     """(loss, per-step [matches, entries]) of one padded batch (module docstring). Entry j of row b uses states[b,
     j, :C] and token t_{j+1}, target distribution softmax(logits at j + 1); entries j = 0..T-2 where t_{j+1} is
-    real. ``top`` [B, T]: the target's argmax at each position (what a greedy draft must match). With a draft
+    real and an answer token (valid[j + 1]: the first drafted token is the answer's second, predicted by entry
+    P - 1). ``top`` [B, T]: the target's argmax at each position (what a greedy draft must match). With a draft
     vocabulary the target's distribution is taken over the draft ids only (renormalized: the head cannot draft
     the others) and the head's logits stay [.., Vd] (no V-wide tensor: the point of a draft vocabulary)."""
     C = len(net.cfg.target_layers)
@@ -217,13 +222,14 @@ def _corpora(target, cfg: TrainConfig, layers, out: Path, log) -> tuple[Corpus, 
         corpora.append(corpus)
     held, train = corpora
     torch.save({k: {"layers": list(c.layers), "tokens": [t.cpu() for t in c.tokens],
-                    "states": [s.cpu() for s in c.states], "top": [t.cpu() for t in c.top]}
+                    "states": [s.cpu() for s in c.states], "top": [t.cpu() for t in c.top],
+                    "prompt_len": list(c.prompt_len)}
                 for k, c in (("train", train), ("held", held))}, path)
     return train, held
 
 
 def _corpus_from(d: dict, target) -> Corpus:
-    corpus = Corpus(tuple(d["layers"]), d["tokens"], d["states"], d.get("top") or [])
+    corpus = Corpus(tuple(d["layers"]), d["tokens"], d["states"], d.get("top") or [], d.get("prompt_len") or [])
     if not corpus.top:   # a corpus saved without the argmax: recompute it from the last-layer states
         corpus.top = [target_argmax(target, s[:, -1]) for s in corpus.states]
     return corpus
