@@ -131,3 +131,15 @@ def test_files_round_trip_and_misfits_are_refused(tmp_path):
         FeatureHead(tmp_path)
     with pytest.raises(TypeError, match="takes a directory or a HeadNet"):
         FeatureHead(3)
+
+
+def test_the_shipped_head_fits_the_embedded_model():
+    """``FeatureHead()`` is the head shipped for the embedded SmolLM2 (package data): it loads and reads that
+    model's layers, width and vocabulary (its config only; no weights of the model are loaded)."""
+    from verispec.runtime.loading import peek_config
+
+    head = FeatureHead()
+    cfg = peek_config()
+    assert head.cfg.hidden_size == cfg.hidden_size and head.cfg.vocab_size == cfg.vocab_size
+    assert head.cfg.target_num_layers == cfg.num_layers and max(head.cfg.target_layers) < cfg.num_layers
+    assert head.meta["training"]["held_out"]["tau"] > 1.0
