@@ -4,7 +4,9 @@
    head never trained on: verispec/training/prompts.py), each prompt alone (batch 1), greedy, chat template:
    plain decoding, prompt lookup (k = 8), self-speculation (first 10 of 30 layers, k = 3) and the head (chains,
    k = 2, 4, 6). Per drafter: tokens per round (emitted / rounds), acceptance per tested position, decode tok/s,
-   speedup over plain decoding, and whether every output equals plain decoding's.
+   speedup over plain decoding, and whether every output equals plain decoding's. Prompt by prompt, every drafter
+   in turn (a shared CPU's load then touches all alike); once a head has run, the target keeps writing its states
+   (a few copies per pass) for the other drafters too.
 2. Draft step cost (GPU only): one head step at the llama-3.1-8b shape (bf16, random weights: one decoder layer over
    a 2048-slot cache, its LM head over the full 128256 vocabulary or a 32000-id draft vocabulary, the argmax) vs one
    decode step of a llama-3.2-1b-shaped draft model, B = 1 and 8, each captured back to back in a CUDA graph; the
@@ -50,17 +52,22 @@ def acceptance_rows(model_source: str | None, head_dir: str | None, num_prompts:
     drafters = [("plain", None, 0), ("prompt lookup", lambda: PromptLookup(3, 2), 8),
                 ("self-spec (10 layers)", lambda: SelfSpeculative(10), 3)]
     drafters += [(f"head, chain k={k}", lambda: FeatureHead(head_dir), k) for k in (2, 4, 6)]
+    made = [(name, make() if make else None, k) for name, make, k in drafters]
+    gens = {name: [] for name, _, _ in made}
+    # prompt by prompt, every drafter in turn: a change in the machine's load (a shared CPU) then touches every
+    # drafter alike instead of whichever ran during it
+    for p in prompts:
+        for name, drafter, k in made:
+            gens[name].append(generate(model, p, drafter=drafter, k=max(k, 1), max_new_tokens=max_new_tokens))
     rows, plain_tokens, plain_tps = [], None, None
-    for name, make, k in drafters:
-        drafter = make() if make else None
-        gens = [generate(model, p, drafter=drafter, k=max(k, 1), max_new_tokens=max_new_tokens) for p in prompts]
-        tokens = [g.tokens for g in gens]
-        new = sum(g.stats.new_tokens - 1 for g in gens)
-        decode_s = sum(g.stats.decode_s for g in gens)
-        rounds = sum(g.stats.rounds for g in gens)
+    for name, _, k in made:
+        tokens = [g.tokens for g in gens[name]]
+        new = sum(g.stats.new_tokens - 1 for g in gens[name])
+        decode_s = sum(g.stats.decode_s for g in gens[name])
+        rounds = sum(g.stats.rounds for g in gens[name])
         tps = new / decode_s if decode_s else float("nan")
         acc, tested = [0] * 8, [0] * 8
-        for g in gens:
+        for g in gens[name]:
             for i, (a, t) in enumerate(zip(g.stats.accepted_per_position, g.stats.tested_per_position)):
                 if i < 8:
                     acc[i] += a
