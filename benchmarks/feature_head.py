@@ -101,7 +101,8 @@ def _head_step(cfg, draft_vocab, B: int, S: int = 2048):
         out = net.cached(feats, tok, pos, embed, kc, vc, rope)
         return net.logits(out[:, 0], lm_head).argmax(-1)
 
-    weights = sum(p.numel() * p.element_size() for p in net.parameters())
+    # a draft step reads every weight of the head but fc (which fuses the target's states, once per round)
+    weights = sum(p.numel() * p.element_size() for name, p in net.named_parameters() if name != "fc")
     weights += 0 if draft_vocab else lm_head.numel() * lm_head.element_size()
     weights += B * cfg.hidden_size * 2   # the embedding rows it reads
     return call, weights
