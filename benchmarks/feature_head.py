@@ -81,9 +81,9 @@ def acceptance_rows(model_source: str | None, head_dir: str | None, num_prompts:
     return rows
 
 
-def _head_step(cfg, draft_vocab, B: int, S: int = 2048):
+def _head_step(cfg, draft_vocab, B: int, S: int = 2048, dev: str = "cuda"):
     """A call(i) running one head draft step at ``cfg``'s shape (bf16, cuda) for B rows, and its weight bytes."""
-    dev, dt = "cuda", torch.bfloat16
+    dt = torch.bfloat16
     hc = HeadConfig.for_target(cfg, draft_vocab=draft_vocab)
     net = HeadNet(hc, dt).to(dev)
     embed = torch.randn(cfg.vocab_size, cfg.hidden_size, device=dev, dtype=dt) * 0.02
@@ -95,7 +95,7 @@ def _head_step(cfg, draft_vocab, B: int, S: int = 2048):
     rope = rope_table(hc.model_config(), S, dev)
     feats = torch.randn(B, 1, cfg.hidden_size, device=dev, dtype=dt)
     tok = torch.zeros(B, 1, dtype=torch.long, device=dev)
-    pos = torch.full((B, 1), 1000, dtype=torch.long, device=dev)
+    pos = torch.full((B, 1), S // 2, dtype=torch.long, device=dev)   # half the cache live
 
     def call(i):
         out = net.cached(feats, tok, pos, embed, kc, vc, rope)
