@@ -71,6 +71,8 @@ def test_greedy_with_a_draft_vocabulary_equals_plain_decoding():
 
 def test_seeded_sampling_is_reproducible_and_batch_independent():
     model = target()
+    with torch.no_grad():   # peaked q: a random head's near-uniform q would draw the same drafts from any state
+        model.net.lm_head.mul_(6.0)
     head = FeatureHead(random_head())
     kw = dict(k=4, max_new_tokens=16, temperature=0.9, top_p=0.95)
     batch = generate(model, PROMPTS, drafter=head, seed=10, **kw)
@@ -143,3 +145,41 @@ def test_the_shipped_head_fits_the_embedded_model():
     assert head.cfg.hidden_size == cfg.hidden_size and head.cfg.vocab_size == cfg.vocab_size
     assert head.cfg.target_num_layers == cfg.num_layers and max(head.cfg.target_layers) < cfg.num_layers
     assert head.meta["training"]["held_out"]["tau"] > 1.0
+
+
+def _record_drafts(head, rows, log: dict) -> None:
+    """Wrap ``head.propose``: each row's drafts appended to log[its request's seed] (``rows()``: the running
+    sequences in batch order)."""
+    propose = head.propose
+
+    def recorded(max_num_draft):
+        proposal = propose(max_num_draft)
+        for b, seq in enumerate(rows()):
+            log.setdefault(seq.request.seed, []).append(proposal.draft_tokens[b, :proposal.num_draft[b]].tolist())
+        return proposal
+    head.propose = recorded
+
+
+def test_rows_that_finish_early_leave_the_others_untouched():
+    """Requests of different lengths joining and leaving one scheduler (rows admitted mid-run, moved by ``keep``):
+    each row's drafts, round by round, and its tokens (seeded, sampled) are exactly those of the request alone."""
+    from verispec.engine import Request, Scheduler, SchedulerConfig
+
+    model, head = target(), FeatureHead(random_head(seed=5))
+    with torch.no_grad():   # peaked q: a random head's near-uniform q would draw the same drafts from any state
+        model.net.lm_head.mul_(6.0)
+    lengths = [3, 30, 24, 20]
+    prompts = PROMPTS + [[11, 12, 13]]
+    sched = Scheduler(model, head, SchedulerConfig(max_batch_size=3, max_seq_len=80, k=3))
+    together, alone = {}, {}
+    _record_drafts(head, lambda: sched.running, together)
+    seqs = [sched.submit(Request(p, n, 0.9, 0, 1.0, 40 + i)) for i, (p, n) in enumerate(zip(prompts, lengths))]
+    sched.run()                       # 4 requests through 3 rows: the first leaves (keep [2, 1]), the last joins
+    for i, (p, n) in enumerate(zip(prompts, lengths)):
+        solo = FeatureHead(random_head(seed=5))
+        by_itself = Scheduler(model, solo, SchedulerConfig(max_batch_size=1, max_seq_len=80, k=3))
+        _record_drafts(solo, lambda s=by_itself: s.running, alone)
+        seq = by_itself.submit(Request(p, n, 0.9, 0, 1.0, 40 + i))
+        by_itself.run()
+        assert seqs[i].generated == seq.generated, i
+    assert together == alone
