@@ -7,6 +7,8 @@
     verispec serve [--model M] [--draft-lookup | --draft D | --draft-self L] [-k N|auto] [--port P] ...
     verispec serve --ssd (--draft D | --draft-self L) -k N ...   (the draft in a second process: verispec/launch.py)
     verispec quantize --model M --type Q4_K_M|Q4_0|Q8_0 --out model.gguf   (an HF dir or a shape name -> GGUF)
+    verispec train-head --model M --out DIR [--tokens N] [--steps S] [--device D] [--resume]   (a feature head)
+    verispec generate "PROMPT" --draft-head [DIR]   (a feature head; without DIR the embedded SmolLM2's)
 """
 from __future__ import annotations
 
@@ -142,7 +144,7 @@ def _prompt_texts(args) -> list[str]:
 
 
 class _TreeCapable:
-    """Stands for the drafter in ``check_tree`` before any is built (every CLI drafter drafts trees)."""
+    """Stands for the drafter in ``check_tree`` before any is built (every CLI drafter but the head drafts trees)."""
 
     drafts_trees = True
 
@@ -164,6 +166,8 @@ def _validate_generate(args) -> None:
         except ValueError:
             _die(f"--tree must be comma-separated integers (children per node at each depth), e.g. 4,2,2,1, "
                  f"got {args.tree!r}")
+        if getattr(args, "draft_head", None) is not None:
+            _die("--tree: the feature head (--draft-head) drafts chains only; use -k")
         if not (args.draft_lookup or args.draft or args.draft_self is not None):
             _die("--tree needs a drafter: --draft-lookup, --draft MODEL or --draft-self L")
         try:
@@ -214,8 +218,13 @@ def _check_positions(args, what: str, source) -> None:
 
 
 def _make_drafter(args, target):
-    from .drafters import DraftModel, PromptLookup, SelfSpeculative
+    from .drafters import DraftModel, FeatureHead, PromptLookup, SelfSpeculative
 
+    if args.draft_head is not None:
+        try:
+            return FeatureHead(args.draft_head or None)
+        except (ValueError, FileNotFoundError) as e:
+            _die(f"--draft-head {args.draft_head or '(the embedded head)'}: {e}")
     if args.draft_lookup:
         return PromptLookup(max_ngram=args.ngram_max, min_ngram=args.ngram_min)
     if args.draft_self is not None:
@@ -465,6 +474,87 @@ def _quantize_parser(sub) -> None:
     q.set_defaults(run_command=_run_quantize)
 
 
+# ------------------------------------------------------------------------------------------ train-head
+def _run_train_head(args) -> int:
+    from .device import apply_cpu_thread_policy
+    from .training import TrainConfig, train_head
+
+    for name in ("tokens", "steps", "max_new_tokens", "ttt_steps", "batch_tokens", "draft_vocab", "head_intermediate"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            _die(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if not args.lr > 0:
+        _die(f"--lr must be > 0, got {args.lr}")
+    if args.time_limit is not None and not args.time_limit > 0:
+        _die(f"--time-limit must be > 0 seconds, got {args.time_limit}")
+    if args.eval_every < 1:
+        _die(f"--eval-every must be >= 1, got {args.eval_every}")
+    from pathlib import Path
+
+    if args.resume and not (Path(args.out) / "train_state.pt").is_file():
+        _die(f"--resume: {Path(args.out) / 'train_state.pt'} does not exist (no run to continue in {args.out})")
+    save_dtype = None
+    if args.save_dtype is not None:
+        from .device import DTYPE_NAMES
+
+        if args.save_dtype.lower() not in DTYPE_NAMES:
+            _die(f"--save-dtype {args.save_dtype!r} is not one of {sorted(DTYPE_NAMES)}")
+        save_dtype = str(DTYPE_NAMES[args.save_dtype.lower()]).removeprefix("torch.")
+    threads = apply_cpu_thread_policy(args.threads)
+    target = _load(args.model, args.device, args.dtype)
+    if target.device.type == "cpu":
+        _note(f"training on the CPU with {threads} thread(s)")
+    cfg = TrainConfig(out=args.out, tokens=args.tokens, held_out_tokens=max(200, args.tokens // 10),
+                      steps=args.steps, batch_tokens=args.batch_tokens, max_new_tokens=args.max_new_tokens,
+                      ttt_steps=args.ttt_steps, lr=args.lr, eval_every=args.eval_every, seed=args.seed,
+                      resume=args.resume, time_limit_s=args.time_limit, draft_vocab=args.draft_vocab,
+                      intermediate_size=args.head_intermediate, save_dtype=save_dtype)
+    start = time.perf_counter()
+    try:
+        result = train_head(target, cfg, log=lambda msg, transient=False: None if transient else _note(msg))
+    except FileNotFoundError as e:
+        _die(str(e))
+    acc = ", ".join(f"{a:.3f}" for a in result.get("acc", []))
+    untrained = result.get("untrained") or {}
+    print(f"head written to {args.out} after step {result['step']} ({time.perf_counter() - start:.0f} s): held-out "
+          f"loss {result.get('loss', float('nan')):.3f} (untrained {untrained.get('loss', float('nan')):.3f}), "
+          f"acceptance by depth [{acc}], tau {result.get('tau', float('nan')):.2f}")
+    return 0
+
+
+def _train_head_parser(sub) -> None:
+    t = sub.add_parser("train-head", help="train a feature head (EAGLE-3 style drafter) for a model",
+                       formatter_class=_Formatter,
+                       description="Self-distillation: the model answers built-in prompts with its own distribution, "
+                                   "then a one-layer head learns its next-token distribution from its hidden states, "
+                                   "with EAGLE-3's training-time test (several draft steps on the head's own "
+                                   "outputs). Writes config.json + head.safetensors (usable at every checkpoint), "
+                                   "train_state.pt and corpus.pt (for --resume).")
+    t.add_argument("--model", default=None, help="HF checkpoint dir, .gguf file or shape name; None = the embedded "
+                   "SmolLM2-135M-Instruct")
+    t.add_argument("--out", required=True, help="the head's directory")
+    t.add_argument("--tokens", type=int, default=20000, help="training tokens to distill (prompt + answer)")
+    t.add_argument("--steps", type=int, default=None, help="optimizer steps; None = 3 passes over the tokens")
+    t.add_argument("--batch-tokens", type=int, default=2048, help="tokens per optimizer step")
+    t.add_argument("--max-new-tokens", type=int, default=96, help="answer length per prompt")
+    t.add_argument("--ttt-steps", type=int, default=3, help="unrolled draft steps per entry (training-time test)")
+    t.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
+    t.add_argument("--draft-vocab", type=int, default=None, help="a draft vocabulary of this many ids (the ones the "
+                   "model predicts most often in the corpus) with its own LM head; None = the model's LM head, shared")
+    t.add_argument("--save-dtype", default=None, help="the head file's dtype (bf16 halves it); None = float32")
+    t.add_argument("--head-intermediate", type=int, default=None, help="the head's MLP width; None = the model's")
+    t.add_argument("--eval-every", type=int, default=50, help="steps between held-out evaluations / checkpoints")
+    t.add_argument("--time-limit", type=float, default=None, help="stop training (with a checkpoint) after this "
+                   "many seconds of training; --resume continues")
+    t.add_argument("--resume", action="store_true", help="continue the run in --out (its corpus and state)")
+    t.add_argument("--seed", type=int, default=0, help="seed of the data order, the sampled answers and the init")
+    t.add_argument("--device", default=None, help="cpu | cuda | cuda:i; None = cuda if available, else cpu")
+    t.add_argument("--dtype", default=None, help="the model's dtype; None = bf16 on cuda, fp32 on cpu (the head "
+                   "trains in fp32)")
+    t.add_argument("--threads", type=int, default=None, help="torch CPU threads; None = the free physical cores")
+    t.set_defaults(run_command=_run_train_head)
+
+
 # ------------------------------------------------------------------------------------------ verify-demo
 def _validate_verify_demo(args):
     """(device, dtype) after checking every argument, and the workload's size, before allocating."""
@@ -574,6 +664,9 @@ def _generate_args(p: argparse.ArgumentParser) -> None:
                    help="prompt-lookup drafting: copy what followed earlier occurrences of the last n-gram")
     d.add_argument("--draft-self", metavar="L", type=int, default=None,
                    help="self-speculation: the model's first L layers draft for it")
+    d.add_argument("--draft-head", metavar="DIR", nargs="?", const="", default=None,
+                   help="a feature head (EAGLE-3 style) reading the model's hidden states: a directory written by "
+                        "`verispec train-head`; without DIR the head shipped for the embedded SmolLM2")
     p.add_argument("-k", type=int, default=None, help="draft tokens per round, >= 1; None = 8 for --draft-lookup, "
                    "else 4; capped at --max-new-tokens - 1 and the model's positions")
     p.add_argument("--tree", default=None, metavar="W1,W2,...",
@@ -636,6 +729,7 @@ def _parser() -> argparse.ArgumentParser:
 
     add_bench_parser(sub)
     _quantize_parser(sub)
+    _train_head_parser(sub)
     return parser
 
 

@@ -6,6 +6,12 @@ Contract (see docs/runtime.md):
      / draft_loop(inputs [B,C], k, choose, key) (a draft model's k steps in one graph replay)
   -> rollback(new_lengths [B]) / keep(batch_indices [B']) ... ; truncated(n) shares weights, owns its cache.
 decode / append never read a device value on the host; see ``_check_room`` for the one exception.
+
+Hidden states for feature-level draft heads (off by default, free when off): ``capture_hidden(layers)`` makes
+every pass also write the outputs of those C layers, for every token it scores, into ONE buffer the model owns
+(allocated with the cache, never moved, so the captured graphs write into it too): the same pass, no second
+one, no host read. After ``append`` [B, k], ``hidden`` is a view [B, k, C, E] of it (valid until the next
+pass); after ``admit``, ``take_prompt_hidden(row)`` gives each admitted prompt's states [P, C, E] (a copy).
 """
 from __future__ import annotations
 
@@ -63,6 +69,11 @@ class Model:
         self.use_graphs = use_graphs and self.device.type == "cuda"
         self._graphs = GraphCache(self._step, lambda rows: self.cache.lengths_for(rows))
         self._prefill_graphs = PrefillGraphs(self._prefill_step)
+        self.hidden_layers: tuple[int, ...] = ()      # C layers whose outputs every pass writes (empty: off)
+        self._hidden_buf: Tensor | None = None        # [rows, C, E]: what every pass writes, allocated with the cache
+        self._hidden_wide: Tensor | None = None       # eager passes wider than the buffer (no graph uses it)
+        self.hidden: Tensor | None = None             # [B, k, C, E] view: the last append's states
+        self._prompt_hidden: dict[int, Tensor] = {}   # cache row -> its admitted prompt's states [P, C, E]
 
     @property
     def weight_bytes(self) -> int:
@@ -93,8 +104,10 @@ class Model:
         if sw is not None and max_seq_len > sw:
             raise ValueError(f"max_seq_len {max_seq_len} > sliding_window {sw}: sliding-window attention is not "
                              f"implemented; use max_seq_len <= {sw}")
+        self._prompt_hidden.clear()
         if self.cache is not None and self.cache.fits(batch_size, max_seq_len):
             self.cache.reset(0 if empty else batch_size, max_seq_len)
+            self._alloc_hidden()
             return
         self.cache = None
         self._graphs.clear()
@@ -104,6 +117,64 @@ class Model:
             self.cache.reset(0, max_seq_len)
         if self._rope is None or self._rope.shape[0] < self.cache.k[0].shape[2]:
             self._rope = rope_table(self.config, self.cache.k[0].shape[2], self.device)
+        self._hidden_buf = None
+        self._alloc_hidden()
+
+    # ------------------------------------------------------------------------------- hidden states
+    def capture_hidden(self, layers) -> None:
+        """From now on every pass writes the outputs of ``layers`` (C distinct layer indices in [0,
+        num_active_layers), in the order given) for every token it scores: ``hidden`` after ``append``,
+        ``take_prompt_hidden`` after ``admit``. ``()`` or None turns it off. The captured CUDA graphs are dropped
+        when the layers change (they are recaptured with or without the writes)."""
+        layers = tuple(int(l) for l in (layers or ()))
+        n = self.num_active_layers
+        if any(not 0 <= l < n for l in layers) or len(set(layers)) != len(layers):
+            raise ValueError(f"capture_hidden: layers must be distinct indices in [0, {n}), got {list(layers)}")
+        if layers == self.hidden_layers:
+            return
+        self.hidden_layers = layers
+        self._graphs.clear()
+        self._prefill_graphs.clear()
+        self._hidden_buf, self.hidden = None, None
+        self._prompt_hidden.clear()
+        self._alloc_hidden()
+
+    def _alloc_hidden(self) -> None:
+        """The hidden-state buffer: rows for the widest graph pass (every bucket row x the widest width bucket)
+        and for a prompt of the cache's whole capacity (a prefill pass writes one row per token, padding
+        included). e.g. SmolLM2 (E = 576), C = 3, capacity 2112, 8 rows: 2112 x 3 x 576 fp32 = 14.6 MB."""
+        if not self.hidden_layers or self.cache is None:
+            self._hidden_buf = None
+            return
+        rows = max(self.cache.capacity, self.cache.max_batch_size * WIDTH_BUCKETS[-1])
+        buf = self._hidden_buf
+        if buf is None or buf.shape[0] < rows:
+            self._graphs.clear()   # graphs captured against an older buffer would write there
+            self._prefill_graphs.clear()
+            self._hidden_buf = torch.zeros(rows, len(self.hidden_layers), self.config.hidden_size,
+                                           device=self.device, dtype=self.dtype)
+
+    def _hidden_out(self, num_rows: int) -> Tensor | None:
+        """Where a pass of ``num_rows`` tokens writes its states: the buffer's first rows; a fresh tensor for an
+        eager pass wider than the buffer (never a graph: graph passes fit it by construction)."""
+        if not self.hidden_layers:
+            return None
+        if num_rows <= self._hidden_buf.shape[0]:
+            return self._hidden_buf[:num_rows]
+        if self._hidden_wide is None or self._hidden_wide.shape[0] < num_rows:
+            self._hidden_wide = torch.empty(num_rows, *self._hidden_buf.shape[1:], device=self.device,
+                                            dtype=self.dtype)
+        return self._hidden_wide[:num_rows]
+
+    def take_prompt_hidden(self, row: int) -> Tensor:
+        """The hidden states [P, C, E] of the prompt admitted into cache row ``row`` (by ``admit``; rows move
+        with ``keep``), handed over once: the model keeps no copy after this call."""
+        if not self.hidden_layers:
+            raise RuntimeError("take_prompt_hidden: hidden states are off (call capture_hidden(layers) first)")
+        if row not in self._prompt_hidden:
+            raise KeyError(f"take_prompt_hidden: no prompt states for row {row} (admitted before capture_hidden, "
+                           f"or already taken)")
+        return self._prompt_hidden.pop(row)
 
     def _need_cache(self) -> StaticKVCache:
         if self.cache is None:
@@ -155,8 +226,13 @@ class Model:
                 raise ValueError(f"prompt {b} has {n} tokens > max_seq_len {cache.max_seq_len}: "
                                  f"call setup_cache with a larger max_seq_len")
         first_row = cache.batch_size
-        logits = [self._prefill_one(prompt, first_row + j) for j, prompt in enumerate(prompts)]
+        logits, states = [], {}
+        for j, prompt in enumerate(prompts):
+            logits.append(self._prefill_one(prompt, first_row + j))
+            if self.hidden_layers:   # a copy: the next prompt's pass writes the same buffer
+                states[first_row + j] = self._hidden_buf[:len(prompt)].clone()
         cache.admit(lens)
+        self._prompt_hidden.update(states)
         return torch.cat(logits)
 
     def _prefill_one(self, prompt: list[int], row: int) -> Tensor:
@@ -167,7 +243,8 @@ class Model:
         if bucket and self.device.type == "cuda":   # on a CPU model forced to use graphs: the same padded pass, eager
             return self._prefill_graphs.run(packed, 1, bucket)
         tokens, last, _ = unpack_prefill(packed, 1, T)
-        return self.net.prefill(tokens, last, self._rope[:T], self.cache, self.num_active_layers, row)
+        return self.net.prefill(tokens, last, self._rope[:T], self.cache, self.num_active_layers, row,
+                                self._hidden_out(T), self.hidden_layers)
 
     def prefill_bucket(self, num_prompts: int, num_tokens: int) -> int | None:
         """The token count T of the CUDA graph that admits ``num_prompts`` prompts of at most ``num_tokens``
@@ -182,14 +259,16 @@ class Model:
 
     def _prefill_step(self, tokens: Tensor, last: Tensor, first_row: Tensor) -> Tensor:
         # the body of the prefill graphs: tokens [n, T], last [n], first_row [1] (device values) -> logits [n, V]
-        return self.net.prefill_kernels(tokens, last, self._rope, self.cache, self.num_active_layers, first_row)
+        return self.net.prefill_kernels(tokens, last, self._rope, self.cache, self.num_active_layers, first_row,
+                                        self._hidden_out(tokens.numel()), self.hidden_layers)
 
     def _step(self, tokens: Tensor) -> Tensor:
         # tokens [R, k] -> logits [R, k, V]; the body captured in CUDA graphs. R >= B when a graph runs a
         # larger batch bucket: rows [B:R] are padding rows, which ``live`` keeps at length 0.
         rows = tokens.shape[0]
         lengths = self.cache.lengths_for(rows)
-        logits = self.net.append(tokens, lengths, self._rope, self.cache, self.num_active_layers)
+        logits = self.net.append(tokens, lengths, self._rope, self.cache, self.num_active_layers,
+                                 self._hidden_out(tokens.numel()), self.hidden_layers)
         lengths.add_(self.cache.live[:rows], alpha=tokens.shape[1])
         return logits
 
@@ -240,11 +319,16 @@ class Model:
             tokens = tokens.to(torch.long)
             if width > k:   # padding tokens: any valid id; their K/V go to dead slots < capacity (cache.PAD_SLOTS)
                 tokens = torch.cat([tokens, tokens[:, -1:].expand(-1, width - k)], dim=1)
-            logits = self._graphs.run(tokens, self.graph_rows(cache.batch_size), width=k)
+            rows = self.graph_rows(cache.batch_size)
+            logits = self._graphs.run(tokens, rows, width=k)
             if width > k:
                 cache.lengths.sub_(width - k)   # the graph advanced every live row by width
         else:
+            rows, width = cache.batch_size, k
             logits = self._step(to_device(tokens, self.device, torch.long))
+        if self.hidden_layers:   # the rows this pass wrote, in (row, token) order of its [rows, width] layout
+            out = self._hidden_out(rows * width)
+            self.hidden = out.view(rows, width, *out.shape[1:])[:cache.batch_size, :k]
         cache.max_len_bound += k
         return logits
 
@@ -460,6 +544,10 @@ class Model:
         """Compact the cache to sequences ``batch_indices`` (in that order); B becomes len(batch_indices).
         Host indices (list / CPU tensor) copy only the rows that move (see ``cache.fill_order``)."""
         self._need_cache().keep(batch_indices)
+        if self._prompt_hidden:   # prompt states not yet taken move with their rows
+            order = torch.as_tensor(batch_indices).tolist()
+            self._prompt_hidden = {new: self._prompt_hidden[old] for new, old in enumerate(order)
+                                   if old in self._prompt_hidden}
 
     def truncated(self, num_layers: int) -> "Model":
         """A model sharing these weights that runs the first ``num_layers`` layers + final norm + LM head,

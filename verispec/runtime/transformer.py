@@ -22,6 +22,11 @@ Two attention modes:
     split-KV attention over the live slots only, SwiGLU); elsewhere, or with ``use_kernels = False``, in plain
     torch (``_append_torch``: index_put + SDPA with a mask over the whole cache).
 
+Hidden states (feature-level draft heads): every pass takes an optional ``hidden`` buffer [N, C, E] and the
+``hidden_layers`` (C layer indices) whose outputs it writes there: row n, slot j = the residual stream after
+layer ``hidden_layers[j]`` for token n (HF's ``hidden_states[l + 1]``), written by the same pass that computes
+the logits. With ``hidden`` None (the default) nothing is written and the pass is unchanged.
+
 References: HF transformers modeling_llama.py / modeling_qwen2.py / modeling_qwen3.py (the semantics we
 match to 1e-4 in fp32), gpt-fast model.py (layout), Meta's Llama 3 RoPE scaling.
 """
@@ -86,6 +91,16 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     # F.rms_norm is one fused kernel on CUDA (statistics in fp32); transformers computes
     # weight * (x.float() * rsqrt(mean(x^2) + eps)).to(dtype): equal in fp32, one rounding apart in bf16.
     return F.rms_norm(x, weight.shape, weight, eps)
+
+
+def _write_hidden(hidden: Tensor | None, hidden_layers: tuple[int, ...], layer: int, x: Tensor) -> None:
+    """hidden[:, j] = x [N, E] where hidden_layers[j] == layer (device copies only: capturable); nothing when
+    ``hidden`` is None or the layer is not captured. A layer named twice is written twice."""
+    if hidden is None:
+        return
+    for j, captured in enumerate(hidden_layers):
+        if captured == layer:
+            hidden[: x.shape[0], j].copy_(x)
 
 
 # ----------------------------------------------------------------------------------------- modules
@@ -178,22 +193,24 @@ class Transformer(nn.Module):
         # x: [..., E] -> [..., V]
         return packed.linear(rms_norm(x, self.norm, self.cfg.rms_norm_eps), self.lm_head_weight)
 
-    def prefill(self, tokens: Tensor, last: Tensor, rope: Tensor, cache, num_layers: int, first_row: int = 0) -> Tensor:
+    def prefill(self, tokens: Tensor, last: Tensor, rope: Tensor, cache, num_layers: int, first_row: int = 0,
+                hidden: Tensor | None = None, hidden_layers: tuple[int, ...] = ()) -> Tensor:
         """Right-padded prompts, all starting at position 0, into cache rows [first_row, first_row + B).
 
         tokens: [B, T] (padding arbitrary); last: [B] index of each prompt's last token; rope: [>= T, 2, D].
         Writes K/V of all T positions into cache[first_row:first_row + B, :, :T] (slots past a prompt's length
         are dead); other rows are untouched, so sequences can be admitted while others are mid-generation.
         Returns logits [B, V] at ``last``. On CUDA through the fused kernels (``prefill_kernels``), elsewhere, or
-        with ``use_kernels = False``, in plain torch (``_prefill_torch``).
+        with ``use_kernels = False``, in plain torch (``_prefill_torch``). ``hidden`` [B*T, C, E]: see the module
+        docstring (every position, padding included).
         """
         if self.use_kernels and tokens.is_cuda:
             row = to_device([first_row], tokens.device, torch.long)
-            return self.prefill_kernels(tokens, last, rope, cache, num_layers, row)
-        return self._prefill_torch(tokens, last, rope, cache, num_layers, first_row)
+            return self.prefill_kernels(tokens, last, rope, cache, num_layers, row, hidden, hidden_layers)
+        return self._prefill_torch(tokens, last, rope, cache, num_layers, first_row, hidden, hidden_layers)
 
     def _prefill_torch(self, tokens: Tensor, last: Tensor, rope: Tensor, cache, num_layers: int,
-                       first_row: int) -> Tensor:
+                       first_row: int, hidden: Tensor | None = None, hidden_layers: tuple[int, ...] = ()) -> Tensor:
         """``prefill`` in plain torch: per-layer ``pre_attention`` / ``post_attention``, K/V copied into the cache
         slices, causal SDPA."""
         B, T = tokens.shape
@@ -207,11 +224,12 @@ class Transformer(nn.Module):
             cache.v[i][first_row:first_row + B, :, :T] = v
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=(H != KV))  # [B, H, T, D]
             x = self.layer_out(i, x, o.transpose(1, 2).reshape(B * T, H * D))
+            _write_hidden(hidden, hidden_layers, i, x)
         x_last = x.view(B, T, -1)[torch.arange(B, device=x.device), last]  # [B, E]
         return self.logits(x_last)
 
     def prefill_kernels(self, tokens: Tensor, last: Tensor, rope: Tensor, cache, num_layers: int,
-                        first_row: Tensor) -> Tensor:
+                        first_row: Tensor, hidden: Tensor | None = None, hidden_layers: tuple[int, ...] = ()) -> Tensor:
         """``prefill`` through the fused kernels, 9 launches per layer: add+RMSNorm (the previous layer's down
         output added to the residual), QKV matmul (cuBLAS), ``ops.prefill_rope_kv_write`` (q, k, v for SDPA in
         contiguous buffers; k, v also into cache rows first_row + b), causal attention over the prompts' own K/V
@@ -228,11 +246,14 @@ class Transformer(nn.Module):
         for i in range(num_layers):
             L = self.layers[i]
             x, h = ops.add_rmsnorm(x, delta, L.attn_norm, eps)
+            _write_hidden(hidden, hidden_layers, i - 1, x)                               # layer i - 1's output
             qkv = self._qk_norm(L, ops.linear(h, L.wqkv, L.bqkv))                     # [N, (H+2KV)*D]
             q, k, v = ops.prefill_rope_kv_write(qkv, rope, first_row, cache.k[i], cache.v[i], B, T, H, KV, D)
             o = ops.prefill_attention(q, k, v).transpose(1, 2).reshape(B * T, H * D)
             x, h = ops.add_rmsnorm(x, self._out_proj(o, L.wo, L.bo), L.ffn_norm, eps)
             delta = self._out_proj(ops.silu_mul(ops.linear(h, L.w13)), L.w2, None)
+        if hidden is not None and num_layers - 1 in hidden_layers:   # the last layer's output, at every position
+            _write_hidden(hidden, hidden_layers, num_layers - 1, x + delta)
         rows = torch.arange(B, device=x.device) * T + last                             # [B] last tokens in x
         _, h = ops.add_rmsnorm(x.index_select(0, rows), delta.index_select(0, rows), self.norm, eps)
         return ops.linear(h, self.lm_head_weight)                                      # [B, V]
@@ -247,17 +268,19 @@ class Transformer(nn.Module):
         qkv = torch.cat([rms_norm(q_, L.q_norm, eps), rms_norm(k_, L.k_norm, eps), v_], dim=1)
         return qkv.view(-1, (H + 2 * KV) * D)
 
-    def append(self, tokens: Tensor, lengths: Tensor, rope: Tensor, cache, num_layers: int) -> Tensor:
+    def append(self, tokens: Tensor, lengths: Tensor, rope: Tensor, cache, num_layers: int,
+               hidden: Tensor | None = None, hidden_layers: tuple[int, ...] = ()) -> Tensor:
         """Decode (T=1) / verify (T=k) over the static cache, host-sync free.
 
         tokens: [B, T]; lengths: [B] int64 (tokens already cached); rope: [S, 2, D] full table.
         Token i of sequence b sits at position lengths[b] + i, e.g. lengths=[5, 2], T=2 -> positions
         [[5, 6], [2, 3]]; it sees cache slots j <= its position (older tokens + itself + earlier block tokens).
         Returns logits [B, T, V]. Does not advance ``lengths`` (the caller does, inside the same graph).
+        ``hidden`` [B*T, C, E]: the chosen layers' outputs (module docstring), rows in (b, i) order.
         """
         if self.use_kernels and tokens.is_cuda:
-            return self.append_kernels(tokens, lengths, rope, cache, num_layers)
-        return self._append_torch(tokens, lengths, rope, cache, num_layers)
+            return self.append_kernels(tokens, lengths, rope, cache, num_layers, hidden, hidden_layers)
+        return self._append_torch(tokens, lengths, rope, cache, num_layers, hidden, hidden_layers)
 
     def _out_proj(self, x: Tensor, w: Tensor, bias: Tensor | None, **how) -> Tensor:
         """x @ w.T (+ bias) for the o and down projections (``how``: ``ops.linear``'s keywords); under tensor
@@ -269,7 +292,8 @@ class Transformer(nn.Module):
         self.all_reduce(out)
         return out if bias is None else out + bias
 
-    def _append_torch(self, tokens: Tensor, lengths: Tensor, rope: Tensor, cache, num_layers: int) -> Tensor:
+    def _append_torch(self, tokens: Tensor, lengths: Tensor, rope: Tensor, cache, num_layers: int,
+                      hidden: Tensor | None = None, hidden_layers: tuple[int, ...] = ()) -> Tensor:
         """``append`` in plain torch (CPU; CUDA with ``use_kernels = False``): SDPA over the whole static cache
         with a boolean mask, K/V written by index_put."""
         B, T = tokens.shape
@@ -293,9 +317,11 @@ class Transformer(nn.Module):
             o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask)    # [B, KV, G*T, D]
             o = o.view(B, KV, G, T, D).permute(0, 3, 1, 2, 4).reshape(B * T, H * D)
             x = self.layer_out(i, x, o)
+            _write_hidden(hidden, hidden_layers, i, x)
         return self.logits(x).view(B, T, -1)
 
-    def append_kernels(self, tokens: Tensor, lengths: Tensor, rope: Tensor, cache, num_layers: int) -> Tensor:
+    def append_kernels(self, tokens: Tensor, lengths: Tensor, rope: Tensor, cache, num_layers: int,
+                       hidden: Tensor | None = None, hidden_layers: tuple[int, ...] = ()) -> Tensor:
         """``append`` through the Triton kernels (ops.py): per layer RMSNorm(+residual add), QKV matmul,
         RoPE + KV write, split-KV attention (+ combine), o matmul, add + RMSNorm, gate/up matmul, SwiGLU,
         down matmul; the down matmul's output is added by the next layer's norm kernel. Same semantics as
@@ -312,10 +338,12 @@ class Transformer(nn.Module):
         for i in range(num_layers):
             L = self.layers[i]
             x, h = ops.add_rmsnorm(x, delta, L.attn_norm, eps)
+            _write_hidden(hidden, hidden_layers, i - 1, x)                                   # layer i - 1's output
             qkv = self._qk_norm(L, ops.linear(h, L.wqkv, L.bqkv, **how))                  # [N, (H+2KV)*D]
             q = ops.rope_kv_write(qkv, rope, pos, cache.k[i], cache.v[i], T, H, KV, D)  # [N, H, D]
             o = ops.decode_attention(q, cache.k[i], cache.v[i], lengths, T, scale)      # [N, H*D]
             x, h = ops.add_rmsnorm(x, self._out_proj(o, L.wo, L.bo, **how), L.ffn_norm, eps)
             delta = self._out_proj(ops.silu_mul(ops.linear(h, L.w13, None, **how)), L.w2, None, **how)
-        _, h = ops.add_rmsnorm(x, delta, self.norm, eps)
+        x, h = ops.add_rmsnorm(x, delta, self.norm, eps)
+        _write_hidden(hidden, hidden_layers, num_layers - 1, x)
         return ops.linear(h, self.lm_head_weight, None, **how).view(B, T, -1)

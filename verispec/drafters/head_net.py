@@ -1,0 +1,258 @@
+"""The feature-level draft head's network (EAGLE-3's shape) and its files; ``FeatureHead`` (feature_head.py) drafts
+with it, ``verispec train-head`` (head_training.py) trains it.
+
+One *entry* j of a sequence pairs the target's hidden states at position j (the outputs of C chosen layers: a low,
+a middle and a high one) with the token at position j + 1, and predicts the token at position j + 2:
+
+    f_j   = fc(concat of the C states)            [C*E] -> [E]       (the target's features, fused)
+    x_j   = concat(RMSNorm(embed(t_{j+1})), RMSNorm(f_j))            [2E]  (the target's embedding, frozen)
+    h_j   = f_j + o_proj(attention(q, k, v of x_j))                   one decoder layer, its own KV cache, RoPE at j
+    out_j = h_j + MLP(RMSNorm(h_j))                                   [E]
+    logits_j = lm_head(RMSNorm(out_j))                                the target's LM head (shared, frozen), or a
+                                                                      draft vocabulary of Vd ids with d2t [Vd]
+
+Drafting past the target's last state, entry j + 1 takes out_j in place of f_{j+1} (the head's own output is
+the next step's feature): e.g. target states up to position n, history up to t_{n+1}: entry n -> d_1 = t_{n+2};
+entry n + 1 = (out_n, d_1) -> d_2; ... Training unrolls those steps on the head's own outputs (``unrolled``:
+EAGLE-3's training-time test).
+
+Dimension letters as in verispec/runtime/transformer.py; C = number of captured target layers, Vd = draft vocab.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..runtime.config import ModelConfig
+from ..runtime.quant import packed
+from ..runtime.transformer import apply_rope, rms_norm, rope_table
+
+FORMAT = "verispec-feature-head-1"
+WEIGHTS_FILE = "head.safetensors"
+CONFIG_FILE = "config.json"
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    """The head's shape, and the target it reads (checked by ``FeatureHead.attach``)."""
+
+    hidden_size: int                 # E: the target's hidden size (the head reads and writes E-wide states)
+    num_heads: int                   # H of the head's attention
+    num_kv_heads: int                # KV heads of the head's attention
+    head_dim: int                    # D
+    intermediate_size: int           # I: the head's SwiGLU width
+    target_layers: tuple[int, ...]   # the C target layers whose outputs it reads (low, middle, high)
+    vocab_size: int                  # V: the target's vocabulary (drafts are target ids)
+    draft_vocab: int | None = None   # Vd: its own LM head over Vd target ids (d2t); None = the target's LM head
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = field(default=None, hash=False, compare=False)   # the target's RoPE scaling
+    target_num_layers: int = 0       # the target's depth when it was trained (0 = unknown): a mismatch is refused
+
+    def __post_init__(self):
+        object.__setattr__(self, "target_layers", tuple(int(l) for l in self.target_layers))
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"head: num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        if not self.target_layers:
+            raise ValueError("head: target_layers is empty (it reads at least one target layer)")
+
+    @staticmethod
+    def for_target(cfg: ModelConfig, layers: tuple[int, ...] | None = None, draft_vocab: int | None = None,
+                   intermediate_size: int | None = None) -> "HeadConfig":
+        """The EAGLE-3 head for a target: its attention shape and width, the target's own layers
+        ``default_layers`` unless given."""
+        return HeadConfig(
+            hidden_size=cfg.hidden_size, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim, intermediate_size=intermediate_size or cfg.intermediate_size,
+            target_layers=tuple(layers) if layers is not None else default_layers(cfg.num_layers),
+            vocab_size=cfg.vocab_size, draft_vocab=draft_vocab, rms_norm_eps=cfg.rms_norm_eps,
+            rope_theta=cfg.rope_theta, rope_scaling=cfg.rope_scaling, target_num_layers=cfg.num_layers)
+
+    def model_config(self) -> ModelConfig:
+        """The head as a one-layer ``ModelConfig``: what the runtime's KV cache and RoPE table are built from."""
+        return ModelConfig(vocab_size=self.vocab_size, num_layers=1, hidden_size=self.hidden_size,
+                           num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+                           intermediate_size=self.intermediate_size, rope_theta=self.rope_theta,
+                           rope_scaling=self.rope_scaling, rms_norm_eps=self.rms_norm_eps)
+
+
+def default_layers(num_layers: int) -> tuple[int, ...]:
+    """EAGLE-3's low / middle / high target layers (the outputs of layers 1, N/2 - 1 and N - 4, as SGLang captures
+    them), clamped and deduplicated for shallow targets. e.g. 30 layers -> (1, 14, 26); 32 -> (1, 15, 28);
+    3 -> (0, 1, 2)."""
+    if num_layers <= 4:
+        return tuple(range(min(num_layers, 3)))
+    return tuple(sorted({1, num_layers // 2 - 1, num_layers - 4}))
+
+
+class HeadNet(nn.Module):
+    """The head's weights and its two forward forms: ``cached`` (drafting, over a KV cache) and ``unrolled``
+    (training, whole sequences, several draft steps). The target's embedding and (shared) LM head are passed in,
+    never owned."""
+
+    def __init__(self, cfg: HeadConfig, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.cfg = cfg
+        E, H, KV, D, I = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
+        C = len(cfg.target_layers)
+        p = lambda *shape: nn.Parameter(torch.empty(*shape, dtype=dtype))  # noqa: E731
+        self.fc = p(E, C * E)                    # fuses the C target states
+        self.emb_norm = p(E)                     # EAGLE-3's input_layernorm (of the token embedding)
+        self.hidden_norm = p(E)                  # and hidden_norm (of the feature)
+        self.wqkv = p((H + 2 * KV) * D, 2 * E)   # [q; k; v] rows over the 2E-wide input
+        self.wo = p(E, H * D)
+        self.ffn_norm = p(E)
+        self.w13 = p(2 * I, E)                   # [gate; up]
+        self.w2 = p(E, I)
+        self.norm = p(E)
+        self.lm_head = p(cfg.draft_vocab, E) if cfg.draft_vocab else None
+        self.register_buffer("d2t", torch.arange(cfg.draft_vocab or 0, dtype=torch.long))   # draft id -> target id
+        self.reset_parameters()
+
+    def reset_parameters(self, seed: int = 0) -> None:
+        """Norms 1, matrices N(0, 1/sqrt(fan_in)) * 0.5 (a fresh head's drafts are noise; training starts here)."""
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, w in self.named_parameters():
+                if w.dim() == 1:
+                    w.fill_(1.0)
+                else:
+                    w.copy_(torch.randn(w.shape, generator=g) * (0.5 / math.sqrt(w.shape[1])))
+
+    # ------------------------------------------------------------------------------------ pieces
+    def fuse(self, states: Tensor) -> Tensor:
+        """The target's states [..., C, E] -> features [..., E]."""
+        return F.linear(states.flatten(-2).to(self.fc.dtype), self.fc)
+
+    def _qkv(self, feats: Tensor, emb: Tensor, rope: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """feats, emb [N, E], rope [N, 2, D] -> q [N, H, D], k, v [N, KV, D]."""
+        c = self.cfg
+        H, KV, D = c.num_heads, c.num_kv_heads, c.head_dim
+        x = torch.cat([rms_norm(emb, self.emb_norm, c.rms_norm_eps), rms_norm(feats, self.hidden_norm, c.rms_norm_eps)],
+                      dim=-1)                                                            # [N, 2E]
+        qkv = F.linear(x, self.wqkv).view(-1, H + 2 * KV, D)
+        qk = apply_rope(qkv[:, :H + KV], rope[:, None, 0], rope[:, None, 1])
+        return qk[:, :H], qk[:, H:], qkv[:, H + KV:]
+
+    def _out(self, feats: Tensor, o: Tensor) -> Tensor:
+        """feats [N, E] (the residual), o attention output [N, H*D] -> out [N, E]."""
+        h = feats + F.linear(o, self.wo)
+        gate, up = F.linear(rms_norm(h, self.ffn_norm, self.cfg.rms_norm_eps), self.w13).chunk(2, dim=-1)
+        return h + F.linear(F.silu(gate) * up, self.w2)
+
+    def logits(self, out: Tensor, target_lm_head=None) -> Tensor:
+        """out [..., E] -> logits over the target's vocabulary [..., V]: the target's LM head (``target_lm_head``
+        [V, E], dense or packed) when the vocabulary is shared; with a draft vocabulary its own [Vd, E] head,
+        scattered to the target ids d2t (every other id -inf: never drafted, q = 0 there)."""
+        h = rms_norm(out, self.norm, self.cfg.rms_norm_eps)
+        if self.lm_head is None:
+            return packed.linear(h, target_lm_head)
+        small = F.linear(h, self.lm_head)                                                 # [..., Vd]
+        full = torch.full((*small.shape[:-1], self.cfg.vocab_size), float("-inf"), dtype=small.dtype,
+                          device=small.device)
+        return full.index_copy_(-1, self.d2t, small)
+
+    # ------------------------------------------------------------------------------------ forward forms
+    def cached(self, feats: Tensor, tokens: Tensor, pos: Tensor, embed, k_cache: Tensor, v_cache: Tensor,
+               rope: Tensor) -> Tensor:
+        """Entries over the head's KV cache (drafting): feats [B, T, E], tokens [B, T] (the token of each entry,
+        t_{j+1}), pos [B, T] int64 (entry indices j; K/V written there), k_cache / v_cache [B, KV, S, D] (views of
+        the B rows), rope [S, 2, D] -> out [B, T, E]. Entry (b, i) attends to slots <= pos[b, i] of row b."""
+        B, T, E = feats.shape
+        c = self.cfg
+        H, KV, D = c.num_heads, c.num_kv_heads, c.head_dim
+        G, S = H // KV, k_cache.shape[2]
+        emb = packed.embedding(tokens.reshape(-1), embed).to(feats.dtype)                  # [N, E]
+        q, k, v = self._qkv(feats.reshape(B * T, E), emb, rope[pos.reshape(-1)])
+        batch = torch.arange(B, device=feats.device)[:, None]
+        k_cache[batch, :, pos] = k.view(B, T, KV, D)
+        v_cache[batch, :, pos] = v.view(B, T, KV, D)
+        mask = torch.arange(S, device=feats.device)[None, None, :] <= pos[:, :, None]      # [B, T, S]
+        mask = mask[:, None].expand(B, G, T, S).reshape(B, 1, G * T, S)
+        q = q.view(B, T, KV, G, D).permute(0, 2, 3, 1, 4).reshape(B, KV, G * T, D)
+        o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask)           # [B, KV, G*T, D]
+        o = o.view(B, KV, G, T, D).permute(0, 3, 1, 2, 4).reshape(B * T, H * D)
+        return self._out(feats.reshape(B * T, E), o).view(B, T, E)
+
+    def unrolled(self, feats: Tensor, tokens: Tensor, embed, steps: int) -> list[Tensor]:
+        """Training's forward: ``steps`` draft steps over whole sequences (EAGLE-3's training-time test).
+
+        feats [B, T, E] (fused target features f_j), tokens [B, T] (t_{j+1}) -> out_s [B, T, E] for s < steps.
+        Step s, entry j stands for the s-th draft step of a chain started at entry n = j - s: its feature is
+        step s - 1's output at j - 1 (the head's own), its token the true t_{j+1}, and it attends to step 0's
+        keys at positions <= n and to step t's key at n + t (t = 1..s: the chain's own entries), exactly what
+        drafting sees. e.g. s = 2, j = 5: step-0 keys 0..3, step-1 key 4, step-2 key 5. Entries j < s have no
+        chain (their outputs are garbage: the loss skips them).
+        """
+        B, T, E = feats.shape
+        c = self.cfg
+        H, KV, D = c.num_heads, c.num_kv_heads, c.head_dim
+        rope = rope_table(c.model_config(), T, feats.device)                              # [T, 2, D]
+        rope_n = rope[None].expand(B, T, 2, D).reshape(B * T, 2, D)
+        emb = packed.embedding(tokens.reshape(-1), embed).to(feats.dtype)                  # [N, E]
+        j = torch.arange(T, device=feats.device)
+        keys, values, outs = [], [], []
+        f = feats
+        for s in range(steps):
+            if s:   # the previous step's output at j - 1 is this step's feature at j
+                f = torch.cat([torch.zeros_like(outs[-1][:, :1]), outs[-1][:, :-1]], dim=1)
+            q, k, v = self._qkv(f.reshape(B * T, E), emb, rope_n)
+            keys.append(k.view(B, T, KV, D).transpose(1, 2))                               # [B, KV, T, D]
+            values.append(v.view(B, T, KV, D).transpose(1, 2))
+            masks = [j[None, :] <= (j[:, None] - s)]                                       # [T, T] step 0
+            masks += [j[None, :] == (j[:, None] - s + t) for t in range(1, s + 1)]
+            mask = torch.cat(masks, dim=1)                                                 # [T, (s+1)T]
+            mask[:, 0] |= ~mask.any(dim=1)      # rows j < s see nothing; give them a slot (output unused)
+            q = q.view(B, T, H, D).transpose(1, 2)                                         # [B, H, T, D]
+            o = F.scaled_dot_product_attention(q, torch.cat(keys, dim=2), torch.cat(values, dim=2),
+                                               attn_mask=mask, enable_gqa=(H != KV))      # [B, H, T, D]
+            outs.append(self._out(f.reshape(B * T, E), o.transpose(1, 2).reshape(B * T, H * D)).view(B, T, E))
+        return outs
+
+    # ------------------------------------------------------------------------------------ files
+    def save(self, directory: str | Path, extra: dict | None = None, dtype: torch.dtype | None = None) -> None:
+        """``config.json`` (the ``HeadConfig``, the format tag and ``extra``) + ``head.safetensors`` (floating
+        tensors in ``dtype``, default their own: bf16 halves a shipped head; it is cast to the target's on load)."""
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        meta = {"format": FORMAT, **asdict(self.cfg), **(extra or {})}
+        meta["target_layers"] = list(self.cfg.target_layers)
+        tensors = {name: (t.to(dtype) if dtype is not None and t.is_floating_point() else t).detach().contiguous().cpu()
+                   for name, t in self.state_dict().items()}
+        if not self.cfg.draft_vocab:
+            tensors.pop("d2t")
+        save_file(tensors, str(directory / WEIGHTS_FILE))
+        (directory / CONFIG_FILE).write_text(json.dumps(meta, indent=1) + "\n")
+
+    @staticmethod
+    def load(directory: str | Path, dtype: torch.dtype = torch.float32) -> tuple["HeadNet", dict]:
+        """(the head, the config file's whole dict) from ``save``'s directory; a clear error for anything else."""
+        from safetensors.torch import load_file
+
+        directory = Path(directory)
+        cfg_path, w_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
+        if not cfg_path.is_file() or not w_path.is_file():
+            raise FileNotFoundError(f"{directory} is not a feature-head directory: it needs {CONFIG_FILE} and "
+                                    f"{WEIGHTS_FILE} (written by `verispec train-head`)")
+        meta = json.loads(cfg_path.read_text())
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"{cfg_path}: format {meta.get('format')!r}, expected {FORMAT!r}")
+        fields = HeadConfig.__dataclass_fields__
+        cfg = HeadConfig(**{k: v for k, v in meta.items() if k in fields})
+        net = HeadNet(cfg, dtype)
+        state = load_file(str(w_path))
+        if not cfg.draft_vocab:
+            state["d2t"] = net.d2t
+        missing = set(net.state_dict()) - set(state)
+        if missing:
+            raise ValueError(f"{w_path}: missing tensors {sorted(missing)}")
+        net.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()})
+        return net, meta

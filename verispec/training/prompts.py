@@ -1,0 +1,69 @@
+"""The prompts a head is trained and evaluated on, generated here (nothing is downloaded): short, varied, free-form
+instructions (explanations, stories, lists, advice, comparisons, code, rewriting), one per (template, topic).
+
+Held-out prompts use topics that no training prompt mentions, so held-out acceptance measures a head on text it has
+not seen, not on memorized answers. For a model without a tokenizer (random-weight test models), prompts are
+random token ids from a seeded generator, again disjoint between the splits (different seeds).
+"""
+from __future__ import annotations
+
+import random
+
+TEMPLATES = (
+    "Explain {t} to a ten-year-old.",
+    "Write a short story about {t}.",
+    "List five interesting facts about {t}.",
+    "What are the pros and cons of {t}?",
+    "Give me three practical tips related to {t}.",
+    "Write a haiku about {t}.",
+    "Describe {t} in one paragraph.",
+    "What is the history of {t}, briefly?",
+    "Write a friendly email inviting a colleague to learn about {t}.",
+    "Compare {t} with something similar and explain the differences.",
+    "What common mistakes do beginners make with {t}?",
+    "Summarize why {t} matters in two sentences.",
+)
+
+TRAIN_TOPICS = (
+    "photosynthesis", "the water cycle", "volcanoes", "black holes", "the French Revolution", "bread baking",
+    "learning to swim", "electric cars", "honeybees", "the Roman Empire", "chess openings", "rainforests",
+    "the immune system", "solar panels", "coffee", "jazz music", "the moon landing", "recycling", "tea ceremonies",
+    "machine learning", "the stock market", "gardening tomatoes", "public libraries", "bicycles", "dinosaurs",
+    "the internet", "oceans", "mountain climbing", "vaccines", "the printing press", "climate change",
+    "python programming", "friendship", "running a marathon", "meditation", "earthquakes", "the human heart",
+    "ancient Egypt", "video games", "sleep", "budgeting money", "wind turbines", "octopuses", "the Olympic games",
+    "origami", "bridges", "electricity", "penguins", "writing poetry", "time zones", "vitamins",
+)
+
+HELD_OUT_TOPICS = (
+    "lighthouses", "the violin", "glaciers", "board games", "owls", "the Silk Road", "batteries", "kindness",
+    "deserts", "cheese making", "satellites", "rivers",
+)
+
+
+def prompt_texts(split: str) -> list[str]:
+    """Every prompt of ``split`` ("train": 12 templates x 51 topics = 612; "held-out": 12 x 12 = 144), in a fixed
+    shuffled order (seeded), so a prefix of the list is a varied sample."""
+    if split not in ("train", "held-out"):
+        raise ValueError(f"split must be 'train' or 'held-out', got {split!r}")
+    topics = TRAIN_TOPICS if split == "train" else HELD_OUT_TOPICS
+    texts = [tpl.format(t=topic) for topic in topics for tpl in TEMPLATES]
+    random.Random(0 if split == "train" else 1).shuffle(texts)
+    return texts
+
+
+def prompt_ids(target, split: str, count: int | None = None) -> list[list[int]]:
+    """Token-id prompts for ``target``: the texts through its chat template (or plain encoding) when it has a
+    tokenizer, else random ids (4..12 tokens; seed 0 for "train", 1 for "held-out"); ``count`` of them at most
+    (the texts repeat no prompt: at most their number)."""
+    tok = target.tokenizer
+    if tok is None:
+        rng = random.Random(0 if split == "train" else 1)
+        n = count if count is not None else 256
+        V = target.config.vocab_size
+        return [[rng.randrange(V) for _ in range(rng.randint(4, 12))] for _ in range(n)]
+    texts = prompt_texts(split)[:count]
+    if getattr(tok, "chat_template", None):   # the way the head will be used: chat requests
+        return [list(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True))
+                for t in texts]
+    return [tok.encode(t) for t in texts]
