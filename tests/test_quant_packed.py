@@ -82,7 +82,9 @@ def test_types_without_a_packed_path_are_dequantized_with_a_note(files):
     assert "layers.0.w2" not in packed_weights(model.net) and isinstance(model.net.layers[0].w2, torch.Tensor)
     assert note == ("fallback.gguf: 9 matrices kept as GGUF blocks (Q4_K, Q6_K, Q8_0); dequantized to float32 (no "
                     "packed matmul for the type): 1 Q5_0 (blk.0.ffn_down.weight)")
-    assert torch.equal(passes(model), passes(load_model(files["fallback"], device="cpu")))
+    # within fp32 rounding, not bitwise: the fallback matrix is dequantized at load in one model and stored dense
+    # in the other, and the CPU BLAS may reduce the two layouts in different orders (seen under xdist, 1 thread)
+    torch.testing.assert_close(passes(model), passes(load_model(files["fallback"], device="cpu")), rtol=1e-5, atol=1e-5)
 
 
 def test_embedded_model_runs_from_its_blocks():
