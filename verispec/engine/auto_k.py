@@ -21,11 +21,18 @@ one row's question -- on the 8B shape at 32 rows through HTTP that ran k=auto be
 
 The choice. With alpha_i the row's estimate at draft position i, a round of k drafts emits in expectation
     E(k) = 1 + alpha_0 + alpha_0 alpha_1 + ... + alpha_0 ... alpha_{k-1}      (``analysis.expected_tokens_from_positions``)
-tokens and costs cost(B, k) = T_target(B, k + 1 tokens per row) + k * T_draft(B), so
+tokens and costs
+    cost(B, k) = T_target(B, k + 1 tokens per row) + k * T_draft(B) + T_overhead(B, k + 1)
+where T_overhead is what a whole round pays beyond its passes: verification (a launch and the status read), the
+drafter's host work and commit, the scheduler's bookkeeping (a draft model's passes, a benchmark oracle's cost
+model's among them, are the draft steps). A plain decode round of k=auto pays its own share (k = 0: the drafter
+still takes in the emitted tokens). So
     k_b = argmax over k in [0, cap_b] of E(k) / cost(B, k)                         (the smallest k on ties)
 k = 0 (a plain decode step, E = 1) is always a candidate, so no k is chosen whose predicted rate is below
 plain decoding's. k = 0 wins when a wider pass costs more than the drafts are expected to return, as at large
-batches where the target pass stops being weight-bandwidth bound and its time grows with the tokens it scores.
+batches where the target pass stops being weight-bandwidth bound and its time grows with the tokens it scores,
+or where a round's fixed cost of drafting outweighs what the drafts return (the passes alone missed it: on the
+8B shape at 32 rows k=auto still drafted where drafting lost, benchmarks/results/serve_http_8b.md).
 
 Estimates. alpha_i = (a_i + prior_alpha * prior_strength) / (t_i + prior_strength), where t_i counts the rounds
 that *tested* position i (proposed it and accepted every draft before it: a rejection ends the round, so the
@@ -48,8 +55,10 @@ break-even) comes once per max_hold + 1 rounds once the holds have doubled up; a
 row drafts again within max_hold + 1 rounds (if drafting at the prior's acceptance pays at all) and its k doubles
 every round up to what its estimate supports (``tests/test_auto_k.py`` checks both on scripted acceptance).
 
-The costs come from a ``CostTable``: measured on this machine at startup (``measure_costs``) or given
-(synthetic tables in tests, a saved JSON table between runs).
+The costs come from a ``CostTable``: measured on this machine at startup (``measure_costs``: target passes and a
+draft step timed alone, then whole ``Scheduler`` rounds with every row's k forced, whose excess over those passes
+is T_overhead) or given (synthetic tables in tests, a saved JSON table between runs; one saved before the
+overhead column loads with T_overhead = 0, the passes alone).
 """
 from __future__ import annotations
 
