@@ -281,6 +281,9 @@ class AutoK:
     settle: int = 4
     last_k: int = 0
     greedy_state: RowState = field(default_factory=RowState)   # the greedy rows' shared exploration (its hold fields)
+    # (batch, k_max) -> the round costs of k = 0..k_max: a CostTable is frozen, and a round's choice would otherwise
+    # look up 2 (k_max + 1) interpolated costs on the request path
+    _round_s: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if not 0.0 <= self.prior_alpha <= 1.0 or not self.prior_strength > 0:
@@ -297,18 +300,24 @@ class AutoK:
             raise ValueError(f"AutoK: reference_batch must be >= 1, got {self.reference_batch}")
 
     def __call__(self, running: list[Sequence], k_max: int) -> list[int]:
-        reference = [self.costs.round(self.reference_batch, k) for k in range(k_max + 1)]
+        reference = self._rounds(self.reference_batch, k_max)
         ks = [0 if seq.request.greedy else self._choose(seq, k_max, reference) for seq in running]
         greedy = [seq for seq in running if seq.request.greedy]
         if greedy:
             sampled = [(seq, k) for seq, k in zip(running, ks) if not seq.request.greedy]
-            round_s = [self.costs.round(len(running), k) for k in range(k_max + 1)]
+            round_s = self._rounds(len(running), k_max)
             k_greedy = self._choose_greedy(greedy, sampled, k_max, round_s)
             ks = [min(k_greedy, _room(seq, k_max)) if seq.request.greedy else k for seq, k in zip(running, ks)]
         for seq, k in zip(running, ks):
             self.state(seq).last_k = k
         self.last_k = max(ks, default=0)
         return ks
+
+    def _rounds(self, batch: int, k_max: int) -> list[float]:
+        key = (batch, k_max)
+        if key not in self._round_s:
+            self._round_s[key] = [self.costs.round(batch, k) for k in range(k_max + 1)]
+        return self._round_s[key]
 
     def state(self, seq: Sequence) -> RowState:
         """``seq``'s state, brought up to date with the rounds its Stats counted since the last call."""
