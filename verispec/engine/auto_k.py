@@ -31,8 +31,9 @@ still takes in the emitted tokens). So
 k = 0 (a plain decode step, E = 1) is always a candidate, so no k is chosen whose predicted rate is below
 plain decoding's. k = 0 wins when a wider pass costs more than the drafts are expected to return, as at large
 batches where the target pass stops being weight-bandwidth bound and its time grows with the tokens it scores,
-or where a round's fixed cost of drafting outweighs what the drafts return (the passes alone missed it: on the
-8B shape at 32 rows k=auto still drafted where drafting lost, benchmarks/results/serve_http_8b.md).
+or where a round's fixed cost of drafting outweighs what the drafts return (with the passes alone in the cost, k=auto
+on the 8B shape at 32 rows still drafted at times where drafting lost, benchmarks/results/serve_http_8b.md;
+benchmarks/auto_cost.py measures both cost models side by side).
 
 Estimates. alpha_i = (a_i + prior_alpha * prior_strength) / (t_i + prior_strength), where t_i counts the rounds
 that *tested* position i (proposed it and accepted every draft before it: a rejection ends the round, so the
