@@ -4,24 +4,31 @@ depends on nothing but that row (for sampled rows), follows acceptance down and 
 number of rounds, and explores at a bounded cost where drafting does not pay."""
 from __future__ import annotations
 
+import json
 import math
 import random
+import time
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from fakes import FakeModel, greedy_reference
+from test_engine import noisy_copy
 from verispec.analysis import expected_tokens_from_positions, expected_tokens_per_round
-from verispec.engine import Request, Sequence, Stats
-from verispec.engine.auto_k import AutoK, CostTable, RowState, best_k
+from verispec.drafters import DraftModel
+from verispec.engine import Request, Scheduler, SchedulerConfig, Sequence, Stats
+from verispec.engine.auto_k import AutoK, CostTable, RowState, best_k, measure_costs
 
 TOKENS = tuple(range(1, 10))      # passes of 1..9 tokens per row (k_max = 8)
 K = 8
 
 
-def table(target_of, draft_of, batch_sizes=(1, 2, 4, 8, 16, 32)) -> CostTable:
-    """A synthetic table: target_of(B, t) seconds per target pass, draft_of(B) per draft step."""
+def table(target_of, draft_of, batch_sizes=(1, 2, 4, 8, 16, 32), overhead_of=None) -> CostTable:
+    """A synthetic table: target_of(B, t) seconds per target pass, draft_of(B) per draft step, overhead_of(B, t)
+    per round of t - 1 drafts beyond its passes (None: no overhead column, as in tables saved before it)."""
+    overhead = None if overhead_of is None else tuple(tuple(overhead_of(b, t) for t in TOKENS) for b in batch_sizes)
     return CostTable(batch_sizes, TOKENS, tuple(tuple(target_of(b, t) for t in TOKENS) for b in batch_sizes),
-                     tuple(draft_of(b) for b in batch_sizes))
+                     tuple(draft_of(b) for b in batch_sizes), overhead)
 
 
 def brute_force(alphas, k_max, batch, target_of, draft_of):
@@ -85,6 +92,70 @@ def test_cost_table_lookup_and_checks():
         CostTable((1,), (2,), ((1.0,),), (0.0,))
     with pytest.raises(ValueError):
         CostTable((1,), (1,), ((0.0,),), (0.0,))
+    with pytest.raises(ValueError, match="overhead_s must be"):
+        CostTable((1,), (1, 2), ((1.0, 2.0),), (0.0,), ((0.0,),))
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        CostTable((1,), (1,), ((1.0,),), (0.0,), ((-0.1,),))
+
+
+def test_the_overhead_column_is_part_of_a_rounds_cost_and_survives_json():
+    t = CostTable((1, 4), (1, 3), ((1.0, 3.0), (2.0, 6.0)), (0.1, 0.4), ((0.5, 1.5), (1.0, 2.0)))
+    assert t.overhead(1, 2) == pytest.approx(1.0)         # interpolated like the target's passes
+    assert t.round(4, 2) == pytest.approx(6.0 + 2 * 0.4 + 2.0)
+    assert t.round(1, 0) == pytest.approx(1.0 + 0.5)     # a plain decode round pays its share too
+    assert CostTable.from_json(t.to_json()) == t
+    # a table saved before the column: it loads, with no overhead, and costs a round as its passes
+    old = {k: v for k, v in json.loads(t.to_json()).items() if k != "overhead_s"}
+    loaded = CostTable.from_json(json.dumps(old))
+    assert loaded.overhead_s == ((0.0, 0.0), (0.0, 0.0))
+    assert loaded.round(4, 2) == pytest.approx(6.0 + 2 * 0.4)
+
+
+def test_an_overhead_that_makes_drafting_lose_at_32_rows_picks_zero_there():
+    """A round with drafts pays 3 ms per row beyond its passes (verification, the drafter's and the scheduler's
+    host work): at 32 rows no k pays any more, while the passes alone (the formula before the column) say draft.
+    At one row the same overhead is small and drafting still pays."""
+    passes = dict(target_of=BANDWIDTH[0], draft_of=BANDWIDTH[1])
+    overhead = table(**passes, overhead_of=lambda b, t: 0.0 if t == 1 else 0.003 * b)
+    prior = [0.9] * K
+    assert best_k(prior, K, table(**passes), 32) > 0
+    assert best_k(prior, K, overhead, 32) == 0
+    assert best_k(prior, K, overhead, 1) > 0
+    rows = [_seq(800 + i) for i in range(32)]
+    assert AutoK(table(**passes))(rows, K) != [0] * 32
+    rows = [_seq(850 + i) for i in range(32)]
+    assert AutoK(overhead)(rows, K) == [0] * 32
+
+
+ROUND_SLEEP_S = 0.05
+
+
+def test_measure_costs_times_whole_rounds(monkeypatch):
+    """The overhead column comes from whole scheduler rounds: with every round made to pay ROUND_SLEEP_S more host
+    work (a stand-in for the scheduler's bookkeeping), every entry at every batch size and k shows at least half of
+    it. measure_costs leaves the target and the drafter to the next Scheduler, which decodes exactly."""
+    target = FakeModel(seed=0, eos_bias=-30.0)
+    drafter = DraftModel(FakeModel(weights=noisy_copy(target, 0.2, seed=5).w, tokenizer=target.tokenizer))
+    drafter.attach(target)
+    account = Scheduler._account
+
+    def slow_account(self, result):
+        time.sleep(ROUND_SLEEP_S)
+        account(self, result)
+
+    monkeypatch.setattr(Scheduler, "_account", slow_account)
+    costs = measure_costs(target, drafter, 2, (1, 2))
+    monkeypatch.undo()
+    assert costs.tokens == (1, 2, 3) and len(costs.overhead_s) == 2
+    assert all(ROUND_SLEEP_S / 2 <= o < 1.0 for row in costs.overhead_s for o in row)
+    assert all(costs.round(b, k) >= costs.target(b, k + 1) + k * costs.draft(b) for b in (1, 2) for k in range(3))
+    assert measure_costs(target, None, 2, (1,)).overhead_s == ((0.0, 0.0, 0.0),)   # no drafter: no rounds timed
+
+    scheduler = Scheduler(target, drafter, SchedulerConfig(2, 64, 2), k_policy=AutoK(costs))
+    prompts = [[3, 9, 4, 3, 9, 4, 3], [5, 1, 2]]
+    seqs = [scheduler.submit(Request(p, 12, id=i)) for i, p in enumerate(prompts)]
+    scheduler.run()
+    assert [s.generated for s in seqs] == [greedy_reference(target, p, 12) for p in prompts]
 
 
 # ------------------------------------------------------------------------------------------ one request

@@ -21,11 +21,19 @@ one row's question -- on the 8B shape at 32 rows through HTTP that ran k=auto be
 
 The choice. With alpha_i the row's estimate at draft position i, a round of k drafts emits in expectation
     E(k) = 1 + alpha_0 + alpha_0 alpha_1 + ... + alpha_0 ... alpha_{k-1}      (``analysis.expected_tokens_from_positions``)
-tokens and costs cost(B, k) = T_target(B, k + 1 tokens per row) + k * T_draft(B), so
+tokens and costs
+    cost(B, k) = T_target(B, k + 1 tokens per row) + k * T_draft(B) + T_overhead(B, k + 1)
+where T_overhead is what a whole round pays beyond its passes: verification (a launch and the status read), the
+drafter's host work and commit, the scheduler's bookkeeping (a draft model's passes, a benchmark oracle's cost
+model's among them, are the draft steps). A plain decode round of k=auto pays its own share (k = 0: the drafter
+still takes in the emitted tokens). So
     k_b = argmax over k in [0, cap_b] of E(k) / cost(B, k)                         (the smallest k on ties)
 k = 0 (a plain decode step, E = 1) is always a candidate, so no k is chosen whose predicted rate is below
 plain decoding's. k = 0 wins when a wider pass costs more than the drafts are expected to return, as at large
-batches where the target pass stops being weight-bandwidth bound and its time grows with the tokens it scores.
+batches where the target pass stops being weight-bandwidth bound and its time grows with the tokens it scores,
+or where a round's fixed cost of drafting outweighs what the drafts return (with the passes alone in the cost, k=auto
+on the 8B shape at 32 rows still drafted at times where drafting lost, benchmarks/results/serve_http_8b.md;
+benchmarks/auto_cost.py measures both cost models side by side).
 
 Estimates. alpha_i = (a_i + prior_alpha * prior_strength) / (t_i + prior_strength), where t_i counts the rounds
 that *tested* position i (proposed it and accepted every draft before it: a rejection ends the round, so the
@@ -48,8 +56,10 @@ break-even) comes once per max_hold + 1 rounds once the holds have doubled up; a
 row drafts again within max_hold + 1 rounds (if drafting at the prior's acceptance pays at all) and its k doubles
 every round up to what its estimate supports (``tests/test_auto_k.py`` checks both on scripted acceptance).
 
-The costs come from a ``CostTable``: measured on this machine at startup (``measure_costs``) or given
-(synthetic tables in tests, a saved JSON table between runs).
+The costs come from a ``CostTable``: measured on this machine at startup (``measure_costs``: target passes and a
+draft step timed alone, then whole ``Scheduler`` rounds with every row's k forced, whose excess over those passes
+is T_overhead) or given (synthetic tables in tests, a saved JSON table between runs; one saved before the
+overhead column loads with T_overhead = 0, the passes alone).
 """
 from __future__ import annotations
 
@@ -60,17 +70,21 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .request import Sequence
+from .request import Request, Sequence
 
 
 @dataclass(frozen=True)
 class CostTable:
-    """Seconds of one target pass and one draft step, by batch size.
+    """Seconds of one target pass, one draft step and the rest of a round, by batch size.
 
     batch_sizes:  ascending measured batch sizes (e.g. the CUDA-graph buckets 1, 2, 4, 8, 16, 32)
     tokens:       ascending tokens per row of the measured target passes (1 = a plain decode step)
     target_s:     target_s[i][j] = one target pass of batch_sizes[i] rows x tokens[j] tokens
     draft_s:      draft_s[i] = one draft step (one token per row) at batch_sizes[i] rows
+    overhead_s:   overhead_s[i][j] = what a whole round of batch_sizes[i] rows and tokens[j] - 1 drafts per row
+                  costs beyond its target pass and its draft steps: verification (its launch and the status
+                  read), the drafter's host work and commit, the scheduler's bookkeeping. >= 0. None (tables
+                  saved before this column): zero everywhere, i.e. a round costs its passes alone.
 
     A batch between two measured sizes costs as the next larger one (the bucket it runs in); tokens
     between two measured counts interpolate linearly; beyond the table the last entry is extrapolated
@@ -81,6 +95,7 @@ class CostTable:
     tokens: tuple[int, ...]
     target_s: tuple[tuple[float, ...], ...]
     draft_s: tuple[float, ...]
+    overhead_s: tuple[tuple[float, ...], ...] | None = None
 
     def __post_init__(self):
         nb, nt = len(self.batch_sizes), len(self.tokens)
@@ -92,36 +107,53 @@ class CostTable:
             raise ValueError(f"CostTable: target_s must be [{nb}][{nt}] and draft_s [{nb}]")
         if any(not t > 0 for row in self.target_s for t in row) or any(not d >= 0 for d in self.draft_s):
             raise ValueError("CostTable: target times must be > 0 and draft times >= 0")
+        if self.overhead_s is None:       # frozen: the zero column is set once, here
+            object.__setattr__(self, "overhead_s", tuple((0.0,) * nt for _ in range(nb)))
+        if len(self.overhead_s) != nb or any(len(row) != nt for row in self.overhead_s):
+            raise ValueError(f"CostTable: overhead_s must be [{nb}][{nt}] like target_s")
+        if any(not 0 <= o < float("inf") for row in self.overhead_s for o in row):
+            raise ValueError(f"CostTable: overhead times must be finite and >= 0, got {self.overhead_s}")
 
     def _row(self, batch: int) -> int:
         return min(bisect.bisect_left(self.batch_sizes, batch), len(self.batch_sizes) - 1)
 
-    def target(self, batch: int, tokens: int) -> float:
-        """Seconds of one target pass of ``batch`` rows x ``tokens`` tokens."""
-        row, ts = self.target_s[self._row(batch)], self.tokens
+    def _along_tokens(self, row: tuple[float, ...], tokens: int) -> float:
+        """``row`` (one value per measured token count) at ``tokens``: linear between measured counts, the
+        last slope continued beyond them."""
+        ts = self.tokens
         if len(ts) == 1:
             return row[0]
         j = min(max(bisect.bisect_left(ts, tokens), 1), len(ts) - 1)
         t0, t1 = ts[j - 1], ts[j]
-        return max(row[j - 1] + (row[j] - row[j - 1]) * (tokens - t0) / (t1 - t0), 1e-12)
+        return row[j - 1] + (row[j] - row[j - 1]) * (tokens - t0) / (t1 - t0)
+
+    def target(self, batch: int, tokens: int) -> float:
+        """Seconds of one target pass of ``batch`` rows x ``tokens`` tokens."""
+        return max(self._along_tokens(self.target_s[self._row(batch)], tokens), 1e-12)
 
     def draft(self, batch: int) -> float:
         return self.draft_s[self._row(batch)]
 
+    def overhead(self, batch: int, tokens: int) -> float:
+        """Seconds a round of ``batch`` rows x ``tokens`` tokens (tokens - 1 drafts) costs beyond its passes."""
+        return max(self._along_tokens(self.overhead_s[self._row(batch)], tokens), 0.0)
+
     def round(self, batch: int, k: int) -> float:
-        """cost(B, k) = T_target(B, k + 1) + k * T_draft(B)."""
-        return self.target(batch, k + 1) + k * self.draft(batch)
+        """cost(B, k) = T_target(B, k + 1) + k * T_draft(B) + T_overhead(B, k + 1)."""
+        return self.target(batch, k + 1) + k * self.draft(batch) + self.overhead(batch, k + 1)
 
     # ------------------------------------------------------------------ persistence
     def to_json(self) -> str:
         return json.dumps(dict(batch_sizes=self.batch_sizes, tokens=self.tokens, target_s=self.target_s,
-                               draft_s=self.draft_s))
+                               draft_s=self.draft_s, overhead_s=self.overhead_s))
 
     @staticmethod
     def from_json(text: str) -> "CostTable":
+        """The table ``to_json`` wrote; one saved without ``overhead_s`` loads with zero overhead."""
         d = json.loads(text)
+        overhead = d.get("overhead_s")
         return CostTable(tuple(d["batch_sizes"]), tuple(d["tokens"]), tuple(tuple(r) for r in d["target_s"]),
-                         tuple(d["draft_s"]))
+                         tuple(d["draft_s"]), None if overhead is None else tuple(tuple(r) for r in overhead))
 
 
 def best_k(alphas: list[float], k_max: int, costs: CostTable, batch: int) -> int:
@@ -250,6 +282,9 @@ class AutoK:
     settle: int = 4
     last_k: int = 0
     greedy_state: RowState = field(default_factory=RowState)   # the greedy rows' shared exploration (its hold fields)
+    # (batch, k_max) -> the round costs of k = 0..k_max: a CostTable is frozen, and a round's choice would otherwise
+    # look up 2 (k_max + 1) interpolated costs on the request path
+    _round_s: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if not 0.0 <= self.prior_alpha <= 1.0 or not self.prior_strength > 0:
@@ -266,18 +301,24 @@ class AutoK:
             raise ValueError(f"AutoK: reference_batch must be >= 1, got {self.reference_batch}")
 
     def __call__(self, running: list[Sequence], k_max: int) -> list[int]:
-        reference = [self.costs.round(self.reference_batch, k) for k in range(k_max + 1)]
+        reference = self._rounds(self.reference_batch, k_max)
         ks = [0 if seq.request.greedy else self._choose(seq, k_max, reference) for seq in running]
         greedy = [seq for seq in running if seq.request.greedy]
         if greedy:
             sampled = [(seq, k) for seq, k in zip(running, ks) if not seq.request.greedy]
-            round_s = [self.costs.round(len(running), k) for k in range(k_max + 1)]
+            round_s = self._rounds(len(running), k_max)
             k_greedy = self._choose_greedy(greedy, sampled, k_max, round_s)
             ks = [min(k_greedy, _room(seq, k_max)) if seq.request.greedy else k for seq, k in zip(running, ks)]
         for seq, k in zip(running, ks):
             self.state(seq).last_k = k
         self.last_k = max(ks, default=0)
         return ks
+
+    def _rounds(self, batch: int, k_max: int) -> list[float]:
+        key = (batch, k_max)
+        if key not in self._round_s:
+            self._round_s[key] = [self.costs.round(batch, k) for k in range(k_max + 1)]
+        return self._round_s[key]
 
     def state(self, seq: Sequence) -> RowState:
         """``seq``'s state, brought up to date with the rounds its Stats counted since the last call."""
@@ -368,11 +409,12 @@ def _timed(fn, reps: int, sync) -> float:
 @torch.no_grad()
 def measure_costs(target, drafter, k_max: int, batch_sizes: tuple[int, ...], *, prompt_len: int = 32,
                   reps: int = 3) -> CostTable:
-    """Time target passes of 1..k_max+1 tokens and one draft step at each batch size on this machine.
+    """Time target passes of 1..k_max+1 tokens, one draft step and whole rounds at each batch size on this machine.
 
     Uses (and leaves in an undefined state) the target's cache and the drafter: call it before the
     ``Scheduler`` is built, which sets both up afresh. Token counts measured: 1, 2, k_max + 1 and a few
-    between (linear interpolation fills the rest).
+    between (linear interpolation fills the rest). With a drafter, ``_round_overheads`` then times whole
+    scheduler rounds for the overhead column (``CostTable.overhead_s``); without one it stays zero.
     """
     from ..drafters.base import SamplingParams
 
@@ -382,9 +424,9 @@ def measure_costs(target, drafter, k_max: int, batch_sizes: tuple[int, ...], *, 
     max_seq_len = prompt_len + (reps + 2) * (k_max + 2) + 8
     vocab = target.config.vocab_size
     gen = torch.Generator().manual_seed(0)
-    target_rows, draft_row = [], []
+    target_rows, draft_row, overhead_rows = [], [], []
     for batch in batch_sizes:
-        prompts = torch.randint(0, vocab, (batch, prompt_len), generator=gen).tolist()
+        prompts = _repeating_prompts(batch, prompt_len, vocab, gen)
         target.setup_cache(batch, max_seq_len, empty=True)
         target.admit(prompts)
         base = target.lengths.clone()
@@ -396,6 +438,7 @@ def measure_costs(target, drafter, k_max: int, batch_sizes: tuple[int, ...], *, 
         target_rows.append(tuple(_timed(lambda t=t: one_pass(t), reps, sync) for t in tokens))
         if drafter is None:
             draft_row.append(0.0)
+            overhead_rows.append((0.0,) * len(tokens))
             continue
         drafter.reserve(target, batch, max_seq_len)
         drafter.admit(list(range(batch)), prompts, [p[-1] for p in prompts],
@@ -406,4 +449,67 @@ def measure_costs(target, drafter, k_max: int, batch_sizes: tuple[int, ...], *, 
             drafter.commit([0] * batch, [row[:1] or [0] for row in drafts])   # every draft rejected
 
         draft_row.append(_timed(one_step, reps, sync))
-    return CostTable(tuple(batch_sizes), tokens, tuple(target_rows), tuple(draft_row))
+        parts = CostTable((batch,), tokens, (target_rows[-1],), (draft_row[-1],))
+        overhead_rows.append(_round_overheads(target, drafter, k_max, prompts, parts, reps, sync,
+                                              warm=device.type == "cuda"))
+    return CostTable(tuple(batch_sizes), tokens, tuple(target_rows), tuple(draft_row), tuple(overhead_rows))
+
+
+def _repeating_prompts(batch: int, prompt_len: int, vocab: int, gen: torch.Generator) -> list[list[int]]:
+    """``batch`` prompts of ``prompt_len`` tokens, each a random 8-token phrase repeated: a history that prompt
+    lookup finds continuations in (a model drafter does not care), so that measured rounds do draft."""
+    phrases = torch.randint(0, vocab, (batch, 8), generator=gen).tolist()
+    return [(p * (prompt_len // 8 + 1))[:prompt_len] for p in phrases]
+
+
+def _round_overheads(target, drafter, k_max: int, prompts: list[list[int]], parts: CostTable, reps: int,
+                     sync, warm: bool) -> tuple[float, ...]:
+    """overhead_s of one batch size: whole ``Scheduler.step`` rounds, every row's k forced to tokens[j] - 1, the
+    best of ``reps`` each, less the round's passes as ``parts`` (this batch's target_s and draft_s) predict them.
+    ``warm``: one untimed round first for each k (on a GPU its first round captures the draft loop's graph and
+    compiles verification's kernels; the CPU has no such first-call cost, and a round there costs seconds).
+
+    A round is charged for the drafts it ran (its widest row's), which a drafter may cut below the k asked
+    (prompt lookup finding no match, its adaptive cap); a token count whose width no timed round ran is
+    interpolated between those that ran (constant beyond them). A round measured below its parts (noise, or
+    host work that overlapped the device's) counts as no overhead."""
+    from .scheduler import Scheduler, SchedulerConfig
+
+    batch, tokens = parts.batch_sizes[0], parts.tokens
+    forced = [0]
+    max_new = 3 + (reps + 1) * sum(tokens)        # more than the rounds below emit (k + 1 per row at most): none ends
+    scheduler = Scheduler(target, drafter, SchedulerConfig(batch, len(prompts[0]) + max_new + k_max + 1, k_max),
+                          k_policy=lambda running, k: [forced[0]] * len(running))
+    scheduler.eos = set()                         # a row that met EOS would leave and shrink the measured batch
+    for b, prompt in enumerate(prompts):          # ids 0..B-1, as admitted above (OracleDraft keys rows by id)
+        scheduler.submit(Request(prompt, max_new, id=b))
+    scheduler.step()                              # admission and a first round
+    best: dict[int, float] = {}                   # drafts the round ran -> its least seconds beyond its passes
+    for t in tokens:
+        forced[0] = t - 1
+        if warm:
+            scheduler.step()
+        for _ in range(reps):
+            sync()
+            t0 = time.perf_counter()
+            scheduler.step()
+            sync()
+            elapsed = time.perf_counter() - t0
+            if len(scheduler.running) != batch:
+                raise RuntimeError(f"measure_costs: a measured row ended early ({len(scheduler.running)} of {batch} "
+                                   "rows left): increase its max_new_tokens")
+            width = max(seq.stats.num_draft_last for seq in scheduler.running)
+            extra = elapsed - parts.target(batch, width + 1) - width * parts.draft(batch)
+            best[width] = min(best.get(width, float("inf")), extra)
+    widths = sorted(best)
+    return tuple(max(_interpolate(widths, [best[w] for w in widths], t - 1), 0.0) for t in tokens)
+
+
+def _interpolate(xs: list[int], ys: list[float], x: float) -> float:
+    """ys at x, linear between the ascending points xs, constant beyond them."""
+    j = bisect.bisect_left(xs, x)
+    if j < len(xs) and xs[j] == x:
+        return ys[j]
+    if j == 0 or j == len(xs):
+        return ys[min(j, len(xs) - 1)]
+    return ys[j - 1] + (ys[j] - ys[j - 1]) * (x - xs[j - 1]) / (xs[j] - xs[j - 1])

@@ -6,6 +6,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 from fastapi import FastAPI
 
@@ -81,8 +82,10 @@ def cost_table(args, target, drafter, k_max: int) -> CostTable:
             table = CostTable.from_json(f.read())
         _log(f"k=auto: cost table from {args.cost_table}")
         return table
-    _log("k=auto: measuring target passes and draft steps on this machine ...")
+    _log("k=auto: measuring target passes, draft steps and whole rounds on this machine ...")
+    t0 = time.perf_counter()
     table = measure_costs(target, drafter, k_max, default_batch_sizes(args.max_batch_size))
+    _log(f"k=auto: cost table measured in {time.perf_counter() - t0:.1f} s")
     if args.cost_table:
         with open(args.cost_table, "w", encoding="utf-8") as f:
             f.write(table.to_json())
