@@ -5,7 +5,8 @@ On the GPU the engine thread spends most of a round waiting for the device (its 
 the GIL released); what it does in Python around that wait, and what the event loop's thread does in Python
 (uvicorn, starlette, the chunks' JSON, the metrics), is what makes the server slower than the engine alone:
 the two threads share the GIL, so every millisecond of Python on one delays the other. ``SleepingModel`` stands
-for the device: each pass sleeps ``--pass-s`` seconds (the GIL released, like a CUDA sync) and returns the
+for the device: each pass takes ``--pass-s`` seconds, asynchronously (the round's host read sleeps until it is
+done, the GIL released, like a CUDA sync), and returns the
 logits of a peaked model (each token's successor is fixed, as the 8B benchmark's ``--draft oracle`` makes it),
 so requests run to their max_tokens and the text is real SmolLM2 tokens, detokenized as usual. What remains is
 the engine's and the server's host work, measured on this CPU.
@@ -13,18 +14,24 @@ the engine's and the server's host work, measured on this CPU.
     python benchmarks/serve_overhead.py --out DIR [--write]        # sweep: in-process vs HTTP at 8 and 32 streams
     python benchmarks/serve_overhead.py serve --port N [--profile FILE] [verispec serve options]   # one server
 
-For each concurrency C: one server process (``--max-batch-size C``), driven ``--repeats`` times by
-`verispec bench serve` (the openai client, streaming, chat, greedy, ``--num-prompts`` requests of
-``--max-tokens`` tokens, at most C in flight, all at once); and ``--repeats`` in-process runs of the same
-engine (``run_engine``: the same number of requests and tokens, all submitted at once, C rows). Medians and the
-spread (min..max) of output tok/s. The server reports per round: the CPU time of the engine thread and of the
-event loop's thread (``/proc``), and how late the engine thread got the GIL back after its pass (the sleep's
-overshoot: the wait behind the event loop). With ``--pin`` the server and the in-process runs use CPU 0 and
-the client CPU 1 (this machine has 2 cores shared with other work: the numbers are a relative measure).
+For each concurrency C: one server process (``--max-batch-size C``; with ``--compare DIR`` a second one running
+DIR's verispec, e.g. the commit before a change), driven ``--repeats`` times each, in turn, by a client with
+``--num-prompts`` chat requests (streaming, greedy, ``--max-tokens`` tokens each, at most C in flight, all at
+once): ``--client raw`` (default) reads each stream whole with a minimal asyncio HTTP client, the least client
+work; ``--client openai`` is `verispec bench serve` (the openai client, as benchmarks/serve_http.py uses), whose
+per-chunk parsing costs more than the server's own on this machine. Beside them ``--repeats`` in-process runs of
+the same engine (``run_engine``: the same number of requests and tokens, all submitted at once, C rows).
+Medians and the spread (min..max) of output tok/s. The server reports per round: the wall time of its steps,
+the CPU time of the engine thread and of the event loop's thread (``/proc``), how late the engine thread got the
+GIL back after the pass (the wait behind the event loop), and its mean running rows; and a sampled profile of
+each thread (``Sampler``; ``serve --cprofile PREFIX`` writes cProfile tables instead). ``--server-cpu 0
+--client-cpu 1`` pins the server and the in-process runs to one CPU and the client to the other (this machine
+has 2 cores shared with other work: the numbers are a relative measure).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -39,9 +46,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+if os.environ.get("SERVE_OVERHEAD_TREE"):          # a --compare server: that tree's verispec comes first
+    sys.path.insert(0, os.environ["SERVE_OVERHEAD_TREE"])
 from benchmarks.common import environment, environment_line, markdown_table  # noqa: E402
 
 NAME = "sleeper"
+TREE_ENV = "SERVE_OVERHEAD_TREE"  # a server subprocess imports verispec from this directory (--compare)
 SUCCESSOR_IDS = (1000, 40000)     # successors are drawn from ordinary tokens: never EOS or a special token
 
 
@@ -54,9 +64,15 @@ class _Config:
 
 class SleepingModel:
     """The runtime contract (``setup_cache``, ``admit``, ``append``, ``rollback``, ``keep``, ``lengths``) over no
-    weights: a pass sleeps ``pass_s`` seconds and the logits put all their mass on ``successor[token]`` (a fixed
-    random map), so greedy decoding follows the successor chain. Each pass records how far past ``pass_s`` it
-    returned (``overshoot_s``: the scheduler's jitter plus the wait for the GIL).
+    weights: a pass takes ``pass_s`` seconds and the logits put all their mass on ``successor[token]`` (a fixed
+    random map), so greedy decoding follows the successor chain.
+
+    Asynchronous like a GPU: ``append`` returns at once and the pass is "done" ``pass_s`` later; the round's one
+    host read waits for it (``wait_device``, which ``device_waits(model)`` puts in front of the engine's
+    ``read_outcome``), sleeping with the GIL released, so that the host's work between the launch and the read
+    (verification, and whatever else holds the GIL) overlaps the pass as it does on the GPU. Without
+    ``device_waits`` (tests) no pass waits. An admission sleeps ``pass_s`` in place (a prefill). Each wait
+    records how late it returned (``overshoot_s``: the OS's jitter plus the wait for the GIL).
 
     The logits are views of one zeroed buffer per width, [B_max, w, V]: each pass clears the ones it set last
     time, so a pass costs O(B w), not O(B w V) (verification reads them before the next pass)."""
@@ -72,6 +88,8 @@ class SleepingModel:
         self.successor = torch.randint(lo, hi, (self.config.vocab_size,), generator=g)     # [V]
         self.overshoot_s = 0.0
         self.passes = 0
+        self.ready_at = 0.0          # perf_counter when the last launched pass is done
+        self.launches = 0            # passes and admissions launched
         self._buffers: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
 
     def setup_cache(self, batch_size: int, max_seq_len: int, empty: bool = False) -> None:
@@ -85,10 +103,17 @@ class SleepingModel:
         return self._lengths[: self._batch]
 
     def _sleep(self) -> None:
-        t = time.perf_counter()
-        time.sleep(self.pass_s)
-        self.overshoot_s += time.perf_counter() - t - self.pass_s
-        self.passes += 1
+        self.launches += 1
+        self.ready_at = time.perf_counter() + self.pass_s
+        self.wait_device()
+
+    def wait_device(self) -> None:
+        """Block (GIL released) until the last launched pass is done."""
+        left = self.ready_at - time.perf_counter()
+        if left > 0:
+            time.sleep(left)
+            self.overshoot_s += time.perf_counter() - self.ready_at
+            self.passes += 1
 
     def _peaked(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [n, w] -> logits [n, w, V], one-hot on each token's successor."""
@@ -117,7 +142,8 @@ class SleepingModel:
     def append(self, tokens: torch.Tensor) -> torch.Tensor:
         if tokens.dim() != 2 or tokens.shape[0] != self._batch:
             raise ValueError(f"tokens must be [B={self._batch}, k], got {tuple(tokens.shape)}")
-        self._sleep()
+        self.ready_at = time.perf_counter() + self.pass_s          # launched: done pass_s from now
+        self.launches += 1
         self.lengths.add_(tokens.shape[1])
         return self._peaked(tokens)
 
@@ -128,6 +154,24 @@ class SleepingModel:
         idx = torch.as_tensor(batch_indices, dtype=torch.long)
         self._lengths[: len(idx)] = self._lengths[idx].clone()
         self._batch = len(idx)
+
+
+@contextlib.contextmanager
+def device_waits(model: SleepingModel):
+    """The engine's round reads its outcome only once ``model``'s pass is done (a GPU's host sync)."""
+    from verispec.engine import round as round_module
+
+    read = round_module.read_outcome
+
+    def read_outcome(out):
+        model.wait_device()
+        return read(out)
+
+    round_module.read_outcome = read_outcome
+    try:
+        yield
+    finally:
+        round_module.read_outcome = read
 
 
 # ------------------------------------------------------------------------------------------ the server side
@@ -219,7 +263,7 @@ def serve_main(argv: list[str]) -> int:
 
     parser = argparse.ArgumentParser(prog="serve_overhead.py serve")
     add_arguments(parser)
-    parser.add_argument("--pass-s", type=float, default=0.010, help="seconds each pass sleeps")
+    parser.add_argument("--pass-s", type=float, default=0.010, help="seconds each pass takes")
     parser.add_argument("--profile", default=None, help="write per-thread CPU, GIL waits and samples here (JSON)")
     parser.add_argument("--cprofile", default=None, help="cProfile both threads (slows them): write PREFIX.engine.txt "
                         "and PREFIX.loop.txt")
@@ -231,10 +275,11 @@ def serve_main(argv: list[str]) -> int:
     sampler_box: list = []
     if args.profile:
         engine.thread.start = _started(engine.thread.start, lambda: _begin_profile(engine, sampler_box))
-    if args.cprofile:
-        code = _cprofiled(args.cprofile, engine, lambda: serve_module.serve(engine, app, args))
-    else:
-        code = serve_module.serve(engine, app, args)
+    with device_waits(target):
+        if args.cprofile:
+            code = _cprofiled(args.cprofile, engine, lambda: serve_module.serve(engine, app, args))
+        else:
+            code = serve_module.serve(engine, app, args)
     if args.profile:
         _write_profile(args.profile, engine, target, sampler_box)
     return code
@@ -374,29 +419,39 @@ def _client_run(concurrency: int, args, out: Path, base: str, port: int, i: int)
     return json.loads((out / f"{label}.json").read_text())["summary"]
 
 
-def http_runs(concurrency: int, args, out: Path, port: int) -> tuple[list[float], dict]:
-    """One server at ``concurrency`` rows, driven ``args.repeats`` times -> (output tok/s per run, its profile)."""
-    base = f"http://127.0.0.1:{port}"
-    profile = out / f"profile_c{concurrency}.json"
-    server = subprocess.Popen([*_pin(args.server_cpu), sys.executable, __file__, "serve", "--port", str(port),
-                               "--max-batch-size", str(concurrency), "--pass-s", str(args.pass_s),
-                               "--max-seq-len", "1024", "--log-level", "warning", "--profile", str(profile)],
-                              stdout=subprocess.DEVNULL, stderr=open(out / f"server_c{concurrency}.log", "w"))
-    rates = []
+def http_runs(concurrency: int, args, out: Path, port: int) -> dict[str, tuple[list[float], dict]]:
+    """One server per tree (this one: "this tree"; ``--compare DIR``: also DIR's verispec) at ``concurrency`` rows,
+    all started first, then driven in turn, ``args.repeats`` times each (interleaved, so that a change in the
+    machine's load falls on all alike) -> {server: (output tok/s per run, its profile)}."""
+    trees = {"this tree": None, **({f"{args.compare_label}": args.compare} if args.compare else {})}
+    servers = {}
     try:
-        _wait_health(base, 120)
+        for j, (label, tree) in enumerate(trees.items()):
+            env = {**os.environ, **({TREE_ENV: os.path.abspath(tree)} if tree else {})}
+            name = f"c{concurrency}_{j}"
+            proc = subprocess.Popen([*_pin(args.server_cpu), sys.executable, __file__, "serve", "--port",
+                                     str(port + 10 * j), "--max-batch-size", str(concurrency), "--pass-s",
+                                     str(args.pass_s), "--max-seq-len", "1024", "--log-level", "warning",
+                                     "--profile", str(out / f"profile_{name}.json")], env=env,
+                                    stdout=subprocess.DEVNULL, stderr=open(out / f"server_{name}.log", "w"))
+            servers[label] = (proc, port + 10 * j, out / f"profile_{name}.json", [])
+        for label, (_, p, _, _) in servers.items():
+            _wait_health(f"http://127.0.0.1:{p}", 120)
         for i in range(args.repeats + 1):              # the first run warms up (connections, imports)
-            summary = _client_run(concurrency, args, out, base, port, i)
-            if summary.get("failed", 0) or summary["completed"] != args.num_prompts:
-                raise RuntimeError(f"bench serve: {summary}")
-            if i:
-                rates.append(summary["output_throughput"])
-            print(f"HTTP C={concurrency} run {i}: {summary['output_throughput']:.0f} tok/s, TTFT p50 "
-                  f"{summary['p50_ttft_ms']:.0f} ms", flush=True)
+            for label, (_, p, _, rates) in servers.items():
+                summary = _client_run(concurrency, args, out, f"http://127.0.0.1:{p}", p, i)
+                if summary.get("failed", 0) or summary["completed"] != args.num_prompts:
+                    raise RuntimeError(f"the client: {summary}")
+                if i:
+                    rates.append(summary["output_throughput"])
+                print(f"HTTP C={concurrency} {label} run {i}: {summary['output_throughput']:.0f} tok/s, TTFT p50 "
+                      f"{summary['p50_ttft_ms']:.0f} ms", flush=True)
     finally:
-        server.terminate()
-        server.wait(60)
-    return rates, json.loads(profile.read_text())
+        for proc, _, _, _ in servers.values():
+            proc.terminate()
+        for proc, _, _, _ in servers.values():
+            proc.wait(60)
+    return {label: (rates, json.loads(profile.read_text())) for label, (_, _, profile, rates) in servers.items()}
 
 
 def in_process_runs(concurrency: int, args) -> tuple[list[float], float, float, float]:
@@ -412,8 +467,9 @@ def in_process_runs(concurrency: int, args) -> tuple[list[float], float, float, 
     for i in range(args.repeats + 1):
         target.overshoot_s, target.passes = 0.0, 0
         cpu = time.thread_time()
-        run = run_engine(target, None, prompts, k=0, max_new_tokens=args.max_tokens,
-                         arrivals=[0.0] * len(prompts), max_batch=concurrency)
+        with device_waits(target):
+            run = run_engine(target, None, prompts, k=0, max_new_tokens=args.max_tokens,
+                             arrivals=[0.0] * len(prompts), max_batch=concurrency)
         if i:
             rates.append(run.tokens_per_s)
             cpu_s, rounds, wall_s = cpu_s + time.thread_time() - cpu, rounds + run.rounds, wall_s + run.seconds
@@ -442,39 +498,40 @@ def sweep(args) -> None:
     rows, profiles = [], []
     for i, c in enumerate(args.concurrency):
         engine_rates, engine_overshoot, engine_cpu, engine_wall = in_process_runs(c, args)
-        http_rates, prof = http_runs(c, args, out, args.port + i)
-        rounds = max(prof["rounds"], 1)
-        ratio = statistics.median(http_rates) / statistics.median(engine_rates)
-        rows.append((c, _spread(engine_rates), _spread(http_rates), f"{ratio:.2f}", f"{1e3 * engine_wall:.1f}",
-                     f"{1e3 * prof['step_s'] / rounds:.1f}", f"{1e3 * engine_cpu:.2f}",
-                     f"{1e3 * prof['cpu_s']['engine'] / rounds:.2f}", f"{1e3 * prof['cpu_s']['event loop'] / rounds:.2f}",
-                     f"{1e3 * engine_overshoot:.2f}", f"{1e3 * prof['overshoot_s'] / max(prof['passes'], 1):.2f}",
-                     f"{prof['tokens'] / rounds:.1f}"))
-        profiles.append((c, prof))
+        for label, (http_rates, prof) in http_runs(c, args, out, args.port + 100 * i).items():
+            rounds = max(prof["rounds"], 1)
+            ratio = statistics.median(http_rates) / statistics.median(engine_rates)
+            rows.append((c, label, _spread(engine_rates), _spread(http_rates), f"{ratio:.2f}",
+                         f"{1e3 * engine_wall:.1f}", f"{1e3 * prof['step_s'] / rounds:.1f}", f"{1e3 * engine_cpu:.2f}",
+                         f"{1e3 * prof['cpu_s']['engine'] / rounds:.2f}",
+                         f"{1e3 * prof['cpu_s']['event loop'] / rounds:.2f}", f"{1e3 * engine_overshoot:.2f}",
+                         f"{1e3 * prof['overshoot_s'] / max(prof['passes'], 1):.2f}", f"{prof['tokens'] / rounds:.1f}"))
+            profiles.append((c, label, prof))
     command = (f"python benchmarks/serve_overhead.py --concurrency {','.join(map(str, args.concurrency))} "
                f"--num-prompts {args.num_prompts} --max-tokens {args.max_tokens} --input-len {args.input_len} "
                f"--pass-s {args.pass_s} --repeats {args.repeats}"
                + (f" --server-cpu {args.server_cpu} --client-cpu {args.client_cpu}" if args.server_cpu is not None
-                  else ""))
+                  else "") + (f" --compare DIR --compare-label {args.compare_label!r}" if args.compare else ""))
     lines = ["# `verispec serve`'s own cost: HTTP vs in-process on a sleeping model (CPU)", "",
              environment_line(environment()), f"CPUs: {os.cpu_count()} (shared with other work: a relative measure)",
-             "", f"Command: `{command}` ({time.perf_counter() - t0:.0f} s in all). `SleepingModel`: each pass sleeps "
-             f"{args.pass_s * 1e3:.0f} ms with the GIL released (standing for the GPU), logits one-hot on a fixed "
+             "", f"Command: `{command}` ({time.perf_counter() - t0:.0f} s in all). `SleepingModel`: each pass takes "
+             f"{args.pass_s * 1e3:.0f} ms, asynchronously like a GPU's (the round's host read sleeps until it is "
+             "done, the GIL released), logits one-hot on a fixed "
              "successor (requests run to max_tokens; real SmolLM2 tokens, detokenized). Chat requests, greedy, "
-             f"streamed, {args.num_prompts} per run, all at once, at most C in flight (`verispec bench serve`); "
+             f"streamed, {args.num_prompts} per run, all at once, at most C in flight (client: {args.client}); "
              f"in-process: `run_engine`, the same count and lengths, all at once, C rows. Medians of {args.repeats} "
              "runs (min..max) after one warm-up run.", "",
              "Per round: wall ms in-process (the run's time / rounds) and of the server's steps that ran a round (the "
-             "`verispec_round_seconds` summary); CPU ms of the engine in-process; in the server, of the engine thread and of the event loop's thread; GIL wait: how late a "
-             "pass's sleep returned (mean per pass; in-process beside it); tokens/round: the server's mean running "
+             "`verispec_round_seconds` summary); CPU ms of the engine in-process; in the server, of the engine thread and of the event loop's thread; GIL wait: how late the host read's "
+             "wait for the pass returned (mean per pass; in-process beside it); tokens/round: the server's mean running "
              "rows (C at most; in-process nearly C).", ""]
-    lines += markdown_table(["C", "in-process tok/s", "HTTP tok/s", "HTTP / in-process", "in-process ms/round",
+    lines += markdown_table(["C", "server", "in-process tok/s", "HTTP tok/s", "HTTP / in-process", "in-process ms/round",
                              "server step ms/round", "in-process CPU ms/round",
                              "server: engine thread CPU ms/round",
                              "event loop CPU ms/round", "GIL wait ms/pass in-process", "GIL wait ms/pass HTTP",
                              "HTTP tokens/round"], rows)
-    for c, prof in profiles:
-        lines += ["", f"Where the busy samples went at C={c} (share of all samples of that thread, every "
+    for c, label, prof in profiles:
+        lines += ["", f"Where the busy samples went at C={c}, {label} (share of all samples of that thread, every "
                       f"{prof['samples']['interval_s'] * 1e3:.0f} ms):", ""]
         for name in ("engine", "event loop"):
             lines.append(f"- {name}: " + _top(prof["samples"]["where"][name], args.top))
@@ -495,11 +552,14 @@ def main(argv=None) -> None:
     ap.add_argument("--num-prompts", type=int, default=128)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--input-len", type=int, default=64)
-    ap.add_argument("--pass-s", type=float, default=0.010, help="seconds each model pass sleeps")
+    ap.add_argument("--pass-s", type=float, default=0.010, help="seconds each model pass takes")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--server-cpu", type=int, default=None, help="pin the server and the in-process runs here")
     ap.add_argument("--client-cpu", type=int, default=None, help="pin the benchmark client here")
     ap.add_argument("--port", type=int, default=8300)
+    ap.add_argument("--compare", default=None, metavar="DIR", help="also serve with the verispec package found in "
+                    "DIR (e.g. `git worktree add DIR <commit>`), interleaved with this tree's server")
+    ap.add_argument("--compare-label", default="compared", help="the --compare server's name in the table")
     ap.add_argument("--client", choices=("raw", "openai"), default="raw",
                     help="raw: a minimal asyncio HTTP client (reads each stream whole: the least client work); "
                          "openai: `verispec bench serve` (the openai client, as benchmarks/serve_http.py)")

@@ -122,4 +122,29 @@ def test_sleeping_model_decodes_its_successor_chain_through_the_engine():
             t = int(model.successor[t])
             chain.append(t)
         assert got == chain
-    assert model.passes == run.rounds + 2          # two admissions (3 rows, then 2) and one pass per round
+    assert model.launches == run.rounds + 2        # two admissions (3 rows, then 2) and one pass per round
+
+
+def test_launched_hook_runs_once_per_round_after_the_target_pass():
+    """The server hands a round's tokens to its event loop from ``Scheduler.launched_hook``: it must run once per
+    round, after the target pass was launched (so the event loop's Python overlaps the device's work), for chains
+    and for trees alike."""
+    import sys
+    import os
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from fakes import FakeModel
+    from verispec.drafters import PromptLookup
+    from verispec.engine import Request, Scheduler, SchedulerConfig
+
+    for tree in (None, (2, 1)):
+        target = FakeModel(seed=0, eos_bias=-30.0)
+        drafter = PromptLookup(max_ngram=3, min_ngram=1)
+        drafter.attach(target)
+        sched = Scheduler(target, drafter, SchedulerConfig(2, 64, 3, tree=tree))
+        seen = []
+        sched.launched_hook = lambda: seen.append(target.num_passes)
+        for prompt in ([1, 2, 3, 1, 2], [4, 5, 4, 5]):
+            sched.submit(Request(prompt, 8))
+        sched.run()
+        assert seen == list(range(1, sched.totals.rounds + 1)), (tree, seen)

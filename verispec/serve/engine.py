@@ -4,10 +4,14 @@ HTTP handlers (on the asyncio loop) talk to it through ``EngineLoop.submit`` / `
 commands in a thread-safe inbox and wake the loop. Tokens come back through each request's
 ``on_tokens`` callback, which runs on the engine thread, detokenizes them there when the handler streams
 (``Handle.text``: the event loop never decodes) and queues both in the engine's outbox; the end of a request
-(finished, cancelled, failed) comes the same way, last. After each pass of the loop the outbox goes to the event
-loop in one ``loop.call_soon_threadsafe`` (``_flush``): one wake-up of the event loop per round, not one per
-request per round -- at 32 streams each call would cost a self-pipe write and a wake-up, on the thread that
-shares the GIL with this one.
+(finished, cancelled, failed) comes the same way, last. The outbox goes to the event loop in one
+``loop.call_soon_threadsafe`` (``_flush``): one wake-up of the event loop per round, not one per request per
+round -- at 32 streams each call would cost a self-pipe write and a wake-up, on the thread that shares the GIL
+with this one. When: in the next round, once its target pass is launched (``Scheduler.launched_hook``), or at the
+end of the pass when no round follows (nothing runs) and before a step that admits requests (a prefill must not
+hold back the running streams' tokens). Woken right after a round, the event loop's Python (a chunk per stream:
+HTTP framing, JSON) would compete for the GIL with the next round's launches and delay the device's work; woken
+once the pass is launched, it runs while the engine waits for the device with the GIL released.
 
     handler                          engine thread
     submit(request) -> Future  --->  scheduler.submit (ValueError / QueueFull set on the Future)
@@ -101,7 +105,7 @@ class EngineLoop:
     def __init__(self, make_scheduler: Callable[[], Scheduler], metrics: Metrics, idle_wait_s: float = 0.5,
                  stall_s: float = 300.0, on_fatal: Callable[[str], None] | None = None):
         self.make_scheduler = make_scheduler
-        self.scheduler = make_scheduler()
+        self.scheduler = self._new_scheduler()
         self.metrics = metrics
         self.idle_wait_s = idle_wait_s
         self.stall_s = stall_s
@@ -115,6 +119,11 @@ class EngineLoop:
         self.step_started: float | None = None        # monotonic start of the step now running
         self.failures = 0                              # passes of the loop that raised and were recovered
         self.thread = threading.Thread(target=self._run, name="verispec-engine", daemon=True)
+
+    def _new_scheduler(self) -> Scheduler:
+        scheduler = self.make_scheduler()
+        scheduler.launched_hook = self._flush
+        return scheduler
 
     # ------------------------------------------------------------------ from any thread
     def start(self) -> None:
@@ -180,7 +189,8 @@ class EngineLoop:
         try:
             with torch.no_grad():
                 while self._pass():
-                    self._flush()
+                    if not self.scheduler.running:      # no round follows to carry the outbox (launched_hook)
+                        self._flush()
             if self.fatal is None:
                 self._cancel_all()
         except BaseException as e:  # noqa: BLE001 - the guard itself broke: nothing can be trusted any more
@@ -207,6 +217,8 @@ class EngineLoop:
                 self.wake.wait(self.idle_wait_s)
                 self.wake.clear()
                 return True
+            if self.scheduler.waiting and len(self.scheduler.running) < self.scheduler.config.max_batch_size:
+                self._flush()                            # an admission comes first: its prefill takes a while
             self._step()
         except Exception as e:  # noqa: BLE001 - the engine must outlive any request
             self.step_started = None
@@ -277,7 +289,7 @@ class EngineLoop:
         log.error("the engine failed (%s); failing the requests in flight and going on", reason, exc_info=error)
         waiting = list(self.scheduler.waiting)
         try:
-            self.scheduler = self.make_scheduler()
+            self.scheduler = self._new_scheduler()
         except Exception as e:  # noqa: BLE001 - no scheduler, no engine
             self._die(f"{reason}; then no fresh scheduler could be built: {type(e).__name__}: {e}", e)
             return False
