@@ -148,3 +148,38 @@ def test_launched_hook_runs_once_per_round_after_the_target_pass():
             sched.submit(Request(prompt, 8))
         sched.run()
         assert seen == list(range(1, sched.totals.rounds + 1)), (tree, seen)
+
+
+def test_chunks_are_made_on_the_event_loop_and_a_failing_one_ends_only_its_request():
+    """The engine thread queues ids and their emission time; ``_deliver`` (the event loop) makes each stream's text,
+    observes the latency metrics at the emission time, and turns a request whose text fails into ("lost", reason)
+    while the others' events go through in order."""
+    from verispec.engine import Request
+    from verispec.serve.engine import _deliver
+    from verispec.serve.metrics import Metrics
+    from verispec.serve.text import IncrementalText
+
+    class Broken:
+        def add(self, tokens):
+            raise UnicodeError("injected")
+
+    metrics = Metrics("m")
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        good, bad = Handle(Request([1], 4), loop), Handle(Request([1], 4), loop)
+        good.text, bad.text = IncrementalText(lambda ids: "".join("ab"[i] for i in ids), set(), ()), Broken()
+        good.metrics = bad.metrics = metrics
+        good.request.submitted_at = bad.request.submitted_at = 100.0
+        good.outbox = []
+        good.on_tokens(good.request, [0])       # queued with the time, nothing made yet
+        assert good.outbox[0][1][0] == "emitted" and good.outbox[0][1][1][0] == [0] and good.text.sent == 0
+        _deliver([(good, ("emitted", ([0], 100.5))), (bad, ("emitted", ([1], 100.5))),
+                  (good, ("emitted", ([1, 0], 101.0))), (good, ("end", "SEQ"))])
+        return [good.events.get_nowait() for _ in range(3)], bad.events.get_nowait(), good.last_chunk_at
+
+    got, lost, last = asyncio.run(scenario())
+    assert got == [("tokens", ([0], "a")), ("tokens", ([1, 0], "ba")), ("end", "SEQ")]
+    assert lost[0] == "lost" and "UnicodeError: injected" in lost[1]
+    assert last == 101.0
+    assert metrics.ttft._sum.get() == pytest.approx(1.0)            # both emitted 0.5 s after they were submitted

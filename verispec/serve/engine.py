@@ -2,8 +2,10 @@
 
 HTTP handlers (on the asyncio loop) talk to it through ``EngineLoop.submit`` / ``cancel``, which put
 commands in a thread-safe inbox and wake the loop. Tokens come back through each request's
-``on_tokens`` callback, which runs on the engine thread, detokenizes them there when the handler streams
-(``Handle.text``: the event loop never decodes) and queues both in the engine's outbox; the end of a request
+``on_tokens`` callback, which runs on the engine thread and queues the ids (and the time) in the engine's outbox;
+on the event loop ``Handle.receive`` detokenizes them when the handler streams (``Handle.text``) and observes
+the latency metrics, while the engine thread waits for the device (below): Python on the engine thread lengthens
+every round, Python on the event loop at that moment does not. The end of a request
 (finished, cancelled, failed) comes the same way, last. The outbox goes to the event loop in one
 ``loop.call_soon_threadsafe`` (``_flush``): one wake-up of the event loop per round, not one per request per
 round -- at 32 streams each call would cost a self-pipe write and a wake-up, on the thread that shares the GIL
@@ -61,29 +63,44 @@ class Handle:
     sequence: Sequence | None = None
     done: bool = False              # set by the engine thread just before it sends the end
     disconnected: bool = False      # the client went away (set by its handler)
-    text: IncrementalText | None = None     # streaming: each chunk's text, made on the engine thread
+    text: IncrementalText | None = None     # streaming: each chunk's text, made on the event loop (``receive``)
     metrics: Metrics | None = None          # TTFT and inter-token latency are observed as chunks arrive
     last_chunk_at: float | None = None      # perf_counter of the last chunk (None: no token yet)
     outbox: list | None = None              # the engine's outbox once submitted (events wait there for _flush)
 
     def push(self, event: tuple) -> None:
-        """From the engine thread: ("tokens", ([ids], text or None)) or ("end", Sequence)."""
+        """From the engine thread: ("emitted", ([ids], perf_counter when emitted)) or ("end", Sequence)."""
         if self.outbox is not None:
             self.outbox.append((self, event))
         else:
             _deliver_soon(self.loop, [(self, event)])
 
     def on_tokens(self, request: Request, tokens: list[int]) -> None:
-        """The request's ``on_tokens`` (engine thread)."""
-        if self.metrics is not None:
-            self.last_chunk_at = self.metrics.tokens(request, self.last_chunk_at, len(tokens))
-        self.push(("tokens", (tokens, self.text.add(tokens) if self.text is not None else None)))
+        """The request's ``on_tokens`` (engine thread): only the ids and the time; their text and metrics are made
+        by ``receive`` on the event loop, while the engine waits for the device (module docstring)."""
+        self.push(("emitted", (tokens, time.perf_counter())))
+
+    def receive(self, event: tuple) -> None:
+        """On the event loop: the engine's ``event`` into ``events``, an "emitted" one as ("tokens", ([ids], text
+        or None)) once its text is made (streaming) and its TTFT / inter-token latency observed at the time it was
+        emitted. Text or metrics that fail end the handler's wait with ("lost", reason) (its handler then cancels
+        the request), never another request's delivery."""
+        if event[0] == "emitted":
+            tokens, at = event[1]
+            try:
+                if self.metrics is not None:
+                    self.last_chunk_at = self.metrics.tokens(self.request, self.last_chunk_at, len(tokens), at)
+                event = ("tokens", (tokens, self.text.add(tokens) if self.text is not None else None))
+            except Exception as e:  # noqa: BLE001 - this request's text failed; the others' go on
+                log.exception("request %s: its chunk could not be made", self.request.id)
+                event = ("lost", f"the server could not make this request's chunk: {type(e).__name__}: {e}")
+        self.events.put_nowait(event)
 
 
 def _deliver(items: list) -> None:
-    """On the event loop: each (handle, event) into its handle's queue, in order."""
+    """On the event loop: each (handle, event) to its handle (``Handle.receive``), in order."""
     for handle, event in items:
-        handle.events.put_nowait(event)
+        handle.receive(event)
 
 
 def _deliver_soon(loop: asyncio.AbstractEventLoop, items: list) -> None:
