@@ -401,7 +401,8 @@ def _client_run(concurrency: int, args, out: Path, base: str, port: int, i: int)
     """One run of the client (``--client``) -> its summary (output_throughput, p50_ttft_ms, completed)."""
     if args.client == "raw":
         run = subprocess.run([*_pin(args.client_cpu), sys.executable, "-c", RAW_CLIENT, str(port),
-                              str(args.num_prompts), str(concurrency), str(args.input_len), str(args.max_tokens),
+                              str(args.num_prompts), str(concurrency + args.queued), str(args.input_len),
+                              str(args.max_tokens),
                               str(i)], capture_output=True, text=True, timeout=600)
         if run.returncode != 0:
             raise RuntimeError(f"the raw client failed: {run.stderr[-800:]}")
@@ -409,7 +410,7 @@ def _client_run(concurrency: int, args, out: Path, base: str, port: int, i: int)
     label = f"c{concurrency}_{i}"
     bench = subprocess.run([*_pin(args.client_cpu), sys.executable, "-m", "verispec.cli", "bench", "serve",
                             "--url", base, "--endpoint", "chat", "--num-prompts", str(args.num_prompts),
-                            "--request-rate", "inf", "--max-concurrency", str(concurrency),
+                            "--request-rate", "inf", "--max-concurrency", str(concurrency + args.queued),
                             "--random-input-len", str(args.input_len), "--random-range-ratio", "0",
                             "--random-output-len", str(args.max_tokens), "--temperature", "0",
                             "--seed", str(i), "--out", str(out), "--label", label],
@@ -511,14 +512,15 @@ def sweep(args) -> None:
                f"--num-prompts {args.num_prompts} --max-tokens {args.max_tokens} --input-len {args.input_len} "
                f"--pass-s {args.pass_s} --repeats {args.repeats}"
                + (f" --server-cpu {args.server_cpu} --client-cpu {args.client_cpu}" if args.server_cpu is not None
-                  else "") + (f" --compare DIR --compare-label {args.compare_label!r}" if args.compare else ""))
+                  else "") + (f" --queued {args.queued}" if args.queued else "") + (f" --compare DIR --compare-label {args.compare_label!r}" if args.compare else ""))
     lines = ["# `verispec serve`'s own cost: HTTP vs in-process on a sleeping model (CPU)", "",
              environment_line(environment()), f"CPUs: {os.cpu_count()} (shared with other work: a relative measure)",
              "", f"Command: `{command}` ({time.perf_counter() - t0:.0f} s in all). `SleepingModel`: each pass takes "
              f"{args.pass_s * 1e3:.0f} ms, asynchronously like a GPU's (the round's host read sleeps until it is "
              "done, the GIL released), logits one-hot on a fixed "
              "successor (requests run to max_tokens; real SmolLM2 tokens, detokenized). Chat requests, greedy, "
-             f"streamed, {args.num_prompts} per run, all at once, at most C in flight (client: {args.client}); "
+             f"streamed, {args.num_prompts} per run, all at once, at most C + {args.queued} in flight for C rows "
+             f"(client: {args.client}); "
              f"in-process: `run_engine`, the same count and lengths, all at once, C rows. Medians of {args.repeats} "
              "runs (min..max) after one warm-up run.", "",
              "Per round: wall ms in-process (the run's time / rounds) and of the server's steps that ran a round (the "
@@ -556,6 +558,9 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--server-cpu", type=int, default=None, help="pin the server and the in-process runs here")
     ap.add_argument("--client-cpu", type=int, default=None, help="pin the benchmark client here")
+    ap.add_argument("--queued", type=int, default=0, help="the client keeps C + QUEUED requests in flight (the "
+                    "server C rows): a queue that refills a row the moment one ends, as in-process (all at once) "
+                    "does; with 0 each row waits for the client's next request (a turnaround per request)")
     ap.add_argument("--port", type=int, default=8300)
     ap.add_argument("--compare", default=None, metavar="DIR", help="also serve with the verispec package found in "
                     "DIR (e.g. `git worktree add DIR <commit>`), interleaved with this tree's server")
