@@ -68,7 +68,7 @@ def run_config(name: str, extra: list[str], args, port: int, out: Path) -> list[
             label = f"{name}_{rate}".replace(" ", "_").replace("=", "").replace('"', "")
             bench = subprocess.run([sys.executable, "-m", "verispec.cli", "bench", "serve", "--url", base,
                                     "--endpoint", "chat", "--num-prompts", str(args.num_prompts),
-                                    "--request-rate", rate, "--max-concurrency", str(args.concurrency),
+                                    "--request-rate", rate, "--max-concurrency", str(args.concurrency + args.queued),
                                     "--random-input-len", str(args.input_len),
                                     "--random-output-len", str(args.max_tokens), "--temperature", "0",
                                     "--out", str(out), "--label", label], capture_output=True, text=True, timeout=900)
@@ -160,6 +160,9 @@ def main(argv=None) -> None:
     ap.add_argument("--input-len", type=int, default=64, help="mean prompt length in words")
     ap.add_argument("--num-prompts", type=int, default=64)
     ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--queued", type=int, default=0, help="the client keeps --concurrency + QUEUED requests in flight "
+                    "(the server --concurrency rows): a queue refills a row the moment one ends, as in the in-process "
+                    "run (all at once); with 0 each row waits a client turnaround per request")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/serve_http"))
     ap.add_argument("--write", action="store_true", help="also write benchmarks/results/serve_http.md")
@@ -178,13 +181,14 @@ def main(argv=None) -> None:
     model = Path(args.model).name if os.path.exists(args.model) else args.model
     command = (f"python benchmarks/serve_http.py --model {model} --num-prompts {args.num_prompts} --concurrency "
                f"{args.concurrency} --max-tokens {args.max_tokens} --input-len {args.input_len} --rates "
-               f"{','.join(args.rates)}" + (f" --tokenizer {Path(args.tokenizer).name} --oracle {args.oracle} "
+               f"{','.join(args.rates)}" + (f" --queued {args.queued}" if args.queued else "") + (f" --tokenizer {Path(args.tokenizer).name} --oracle {args.oracle} "
                                             f"--oracle-draft-cost {args.oracle_draft_cost}" if args.oracle is not None
                                             else ""))
     lines = ["# `verispec serve` through HTTP vs in-process", "", environment_line(environment()), "",
              f"Command: `{command}` ({time.perf_counter() - t0:.0f} s in all). Chat requests, greedy, "
              f"{args.num_prompts} per rate, Poisson arrivals at each rate (inf: all at once), at most "
-             f"{args.concurrency} in flight (`verispec bench serve`, streaming, the openai client); one server "
+             f"{args.concurrency + args.queued} in flight for {args.concurrency} rows (`verispec bench serve`, streaming, "
+             "the openai client); one server "
              "process per configuration, its CUDA graphs captured at startup.", ""]
     if args.oracle is not None:
         lines += [f"Model: {args.model} with random weights made peaked by the server (`--draft oracle:{args.oracle}`,"

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -195,11 +196,11 @@ def _ragged(logits: Tensor, draft_tokens: Tensor, num_draft: list[int]) -> tuple
 
 
 def run_round(target, drafter: Drafter | None, batch: RunningBatch, max_num_draft: list[int],
-              clock: PhaseClock, backend: str | None = None) -> RoundResult:
+              clock: PhaseClock, backend: str | None = None, launched: Callable[[], None] | None = None) -> RoundResult:
     """Advance every row of ``batch`` by one round; ``max_num_draft[b]`` caps row b's drafts (0 = plain
     decoding for that row). Updates ``batch`` (certain tokens), the target cache and the
     drafter, each row's ``rounds_done``; returns what each row emitted. Exactly one device->host read (the
-    outcome)."""
+    outcome). ``launched()``, if given, is called once the target pass is launched (``Scheduler.launched_hook``)."""
     device = batch.certain.device
     t0 = clock.now()
     proposal, failed, draft_error = None, {}, None
@@ -220,6 +221,8 @@ def run_round(target, drafter: Drafter | None, batch: RunningBatch, max_num_draf
     t1 = clock.now()
     tokens = torch.cat([batch.certain, draft_tokens], dim=1) if width else batch.certain    # [B, K+1]
     logits = target.append(tokens)                                                          # [B, K+1, V]
+    if launched is not None:
+        launched()
     t2 = clock.now()
     flat_logits, flat_drafts = _ragged(logits, draft_tokens, num_draft)
     out = verification(flat_logits, flat_drafts, num_draft, width, draft_probs, batch.sampling, batch.offsets,

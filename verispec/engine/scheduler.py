@@ -97,6 +97,10 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.totals = Stats(timed_phases=self.timed)   # counts and phase times of everything run so far
         self.round_hook: Callable[["Scheduler"], None] | None = None   # after every round and its retire (tests)
+        # called in every round once the target pass is launched: on a GPU the host then only launches the
+        # verification and waits for the device, so a caller's own work done here overlaps the device's (the
+        # server hands the previous round's tokens to its event loop here: serve/engine.py)
+        self.launched_hook: Callable[[], None] | None = None
         self.drafter_fault: str | None = None          # why the drafter is set aside (None: in use)
         self.drafter_faults = 0                        # drafter exceptions that named no row, so far
         self._fault_rows: set[int] = set()             # ids of the requests running at the last such fault
@@ -284,9 +288,11 @@ class Scheduler:
         caps = self.k_policy(self.running, self.k) if self.k and drafter is not None else [0] * len(self.running)
         try:
             if self.tree is not None and drafter is not None:
-                result = run_tree_round(self.target, drafter, self.batch, self.tree, self.clock, self.verify_backend)
+                result = run_tree_round(self.target, drafter, self.batch, self.tree, self.clock, self.verify_backend,
+                                        self.launched_hook)
             else:
-                result = run_round(self.target, drafter, self.batch, caps, self.clock, self.verify_backend)
+                result = run_round(self.target, drafter, self.batch, caps, self.clock, self.verify_backend,
+                                   self.launched_hook)
         except Exception as e:  # noqa: BLE001 - the target pass is shared: every running request fails with it
             self._fail_running(e)
             return

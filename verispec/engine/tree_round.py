@@ -17,6 +17,8 @@ is set fails alone, a drafter exception that names no row makes the round run wi
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from ..device import to_device
@@ -90,9 +92,10 @@ def _pass_inputs(certain, proposal: TreeProposal) -> tuple[torch.Tensor, list[tu
 
 
 def run_tree_round(target, drafter: Drafter, batch: RunningBatch, widths: tuple[int, ...], clock: PhaseClock,
-                   backend: str | None = None) -> RoundResult:
+                   backend: str | None = None, launched: Callable[[], None] | None = None) -> RoundResult:
     """Advance every row of ``batch`` by one tree round (see the module docstring). ``RoundResult.num_draft`` holds
-    each row's tree depth (the positions its round tested, as k_b for a chain). Exactly one device->host read."""
+    each row's tree depth (the positions its round tested, as k_b for a chain). Exactly one device->host read.
+    ``launched()``, if given, is called once the target pass is launched (``Scheduler.launched_hook``)."""
     device = batch.certain.device
     t0 = clock.now()
     proposal, failed, draft_error = _propose_tree(drafter, widths)
@@ -103,6 +106,8 @@ def run_tree_round(target, drafter: Drafter, batch: RunningBatch, widths: tuple[
     t1 = clock.now()
     tokens, parents, T = _pass_inputs(batch.certain, proposal)
     logits = target.append_tree(tokens, parents)                                            # [B, T, V]
+    if launched is not None:
+        launched()
     t2 = clock.now()
     live = [b * T + j for b, n in enumerate(proposal.num_nodes) for j in range(n + 1)]
     flat_logits = logits.flatten(0, 1)

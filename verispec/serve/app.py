@@ -13,9 +13,12 @@ streaming, ``speculative_decoding_stats``. Errors, all as OpenAI's error JSON an
 request's generation failed, or the engine did; when streaming, an ``error`` chunk before ``[DONE]``), 503
 (shutting down, or the engine is dead).
 
-No wait is unbounded: a handler waits for its engine events in slices of ``POLL_S`` and gives up with a 500
-when the engine has become unresponsive or no longer knows its request (``EngineLoop.unresponsive`` /
-``lost``). A client that disconnects cancels its request: a stream's generator is cancelled by the ASGI
+No wait is unbounded: a watchdog task on the event loop looks every ``POLL_S`` at the requests whose handlers
+wait for engine events, and hands a ("lost", reason) event to those the engine can no longer answer (it has
+become unresponsive, or no longer knows the request: ``EngineLoop.unresponsive`` / ``lost``); their handlers give
+up with a 500. One timer for all of them, not one per wait: a handler's wait for its next chunk is a plain
+queue read (a per-wait timeout cost a task and a timer per chunk on the thread that shares the GIL with the
+engine). A client that disconnects cancels its request: a stream's generator is cancelled by the ASGI
 server, a whole response's handler listens for the disconnect message (no polling, here or in the engine).
 """
 from __future__ import annotations
@@ -105,6 +108,37 @@ class _Handlers:
         self.engine, self.served, self.metrics = engine, served, metrics
         self.tok = served.tokenizer
         self.eos = set(self.tok.eos_token_ids)
+        # per event loop (the server has one): the handles whose handlers wait for engine events, and the watchdog
+        # task that looks at them every POLL_S while there are any
+        # (handles by request id) per event loop
+        self.watched: dict[asyncio.AbstractEventLoop, tuple[dict[int, Handle], asyncio.Task | None]] = {}
+
+    def watch(self, handle: Handle) -> None:
+        """From now until ``release``, the watchdog checks that the engine can still answer ``handle``."""
+        loop = asyncio.get_running_loop()
+        handles, task = self.watched.get(loop, ({}, None))
+        handles[handle.request.id] = handle
+        if task is None or task.done():
+            task = loop.create_task(self._watchdog(handles))
+        self.watched[loop] = (handles, task)
+
+    async def _watchdog(self, handles: dict[int, Handle]) -> None:
+        """Every POLL_S while ``handles`` is not empty: a ("lost", reason) event to each handle the engine can no
+        longer answer (dead, stuck, or it does not know the request and sent no end), once."""
+        while handles:
+            await asyncio.sleep(POLL_S)
+            problem = self.engine.unresponsive()
+            for handle in list(handles.values()):
+                why = problem
+                if why is None and self.engine.lost(handle) and handle.events.empty():
+                    why = "the engine lost track of this request"
+                if why is not None:
+                    del handles[handle.request.id]
+                    handle.events.put_nowait(("lost", why))
+
+    def unwatch(self, handle: Handle) -> None:
+        handles, _ = self.watched.get(handle.loop, ({}, None))
+        handles.pop(handle.request.id, None)
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids)
@@ -117,18 +151,10 @@ class _Handlers:
 
     async def next_event(self, handle: Handle) -> tuple:
         """The next ("tokens", ids) or ("end", Sequence) of ``handle``; ("lost", reason) when the engine can no
-        longer deliver it (dead, stuck, or it does not know the request): a bounded wait."""
-        if not handle.events.empty():         # the common case under load: no timer, no task
+        longer deliver it (the watchdog's: a bounded wait once ``watch(handle)`` was called)."""
+        if not handle.events.empty():         # the common case under load: no future to wait on
             return handle.events.get_nowait()
-        while True:
-            try:
-                return await asyncio.wait_for(handle.events.get(), POLL_S)
-            except asyncio.TimeoutError:
-                problem = self.engine.unresponsive()
-                if problem is None and self.engine.lost(handle) and handle.events.empty():
-                    problem = "the engine lost track of this request"
-                if problem is not None:
-                    return "lost", problem
+        return await handle.events.get()
 
     async def submit(self, handle: Handle):
         """Hand ``handle`` to the engine -> its Sequence; raises what the engine refused it with, or
@@ -180,6 +206,7 @@ class _Handlers:
             return _error(400, str(e), "invalid_request_error", self.metrics)
         except EngineUnavailable as e:
             return _error(503, str(e), "service_unavailable", self.metrics)
+        self.watch(handle)
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{request.id}"
         if params.stream:
             return _Stream(self.stream(handle, params, chat, ident), lambda: self.release(handle))
@@ -188,6 +215,7 @@ class _Handlers:
     def release(self, handle: Handle) -> None:
         """The handler is done with ``handle``: if the engine still runs the request (the client went away, the
         handler was cancelled), cancel it so that its slot frees at the next step."""
+        self.unwatch(handle)
         if not handle.done:
             self.engine.cancel(handle.request.id)
 
@@ -238,6 +266,7 @@ class _Handlers:
 
     async def stream(self, handle: Handle, params: GenerationParams, chat: bool, ident: str):
         text = handle.text
+        template = _TokenChunk(ident, chat, self.served.name)
         try:
             if chat:
                 yield self.chunk(ident, chat, "", [], first=True)
@@ -247,7 +276,7 @@ class _Handlers:
                 after = None
                 if kind == "tokens":
                     tokens, piece, after = _merge_queued_tokens(handle, payload)
-                    yield self.chunk(ident, chat, piece, tokens)
+                    yield template.render(piece, tokens) if piece is not None else self.chunk(ident, chat, piece, tokens)
                     continue
                 if kind == "lost":                   # the engine cannot deliver the end: say so, and stop waiting
                     self.metrics.http_error(500)
@@ -271,6 +300,27 @@ class _Handlers:
                 return
         finally:
             self.release(handle)
+
+
+class _TokenChunk:
+    """A stream's token chunks (``_Handlers.chunk`` with a text, no finish reason, nothing extra) from one template:
+    the parts that never change within a stream are serialized once, so that a chunk costs two ``json.dumps`` of
+    a string and a list of ints instead of building and serializing the whole object (once per stream per
+    round, on the event loop). ``created`` is the stream's start, as in OpenAI's streams. The JSON is the same
+    object, key for key, that ``chunk`` writes (tests/test_serve.py checks it)."""
+
+    def __init__(self, ident: str, chat: bool, model: str):
+        head = json.dumps({"id": ident, "object": "chat.completion.chunk" if chat else "text_completion",
+                           "created": int(time.time()), "model": model})[:-1]            # without its closing brace
+        if chat:
+            self.prefix = f'data: {head}, "choices": [{{"index": 0, "delta": {{"content": '
+            self.middle = '}, "finish_reason": null, "token_ids": '
+        else:
+            self.prefix = f'data: {head}, "choices": [{{"index": 0, "text": '
+            self.middle = ', "finish_reason": null, "logprobs": null, "token_ids": '
+
+    def render(self, text: str, tokens: list[int]) -> str:
+        return f"{self.prefix}{json.dumps(text)}{self.middle}{json.dumps(tokens)}}}]}}\n\n"
 
 
 def _merge_queued_tokens(handle: Handle, payload: tuple) -> tuple[list[int], str | None, tuple | None]:

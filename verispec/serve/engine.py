@@ -2,12 +2,18 @@
 
 HTTP handlers (on the asyncio loop) talk to it through ``EngineLoop.submit`` / ``cancel``, which put
 commands in a thread-safe inbox and wake the loop. Tokens come back through each request's
-``on_tokens`` callback, which runs on the engine thread, detokenizes them there when the handler streams
-(``Handle.text``: the event loop never decodes) and queues both in the engine's outbox; the end of a request
-(finished, cancelled, failed) comes the same way, last. After each pass of the loop the outbox goes to the event
-loop in one ``loop.call_soon_threadsafe`` (``_flush``): one wake-up of the event loop per round, not one per
-request per round -- at 32 streams each call would cost a self-pipe write and a wake-up, on the thread that
-shares the GIL with this one.
+``on_tokens`` callback, which runs on the engine thread and queues the ids (and the time) in the engine's outbox;
+on the event loop ``Handle.receive`` detokenizes them when the handler streams (``Handle.text``) and observes
+the latency metrics, while the engine thread waits for the device (below): Python on the engine thread lengthens
+every round, Python on the event loop at that moment does not. The end of a request
+(finished, cancelled, failed) comes the same way, last. The outbox goes to the event loop in one
+``loop.call_soon_threadsafe`` (``_flush``): one wake-up of the event loop per round, not one per request per
+round -- at 32 streams each call would cost a self-pipe write and a wake-up, on the thread that shares the GIL
+with this one. When: in the next round, once its target pass is launched (``Scheduler.launched_hook``), or at the
+end of the pass when no round follows (nothing runs) and before a step that admits requests (a prefill must not
+hold back the running streams' tokens). Woken right after a round, the event loop's Python (a chunk per stream:
+HTTP framing, JSON) would compete for the GIL with the next round's launches and delay the device's work; woken
+once the pass is launched, it runs while the engine waits for the device with the GIL released.
 
     handler                          engine thread
     submit(request) -> Future  --->  scheduler.submit (ValueError / QueueFull set on the Future)
@@ -57,29 +63,44 @@ class Handle:
     sequence: Sequence | None = None
     done: bool = False              # set by the engine thread just before it sends the end
     disconnected: bool = False      # the client went away (set by its handler)
-    text: IncrementalText | None = None     # streaming: each chunk's text, made on the engine thread
+    text: IncrementalText | None = None     # streaming: each chunk's text, made on the event loop (``receive``)
     metrics: Metrics | None = None          # TTFT and inter-token latency are observed as chunks arrive
     last_chunk_at: float | None = None      # perf_counter of the last chunk (None: no token yet)
     outbox: list | None = None              # the engine's outbox once submitted (events wait there for _flush)
 
     def push(self, event: tuple) -> None:
-        """From the engine thread: ("tokens", ([ids], text or None)) or ("end", Sequence)."""
+        """From the engine thread: ("emitted", ([ids], perf_counter when emitted)) or ("end", Sequence)."""
         if self.outbox is not None:
             self.outbox.append((self, event))
         else:
             _deliver_soon(self.loop, [(self, event)])
 
     def on_tokens(self, request: Request, tokens: list[int]) -> None:
-        """The request's ``on_tokens`` (engine thread)."""
-        if self.metrics is not None:
-            self.last_chunk_at = self.metrics.tokens(request, self.last_chunk_at, len(tokens))
-        self.push(("tokens", (tokens, self.text.add(tokens) if self.text is not None else None)))
+        """The request's ``on_tokens`` (engine thread): only the ids and the time; their text and metrics are made
+        by ``receive`` on the event loop, while the engine waits for the device (module docstring)."""
+        self.push(("emitted", (tokens, time.perf_counter())))
+
+    def receive(self, event: tuple) -> None:
+        """On the event loop: the engine's ``event`` into ``events``, an "emitted" one as ("tokens", ([ids], text
+        or None)) once its text is made (streaming) and its TTFT / inter-token latency observed at the time it was
+        emitted. Text or metrics that fail end the handler's wait with ("lost", reason) (its handler then cancels
+        the request), never another request's delivery."""
+        if event[0] == "emitted":
+            tokens, at = event[1]
+            try:
+                if self.metrics is not None:
+                    self.last_chunk_at = self.metrics.tokens(self.request, self.last_chunk_at, len(tokens), at)
+                event = ("tokens", (tokens, self.text.add(tokens) if self.text is not None else None))
+            except Exception as e:  # noqa: BLE001 - this request's text failed; the others' go on
+                log.exception("request %s: its chunk could not be made", self.request.id)
+                event = ("lost", f"the server could not make this request's chunk: {type(e).__name__}: {e}")
+        self.events.put_nowait(event)
 
 
 def _deliver(items: list) -> None:
-    """On the event loop: each (handle, event) into its handle's queue, in order."""
+    """On the event loop: each (handle, event) to its handle (``Handle.receive``), in order."""
     for handle, event in items:
-        handle.events.put_nowait(event)
+        handle.receive(event)
 
 
 def _deliver_soon(loop: asyncio.AbstractEventLoop, items: list) -> None:
@@ -101,7 +122,7 @@ class EngineLoop:
     def __init__(self, make_scheduler: Callable[[], Scheduler], metrics: Metrics, idle_wait_s: float = 0.5,
                  stall_s: float = 300.0, on_fatal: Callable[[str], None] | None = None):
         self.make_scheduler = make_scheduler
-        self.scheduler = make_scheduler()
+        self.scheduler = self._new_scheduler()
         self.metrics = metrics
         self.idle_wait_s = idle_wait_s
         self.stall_s = stall_s
@@ -115,6 +136,11 @@ class EngineLoop:
         self.step_started: float | None = None        # monotonic start of the step now running
         self.failures = 0                              # passes of the loop that raised and were recovered
         self.thread = threading.Thread(target=self._run, name="verispec-engine", daemon=True)
+
+    def _new_scheduler(self) -> Scheduler:
+        scheduler = self.make_scheduler()
+        scheduler.launched_hook = self._flush
+        return scheduler
 
     # ------------------------------------------------------------------ from any thread
     def start(self) -> None:
@@ -180,7 +206,8 @@ class EngineLoop:
         try:
             with torch.no_grad():
                 while self._pass():
-                    self._flush()
+                    if not self.scheduler.running:      # no round follows to carry the outbox (launched_hook)
+                        self._flush()
             if self.fatal is None:
                 self._cancel_all()
         except BaseException as e:  # noqa: BLE001 - the guard itself broke: nothing can be trusted any more
@@ -207,6 +234,8 @@ class EngineLoop:
                 self.wake.wait(self.idle_wait_s)
                 self.wake.clear()
                 return True
+            if self.scheduler.waiting and len(self.scheduler.running) < self.scheduler.config.max_batch_size:
+                self._flush()                            # an admission comes first: its prefill takes a while
             self._step()
         except Exception as e:  # noqa: BLE001 - the engine must outlive any request
             self.step_started = None
@@ -277,7 +306,7 @@ class EngineLoop:
         log.error("the engine failed (%s); failing the requests in flight and going on", reason, exc_info=error)
         waiting = list(self.scheduler.waiting)
         try:
-            self.scheduler = self.make_scheduler()
+            self.scheduler = self._new_scheduler()
         except Exception as e:  # noqa: BLE001 - no scheduler, no engine
             self._die(f"{reason}; then no fresh scheduler could be built: {type(e).__name__}: {e}", e)
             return False

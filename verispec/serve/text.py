@@ -1,4 +1,4 @@
-"""Streamed text: each chunk's text, final and in order, made on the engine thread (``Handle.on_tokens``).
+"""Streamed text: each chunk's text, final and in order, made on the event loop (``Handle.receive``).
 
 Built on ``verispec.engine.detokenize.IncrementalDetokenizer``, so a chunk costs its own length, not the
 generation's. Held back: a trailing incomplete UTF-8 character (the next token may complete it), the last
