@@ -133,6 +133,10 @@ def test_files_round_trip_and_misfits_are_refused(tmp_path):
         FeatureHead(tmp_path)
     with pytest.raises(TypeError, match="takes a directory or a HeadNet"):
         FeatureHead(3)
+    weights = (tmp_path / "h" / "head.safetensors").read_bytes()
+    (tmp_path / "h" / "head.safetensors").write_bytes(weights[: len(weights) // 2])       # a truncated file
+    with pytest.raises(ValueError, match="not a readable safetensors file"):
+        FeatureHead(tmp_path / "h")
 
 
 def test_the_shipped_head_fits_the_embedded_model():

@@ -248,11 +248,17 @@ class HeadNet(nn.Module):
         fields = HeadConfig.__dataclass_fields__
         cfg = HeadConfig(**{k: v for k, v in meta.items() if k in fields})
         net = HeadNet(cfg, dtype)
-        state = load_file(str(w_path))
+        try:
+            state = load_file(str(w_path))
+        except Exception as e:  # noqa: BLE001 - safetensors raises its own error type for a truncated or bad file
+            raise ValueError(f"{w_path}: not a readable safetensors file ({e})") from e
         if not cfg.draft_vocab:
             state["d2t"] = net.d2t
         missing = set(net.state_dict()) - set(state)
         if missing:
             raise ValueError(f"{w_path}: missing tensors {sorted(missing)}")
-        net.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()})
+        try:
+            net.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()})
+        except RuntimeError as e:      # shapes that do not match the config
+            raise ValueError(f"{w_path}: its tensors do not fit {cfg_path.name}: {e}") from e
         return net, meta
