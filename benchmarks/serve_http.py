@@ -189,7 +189,9 @@ def main(argv=None) -> None:
              f"{args.num_prompts} per rate, Poisson arrivals at each rate (inf: all at once), at most "
              f"{args.concurrency + args.queued} in flight for {args.concurrency} rows (`verispec bench serve`, streaming, "
              "the openai client); one server "
-             "process per configuration, its CUDA graphs captured at startup.", ""]
+             "process per configuration, its CUDA graphs captured at startup. Each cell is one run (percentiles over "
+             "its requests); no peer server is measured here (none is installed on the device): the in-process line "
+             "is the bound.", ""]
     if args.oracle is not None:
         lines += [f"Model: {args.model} with random weights made peaked by the server (`--draft oracle:{args.oracle}`,"
                   " benchmarks only: the text is meaningless, the cost is the model's); drafts accepted with "
