@@ -1,5 +1,5 @@
 """What every benchmark script shares: the copy-bandwidth floor, CUDA-graph timing, the environment header of a
-results file, markdown tables.
+results file, markdown tables, waiting for a server subprocess's /health.
 
 The floor. ``copy_bandwidth()`` is the one measurement of what the memory system can move: a device-to-device
 copy of a 2 GiB buffer (far larger than any L2), counting bytes read + bytes written, median of 20 CUDA-event
@@ -17,6 +17,7 @@ import os
 import platform
 import statistics
 import time
+import urllib.request
 from typing import Callable, Sequence
 
 import torch
@@ -148,3 +149,17 @@ def table_row(cells: Sequence[object]) -> str:
 def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
     """A whole markdown table as lines."""
     return [*table_header(columns), *(table_row(r) for r in rows)]
+
+
+def wait_health(base: str, timeout_s: float, poll_s: float) -> None:
+    """Returns once ``base``/health answers 200 (a server subprocess has loaded and listens); RuntimeError after
+    ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if urllib.request.urlopen(base + "/health", timeout=2).status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(poll_s)
+    raise RuntimeError(f"the server at {base} did not come up in {timeout_s:.0f} s")

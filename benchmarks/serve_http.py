@@ -22,11 +22,10 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from benchmarks.common import environment, environment_line, markdown_table  # noqa: E402
+from benchmarks.common import environment, environment_line, markdown_table, wait_health  # noqa: E402
 
 CONFIGS = {"plain": [], "lookup k=4": ["--draft-lookup", "-k", "4"], "lookup k=auto": ["--draft-lookup"]}
 
@@ -42,18 +41,6 @@ def oracle_configs(args) -> dict[str, list[str]]:
             "k=auto": draft + costs}
 
 
-def _wait_health(base: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if urllib.request.urlopen(base + "/health", timeout=2).status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"the server at {base} did not come up in {timeout_s:.0f} s")
-
-
 def run_config(name: str, extra: list[str], args, port: int, out: Path) -> list[dict]:
     """One server process for ``name``, driven at each of ``args.rates`` in turn: one result per rate."""
     base = f"http://127.0.0.1:{port}"
@@ -63,7 +50,7 @@ def run_config(name: str, extra: list[str], args, port: int, out: Path) -> list[
                               stdout=subprocess.DEVNULL, stderr=open(out / f"server_{port}.log", "w"))
     results = []
     try:
-        _wait_health(base, 600)
+        wait_health(base, 600, poll_s=0.5)
         for rate in args.rates:
             label = f"{name}_{rate}".replace(" ", "_").replace("=", "").replace('"', "")
             bench = subprocess.run([sys.executable, "-m", "verispec.cli", "bench", "serve", "--url", base,

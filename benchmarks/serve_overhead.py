@@ -40,7 +40,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import torch
@@ -48,7 +47,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 if os.environ.get("SERVE_OVERHEAD_TREE"):          # a --compare server: that tree's verispec comes first
     sys.path.insert(0, os.environ["SERVE_OVERHEAD_TREE"])
-from benchmarks.common import environment, environment_line, markdown_table  # noqa: E402
+from benchmarks.common import environment, environment_line, markdown_table, wait_health  # noqa: E402
 
 NAME = "sleeper"
 TREE_ENV = "SERVE_OVERHEAD_TREE"  # a server subprocess imports verispec from this directory (--compare)
@@ -341,18 +340,6 @@ def _pin(cpu: int | None) -> list[str]:
     return ["taskset", "-c", str(cpu)] if cpu is not None else []
 
 
-def _wait_health(base: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if urllib.request.urlopen(base + "/health", timeout=2).status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"the server at {base} did not come up in {timeout_s:.0f} s")
-
-
 RAW_CLIENT = r"""
 import asyncio, json, random, re, sys, time
 from verispec.bench.serving import WORDS
@@ -437,7 +424,7 @@ def http_runs(concurrency: int, args, out: Path, port: int) -> dict[str, tuple[l
                                     stdout=subprocess.DEVNULL, stderr=open(out / f"server_{name}.log", "w"))
             servers[label] = (proc, port + 10 * j, out / f"profile_{name}.json", [])
         for label, (_, p, _, _) in servers.items():
-            _wait_health(f"http://127.0.0.1:{p}", 120)
+            wait_health(f"http://127.0.0.1:{p}", 120, poll_s=0.2)
         for i in range(args.repeats + 1):              # the first run warms up (connections, imports)
             for label, (_, p, _, rates) in servers.items():
                 summary = _client_run(concurrency, args, out, f"http://127.0.0.1:{p}", p, i)

@@ -143,12 +143,6 @@ def _prompt_texts(args) -> list[str]:
     return [prompt]
 
 
-class _TreeCapable:
-    """Stands for the drafter in ``check_tree`` before any is built (every CLI drafter but the head drafts trees)."""
-
-    drafts_trees = True
-
-
 def _validate_generate(args) -> None:
     """Every check that needs no model: runs before anything is loaded (loading takes seconds)."""
     from .device import DTYPE_NAMES, parse_device
@@ -157,23 +151,16 @@ def _validate_generate(args) -> None:
     if args.k is not None and args.k < 1:
         _die(f"-k must be >= 1 (drafts per round), got {args.k}")
     if args.tree is not None:
-        from .engine.guards import check_tree
+        from .engine.guards import parse_tree_flag
 
         if args.k is not None:
             _die("-k and --tree exclude each other: a tree's depth is its number of widths")
         try:
-            args.tree = [int(w) for w in args.tree.split(",")]
-        except ValueError:
-            _die(f"--tree must be comma-separated integers (children per node at each depth), e.g. 4,2,2,1, "
-                 f"got {args.tree!r}")
-        if getattr(args, "draft_head", None) is not None:
-            _die("--tree: the feature head (--draft-head) drafts chains only; use -k")
-        if not (args.draft_lookup or args.draft or args.draft_self is not None):
-            _die("--tree needs a drafter: --draft-lookup, --draft MODEL or --draft-self L")
-        try:
-            check_tree(args.tree, _TreeCapable())
-        except (TypeError, ValueError) as e:
-            _die(f"--tree: {e}")
+            args.tree = parse_tree_flag(
+                args.tree, head=getattr(args, "draft_head", None) is not None,
+                has_drafter=bool(args.draft_lookup or args.draft or args.draft_self is not None))
+        except ValueError as e:
+            _die(str(e))
     if args.threads is not None and args.threads < 1:
         _die(f"--threads must be >= 1, got {args.threads}")
     if args.max_new_tokens < 1:

@@ -11,6 +11,7 @@ kind and ``ValueError`` for a value out of range, with a message that names the 
     check_drafter(drafter)                     a Drafter or None, not a name or a bare model
     check_k(k, max_new_tokens, longest_prompt, max_positions) -> (k to use, note or None)
     check_tree(tree, drafter) -> widths (children per node at each depth) or None
+    parse_tree_flag(text, head=, has_drafter=, chain_drafter=) -> widths of the CLIs' --tree flag
     check_same_model(target, drafter)          target and draft must not share one KV cache
     ModelLease(*models)                        one generation per model at a time (threads, re-entry)
 """
@@ -221,6 +222,35 @@ def check_tree(tree, drafter) -> tuple[int, ...] | None:
         raise TreeDraftUnsupported(f"{type(drafter).__name__} does not draft trees: use tree=None (a chain), or "
                                    f"DraftModel, SelfSpeculative, PromptLookup or OracleDraft")
     return tuple(int(w) for w in widths)
+
+
+class _TreeCapable:
+    """Stands for the drafter in ``check_tree`` before any is built (the CLIs check --tree before loading)."""
+
+    drafts_trees = True
+
+
+def parse_tree_flag(text: str, *, head: bool, has_drafter: bool, chain_drafter: str | None = None) -> list[int]:
+    """``--tree W1,W2,...`` of ``verispec generate`` and ``verispec serve`` -> the widths, checked before any model
+    is loaded. ``head``: --draft-head was given; ``has_drafter``: --draft-lookup, --draft or --draft-self was;
+    ``chain_drafter``: the name of the chosen drafter when it drafts chains only (serve's oracle).
+    ValueError with the message the CLI prints."""
+    try:
+        widths = [int(w) for w in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--tree must be comma-separated integers (children per node at each depth), e.g. 4,2,2,1, "
+                         f"got {text!r}") from None
+    if head:
+        raise ValueError("--tree: the feature head (--draft-head) drafts chains only; use -k")
+    if not has_drafter:
+        raise ValueError("--tree needs a drafter: --draft-lookup, --draft MODEL or --draft-self L")
+    if chain_drafter is not None:
+        raise ValueError(f"--tree: {chain_drafter} does not draft trees")
+    try:
+        check_tree(widths, _TreeCapable())
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"--tree: {e}") from None
+    return widths
 
 
 def check_k(k, max_new_tokens: int, longest_prompt: int, max_positions: int | None) -> tuple[int, str | None]:

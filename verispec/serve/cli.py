@@ -131,12 +131,6 @@ def _check_sources(args) -> None:
         peek("--oracle-draft-cost", args.oracle_draft_cost)
 
 
-class _TreeCapable:
-    """Stands for the drafter in ``check_tree`` before any is built."""
-
-    drafts_trees = True
-
-
 def check_args(args) -> None:
     """Refuse bad settings before loading anything."""
     if not is_loopback(args.host) and not args.allow_remote:
@@ -152,23 +146,16 @@ def check_args(args) -> None:
     if args.k_max < 1:
         _die(f"--k-max must be >= 1, got {args.k_max}")
     if getattr(args, "tree", None) is not None:
-        from ..engine.guards import check_tree
+        from ..engine.guards import parse_tree_flag
 
+        oracle = args.draft is not None and args.draft.startswith("oracle:")
         try:
-            args.tree = [int(w) for w in args.tree.split(",")]
-        except ValueError:
-            _die(f"--tree must be comma-separated integers (children per node at each depth), e.g. 4,2,2,1, "
-                 f"got {args.tree!r}")
-        if getattr(args, "draft_head", None) is not None:
-            _die("--tree: the feature head (--draft-head) drafts chains only; use -k")
-        if not (args.draft_lookup or args.draft or args.draft_self is not None):
-            _die("--tree needs a drafter: --draft-lookup, --draft MODEL or --draft-self L")
-        if args.draft is not None and args.draft.startswith("oracle:"):
-            _die("--tree: the oracle drafter of the server (SuccessorOracle) does not draft trees")
-        try:
-            check_tree(args.tree, _TreeCapable())
-        except (TypeError, ValueError) as e:
-            _die(f"--tree: {e}")
+            args.tree = parse_tree_flag(
+                args.tree, head=getattr(args, "draft_head", None) is not None,
+                has_drafter=bool(args.draft_lookup or args.draft or args.draft_self is not None),
+                chain_drafter="the oracle drafter of the server (SuccessorOracle)" if oracle else None)
+        except ValueError as e:
+            _die(str(e))
     for name in ("max_batch_size", "max_seq_len", "max_waiting"):
         if getattr(args, name) < (0 if name == "max_waiting" else 1):
             _die(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
