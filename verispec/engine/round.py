@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from ..device import to_device
-from ..drafters.base import DraftError, Drafter, Proposal, Sampling, SamplingParams
+from ..drafters.base import DraftError, Drafter, Proposal, Sampling, SamplingParams, TreeProposal
 from ..verify import VerifyOutput, verify_greedy, verify_sample
 from ..verify.status import NUM_DRAFT, describe
 from .request import Sequence
@@ -171,15 +171,37 @@ def failed_rows(outcome: list[list[int]], what: str) -> dict[int, str]:
     return {b: f"verification refused {what}: " + "; ".join(describe(w)) for b, w in enumerate(words) if w}
 
 
-def _propose(drafter: Drafter, max_num_draft: list[int]) -> tuple[Proposal | None, dict[int, str], tuple | None]:
-    """drafter.propose, with its faults sorted by owner: (the proposal, or None for a round without drafts;
-    failed rows -> reason; ("propose", an exception that names no row))."""
+def proposal_and_faults(propose: Callable[[], Proposal | TreeProposal]
+                        ) -> tuple[Proposal | TreeProposal | None, dict[int, str], tuple | None]:
+    """``propose()`` (the drafter's propose, or propose_tree for a tree round), with its faults sorted by owner:
+    (the proposal, or None for a round without drafts; failed rows -> reason; ("propose", an exception that
+    names no row))."""
     try:
-        return drafter.propose(max_num_draft), {}, None
+        return propose(), {}, None
     except DraftError as e:
         return e.proposal, {b: f"drafter: {why}" for b, why in e.failed.items()}, None
     except Exception as e:  # noqa: BLE001 - no row to blame: this round runs without drafts (the scheduler decides)
         return None, {}, ("propose", e)
+
+
+def commit_outcome(drafter: Drafter | None, batch: RunningBatch, outcome: list[list[int]], failed: dict[int, str],
+                   draft_error: tuple | None) -> tuple[list[int], list[list[int]], tuple | None]:
+    """The commit phase of a chain or tree round, from ``read_outcome``'s ``outcome``: (num_accepted, emitted,
+    draft_error) per row -- 0 and [] for a failed row -- after each row's ``rounds_done`` and the drafter's commit.
+    A ``DraftError`` of the commit adds its rows to ``failed`` (in place); an exception that names no row becomes
+    ``draft_error`` (unless one is set): the tokens stand, the scheduler sets the drafter aside."""
+    num_accepted = [0 if b in failed else row[0] for b, row in enumerate(outcome)]
+    emitted = [[] if b in failed else row[1: a + 2] for b, (row, a) in enumerate(zip(outcome, num_accepted))]
+    for seq in batch.seqs:
+        seq.rounds_done += 1
+    if drafter is not None:
+        try:
+            drafter.commit(num_accepted, emitted)
+        except DraftError as e:
+            failed.update((b, f"drafter: {why}") for b, why in e.failed.items() if b not in failed)
+        except Exception as e:  # noqa: BLE001 - names no row: the tokens stand, the scheduler sets the drafter aside
+            draft_error = draft_error or ("commit", e)
+    return num_accepted, emitted, draft_error
 
 
 def _ragged(logits: Tensor, draft_tokens: Tensor, num_draft: list[int]) -> tuple[Tensor, Tensor]:
@@ -205,7 +227,7 @@ def run_round(target, drafter: Drafter | None, batch: RunningBatch, max_num_draf
     t0 = clock.now()
     proposal, failed, draft_error = None, {}, None
     if drafter is not None and max(max_num_draft, default=0) > 0:
-        proposal, failed, draft_error = _propose(drafter, max_num_draft)
+        proposal, failed, draft_error = proposal_and_faults(lambda: drafter.propose(max_num_draft))
     if proposal is not None:
         num_draft = [0 if b in failed else min(n, m)
                      for b, (n, m) in enumerate(zip(proposal.num_draft, max_num_draft))]
@@ -236,17 +258,7 @@ def run_round(target, drafter: Drafter | None, batch: RunningBatch, max_num_draf
     outcome = read_outcome(out)                                                            # B x [1 + K + 1 + 1]
     failed.update(failed_rows(outcome, "this round's target logits"))
     t3 = clock.now()
-    num_accepted = [0 if b in failed else row[0] for b, row in enumerate(outcome)]
-    emitted = [[] if b in failed else row[1: a + 2] for b, (row, a) in enumerate(zip(outcome, num_accepted))]
-    for seq in batch.seqs:
-        seq.rounds_done += 1
-    if drafter is not None:
-        try:
-            drafter.commit(num_accepted, emitted)
-        except DraftError as e:
-            failed.update((b, f"drafter: {why}") for b, why in e.failed.items() if b not in failed)
-        except Exception as e:  # noqa: BLE001 - names no row: the tokens stand, the scheduler sets the drafter aside
-            draft_error = draft_error or ("commit", e)
+    num_accepted, emitted, draft_error = commit_outcome(drafter, batch, outcome, failed, draft_error)
     t4 = clock.now()
     phases = dict(draft=t1 - t0, target=t2 - t1, verification=t3 - t2, commit=t4 - t3)
     return RoundResult(num_draft, num_accepted, emitted, phases, failed, draft_error)

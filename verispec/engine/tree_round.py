@@ -22,10 +22,11 @@ from typing import Callable
 import torch
 
 from ..device import to_device
-from ..drafters.base import DraftError, Drafter, SamplingParams, TreeProposal
+from ..drafters.base import Drafter, SamplingParams, TreeProposal
 from ..verify import TreeVerifyOutput, verify_tree_greedy, verify_tree_sample
 from ..verify.tree_api import TREE_BACKENDS
-from .round import PhaseClock, RoundResult, RunningBatch, failed_rows, read_outcome
+from .round import (PhaseClock, RoundResult, RunningBatch, commit_outcome, failed_rows, proposal_and_faults,
+                    read_outcome)
 
 
 def tree_verification(target_logits, draft_tokens, parents: tuple[int, ...], num_nodes: list[int],
@@ -40,16 +41,6 @@ def tree_verification(target_logits, draft_tokens, parents: tuple[int, ...], num
     return verify_tree_sample(target_logits, draft_tokens, parents, num_nodes, None,
                               temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
                               seed=keys[0], offset=keys[1], backend=backend, check_values=False)
-
-
-def _propose_tree(drafter: Drafter, widths: tuple[int, ...]):
-    """drafter.propose_tree with its faults sorted by owner (as ``round._propose``)."""
-    try:
-        return drafter.propose_tree(widths), {}, None
-    except DraftError as e:
-        return e.proposal, {b: f"drafter: {why}" for b, why in e.failed.items()}, None
-    except Exception as e:  # noqa: BLE001 - no row to blame: this round runs without trees (the scheduler decides)
-        return None, {}, ("propose", e)
 
 
 def _without(proposal: TreeProposal, rows: set[int]) -> TreeProposal:
@@ -98,7 +89,7 @@ def run_tree_round(target, drafter: Drafter, batch: RunningBatch, widths: tuple[
     ``launched()``, if given, is called once the target pass is launched (``Scheduler.launched_hook``)."""
     device = batch.certain.device
     t0 = clock.now()
-    proposal, failed, draft_error = _propose_tree(drafter, widths)
+    proposal, failed, draft_error = proposal_and_faults(lambda: drafter.propose_tree(widths))
     drafted = proposal is not None                     # the drafter's cache holds this round's tree
     if proposal is None:
         proposal = TreeProposal(torch.zeros(0, dtype=torch.long), (), [0] * batch.size)
@@ -128,16 +119,7 @@ def run_tree_round(target, drafter: Drafter, batch: RunningBatch, widths: tuple[
     outcome = read_outcome(out)
     failed.update(failed_rows(outcome, "this round's target logits"))
     t3 = clock.now()
-    accepted = [0 if b in failed else row[0] for b, row in enumerate(outcome)]
-    emitted = [[] if b in failed else row[1: a + 2] for b, (row, a) in enumerate(zip(outcome, accepted))]
-    for seq in batch.seqs:
-        seq.rounds_done += 1
-    try:
-        drafter.commit(accepted, emitted)
-    except DraftError as e:
-        failed.update((b, f"drafter: {why}") for b, why in e.failed.items() if b not in failed)
-    except Exception as e:  # noqa: BLE001 - names no row: the tokens stand, the scheduler sets the drafter aside
-        draft_error = draft_error or ("commit", e)
+    accepted, emitted, draft_error = commit_outcome(drafter, batch, outcome, failed, draft_error)
     t4 = clock.now()
     depths = _depths(proposal)
     phases = dict(draft=t1 - t0, target=t2 - t1, verification=t3 - t2, commit=t4 - t3)

@@ -161,6 +161,43 @@ def _partial_argmax_kernel(
 
 
 @triton.jit
+def merge_argmax_partials(part_ptr, row0, last_pos, num_rows, num_splits, BLOCK_K: tl.constexpr,
+                          BLOCK_S: tl.constexpr):
+    """Merge ``_partial_argmax_kernel``'s partials of one sequence's local rows 0..last_pos (lane i = local row i,
+    ties -> lowest split = lowest index): (argmax per row [BLOCK_K], the status bits of those rows: NaN, +inf
+    (the max), all -inf (max -inf without NaN)). Rows outside the tensor (a wrong layout) are never read."""
+    pos = tl.arange(0, BLOCK_K)
+    split = tl.arange(0, BLOCK_S)
+    row = row0 + pos
+    in_rows = (pos <= last_pos) & (row >= 0) & (row < num_rows)
+    mask = in_rows[:, None] & (split[None, :] < num_splits)
+    offs = row[:, None] * num_splits + split[None, :]
+    part_size = num_rows * num_splits
+    val = tl.load(part_ptr + offs, mask=mask, other=-8388608).to(tl.float32, bitcast=True)  # -inf
+    idx = tl.load(part_ptr + part_size + offs, mask=mask, other=_INT32_MAX)
+    row_nan = tl.max(tl.load(part_ptr + 2 * part_size + offs, mask=mask, other=0), axis=1)  # [BLOCK_K]
+    top = tl.max(val, axis=1)
+    row_argmax = tl.min(tl.where(val == top[:, None], idx, _INT32_MAX), axis=1)  # [BLOCK_K]
+    row_bits = tl.where(row_nan > 0, NAN, 0) | tl.where(top == float("inf"), POS_INF, 0)
+    row_bits = row_bits | tl.where((top == float("-inf")) & (row_nan == 0), DEAD_ROW, 0)  # every entry -inf
+    return row_argmax, or_bits(tl.where(in_rows, row_bits, 0), 0)
+
+
+def argmax_partials(logits: torch.Tensor, block: int | None, num_splits: int | None) -> tuple[torch.Tensor, int]:
+    """Launch pass 1 (``_partial_argmax_kernel``) over every row of ``logits`` [R, V]: its [3, R, S] buffer and S.
+    ``block`` / ``num_splits`` override the tiling."""
+    num_rows, vocab = logits.shape
+    device = logits.device
+    block = block or default_block(vocab, logits.dtype, device)
+    chunk, splits = split_vocab(vocab, num_rows, block, device_programs(device), num_splits)
+    part = torch.empty(3 * num_rows * splits, dtype=torch.int32, device=device)
+    _partial_argmax_kernel[(num_rows, splits)](
+        logits, part, logits.stride(0), vocab, chunk, splits, BLOCK=block, num_warps=8
+    )
+    return part, splits
+
+
+@triton.jit
 def _greedy_scan_kernel(
     part_ptr,  # [3, R, S] int32 (see _partial_argmax_kernel)
     draft_tokens_ptr,  # [N] int64
@@ -182,17 +219,7 @@ def _greedy_scan_kernel(
     k, draft0, layout_ok = layout_status(num_draft_ptr, cu_num_draft_ptr, b, num_rows, out_width - 1)
     row0 = draft0 + b  # sequence b's first target row (one bonus row per earlier sequence)
     pos = tl.arange(0, BLOCK_K)
-    split = tl.arange(0, BLOCK_S)
-    row = row0 + pos
-    in_rows = (pos <= k) & (row >= 0) & (row < num_rows)
-    mask = in_rows[:, None] & (split[None, :] < num_splits)
-    offs = row[:, None] * num_splits + split[None, :]
-    part_size = num_rows * num_splits
-    val = tl.load(part_ptr + offs, mask=mask, other=-8388608).to(tl.float32, bitcast=True)  # -inf
-    idx = tl.load(part_ptr + part_size + offs, mask=mask, other=_INT32_MAX)
-    row_nan = tl.max(tl.load(part_ptr + 2 * part_size + offs, mask=mask, other=0), axis=1)  # [BLOCK_K]
-    top = tl.max(val, axis=1)
-    target_argmax = tl.min(tl.where(val == top[:, None], idx, _INT32_MAX), axis=1)  # [BLOCK_K]
+    target_argmax, rows_word = merge_argmax_partials(part_ptr, row0, k, num_rows, num_splits, BLOCK_K, BLOCK_S)
     in_drafts = (pos < k) & (draft0 + pos >= 0) & (draft0 + pos < num_drafts)
     draft = tl.load(draft_tokens_ptr + draft0 + pos, mask=in_drafts, other=-1)
     rejected = (pos < k) & (draft != target_argmax)
@@ -203,10 +230,7 @@ def _greedy_scan_kernel(
     tl.store(num_accepted_ptr + b, num_accepted)
     tl.store(num_emitted_ptr + b, num_accepted + 1)
     # the status of every row of the sequence (also those after the first rejection) and of every draft
-    row_bits = tl.where(row_nan > 0, NAN, 0) | tl.where(top == float("inf"), POS_INF, 0)
-    row_bits = row_bits | tl.where((top == float("-inf")) & (row_nan == 0), DEAD_ROW, 0)  # every entry -inf
-    word = or_bits(tl.where(in_rows, row_bits, 0), 0)
-    word = word | tl.where(tl.max((in_drafts & ((draft < 0) | (draft >= vocab))).to(tl.int32), 0) > 0, DRAFT_ID, 0)
+    word = rows_word | tl.where(tl.max((in_drafts & ((draft < 0) | (draft >= vocab))).to(tl.int32), 0) > 0, DRAFT_ID, 0)
     tl.store(status_ptr + b, tl.where(layout_ok, word, NUM_DRAFT))
 
 
@@ -220,15 +244,9 @@ def verify_greedy_triton(batch, *, block: int | None = None, num_splits: int | N
     logits = batch.target_logits  # [R, V]
     num_rows, vocab = logits.shape
     size = batch.batch_size
-    device = logits.device
-    block = block or default_block(vocab, logits.dtype, device)
-    chunk, splits = split_vocab(vocab, num_rows, block, device_programs(device), num_splits)
-    part = torch.empty(3 * num_rows * splits, dtype=torch.int32, device=device)
+    part, splits = argmax_partials(logits, block, num_splits)
     width = batch.max_num_draft + 1
-    out = new_outputs(size, width, device)
-    _partial_argmax_kernel[(num_rows, splits)](
-        logits, part, logits.stride(0), vocab, chunk, splits, BLOCK=block, num_warps=8
-    )
+    out = new_outputs(size, width, logits.device)
     _greedy_scan_kernel[(size,)](
         part, batch.draft_tokens, batch.num_draft, batch.cu_num_draft,
         out.tokens, out.num_accepted, out.num_emitted, out.status, num_rows, batch.draft_tokens.shape[0], vocab,

@@ -324,6 +324,37 @@ def _pick(key, idx, axis: tl.constexpr):
 
 
 @triton.jit
+def sequence_settings(temperature_ptr, seed_ptr, offset_ptr, b):
+    """Sequence b's (temperature T, sampled: T > 0, scale: log2(e) / T, the factor to base-2 logits (T taken as
+    1 for a greedy sequence), seed, offset)."""
+    temp = tl.load(temperature_ptr + b)
+    sampled = temp > 0
+    scale = _LOG2E / tl.where(sampled, temp, 1.0)
+    return temp, sampled, scale, tl.load(seed_ptr + b), tl.load(offset_ptr + b)
+
+
+@triton.jit
+def merge_row_partials(part_max_ptr, part_sum_ptr, part_idx_ptr, row_cut_ptr, row0, last_pos, num_rows, num_splits,
+                       BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Merge ``_row_stats_kernel``'s V-chunk partials of one sequence's local rows 0..last_pos (lane i = local
+    row i): (rows, in_rows, M_i, Z_i, thr_i, argmax_i). Rows outside the tensor (a wrong layout) are never read."""
+    pos = tl.arange(0, BLOCK_K)
+    col = tl.arange(0, BLOCK_S)
+    rows = row0 + pos
+    in_rows = (pos <= last_pos) & (rows >= 0) & (rows < num_rows)
+    mask = in_rows[:, None] & (col[None, :] < num_splits)
+    offs = rows[:, None] * num_splits + col[None, :]
+    pmax = tl.load(part_max_ptr + offs, mask=mask, other=-float("inf"))
+    psum = tl.load(part_sum_ptr + offs, mask=mask, other=0.0)
+    pidx = tl.load(part_idx_ptr + offs, mask=mask, other=_INT32_MAX)
+    row_max, row_argmax = _pick(pmax, pidx, 1)
+    shift = tl.where(row_max == -float("inf"), 0.0, row_max)
+    row_sum = tl.sum(psum * tl.exp2(pmax - shift[:, None]), axis=1)  # partials are base 2
+    row_cut = tl.load(row_cut_ptr + rows, mask=in_rows, other=-float("inf"))
+    return rows, in_rows, row_max, row_sum, row_cut, row_argmax
+
+
+@triton.jit
 def _first_rejection(
     logits_ptr, draft_probs_ptr, draft_tokens_ptr, part_max_ptr, part_sum_ptr, part_idx_ptr, row_cut_ptr,
     stride_row, stride_q, num_rows, num_drafts, vocab, num_splits, row0, draft0, k, limit, scale, sampled, seed,
@@ -339,18 +370,10 @@ def _first_rejection(
     which the min ignores. Rows and drafts outside the tensors (a wrong layout) are never read.
     """
     pos = tl.arange(0, BLOCK_K)
-    col = tl.arange(0, BLOCK_S)
-    rows = row0 + pos
-    in_seq = (pos <= tl.minimum(k, limit)) & (rows >= 0) & (rows < num_rows)
-    mask = in_seq[:, None] & (col[None, :] < num_splits)
-    offs = rows[:, None] * num_splits + col[None, :]
-    pmax = tl.load(part_max_ptr + offs, mask=mask, other=-float("inf"))
-    psum = tl.load(part_sum_ptr + offs, mask=mask, other=0.0)
-    pidx = tl.load(part_idx_ptr + offs, mask=mask, other=_INT32_MAX)
-    row_max, row_argmax = _pick(pmax, pidx, 1)
-    shift = tl.where(row_max == -float("inf"), 0.0, row_max)
-    row_sum = tl.sum(psum * tl.exp2(pmax - shift[:, None]), axis=1)  # partials are base 2
-    row_cut = tl.load(row_cut_ptr + rows, mask=in_seq, other=-float("inf"))
+    rows, in_seq, row_max, row_sum, row_cut, row_argmax = merge_row_partials(
+        part_max_ptr, part_sum_ptr, part_idx_ptr, row_cut_ptr, row0, tl.minimum(k, limit), num_rows, num_splits,
+        BLOCK_K, BLOCK_S,
+    )
 
     is_draft = (pos < k) & (pos < limit)
     has_draft = is_draft & (draft0 + pos >= 0) & (draft0 + pos < num_drafts)
@@ -448,11 +471,7 @@ def _accept_race_kernel(
     split = tl.program_id(1)
     k, draft0, layout_ok = layout_status(num_draft_ptr, cu_num_draft_ptr, b, num_rows, out_width - 1)
     row0 = draft0 + b
-    temp = tl.load(temperature_ptr + b)
-    sampled = temp > 0
-    scale = _LOG2E / tl.where(sampled, temp, 1.0)
-    seed = tl.load(seed_ptr + b)
-    offset = tl.load(offset_ptr + b)
+    temp, sampled, scale, seed, offset = sequence_settings(temperature_ptr, seed_ptr, offset_ptr, b)
 
     pos = tl.arange(0, BLOCK_K)
     is_draft = pos < k

@@ -40,9 +40,10 @@ import triton
 import triton.language as tl
 
 from ..tree_reference import TreeVerifyOutput
-from .greedy import (DEAD_ROW, DRAFT_ID, NAN, NUM_DRAFT, POS_INF, _partial_argmax_kernel, default_block,
-                     device_programs, layout_status, new_outputs, or_bits, small_block, split_vocab)
-from .rejection import _LOG2E, _pick, _row_stats_kernel, _sequence_status, _uniform
+from .greedy import (DRAFT_ID, NUM_DRAFT, argmax_partials, default_block, device_programs, layout_status,
+                     merge_argmax_partials, new_outputs, small_block, split_vocab)
+from .rejection import (_pick, _row_stats_kernel, _sequence_status, _uniform, merge_row_partials,
+                        sequence_settings)
 
 _INT32_MAX = tl.constexpr(2**31 - 1)
 
@@ -86,17 +87,7 @@ def _tree_greedy_kernel(
     n, node0, layout_ok = layout_status(num_nodes_ptr, cu_num_nodes_ptr, b, num_rows, max_num_nodes)
     row0 = node0 + b
     pos = tl.arange(0, BLOCK_N)
-    split = tl.arange(0, BLOCK_S)
-    row = row0 + pos
-    in_rows = (pos <= n) & (row >= 0) & (row < num_rows)
-    mask = in_rows[:, None] & (split[None, :] < num_splits)
-    offs = row[:, None] * num_splits + split[None, :]
-    part_size = num_rows * num_splits
-    val = tl.load(part_ptr + offs, mask=mask, other=-8388608).to(tl.float32, bitcast=True)  # -inf
-    idx = tl.load(part_ptr + part_size + offs, mask=mask, other=_INT32_MAX)
-    row_nan = tl.max(tl.load(part_ptr + 2 * part_size + offs, mask=mask, other=0), axis=1)
-    top = tl.max(val, axis=1)
-    row_argmax = tl.min(tl.where(val == top[:, None], idx, _INT32_MAX), axis=1)  # [BLOCK_N], by local row
+    row_argmax, rows_word = merge_argmax_partials(part_ptr, row0, n, num_rows, num_splits, BLOCK_N, BLOCK_S)
     # lane j also holds node j (its token and parent)
     in_nodes = (pos < n) & (node0 + pos >= 0) & (node0 + pos < num_drafts)
     token = tl.load(draft_tokens_ptr + node0 + pos, mask=in_nodes, other=-1)
@@ -123,10 +114,7 @@ def _tree_greedy_kernel(
     tl.store(path_ptr + b * max_depth + depth, out_path, mask=depth < max_depth)
     tl.store(num_accepted_ptr + b, num_accepted)
     tl.store(num_emitted_ptr + b, num_accepted + 1)
-    row_bits = tl.where(row_nan > 0, NAN, 0) | tl.where(top == float("inf"), POS_INF, 0)
-    row_bits = row_bits | tl.where((top == float("-inf")) & (row_nan == 0), DEAD_ROW, 0)
-    word = or_bits(tl.where(in_rows, row_bits, 0), 0)
-    word = word | tl.where(tl.max((in_nodes & ((token < 0) | (token >= vocab))).to(tl.int32), 0) > 0, DRAFT_ID, 0)
+    word = rows_word | tl.where(tl.max((in_nodes & ((token < 0) | (token >= vocab))).to(tl.int32), 0) > 0, DRAFT_ID, 0)
     tl.store(status_ptr + b, tl.where(layout_ok, word, NUM_DRAFT))
 
 
@@ -136,14 +124,9 @@ def verify_tree_greedy_triton(tree, *, block: int | None = None, num_splits: int
     batch = tree.batch
     logits = batch.target_logits  # [R, V]
     num_rows, vocab = logits.shape
-    size, device = batch.batch_size, logits.device
-    block = block or default_block(vocab, logits.dtype, device)
-    chunk, splits = split_vocab(vocab, num_rows, block, device_programs(device), num_splits)
-    part = torch.empty(3 * num_rows * splits, dtype=torch.int32, device=device)
-    out = _new_tree_outputs(size, tree.max_depth, device)
-    _partial_argmax_kernel[(num_rows, splits)](
-        logits, part, logits.stride(0), vocab, chunk, splits, BLOCK=block, num_warps=8
-    )
+    size = batch.batch_size
+    part, splits = argmax_partials(logits, block, num_splits)
+    out = _new_tree_outputs(size, tree.max_depth, logits.device)
     _tree_greedy_kernel[(size,)](
         part, batch.draft_tokens, tree.parents, batch.num_draft, batch.cu_num_draft, out.tokens, out.path,
         out.num_accepted, out.num_emitted, out.status, num_rows, batch.draft_tokens.shape[0], vocab, splits,
@@ -226,24 +209,13 @@ def _tree_sample_kernel(
     b = tl.program_id(0)
     n, node0, layout_ok = layout_status(num_nodes_ptr, cu_num_nodes_ptr, b, num_rows, max_num_nodes)
     row0 = node0 + b
-    temp = tl.load(temperature_ptr + b)
-    sampled = temp > 0
-    scale = _LOG2E / tl.where(sampled, temp, 1.0)
-    seed = tl.load(seed_ptr + b)
-    offset = tl.load(offset_ptr + b)
+    temp, sampled, scale, seed, offset = sequence_settings(temperature_ptr, seed_ptr, offset_ptr, b)
 
     # merge every row's partials (as the chain's _first_rejection): lane i = local row i
     pos = tl.arange(0, BLOCK_N)
-    col = tl.arange(0, BLOCK_S)
-    rows = row0 + pos
-    in_rows = (pos <= n) & (rows >= 0) & (rows < num_rows)
-    mask = in_rows[:, None] & (col[None, :] < num_splits)
-    offs = rows[:, None] * num_splits + col[None, :]
-    pmax = tl.load(part_max_ptr + offs, mask=mask, other=-float("inf"))
-    row_max, row_argmax = _pick(pmax, tl.load(part_idx_ptr + offs, mask=mask, other=_INT32_MAX), 1)
-    shift = tl.where(row_max == -float("inf"), 0.0, row_max)
-    row_sum = tl.sum(tl.load(part_sum_ptr + offs, mask=mask, other=0.0) * tl.exp2(pmax - shift[:, None]), axis=1)
-    row_cut = tl.load(row_cut_ptr + rows, mask=in_rows, other=-float("inf"))
+    _rows, _in_rows, row_max, row_sum, row_cut, row_argmax = merge_row_partials(
+        part_max_ptr, part_sum_ptr, part_idx_ptr, row_cut_ptr, row0, n, num_rows, num_splits, BLOCK_N, BLOCK_S,
+    )
     # lane j also holds node j: its token (as given, and clamped into [0, V) to index rows), parent, q(token)
     has_draft = (pos < n) & (node0 + pos >= 0) & (node0 + pos < num_drafts)
     given = tl.load(draft_tokens_ptr + node0 + pos, mask=has_draft, other=0)
