@@ -164,8 +164,8 @@ def tree_pass_torch(net, tokens: Tensor, depth: Tensor, path: Tensor, root: Tens
 
 def tree_pass_kernels(net, tokens: Tensor, depth: Tensor, path: Tensor, root: Tensor, lengths: Tensor,
                       rope: Tensor, cache, num_layers: int) -> Tensor:
-    """``tree_pass`` through the kernels of ``Transformer.append_kernels`` (batch-invariant matmuls, norms,
-    SwiGLU); RoPE at the tree positions with K/V written at the pass's slots, and the tree attention
+    """``tree_pass`` through the kernels of ``Transformer.append_kernels``, its layers ``Transformer.layer_kernels``
+    (batch-invariant matmuls, norms, SwiGLU); RoPE at the tree positions with K/V written at the pass's slots, and the tree attention
     (``tree_attention.tree_attention``). A node's logits are the bits a chain pass of its root-to-node path gives."""
     from .tree_attention import tree_attention
 
@@ -178,14 +178,13 @@ def tree_pass_kernels(net, tokens: Tensor, depth: Tensor, path: Tensor, root: Te
     delta = None
     scale = 1.0 / math.sqrt(D)
     how = dict(invariant=True, batch_size=B, config=ops.gemv_config(c.hidden_size))
-    for i in range(num_layers):
-        L = net.layers[i]
-        x, h = ops.add_rmsnorm(x, delta, L.attn_norm, eps)
-        qkv = net._qk_norm(L, ops.linear(h, L.wqkv, L.bqkv, **how))                         # [N, (H+2KV)*D]
+
+    def attend(i: int, qkv: Tensor) -> Tensor:
         q = ops.rope_kv_write(qkv, rope, pos, cache.k[i], cache.v[i], T, H, KV, D, slots=slots)
-        o = tree_attention(q, cache.k[i], cache.v[i], root, depth, path, scale)            # [N, H*D]
-        x, h = ops.add_rmsnorm(x, net._out_proj(o, L.wo, L.bo, **how), L.ffn_norm, eps)
-        delta = net._out_proj(ops.silu_mul(ops.linear(h, L.w13, None, **how)), L.w2, None, **how)
+        return tree_attention(q, cache.k[i], cache.v[i], root, depth, path, scale)      # [N, H*D]
+
+    for i in range(num_layers):
+        x, delta = net.layer_kernels(i, x, delta, how, attend)
     _, h = ops.add_rmsnorm(x, delta, net.norm, eps)
     return ops.linear(h, net.lm_head_weight, None, **how).view(B, T, -1)
 
