@@ -43,6 +43,22 @@ if ops.AVAILABLE:
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
     @triton.jit
+    def _token_path(depth_ptr, path_ptr, b, T, P, R, token, i, row_ok, slots, smask):
+        """Where one token of the tile reads a block that reaches the root: -> (mine [BLOCK_M] its query rows,
+        phys [BLOCK_N] int64 the physical slot behind each virtual slot, ok [BLOCK_N] the virtual slots on its path
+        or below the root). Called for the K and again for the V of the same block."""
+        tok = tl.minimum(token, T - 1)
+        mine = (i == token) & row_ok
+        dep_j = tl.load(depth_ptr + b * T + tok).to(tl.int32)
+        t = slots - R
+        on_path = (t >= 0) & (t <= dep_j)
+        node = tl.load(path_ptr + (b * T + tok).to(tl.int64) * P + tl.minimum(tl.maximum(t, 0), P - 1),
+                       mask=on_path, other=0)
+        phys = tl.where(slots < R, slots, R + node).to(tl.int64)
+        ok = (slots <= R + dep_j) & smask
+        return mine, phys, ok
+
+    @triton.jit
     def _tree_attn_split_kernel(q_ptr, k_ptr, v_ptr, root_ptr, depth_ptr, path_ptr, acc_ptr, ml_ptr,
                                 T, H, KV, NSPLIT, ROWS, P, s_cb, s_ch, s_cs, scale_log2,
                                 G: tl.constexpr, TOKENS: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
@@ -88,30 +104,14 @@ if ops.AVAILABLE:
             smask = slots < end
             s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
             for j in tl.static_range(TOKENS):
-                tok = tl.minimum(first + j, T - 1)
-                mine = (i == first + j) & row_ok                                       # [BLOCK_M]
-                dep_j = tl.load(depth_ptr + b * T + tok).to(tl.int32)
-                t = slots - R
-                on_path = (t >= 0) & (t <= dep_j)
-                node = tl.load(path_ptr + (b * T + tok).to(tl.int64) * P + tl.minimum(tl.maximum(t, 0), P - 1),
-                               mask=on_path, other=0)
-                phys = tl.where(slots < R, slots, R + node).to(tl.int64)
-                ok_j = (slots <= R + dep_j) & smask
+                mine, phys, ok_j = _token_path(depth_ptr, path_ptr, b, T, P, R, first + j, i, row_ok, slots, smask)
                 k_j = tl.load(kbase + phys[:, None] * s_cs + offs_d[None, :], mask=ok_j[:, None], other=0.0)
                 q_j = tl.where(mine[:, None], q, tl.zeros_like(q))                      # keeps q's dtype
                 s = tl.where(mine[:, None], tl.dot(q_j, tl.trans(k_j), input_precision=PREC), s)
             pr, alpha, m_new, l_i = ops._attn_softmax_step(s * scale_log2, slots, smask, qpos, m_i, l_i)
             scaled = acc * alpha[:, None]
             for j in tl.static_range(TOKENS):
-                tok = tl.minimum(first + j, T - 1)
-                mine = (i == first + j) & row_ok
-                dep_j = tl.load(depth_ptr + b * T + tok).to(tl.int32)
-                t = slots - R
-                on_path = (t >= 0) & (t <= dep_j)
-                node = tl.load(path_ptr + (b * T + tok).to(tl.int64) * P + tl.minimum(tl.maximum(t, 0), P - 1),
-                               mask=on_path, other=0)
-                phys = tl.where(slots < R, slots, R + node).to(tl.int64)
-                ok_j = (slots <= R + dep_j) & smask
+                mine, phys, ok_j = _token_path(depth_ptr, path_ptr, b, T, P, R, first + j, i, row_ok, slots, smask)
                 v_j = tl.load(vbase + phys[:, None] * s_cs + offs_d[None, :], mask=ok_j[:, None], other=0.0)
                 pr_j = tl.where(mine[:, None], pr, 0.0).to(v_j.dtype)
                 acc = tl.where(mine[:, None], scaled + tl.dot(pr_j, v_j, input_precision=PREC), acc)
