@@ -292,6 +292,25 @@ class Transformer(nn.Module):
         self.all_reduce(out)
         return out if bias is None else out + bias
 
+    def layer_torch(self, i: int, x: Tensor, rope: Tensor, cache, batch: Tensor, slots: Tensor,
+                    mask: Tensor) -> Tensor:
+        """Layer i of a pass in plain torch, shared by ``_append_torch`` and ``tree.tree_pass_torch``: x [N=B*T, E],
+        rope [N, 2, D] (each token's rows), batch [B, 1] arange, slots [B, T] the cache slots K/V are written at,
+        mask [B, 1, G*T, S] the slots each query row (g, i) -> g*T + i sees -> the layer's output [N, E]."""
+        B, T = slots.shape
+        H, KV, D = self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim
+        G = H // KV
+        q, k, v = self.layer_qkv(i, x, rope)                                          # [N, H|KV, D]
+        k_cache, v_cache = cache.k[i][:B], cache.v[i][:B]                             # [B, KV, S, D]
+        # advanced indices on dims 0 and 2 around a slice: the indexed view is [B, T, KV, D]
+        k_cache[batch, :, slots] = k.view(B, T, KV, D)
+        v_cache[batch, :, slots] = v.view(B, T, KV, D)
+        # GQA without repeating K/V: fold the G query heads of each KV head into the query rows
+        q = q.view(B, T, KV, G, D).permute(0, 2, 3, 1, 4).reshape(B, KV, G * T, D)
+        o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask)        # [B, KV, G*T, D]
+        o = o.view(B, KV, G, T, D).permute(0, 3, 1, 2, 4).reshape(B * T, H * D)
+        return self.layer_out(i, x, o)
+
     def _append_torch(self, tokens: Tensor, lengths: Tensor, rope: Tensor, cache, num_layers: int,
                       hidden: Tensor | None = None, hidden_layers: tuple[int, ...] = ()) -> Tensor:
         """``append`` in plain torch (CPU; CUDA with ``use_kernels = False``): SDPA over the whole static cache
@@ -307,16 +326,7 @@ class Transformer(nn.Module):
         batch = torch.arange(B, device=tokens.device)[:, None]                        # [B, 1]
         x = packed.embedding(tokens.reshape(-1), self.embed)                            # [N, E]
         for i in range(num_layers):
-            q, k, v = self.layer_qkv(i, x, rope)                                      # [N, H|KV, D]
-            k_cache, v_cache = cache.k[i][:B], cache.v[i][:B]                         # [B, KV, S, D]
-            # advanced indices on dims 0 and 2 around a slice: the indexed view is [B, T, KV, D]
-            k_cache[batch, :, pos] = k.view(B, T, KV, D)
-            v_cache[batch, :, pos] = v.view(B, T, KV, D)
-            # GQA without repeating K/V: fold the G query heads of each KV head into the query rows
-            q = q.view(B, T, KV, G, D).permute(0, 2, 3, 1, 4).reshape(B, KV, G * T, D)
-            o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask)    # [B, KV, G*T, D]
-            o = o.view(B, KV, G, T, D).permute(0, 3, 1, 2, 4).reshape(B * T, H * D)
-            x = self.layer_out(i, x, o)
+            x = self.layer_torch(i, x, rope, cache, batch, pos, mask)
             _write_hidden(hidden, hidden_layers, i, x)
         return self.logits(x).view(B, T, -1)
 
