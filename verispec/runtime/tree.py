@@ -158,7 +158,8 @@ def tree_pass_kernels(net, tokens: Tensor, depth: Tensor, path: Tensor, root: Te
                       rope: Tensor, cache, num_layers: int) -> Tensor:
     """``tree_pass`` through the kernels of ``Transformer.append_kernels``, its layers ``Transformer.layer_kernels``
     (batch-invariant matmuls, norms, SwiGLU); RoPE at the tree positions with K/V written at the pass's slots, and
-    the tree attention (``tree_attention.tree_attention``). A node's logits are the bits a chain pass of its root-to-node path gives."""
+    the tree attention (``tree_attention.tree_attention``). A node's logits are the bits a chain pass of its
+    root-to-node path gives."""
     from .tree_attention import tree_attention
 
     B, T = tokens.shape
