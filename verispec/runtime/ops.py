@@ -174,6 +174,38 @@ if AVAILABLE:
             tl.store(vs_ptr + (((b * KV + kvh) * T + t64) * D)[:, None] + offs_d, v, mask=t_ok[:, None])
             tl.store(vc_ptr + (row * s_cb + kvh * s_ch + t64 * s_cs)[:, None] + offs_d, v, mask=t_ok[:, None])
 
+    # The two helpers below are the chain kernel's key-block step, called by _attn_split_kernel and by the tree
+    # kernel (tree_attention.py): one source for both, so a tree node's softmax is the chain's arithmetic (Triton
+    # inlines them; the compiled chain kernel is the same as with the body written in place).
+    @triton.jit
+    def _attn_softmax_step(s, slots, smask, qpos, m_i, l_i):
+        """Online-softmax step over one key block: s [BLOCK_M, BLOCK_N] scores (log2 scale), slots [BLOCK_N] their
+        cache slots (smask: live), qpos [BLOCK_M] each row's position (causal: slot <= qpos), m_i / l_i [BLOCK_M]
+        the running max and sum -> (pr the block's weights, alpha the rescale of what came before, m_i, l_i)."""
+        ok = (slots[None, :] <= qpos[:, None]) & smask[None, :]
+        s = tl.where(ok, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        pr = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(pr, axis=1)
+        return pr, alpha, m_new, l_i
+
+    @triton.jit
+    def _attn_block(q, kbase, vbase, offs_d, j0, end, qpos, s_cs, scale_log2, m_i, l_i, acc,
+                    BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+        """One block of BLOCK_N cache slots from j0 (slots >= end masked), every query row against the same keys:
+        -> the updated (m_i, l_i, acc)."""
+        slots = j0 + tl.arange(0, BLOCK_N)
+        smask = slots < end
+        koff = slots.to(tl.int64)[:, None] * s_cs + offs_d[None, :]
+        k = tl.load(kbase + koff, mask=smask[:, None], other=0.0)
+        v = tl.load(vbase + koff, mask=smask[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale_log2
+        pr, alpha, m_i, l_i = _attn_softmax_step(s, slots, smask, qpos, m_i, l_i)
+        acc = acc * alpha[:, None] + tl.dot(pr.to(v.dtype), v, input_precision=PREC)
+        return m_i, l_i, acc
+
     @triton.jit
     def _attn_split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, acc_ptr, ml_ptr, T, H, KV, G, NSPLIT, ROWS,
                            s_cb, s_ch, s_cs, scale_log2,
@@ -205,21 +237,8 @@ if AVAILABLE:
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D], tl.float32)
         for j0 in range(start, end, BLOCK_N):
-            slots = j0 + tl.arange(0, BLOCK_N)
-            smask = slots < end
-            koff = slots.to(tl.int64)[:, None] * s_cs + offs_d[None, :]
-            k = tl.load(kbase + koff, mask=smask[:, None], other=0.0)
-            v = tl.load(vbase + koff, mask=smask[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale_log2
-            ok = (slots[None, :] <= qpos[:, None]) & smask[None, :]
-            s = tl.where(ok, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_safe)
-            pr = tl.exp2(s - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(pr, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(pr.to(v.dtype), v, input_precision=PREC)
-            m_i = m_new
+            m_i, l_i, acc = _attn_block(q, kbase, vbase, offs_d, j0, end, qpos, s_cs, scale_log2, m_i, l_i, acc,
+                                        BLOCK_N, PREC)
         part = (bk * NSPLIT + sp).to(tl.int64) * ROWS + rows
         tl.store(acc_ptr + part[:, None] * D + offs_d[None, :], acc)
         tl.store(ml_ptr + part * 2, m_i)
@@ -383,16 +402,34 @@ def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, lengths: Tenso
     assert D == _pow2(D) and D >= 16, "head_dim must be a power of two >= 16"
     fp32 = q.dtype == torch.float32
     block_n = attention_block_n(q.dtype, D)
-    nsplit = attention_splits(S)
-    tiles = -(-(G * T) // ATTN_BLOCK_M)
-    rows = tiles * ATTN_BLOCK_M
-    acc = torch.empty(B * KV * nsplit * rows, D, device=q.device, dtype=torch.float32)
-    ml = torch.empty(B * KV * nsplit * rows, 2, device=q.device, dtype=torch.float32)
+    nsplit, tiles, rows, acc, ml = _attn_partials(q, B, KV, G, T, S)
     _attn_split_kernel[(B * KV, nsplit, tiles)](
         q, k_cache, v_cache, lengths, acc, ml, T, H, KV, G, nsplit, rows,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), scale * 1.4426950408889634,
         D=D, SPLIT=ATTN_SPLIT, BLOCK_M=ATTN_BLOCK_M, BLOCK_N=block_n, PREC="ieee" if fp32 else "tf32", num_warps=4,
         **_launch_options(q.device))
+    return _attn_combine(q, acc, ml, B, T, KV, G, nsplit, rows)
+
+
+# The split kernels' partials and their combine, shared by decode_attention and tree_attention.tree_attention
+# (same splits, tiles and row layout, so one combine serves both).
+def _attn_partials(q: Tensor, B: int, KV: int, G: int, T: int, S: int) -> tuple[int, int, int, Tensor, Tensor]:
+    """-> (splits of a cache of S slots, tiles of ATTN_BLOCK_M query rows, rows = the tiles' rows, acc
+    [B*KV*splits*rows, D] fp32, ml [B*KV*splits*rows, 2] fp32): the grid and the partials' buffers of a split
+    kernel over q [N=B*T, H=KV*G, D]."""
+    nsplit = attention_splits(S)
+    tiles = -(-(G * T) // ATTN_BLOCK_M)
+    rows = tiles * ATTN_BLOCK_M
+    D = q.shape[2]
+    acc = torch.empty(B * KV * nsplit * rows, D, device=q.device, dtype=torch.float32)
+    ml = torch.empty(B * KV * nsplit * rows, 2, device=q.device, dtype=torch.float32)
+    return nsplit, tiles, rows, acc, ml
+
+
+def _attn_combine(q: Tensor, acc: Tensor, ml: Tensor, B: int, T: int, KV: int, G: int, nsplit: int,
+                  rows: int) -> Tensor:
+    """The splits' partials (``_attn_partials``, row g * T + i) merged in split order -> o [N=B*T, H*D], q's dtype."""
+    N, H, D = q.shape
     o = torch.empty(N, H * D, device=q.device, dtype=q.dtype)
     _attn_combine_kernel[(B * KV, G * T)](acc, ml, o, T, H, KV, G, nsplit, rows, D=D, num_warps=1,
                                           **_launch_options(q.device))

@@ -292,6 +292,25 @@ class Transformer(nn.Module):
         self.all_reduce(out)
         return out if bias is None else out + bias
 
+    def layer_torch(self, i: int, x: Tensor, rope: Tensor, cache, batch: Tensor, slots: Tensor,
+                    mask: Tensor) -> Tensor:
+        """Layer i of a pass in plain torch, shared by ``_append_torch`` and ``tree.tree_pass_torch``: x [N=B*T, E],
+        rope [N, 2, D] (each token's rows), batch [B, 1] arange, slots [B, T] the cache slots K/V are written at,
+        mask [B, 1, G*T, S] the slots each query row (g, i) -> g*T + i sees -> the layer's output [N, E]."""
+        B, T = slots.shape
+        H, KV, D = self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim
+        G = H // KV
+        q, k, v = self.layer_qkv(i, x, rope)                                          # [N, H|KV, D]
+        k_cache, v_cache = cache.k[i][:B], cache.v[i][:B]                             # [B, KV, S, D]
+        # advanced indices on dims 0 and 2 around a slice: the indexed view is [B, T, KV, D]
+        k_cache[batch, :, slots] = k.view(B, T, KV, D)
+        v_cache[batch, :, slots] = v.view(B, T, KV, D)
+        # GQA without repeating K/V: fold the G query heads of each KV head into the query rows
+        q = q.view(B, T, KV, G, D).permute(0, 2, 3, 1, 4).reshape(B, KV, G * T, D)
+        o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask)        # [B, KV, G*T, D]
+        o = o.view(B, KV, G, T, D).permute(0, 3, 1, 2, 4).reshape(B * T, H * D)
+        return self.layer_out(i, x, o)
+
     def _append_torch(self, tokens: Tensor, lengths: Tensor, rope: Tensor, cache, num_layers: int,
                       hidden: Tensor | None = None, hidden_layers: tuple[int, ...] = ()) -> Tensor:
         """``append`` in plain torch (CPU; CUDA with ``use_kernels = False``): SDPA over the whole static cache
@@ -307,18 +326,30 @@ class Transformer(nn.Module):
         batch = torch.arange(B, device=tokens.device)[:, None]                        # [B, 1]
         x = packed.embedding(tokens.reshape(-1), self.embed)                            # [N, E]
         for i in range(num_layers):
-            q, k, v = self.layer_qkv(i, x, rope)                                      # [N, H|KV, D]
-            k_cache, v_cache = cache.k[i][:B], cache.v[i][:B]                         # [B, KV, S, D]
-            # advanced indices on dims 0 and 2 around a slice: the indexed view is [B, T, KV, D]
-            k_cache[batch, :, pos] = k.view(B, T, KV, D)
-            v_cache[batch, :, pos] = v.view(B, T, KV, D)
-            # GQA without repeating K/V: fold the G query heads of each KV head into the query rows
-            q = q.view(B, T, KV, G, D).permute(0, 2, 3, 1, 4).reshape(B, KV, G * T, D)
-            o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask)    # [B, KV, G*T, D]
-            o = o.view(B, KV, G, T, D).permute(0, 3, 1, 2, 4).reshape(B * T, H * D)
-            x = self.layer_out(i, x, o)
+            x = self.layer_torch(i, x, rope, cache, batch, pos, mask)
             _write_hidden(hidden, hidden_layers, i, x)
         return self.logits(x).view(B, T, -1)
+
+    def layer_kernels(self, i: int, x: Tensor, delta: Tensor | None, how: dict,
+                      attend: Callable[[int, Tensor], Tensor], hidden: Tensor | None = None,
+                      hidden_layers: tuple[int, ...] = ()) -> tuple[Tensor, Tensor]:
+        """Layer i of a pass through the kernels, shared by ``append_kernels`` and ``tree.tree_pass_kernels`` so
+        that a tree node's layer is the chain's launch for launch (its logits are a chain pass's bits).
+
+        x [N, E]: the residual stream; delta [N, E]: the previous layer's down-projection output, not yet added
+        (the add is fused into this layer's first norm; None for layer 0); how: ``ops.linear``'s keywords;
+        attend(i, qkv [N, (H+2KV)*D]) -> o [N, H*D]: RoPE, the K/V write and the attention, the part in which the
+        chain and the tree differ. Writes layer i - 1's output to ``hidden`` (``_write_hidden``). Returns the new
+        (x, delta)."""
+        L = self.layers[i]
+        eps = self.cfg.rms_norm_eps
+        x, h = ops.add_rmsnorm(x, delta, L.attn_norm, eps)
+        _write_hidden(hidden, hidden_layers, i - 1, x)                                       # layer i - 1's output
+        qkv = self._qk_norm(L, ops.linear(h, L.wqkv, L.bqkv, **how))                          # [N, (H+2KV)*D]
+        o = attend(i, qkv)                                                                 # [N, H*D]
+        x, h = ops.add_rmsnorm(x, self._out_proj(o, L.wo, L.bo, **how), L.ffn_norm, eps)
+        delta = self._out_proj(ops.silu_mul(ops.linear(h, L.w13, None, **how)), L.w2, None, **how)
+        return x, delta
 
     def append_kernels(self, tokens: Tensor, lengths: Tensor, rope: Tensor, cache, num_layers: int,
                        hidden: Tensor | None = None, hidden_layers: tuple[int, ...] = ()) -> Tensor:
@@ -335,15 +366,13 @@ class Transformer(nn.Module):
         scale = 1.0 / math.sqrt(D)
         # every matmul batch-invariant (ops.matmul_path): a row's result does not depend on B or T
         how = dict(invariant=True, batch_size=B, config=ops.gemv_config(c.hidden_size))
-        for i in range(num_layers):
-            L = self.layers[i]
-            x, h = ops.add_rmsnorm(x, delta, L.attn_norm, eps)
-            _write_hidden(hidden, hidden_layers, i - 1, x)                                   # layer i - 1's output
-            qkv = self._qk_norm(L, ops.linear(h, L.wqkv, L.bqkv, **how))                  # [N, (H+2KV)*D]
+
+        def attend(i: int, qkv: Tensor) -> Tensor:
             q = ops.rope_kv_write(qkv, rope, pos, cache.k[i], cache.v[i], T, H, KV, D)  # [N, H, D]
-            o = ops.decode_attention(q, cache.k[i], cache.v[i], lengths, T, scale)      # [N, H*D]
-            x, h = ops.add_rmsnorm(x, self._out_proj(o, L.wo, L.bo, **how), L.ffn_norm, eps)
-            delta = self._out_proj(ops.silu_mul(ops.linear(h, L.w13, None, **how)), L.w2, None, **how)
+            return ops.decode_attention(q, cache.k[i], cache.v[i], lengths, T, scale)   # [N, H*D]
+
+        for i in range(num_layers):
+            x, delta = self.layer_kernels(i, x, delta, how, attend, hidden, hidden_layers)
         x, h = ops.add_rmsnorm(x, delta, self.norm, eps)
         _write_hidden(hidden, hidden_layers, num_layers - 1, x)
         return ops.linear(h, self.lm_head_weight, None, **how).view(B, T, -1)

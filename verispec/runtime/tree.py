@@ -28,7 +28,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from . import ops
@@ -136,10 +135,10 @@ def tree_pass(net, tokens: Tensor, depth: Tensor, path: Tensor, root: Tensor, le
 
 def tree_pass_torch(net, tokens: Tensor, depth: Tensor, path: Tensor, root: Tensor, lengths: Tensor, rope: Tensor,
                     cache, num_layers: int) -> Tensor:
-    """``tree_pass`` in plain torch, as ``Transformer._append_torch`` with a tree mask: SDPA over the whole
-    static cache, slot j allowed for token i when j < root or j = root + path[i, t]."""
+    """``tree_pass`` in plain torch, as ``Transformer._append_torch`` (the same ``layer_torch`` per layer) with a
+    tree mask: SDPA over the whole static cache, slot j allowed for token i when j < root or j = root + path[i, t]."""
     B, T = tokens.shape
-    H, KV, D = net.cfg.num_heads, net.cfg.num_kv_heads, net.cfg.head_dim
+    H, KV = net.cfg.num_heads, net.cfg.num_kv_heads
     G, S = H // KV, cache.k[0].shape[2]
     dev = tokens.device
     pos = root[:, None] + depth                                                    # [B, T] positions
@@ -151,22 +150,16 @@ def tree_pass_torch(net, tokens: Tensor, depth: Tensor, path: Tensor, root: Tens
     batch = torch.arange(B, device=dev)[:, None]
     x = packed.embedding(tokens.reshape(-1), net.embed)                            # [N, E]
     for i in range(num_layers):
-        q, k, v = net.layer_qkv(i, x, rope)                                        # [N, H|KV, D]
-        k_cache, v_cache = cache.k[i][:B], cache.v[i][:B]
-        k_cache[batch, :, slots] = k.view(B, T, KV, D)
-        v_cache[batch, :, slots] = v.view(B, T, KV, D)
-        q = q.view(B, T, KV, G, D).permute(0, 2, 3, 1, 4).reshape(B, KV, G * T, D)
-        o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask)     # [B, KV, G*T, D]
-        o = o.view(B, KV, G, T, D).permute(0, 3, 1, 2, 4).reshape(B * T, H * D)
-        x = net.layer_out(i, x, o)
+        x = net.layer_torch(i, x, rope, cache, batch, slots, mask)
     return net.logits(x).view(B, T, -1)
 
 
 def tree_pass_kernels(net, tokens: Tensor, depth: Tensor, path: Tensor, root: Tensor, lengths: Tensor,
                       rope: Tensor, cache, num_layers: int) -> Tensor:
-    """``tree_pass`` through the kernels of ``Transformer.append_kernels`` (batch-invariant matmuls, norms,
-    SwiGLU); RoPE at the tree positions with K/V written at the pass's slots, and the tree attention
-    (``tree_attention.tree_attention``). A node's logits are the bits a chain pass of its root-to-node path gives."""
+    """``tree_pass`` through the kernels of ``Transformer.append_kernels``, its layers ``Transformer.layer_kernels``
+    (batch-invariant matmuls, norms, SwiGLU); RoPE at the tree positions with K/V written at the pass's slots, and
+    the tree attention (``tree_attention.tree_attention``). A node's logits are the bits a chain pass of its
+    root-to-node path gives."""
     from .tree_attention import tree_attention
 
     B, T = tokens.shape
@@ -178,14 +171,13 @@ def tree_pass_kernels(net, tokens: Tensor, depth: Tensor, path: Tensor, root: Te
     delta = None
     scale = 1.0 / math.sqrt(D)
     how = dict(invariant=True, batch_size=B, config=ops.gemv_config(c.hidden_size))
-    for i in range(num_layers):
-        L = net.layers[i]
-        x, h = ops.add_rmsnorm(x, delta, L.attn_norm, eps)
-        qkv = net._qk_norm(L, ops.linear(h, L.wqkv, L.bqkv, **how))                         # [N, (H+2KV)*D]
+
+    def attend(i: int, qkv: Tensor) -> Tensor:
         q = ops.rope_kv_write(qkv, rope, pos, cache.k[i], cache.v[i], T, H, KV, D, slots=slots)
-        o = tree_attention(q, cache.k[i], cache.v[i], root, depth, path, scale)            # [N, H*D]
-        x, h = ops.add_rmsnorm(x, net._out_proj(o, L.wo, L.bo, **how), L.ffn_norm, eps)
-        delta = net._out_proj(ops.silu_mul(ops.linear(h, L.w13, None, **how)), L.w2, None, **how)
+        return tree_attention(q, cache.k[i], cache.v[i], root, depth, path, scale)      # [N, H*D]
+
+    for i in range(num_layers):
+        x, delta = net.layer_kernels(i, x, delta, how, attend)
     _, h = ops.add_rmsnorm(x, delta, net.norm, eps)
     return ops.linear(h, net.lm_head_weight, None, **how).view(B, T, -1)
 

@@ -26,7 +26,9 @@ or 2 dots per tile instead of one (Llama-3 8B: G = 4): at most two mixed blocks 
 (Under the CPU interpreter numpy's BLAS rounds by lane, so there the bits match the chain kernel only where a row
 keeps its lane; tests/test_tree_runtime.py checks both, and the bf16 GPU test checks every node.)
 
-The splits' partial results are merged by ``ops._attn_combine_kernel`` unchanged (same [rows] layout).
+The splits' partial results are merged by the chain's combine (``ops._attn_combine``, same [rows] layout), and the
+key blocks below the root and the online-softmax step are the chain kernel's own code (``ops._attn_block``,
+``ops._attn_softmax_step``).
 """
 from __future__ import annotations
 
@@ -39,6 +41,22 @@ if ops.AVAILABLE:
     import triton
     import triton.language as tl
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+    @triton.jit
+    def _token_path(depth_ptr, path_ptr, b, T, P, R, token, i, row_ok, slots, smask):
+        """Where one token of the tile reads a block that reaches the root: -> (mine [BLOCK_M] its query rows,
+        phys [BLOCK_N] int64 the physical slot behind each virtual slot, ok [BLOCK_N] the virtual slots on its path
+        or below the root). Called for the K and again for the V of the same block."""
+        tok = tl.minimum(token, T - 1)
+        mine = (i == token) & row_ok
+        dep_j = tl.load(depth_ptr + b * T + tok).to(tl.int32)
+        t = slots - R
+        on_path = (t >= 0) & (t <= dep_j)
+        node = tl.load(path_ptr + (b * T + tok).to(tl.int64) * P + tl.minimum(tl.maximum(t, 0), P - 1),
+                       mask=on_path, other=0)
+        phys = tl.where(slots < R, slots, R + node).to(tl.int64)
+        ok = (slots <= R + dep_j) & smask
+        return mine, phys, ok
 
     @triton.jit
     def _tree_attn_split_kernel(q_ptr, k_ptr, v_ptr, root_ptr, depth_ptr, path_ptr, acc_ptr, ml_ptr,
@@ -76,21 +94,8 @@ if ops.AVAILABLE:
         # blocks wholly below the root: the prefix, one shared key tile (the chain kernel's loop body)
         shared_end = tl.minimum(end, start + (tl.maximum(R - start, 0) // BLOCK_N) * BLOCK_N)
         for j0 in range(start, shared_end, BLOCK_N):
-            slots = j0 + tl.arange(0, BLOCK_N)
-            smask = slots < end
-            koff = slots.to(tl.int64)[:, None] * s_cs + offs_d[None, :]
-            k = tl.load(kbase + koff, mask=smask[:, None], other=0.0)
-            v = tl.load(vbase + koff, mask=smask[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale_log2
-            ok = (slots[None, :] <= qpos[:, None]) & smask[None, :]
-            s = tl.where(ok, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_safe)
-            pr = tl.exp2(s - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(pr, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(pr.to(v.dtype), v, input_precision=PREC)
-            m_i = m_new
+            m_i, l_i, acc = ops._attn_block(q, kbase, vbase, offs_d, j0, end, qpos, s_cs, scale_log2, m_i, l_i, acc,
+                                            BLOCK_N, PREC)
         # blocks that reach the tree: the tile's rows of one token at a time read that token's path (see the
         # module docstring); the other rows of the dot are zeros and its result is kept for that token's rows only
         first = (rt * BLOCK_M) // G                    # the tile's first token; TOKENS covers the rest
@@ -99,37 +104,14 @@ if ops.AVAILABLE:
             smask = slots < end
             s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
             for j in tl.static_range(TOKENS):
-                tok = tl.minimum(first + j, T - 1)
-                mine = (i == first + j) & row_ok                                       # [BLOCK_M]
-                dep_j = tl.load(depth_ptr + b * T + tok).to(tl.int32)
-                t = slots - R
-                on_path = (t >= 0) & (t <= dep_j)
-                node = tl.load(path_ptr + (b * T + tok).to(tl.int64) * P + tl.minimum(tl.maximum(t, 0), P - 1),
-                               mask=on_path, other=0)
-                phys = tl.where(slots < R, slots, R + node).to(tl.int64)
-                ok_j = (slots <= R + dep_j) & smask
+                mine, phys, ok_j = _token_path(depth_ptr, path_ptr, b, T, P, R, first + j, i, row_ok, slots, smask)
                 k_j = tl.load(kbase + phys[:, None] * s_cs + offs_d[None, :], mask=ok_j[:, None], other=0.0)
                 q_j = tl.where(mine[:, None], q, tl.zeros_like(q))                      # keeps q's dtype
                 s = tl.where(mine[:, None], tl.dot(q_j, tl.trans(k_j), input_precision=PREC), s)
-            s = s * scale_log2
-            ok = (slots[None, :] <= qpos[:, None]) & smask[None, :]
-            s = tl.where(ok, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_safe)
-            pr = tl.exp2(s - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(pr, axis=1)
+            pr, alpha, m_new, l_i = ops._attn_softmax_step(s * scale_log2, slots, smask, qpos, m_i, l_i)
             scaled = acc * alpha[:, None]
             for j in tl.static_range(TOKENS):
-                tok = tl.minimum(first + j, T - 1)
-                mine = (i == first + j) & row_ok
-                dep_j = tl.load(depth_ptr + b * T + tok).to(tl.int32)
-                t = slots - R
-                on_path = (t >= 0) & (t <= dep_j)
-                node = tl.load(path_ptr + (b * T + tok).to(tl.int64) * P + tl.minimum(tl.maximum(t, 0), P - 1),
-                               mask=on_path, other=0)
-                phys = tl.where(slots < R, slots, R + node).to(tl.int64)
-                ok_j = (slots <= R + dep_j) & smask
+                mine, phys, ok_j = _token_path(depth_ptr, path_ptr, b, T, P, R, first + j, i, row_ok, slots, smask)
                 v_j = tl.load(vbase + phys[:, None] * s_cs + offs_d[None, :], mask=ok_j[:, None], other=0.0)
                 pr_j = tl.where(mine[:, None], pr, 0.0).to(v_j.dtype)
                 acc = tl.where(mine[:, None], scaled + tl.dot(pr_j, v_j, input_precision=PREC), acc)
@@ -156,17 +138,10 @@ def tree_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, root: Tensor, de
     assert k_cache.stride(3) == 1 and k_cache.stride() == v_cache.stride()
     assert D == ops._pow2(D) and D >= 16, "head_dim must be a power of two >= 16"
     fp32 = q.dtype == torch.float32
-    nsplit = ops.attention_splits(S)
-    tiles = -(-(G * T) // ops.ATTN_BLOCK_M)
-    rows = tiles * ops.ATTN_BLOCK_M
-    acc = torch.empty(B * KV * nsplit * rows, D, device=q.device, dtype=torch.float32)
-    ml = torch.empty(B * KV * nsplit * rows, 2, device=q.device, dtype=torch.float32)
+    nsplit, tiles, rows, acc, ml = ops._attn_partials(q, B, KV, G, T, S)
     _tree_attn_split_kernel[(B * KV, nsplit, tiles)](
         q, k_cache, v_cache, root, depth, path, acc, ml, T, H, KV, nsplit, rows, P,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), scale * 1.4426950408889634,
         G=G, TOKENS=(ops.ATTN_BLOCK_M - 1) // G + 2, D=D, SPLIT=ops.ATTN_SPLIT, BLOCK_M=ops.ATTN_BLOCK_M, BLOCK_N=ops.attention_block_n(q.dtype, D),
         PREC="ieee" if fp32 else "tf32", num_warps=4, **ops._launch_options(q.device))
-    o = torch.empty(N, H * D, device=q.device, dtype=q.dtype)
-    ops._attn_combine_kernel[(B * KV, G * T)](acc, ml, o, T, H, KV, G, nsplit, rows, D=D, num_warps=1,
-                                              **ops._launch_options(q.device))
-    return o
+    return ops._attn_combine(q, acc, ml, B, T, KV, G, nsplit, rows)
