@@ -39,9 +39,14 @@ import torch
 from torch import Tensor
 
 from ..device import to_device
+from ..runtime.model import WIDTH_BUCKETS
 from ..verify.sampling import filtered_probs, is_greedy
 from .base import (Drafter, Proposal, Sampling, SamplingParams, TreeProposal, check_same_vocab, draw, one_setting,
                    race)
+
+# A catch-up pass (after rounds without drafting) runs in chunks of at most the widest step graph's tokens: a wider
+# pass would run eagerly, and each width below it would capture its own graph inside a request.
+CATCH_UP_TOKENS = WIDTH_BUCKETS[-1]
 
 
 @dataclass
@@ -94,15 +99,20 @@ class DraftModel(Drafter):
 
     def warm_up(self, max_batch_size: int, k: int, settings: list[tuple[float, int, float]],
                 prompt_tokens: int = 0, forced: bool = False) -> int:
-        """The captured draft loops of every batch bucket for ``k`` drafts: one choice per setting (all greedy
-        rows share one), or the forced feed (``OracleDraft``'s cost model); the prefill graphs of its prompts."""
+        """The captured draft loops of every batch bucket for 1..``k`` drafts (a round drafts fewer than k when its
+        rows near their end, or k=auto, ask for fewer): one choice per setting (all greedy rows share one), or the
+        forced feed (``OracleDraft``'s cost model); the step graphs of every width a catch-up pass runs in
+        (``_catch_up``, after rounds without drafting); the prefill graphs of its prompts."""
         if not getattr(self.model, "use_graphs", False) or not hasattr(self.model, "warm_up_draft_loop") or k < 1:
             return 0
         keys = [("forced",)] if forced else sorted({self.GREEDY_KEY if is_greedy(t) else ("sample", t, tk, tp)
                                                      for t, tk, tp in settings}, key=repr)
-        width = 5 + (k if forced else 0)
-        n = sum(self.model.warm_up_draft_loop(max_batch_size, k, self._choice(key), key, width) for key in keys)
-        return n + self.model.warm_up(max_batch_size, 1, prompt_tokens=prompt_tokens)
+        n = 0
+        for steps in range(1, k + 1):
+            width = 5 + (steps if forced else 0)
+            n += sum(self.model.warm_up_draft_loop(max_batch_size, steps, self._choice(key), key, width)
+                     for key in keys)
+        return n + self.model.warm_up(max_batch_size, CATCH_UP_TOKENS, prompt_tokens=prompt_tokens)
 
     def admit(self, seq_ids, prompts, first_tokens, sampling) -> None:
         self.model.admit(prompts)
@@ -120,9 +130,11 @@ class DraftModel(Drafter):
         if gap <= 0:
             return
         starts = [max(0, L - 2 - gap) for L in lengths]
-        feed = [(row.history[s:s + gap] + [0] * gap)[:gap] for row, s in zip(self._rows, starts)]
+        feed = to_device([(row.history[s:s + gap] + [0] * gap)[:gap] for row, s in zip(self._rows, starts)],
+                         self.model.device, torch.long)                                       # [B, gap]
         self.model.rollback(torch.tensor(starts, dtype=torch.long))
-        self.model.append(to_device(feed, self.model.device, torch.long))
+        for j in range(0, gap, CATCH_UP_TOKENS):  # passes a warm-up captured; the same K/V as one pass (invariant)
+            self.model.append(feed[:, j:j + CATCH_UP_TOKENS])
         for row, s, L in zip(self._rows, starts, lengths):
             row.valid = min(s + gap, L)
 

@@ -37,8 +37,10 @@ GRAPH_MAX_TOKENS = 16
 # graphs per batch bucket instead of 17. Exact because the pass is batch-invariant (ops.matmul_path): padding
 # tokens do not change the real tokens' logits. Widest - narrowest gap (17 - 10) <= cache.PAD_SLOTS.
 WIDTH_BUCKETS = (1, 2, 3, 5, 9, 17)
-# Captured draft loops per model at most (one per bucket, k and sampling setting); further ones run eagerly.
-MAX_DRAFT_GRAPHS = 32
+# Captured draft loops per model at most (one per bucket, k and sampling setting); further ones run eagerly. A
+# round drafts any k <= K (k=auto's choice; rows near their end), so one setting needs a loop per (bucket, k):
+# 7 buckets up to 32 rows x k = 1..8 is 56; an eager loop at 32 rows costs several captured ones.
+MAX_DRAFT_GRAPHS = 128
 
 # choose(i, logits [R, V], inputs [R, C]) -> (tokens [R] int64, probs [R, V] float32 or None): see draft_loop
 Choose = Callable[[int, Tensor, Tensor], tuple[Tensor, "Tensor | None"]]
