@@ -312,3 +312,60 @@ def test_bad_settings_are_refused(bad):
 
 def test_iid_expectation_is_the_closed_form():
     assert expected_tokens_from_positions([0.7] * 5) == pytest.approx(expected_tokens_per_round(0.7, 5))
+
+
+def _greedy_batch_drafting_rounds(observe: bool, rounds: int = 300) -> int:
+    """8 greedy rows (drafts accepted with probability 0.8) under a table that says drafting pays (BANDWIDTH), on a
+    machine where every round that drafts really costs 5x the table's (say its draft loop runs eagerly): the
+    number of rounds that drafted. ``observe``: the rounds' wall times go to ``observe_round``, as the scheduler
+    reports them."""
+    costs = table(*BANDWIDTH)
+    policy, rng = AutoK(costs), random.Random(0)
+    rows = [_seq(700 + i) for i in range(8)]
+    drafted = 0
+    for _ in range(rounds):
+        got = policy(rows, K)
+        k = max(got)
+        drafted += k > 0
+        if observe:
+            policy.observe_round(len(rows), k, costs.round(len(rows), k) * (5.0 if k else 1.0))
+        for seq, kb in zip(rows, got):
+            _round(seq, kb, next((i for i in range(kb) if rng.random() >= 0.8), kb))
+    return drafted
+
+
+def test_measured_rounds_overrule_a_table_that_is_wrong():
+    """The greedy rows price k by the rounds they ran: where drafting rounds cost far more than the table says,
+    they stay at k = 0 but for a probe per hold (a few rounds each); priced by the table alone they draft on."""
+    bound = AutoK(table(*BANDWIDTH))
+    probes = bound.settle * math.ceil(300 / (bound.max_hold + 1)) + bound.max_hold
+    assert _greedy_batch_drafting_rounds(observe=True) <= probes
+    assert _greedy_batch_drafting_rounds(observe=False) > 250
+
+
+def test_measured_rounds_leave_sampled_rows_alone():
+    """A sampled row's k comes from the table at the reference batch only: the measured rounds (the load) never
+    change it, so its seeded tokens do not depend on the requests beside it."""
+    costs = table(*BANDWIDTH)
+    quiet, loaded = AutoK(costs), AutoK(costs)
+    for k in range(K + 1):
+        for batch in (1, 8, 32):
+            loaded.observe_round(batch, k, 10.0 * (k + 1))
+    a, b = _seq(5, temperature=0.8), _seq(5, temperature=0.8)
+    rng = random.Random(3)
+    for _ in range(40):
+        ka, kb = quiet([a], K)[0], loaded([b], K)[0]
+        assert ka == kb
+        acc = next((i for i in range(ka) if rng.random() >= 0.7), ka)
+        _round(a, ka, acc)
+        _round(b, kb, acc)
+
+
+def test_observe_round_ignores_nonsense_and_averages():
+    policy = AutoK(table(*BANDWIDTH))
+    policy.observe_round(8, 2, float("nan"))
+    policy.observe_round(8, 2, -1.0)
+    assert policy.measured_s == {}
+    policy.observe_round(8, 2, 1.0)
+    policy.observe_round(7, 2, 2.0)                  # the same bucket (8)
+    assert policy.measured_s == {(3, 2): pytest.approx(0.9 * 1.0 + 0.1 * 2.0)}

@@ -56,6 +56,15 @@ break-even) comes once per max_hold + 1 rounds once the holds have doubled up; a
 row drafts again within max_hold + 1 rounds (if drafting at the prior's acceptance pays at all) and its k doubles
 every round up to what its estimate supports (``tests/test_auto_k.py`` checks both on scripted acceptance).
 
+Measured rounds. The table is a prediction made at startup, alone on the machine; a server's rounds also pay what
+it cannot see (the event loop's share of the GIL, the draft model's catch-up after rounds at k = 0, a pass that
+runs slower at this context length). So the greedy rows' choice prices each k by the rounds actually run: the
+scheduler reports each round's wall time (``observe_round``), kept per (batch bucket of the table, widest k) as a
+moving average over about 1 / (1 - ``round_decay``) rounds; a k without a measured round at that bucket costs the
+table's, scaled as the nearest measured k's measured / table. When the greedy rows' hold ends, the measured costs of drafting rounds are dropped with their
+evidence, so the probe prices drafting afresh. The sampled rows' choices keep the table alone: their k must not
+depend on the load.
+
 The costs come from a ``CostTable``: measured on this machine at startup (``measure_costs``: target passes and a
 draft step timed alone, then whole ``Scheduler`` rounds with every row's k forced, whose excess over those passes
 is T_overhead) or given (synthetic tables in tests, a saved JSON table between runs; one saved before the
@@ -114,8 +123,11 @@ class CostTable:
         if any(not 0 <= o < float("inf") for row in self.overhead_s for o in row):
             raise ValueError(f"CostTable: overhead times must be finite and >= 0, got {self.overhead_s}")
 
-    def _row(self, batch: int) -> int:
+    def bucket(self, batch: int) -> int:
+        """The index of the measured batch size ``batch`` costs as (the next larger one, or the largest)."""
         return min(bisect.bisect_left(self.batch_sizes, batch), len(self.batch_sizes) - 1)
+
+    _row = bucket
 
     def _along_tokens(self, row: tuple[float, ...], tokens: int) -> float:
         """``row`` (one value per measured token count) at ``tokens``: linear between measured counts, the
@@ -280,8 +292,11 @@ class AutoK:
     min_hold: int = 4
     max_hold: int = 32
     settle: int = 4
+    round_decay: float = 0.9
     last_k: int = 0
     greedy_state: RowState = field(default_factory=RowState)   # the greedy rows' shared exploration (its hold fields)
+    # (bucket, k) -> the moving average of measured round seconds (``observe_round``; the greedy rows' costs)
+    measured_s: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     # (batch, k_max) -> the round costs of k = 0..k_max: a CostTable is frozen, and a round's choice would otherwise
     # look up 2 (k_max + 1) interpolated costs on the request path
     _round_s: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -290,8 +305,9 @@ class AutoK:
         if not 0.0 <= self.prior_alpha <= 1.0 or not self.prior_strength > 0:
             raise ValueError(f"AutoK: prior_alpha must be in [0, 1] and prior_strength > 0, got "
                              f"{self.prior_alpha}, {self.prior_strength}")
-        if not 0.0 <= self.decay <= 1.0:
-            raise ValueError(f"AutoK: decay must be in [0, 1], got {self.decay}")
+        if not 0.0 <= self.decay <= 1.0 or not 0.0 <= self.round_decay < 1.0:
+            raise ValueError(f"AutoK: decay must be in [0, 1] and round_decay in [0, 1), got {self.decay}, "
+                             f"{self.round_decay}")
         if not 1 <= self.min_hold <= self.max_hold or self.settle < 1:
             raise ValueError(f"AutoK: need 1 <= min_hold <= max_hold and settle >= 1, got {self.min_hold}, "
                              f"{self.max_hold}, {self.settle}")
@@ -306,7 +322,7 @@ class AutoK:
         greedy = [seq for seq in running if seq.request.greedy]
         if greedy:
             sampled = [(seq, k) for seq, k in zip(running, ks) if not seq.request.greedy]
-            round_s = self._rounds(len(running), k_max)
+            round_s = self._measured_rounds(len(running), k_max)
             k_greedy = self._choose_greedy(greedy, sampled, k_max, round_s)
             ks = [min(k_greedy, _room(seq, k_max)) if seq.request.greedy else k for seq, k in zip(running, ks)]
         for seq, k in zip(running, ks):
@@ -319,6 +335,38 @@ class AutoK:
         if key not in self._round_s:
             self._round_s[key] = [self.costs.round(batch, k) for k in range(k_max + 1)]
         return self._round_s[key]
+
+    def _measured_rounds(self, batch: int, k_max: int) -> list[float]:
+        """The round costs of k = 0..k_max at ``batch`` rows: measured where a round of that (bucket, k) ran; else
+        the table's, scaled by measured / table of the nearest measured k at that bucket (one that drafted, for a
+        k that drafts, if there is one; k = 0 only by k = 0), so that one slow probe prices the ks it did not
+        try too; the table's alone where nothing ran at that bucket."""
+        bucket = self.costs.bucket(batch)
+        table = self._rounds(batch, k_max)
+        measured = {k: self.measured_s[bucket, k] for k in range(k_max + 1) if (bucket, k) in self.measured_s}
+        if not measured:
+            return table
+        out = []
+        for k, t in enumerate(table):
+            if k in measured:
+                out.append(measured[k])
+                continue
+            near = [j for j in measured if (j > 0) == (k > 0)] or (list(measured) if k else [])
+            if not near:                 # a plain step is never priced by drafting rounds: unknown, it is the table's
+                out.append(t)
+                continue
+            j = min(near, key=lambda j: (abs(j - k), j))
+            out.append(t * measured[j] / table[j])
+        return out
+
+    def observe_round(self, batch: int, k: int, seconds: float) -> None:
+        """A round of ``batch`` rows whose widest row drafted ``k`` took ``seconds`` (the scheduler's wall time of
+        the round: drafting, the target pass, verification, commit)."""
+        if not seconds > 0 or seconds == float("inf"):
+            return
+        key = (self.costs.bucket(batch), k)
+        old = self.measured_s.get(key)
+        self.measured_s[key] = seconds if old is None else self.round_decay * old + (1 - self.round_decay) * seconds
 
     def state(self, seq: Sequence) -> RowState:
         """``seq``'s state, brought up to date with the rounds its Stats counted since the last call."""
@@ -351,14 +399,20 @@ class AutoK:
             rows = [(self.alphas(seq, max(cap, floor)), _room(seq, k_max)) for seq in greedy]
             return _best_joint(rows, fixed, floor, round_s[:max(cap, floor) + 1])
 
-        k = self._explore(self.greedy_state, max(_room(seq, k_max) for seq in greedy), greedy, best)
+        k = self._explore(self.greedy_state, max(_room(seq, k_max) for seq in greedy), greedy, best,
+                          self._forget_drafting_rounds)
         self.greedy_state.last_k = max(k, floor)
         return max(k, floor)
 
-    def _explore(self, st: RowState, cap: int, rows: list[Sequence], best) -> int:
+    def _forget_drafting_rounds(self) -> None:
+        """Drop the measured costs of rounds that drafted (a probe prices them afresh: one measured while the
+        draft model caught up, or under another load, would otherwise keep k = 0 for good)."""
+        self.measured_s = {key: s for key, s in self.measured_s.items() if key[1] == 0}
+
+    def _explore(self, st: RowState, cap: int, rows: list[Sequence], best, forget=None) -> int:
         """The hold and the slow start (module docstring) on exploration state ``st`` around ``best(cap) -> k``;
         a hold's end makes ``rows`` forget their evidence (the next round starts over from the prior, with k <= 1:
-        a probe)."""
+        a probe), and calls ``forget()`` if given."""
         if cap <= 0:
             return 0
         if st.hold > 0:
@@ -366,6 +420,8 @@ class AutoK:
             if st.hold == 0:
                 for seq in rows:
                     self.state(seq).forget()
+                if forget is not None:
+                    forget()
             return 0
         if st.last_k is not None:
             cap = min(cap, max(1, 2 * st.last_k))                       # slow start

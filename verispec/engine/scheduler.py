@@ -285,6 +285,7 @@ class Scheduler:
 
     def _round(self) -> None:
         drafter = self.drafter if self.drafting else None
+        t0 = time.perf_counter()
         caps = self.k_policy(self.running, self.k) if self.k and drafter is not None else [0] * len(self.running)
         try:
             if self.tree is not None and drafter is not None:
@@ -298,6 +299,9 @@ class Scheduler:
             return
         if result.draft_error is not None:
             self._drafter_failed(*result.draft_error)
+        observe = getattr(self.k_policy, "observe_round", None)
+        if observe is not None and self.tree is None:       # the policy prices k by the rounds it ran (AutoK)
+            observe(len(self.running), max(result.num_draft, default=0), time.perf_counter() - t0)
         self._account(result)
         for b, (seq, chunk, n, a) in enumerate(zip(self.running, result.emitted, result.num_draft,
                                                    result.num_accepted)):
