@@ -189,8 +189,20 @@ def serve(engine: EngineLoop, app: FastAPI, args) -> int:
     finally:
         engine.stop()
         engine.join()
+    _log_k_auto(engine.scheduler.k_policy)
     if engine.fatal is not None:
         _log(f"stopped: the engine died ({engine.fatal})")
         return 1
     _log("stopped")
     return 0
+
+
+def _log_k_auto(policy) -> None:
+    """k=auto's measured round costs against its table, per batch bucket and k (what priced the greedy rows'
+    choices: docs/serving.md), on stop."""
+    if not isinstance(policy, AutoK) or not policy.measured_s:
+        return
+    costs = policy.costs
+    cells = [f"B<={costs.batch_sizes[b]} k={k}: {1e3 * s:.2f} ms (table {1e3 * costs.round(costs.batch_sizes[b], k):.2f})"
+             for (b, k), s in sorted(policy.measured_s.items())]
+    _log("k=auto rounds measured vs table: " + "; ".join(cells))
