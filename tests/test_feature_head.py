@@ -198,6 +198,58 @@ def test_rows_that_finish_early_leave_the_others_untouched():
     assert together == alone
 
 
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: "
+                                                                  "real CUDA graphs of the head's draft loop"))]
+
+
+def _drafts_of(model, head, k: int, temperature, seed: int) -> tuple[list, list]:
+    """Every proposal of a scheduler run with ``head`` (rows of 4 for 3 requests of different lengths: a padded
+    bucket, then rows leaving) -> ((drafts [B, K], their q or None) per round on the host, each request's tokens)."""
+    from verispec.engine import Request, Scheduler, SchedulerConfig
+
+    log = []
+    propose = head.propose
+
+    def recorded(max_num_draft):
+        p = propose(max_num_draft)
+        log.append((p.draft_tokens.cpu(), None if p.draft_probs is None else p.draft_probs.cpu()))
+        return p
+    head.propose = recorded
+    sched = Scheduler(model, head, SchedulerConfig(max_batch_size=4, max_seq_len=64, k=k))
+    seqs = [sched.submit(Request(p, n, t, 0, 0.95, seed + i))
+            for i, (p, n, t) in enumerate(zip(PROMPTS, (16, 6, 11), temperature))]
+    sched.run()
+    return log, [s.generated for s in seqs]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("k, temperature", [(3, (0.0,) * 3), (4, (0.9,) * 3), (2, (0.9, 0.0, 0.7))],
+                         ids=["greedy", "sampled", "mixed"])
+def test_the_captured_draft_loop_drafts_what_the_eager_one_does(device, k, temperature):
+    """The head's draft loop as one graph per (batch bucket, k, setting) -- the batch of 3 padded to the bucket of 4
+    rows, then buckets 2 and 1 as requests end -- proposes the eager loop's drafts and q bit for bit, round by round
+    (a batch mixing settings runs the eager body in both). On a CPU the graph path runs its program eagerly on the
+    padded buffer."""
+    model = target(use_graphs=True, device=device)
+    with torch.no_grad():   # peaked q: a random head's near-uniform q would draw the same drafts from any state
+        model.net.lm_head.mul_(6.0)
+    runs = {}
+    for graphs in (True, False):
+        head = FeatureHead(random_head(seed=6))
+        head.use_graphs = None if graphs else False
+        runs[graphs] = _drafts_of(model, head, k, temperature, seed=10)
+        if graphs and len(set(temperature)) == 1:
+            assert head._graphs.count("draft") >= 2        # the loop ran on the graph path (buckets 4, 2, 1)
+    (graph_log, graph_tokens), (eager_log, eager_tokens) = runs[True], runs[False]
+    assert graph_tokens == eager_tokens and len(graph_log) == len(eager_log)
+    for (gd, gq), (ed, eq) in zip(graph_log, eager_log):
+        assert torch.equal(gd, ed)
+        assert (gq is None) == (eq is None)
+        if gq is not None:   # on CUDA bit for bit (batch-invariant matmuls); the CPU's BLAS is not invariant in M
+            tol = 0 if device == "cuda" else 1e-5
+            torch.testing.assert_close(gq, eq, rtol=tol, atol=tol / 100)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: real CUDA graphs writing the states")
 def test_the_captured_target_pass_writes_the_eager_passs_states():
     """What the head reads: the states a captured target pass (padded rows and width bucket) leaves in
