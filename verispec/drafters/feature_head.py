@@ -30,8 +30,11 @@ runs as ONE graph replay per round, one graph per (batch bucket R = ``Model.grap
 the choice on the device (``draft_model._choose``: argmax, or filtered_probs + the race on the DRAFT stream at
 (seed_b, step_b + i), which ``draw`` computes alike). Padding rows B..R-1 draft from position ``max_seq_len`` of
 their own (dead) cache rows, past anything a live row holds. Batches whose rows sample under several settings, and
-k > GRAPH_MAX_TOKENS, run the same body eagerly with ``draw``; on a CPU the graph path runs the body eagerly on the
-padded buffer (``GraphCache``'s capture-free path), which the CPU tests exercise.
+k > GRAPH_MAX_TOKENS, run the same body eagerly with ``draw``. ``commit``'s pass is a graph too (``_commit_body``, one
+per (bucket, width W)): one host tensor [R, W + 3] (the emitted tokens, L_b - 1, a_b, whether row b emitted) and one
+device copy of the round's states into a buffer of the head's (``_commit_states_buf``: the target's own buffer
+changes layout with the bucket of its pass). On a CPU the graph path runs both bodies eagerly on the padded buffers
+(``GraphCache``'s capture-free path), which the CPU tests exercise.
 """
 from __future__ import annotations
 
@@ -98,6 +101,7 @@ class FeatureHead(Drafter):
         # None: draft loops as CUDA graphs whenever the target runs graphs; False: always eagerly (tests compare)
         self.use_graphs: bool | None = None
         self._graphs = GraphCache(_no_step, lambda rows: self.cache.lengths_for(rows))
+        self._commit_states: Tensor | None = None   # the captured commits' copy of the target's states
 
     # ------------------------------------------------------------------------------------ setup
     def attach(self, target) -> None:
@@ -132,6 +136,7 @@ class FeatureHead(Drafter):
             self._rope = rope_table(mc, self.cache.capacity, target.device)
             self._last_buf = torch.zeros(self.cache.max_batch_size, self.cfg.hidden_size, device=target.device,
                                      dtype=target.dtype)
+            self._commit_states = None
         self.cache.reset(0, max_seq_len)
         self._rows = []
 
@@ -221,8 +226,8 @@ class FeatureHead(Drafter):
     def warm_up(self, max_batch_size: int, k: int, settings: list[tuple[float, int, float]],
                 prompt_tokens: int = 0) -> int:
         """The captured draft loops of every batch bucket up to ``max_batch_size`` for ``k`` drafts and each setting
-        (all greedy rows share one). Captures only; their warm-up passes write dead slots (position max_seq_len),
-        so it is safe while sequences run."""
+        (all greedy rows share one), and the commits of 1..k+1 tokens a row. Captures only; their warm-up passes
+        write dead slots (position max_seq_len) and keep every row's ``last``, so it is safe while sequences run."""
         if self.cache is None or not self._graphs_on() or not 1 <= k <= GRAPH_MAX_TOKENS:
             return 0
         keys = sorted({GREEDY_KEY if is_greedy(t) else ("sample", t, tk, tp) for t, tk, tp in settings}, key=repr)
@@ -237,6 +242,9 @@ class FeatureHead(Drafter):
                 choose = _choose(key, seed_column=1)
                 dummy = torch.tensor([[dead, 0, 0]] * rows, dtype=torch.long)
                 self._graphs.ensure(graph_key, lambda static: self._draft_body(static, k, choose), dummy, rows)
+            for width in range(1, k + 2):   # the commits of 1..k+1 emitted tokens (dummy rows emit nothing)
+                dummy = torch.tensor([[0] * width + [dead, 0, 0]] * rows, dtype=torch.long)
+                self._graphs.ensure(("commit", rows, width), self._commit_program(width), dummy, rows)
         return len(self._graphs) - before
 
     @torch.no_grad()
@@ -278,21 +286,56 @@ class FeatureHead(Drafter):
         if states is None or states.shape[0] != B or states.shape[1] < width:
             raise RuntimeError("feature head: the target's last pass left no hidden states for this round "
                                f"(got {None if states is None else tuple(states.shape)})")
-        device = self.target.device
         # one host tensor, one copy: row b = its emitted tokens (padded with 0) | L_b - 1 | its last entry's
         # index in the feed (a_b) | whether it emitted anything (a row whose round failed keeps its ``last``)
-        host = torch.tensor([(e + [0] * width)[:width] + [r.valid, max(len(e) - 1, 0), int(bool(e))]
-                             for e, r in zip(emitted, self._rows, strict=True)], dtype=torch.long)
-        packed = to_device(host, device)                                                      # [B, W + 3]
-        tokens, base, idx, has = (packed[:, :width], packed[:, width], packed[:, width + 1],
-                                  packed[:, width + 2].bool())
-        pos = base[:, None] + torch.arange(width, device=device)                             # [B, W]
-        out = self._feed(0, states[:, :width], tokens, pos)                                  # [B, W, E]
-        fresh = out[torch.arange(B, device=device), idx]                                      # [B, E]
-        self._last_buf[:B] = torch.where(has[:, None], fresh, self._last_buf[:B])
+        live = [(e + [0] * width)[:width] + [r.valid, max(len(e) - 1, 0), int(bool(e))]
+                for e, r in zip(emitted, self._rows, strict=True)]
+        if self._graphs_on() and width <= GRAPH_MAX_TOKENS + 1:
+            rows = self.target.graph_rows(B)
+            self._commit_states_buf()[:B, :width].copy_(states[:, :width])
+            self._graphs.replay(("commit", rows, width), self._commit_program(width), self._commit_inputs(live, rows),
+                                rows)
+        else:
+            self._commit_body(to_device(torch.tensor(live, dtype=torch.long), self.target.device), states[:, :width])
         for r, e in zip(self._rows, emitted):
             r.valid += len(e)
             r.history.extend(e)
+
+    def _commit_inputs(self, live: list[list[int]], rows: int) -> Tensor:
+        """``commit``'s host input [rows, W + 3]; padding rows feed dead slots (position max_seq_len) and keep their
+        ``last`` (they emitted nothing)."""
+        width = len(live[0]) - 3 if live else 0
+        pad = [0] * width + [self.cache.max_seq_len, 0, 0]
+        return torch.tensor(live + [pad] * (rows - len(live)), dtype=torch.long)
+
+    def _commit_states_buf(self) -> Tensor:
+        """The static [max rows, GRAPH_MAX_TOKENS + 1, C, E] buffer the captured commits read the target's states
+        from (made with the cache; the target's own buffer changes layout with its pass's bucket). One copy a round
+        fills it: e.g. SmolLM2, 8 rows, bf16: 8 x 17 x 3 x 576 x 2 B = 0.5 MB."""
+        if self._commit_states is None:
+            self._commit_states = torch.zeros(self.cache.max_batch_size, GRAPH_MAX_TOKENS + 1,
+                                              len(self.cfg.target_layers), self.cfg.hidden_size,
+                                              dtype=self.target.dtype, device=self.target.device)
+        return self._commit_states
+
+    def _commit_program(self, width: int):
+        """The captured commit of ``width`` emitted tokens a row: reads the first rows of ``_commit_states_buf``."""
+        return lambda static: self._commit_body(static, self._commit_states_buf()[:static.shape[0], :width])
+
+    def _commit_body(self, inputs: Tensor, states: Tensor) -> tuple[Tensor]:
+        """``commit``'s pass over the first R rows (what a graph captures): inputs [R, W + 3] int64 on the device
+        (``_commit_inputs``'s layout), states [R, W, C, E] -> entries L_b - 1 .. L_b - 1 + W - 1 of each row written,
+        row b's ``last`` = the output of its entry L_b - 1 + a_b (unchanged where it emitted nothing). Running it twice
+        writes the same (a capture's warm-up does)."""
+        R, width = inputs.shape[0], inputs.shape[1] - 3
+        tokens, base, idx, has = (inputs[:, :width], inputs[:, width], inputs[:, width + 1],
+                                  inputs[:, width + 2].bool())
+        pos = base[:, None] + torch.arange(width, device=inputs.device)                      # [R, W]
+        out = self._feed(0, states, tokens, pos)                                              # [R, W, E]
+        fresh = out[torch.arange(R, device=inputs.device), idx]                               # [R, E]
+        last = self._last_buf[:R]
+        last.copy_(torch.where(has[:, None], fresh, last))
+        return (last,)
 
     def keep(self, batch_indices) -> None:
         order = list(batch_indices)
