@@ -107,7 +107,7 @@ def _head_step(cfg, draft_vocab, B: int, S: int = 2048, dev: str = "cuda"):
 
     def call(i):
         out = net.cached(feats, tok, pos, embed, kc, vc, rope)
-        return net.logits(out[:, 0], lm_head).argmax(-1)
+        return net.logits(out[:, 0], lm_head, invariant=True).argmax(-1)   # as FeatureHead drafts
 
     # a draft step reads every weight of the head but fc (which fuses the target's states, once per round)
     weights = sum(p.numel() * p.element_size() for name, p in net.named_parameters() if name != "fc")
