@@ -149,14 +149,15 @@ class FeatureHead(Drafter):
     def _sampling(self) -> SamplingParams:
         return SamplingParams(tuple(r.sampling for r in self._rows))
 
-    def _feed(self, first_row: int, states: Tensor, tokens: Tensor, pos: Tensor) -> Tensor:
+    def _feed(self, first_row: int, states: Tensor, tokens: Tensor, pos: Tensor, invariant: bool = True) -> Tensor:
         """One head pass over cache rows [first_row, first_row + n): states [n, T, C, E] or fused features
-        [n, T, E] (``own``), tokens [n, T], pos [n, T] -> out [n, T, E]."""
-        feats = self.net.fuse(states, invariant=True) if states.dim() == 4 else states
+        [n, T, E] (the head's own outputs), tokens [n, T], pos [n, T] -> out [n, T, E]. ``invariant``: batch-invariant
+        matmuls (every pass over the batch's rows; an admission's pass over one prompt alone need not be)."""
+        feats = self.net.fuse(states, invariant) if states.dim() == 4 else states
         n = feats.shape[0]
         k = self.cache.k[0][first_row:first_row + n]
         v = self.cache.v[0][first_row:first_row + n]
-        return self.net.cached(feats, tokens, pos, self.target.net.embed, k, v, self._rope)
+        return self.net.cached(feats, tokens, pos, self.target.net.embed, k, v, self._rope, invariant)
 
     # ------------------------------------------------------------------------------------ interface
     @torch.no_grad()
@@ -171,7 +172,7 @@ class FeatureHead(Drafter):
                                    f"tokens, its prompt has {P}")
             tokens = to_device([list(prompt[1:]) + [token]], device, torch.long)            # [1, P]: t_{j+1}
             pos = torch.arange(P, device=device)[None]
-            out = self._feed(first + j, states[None], tokens, pos)                          # [1, P, E]
+            out = self._feed(first + j, states[None], tokens, pos, invariant=False)         # [1, P, E]
             self._last_buf[first + j] = out[0, -1]
         self.cache.admit([len(p) for p in prompts])
         self._rows += [_Row(list(p) + [t], len(p), s) for p, t, s in zip(prompts, first_tokens, sampling.rows)]

@@ -171,17 +171,18 @@ class HeadNet(nn.Module):
 
     # ------------------------------------------------------------------------------------ forward forms
     def cached(self, feats: Tensor, tokens: Tensor, pos: Tensor, embed, k_cache: Tensor, v_cache: Tensor,
-               rope: Tensor) -> Tensor:
+               rope: Tensor, invariant: bool = True) -> Tensor:
         """Entries over the head's KV cache (drafting): feats [B, T, E], tokens [B, T] (the token of each entry,
         t_{j+1}), pos [B, T] int64 (entry indices j; K/V written there), k_cache / v_cache [B, KV, S, D] (views of
         the B rows), rope [S, 2, D] -> out [B, T, E]. Entry (b, i) attends to slots <= pos[b, i] of row b.
-        Row b's outputs do not depend on B (the matmuls are ``_linear``'s invariant ones)."""
+        ``invariant`` (drafting and commits): row b's outputs do not depend on B (``_linear``); a prompt's admission,
+        a pass of its own, may take cuBLAS (faster over hundreds of tokens)."""
         B, T, E = feats.shape
         c = self.cfg
         H, KV, D = c.num_heads, c.num_kv_heads, c.head_dim
         G, S = H // KV, k_cache.shape[2]
         emb = packed.embedding(tokens.reshape(-1), embed).to(feats.dtype)                  # [N, E]
-        q, k, v = self._qkv(feats.reshape(B * T, E), emb, rope[pos.reshape(-1)], invariant=True)
+        q, k, v = self._qkv(feats.reshape(B * T, E), emb, rope[pos.reshape(-1)], invariant)
         batch = torch.arange(B, device=feats.device)[:, None]
         k_cache[batch, :, pos] = k.view(B, T, KV, D)
         v_cache[batch, :, pos] = v.view(B, T, KV, D)
@@ -190,7 +191,7 @@ class HeadNet(nn.Module):
         q = q.view(B, T, KV, G, D).permute(0, 2, 3, 1, 4).reshape(B, KV, G * T, D)
         o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask)           # [B, KV, G*T, D]
         o = o.view(B, KV, G, T, D).permute(0, 3, 1, 2, 4).reshape(B * T, H * D)
-        return self._out(feats.reshape(B * T, E), o, invariant=True).view(B, T, E)
+        return self._out(feats.reshape(B * T, E), o, invariant).view(B, T, E)
 
     def unrolled(self, feats: Tensor, tokens: Tensor, embed, steps: int) -> list[Tensor]:
         """Training's forward: ``steps`` draft steps over whole sequences (EAGLE-3's training-time test).
