@@ -271,3 +271,74 @@ def test_the_captured_target_pass_writes_the_eager_passs_states():
     for a, b in zip(seen[True], seen[False]):
         assert a.abs().sum() > 0
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _steady_sampled_scheduler(model, head):
+    from verispec.engine import Request, Scheduler, SchedulerConfig
+
+    sched = Scheduler(model, head, SchedulerConfig(2, 64, 3))
+    for i, prompt in enumerate(PROMPTS[:2]):
+        sched.submit(Request(prompt, 20, temperature=1.0, top_k=5, top_p=0.9, seed=i))
+    sched.step()                       # admission and a first round
+    sched._round()                     # graphs captured: the next round is a steady one
+    return sched
+
+
+@pytest.mark.parametrize("use_graphs", [False, True], ids=["eager", "graph-layout"])
+def test_the_heads_round_reads_nothing_from_the_device(monkeypatch, use_graphs):
+    """In a steady sampled round neither the head (drafters/) nor the runtime converts a tensor to a host value
+    (``item``, ``tolist``, ``bool``, ``int``, ``float``, ``cpu``): no per-step host read. (The CPU's reference
+    verification and the engine's one outcome read do; tests/test_engine_syncs.py pins those.)"""
+    import inspect
+    import os
+
+    import verispec
+
+    package = os.path.dirname(os.path.abspath(verispec.__file__))
+    sched = _steady_sampled_scheduler(target(use_graphs), FeatureHead(random_head(seed=6)))
+    sites = Counter()
+
+    def recorder(name, original):
+        def conversion(self, *args, **kwargs):
+            path = os.path.abspath(inspect.currentframe().f_back.f_code.co_filename)
+            rel = os.path.relpath(path, package).replace(os.sep, "/")
+            if rel.startswith(("drafters/", "runtime/")):
+                sites[(rel, name)] += 1
+            return original(self, *args, **kwargs)
+        return conversion
+
+    for name in ("item", "tolist", "__bool__", "__int__", "__float__", "cpu"):
+        monkeypatch.setattr(torch.Tensor, name, recorder(name, getattr(torch.Tensor, name)))
+    sched._round()
+    monkeypatch.undo()
+    assert sites == Counter()
+    assert all(s.finish_reason is None for s in sched.running)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="counts CUDA synchronizations: needs a CUDA GPU")
+def test_the_heads_propose_and_commit_do_not_synchronize_on_the_gpu():
+    """The captured draft loop and commit of a steady sampled round run under sync_debug_mode "error": any
+    synchronizing call torch detects in them (``item``, blocking copies, ``nonzero``, ...) raises."""
+    head = FeatureHead(random_head(seed=6))
+    sched = _steady_sampled_scheduler(target(True, device="cuda"), head)
+    torch.cuda.synchronize()
+    checked, errors = [], []
+
+    def strict(method):   # the engine would swallow a drafter's error (faults): keep it
+        def run(*args, **kwargs):
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                return method(*args, **kwargs)
+            except Exception as e:
+                errors.append(e)
+                raise
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+                checked.append(method.__name__)
+        return run
+
+    head.propose, head.commit = strict(head.propose), strict(head.commit)
+    sched._round()
+    assert errors == [] and checked == ["propose", "commit"]
+    assert head._graphs.count("draft") > 0 and head._graphs.count("commit") > 0
+    assert all(s.finish_reason is None for s in sched.running), [s.error for s in sched.running]
