@@ -3,8 +3,9 @@
 1. Acceptance and speed (CPU or GPU): the embedded SmolLM2-135M-Instruct on held-out free-form prompts (topics the
    head never trained on: verispec/training/prompts.py), each prompt alone (batch 1), greedy, chat template:
    plain decoding, prompt lookup (k = 8), self-speculation (first 10 of 30 layers, k = 3) and the head (chains,
-   k = 2, 4, 6). Per drafter: tokens per round (emitted / rounds), acceptance per tested position, decode tok/s,
-   speedup over plain decoding, and whether every output equals plain decoding's. Prompt by prompt, every drafter
+   k = 2, 4, 6; on a GPU also k = 2 with its draft loop run eagerly instead of as one CUDA graph). Per drafter:
+   tokens per round (emitted / rounds), acceptance per tested position, decode tok/s, speedup over plain decoding,
+   and whether every output equals plain decoding's. Prompt by prompt, every drafter
    in turn (a shared CPU's load then touches all alike); once a head has run, the target keeps writing its states
    (a few copies per pass) for the other drafters too.
 2. Draft step cost (GPU only): one head step at the llama-3.1-8b shape (bf16, random weights: one decoder layer over
@@ -52,6 +53,8 @@ def acceptance_rows(model_source: str | None, head_dir: str | None, num_prompts:
     drafters = [("plain", None, 0), ("prompt lookup", lambda: PromptLookup(3, 2), 8),
                 ("self-spec (10 layers)", lambda: SelfSpeculative(10), 3)]
     drafters += [(f"head, chain k={k}", lambda: FeatureHead(head_dir), k) for k in (2, 4, 6)]
+    if model.use_graphs:   # the same head with its draft loop run eagerly: what the captured loop saves
+        drafters.append(("head, chain k=2, eager loop", lambda: _eager(FeatureHead(head_dir)), 2))
     made = [(name, make() if make else None, k) for name, make, k in drafters]
     gens = {name: [] for name, _, _ in made}
     # prompt by prompt, every drafter in turn: a change in the machine's load (a shared CPU) then touches every
@@ -81,6 +84,11 @@ def acceptance_rows(model_source: str | None, head_dir: str | None, num_prompts:
     return rows
 
 
+def _eager(head: FeatureHead) -> FeatureHead:
+    head.use_graphs = False
+    return head
+
+
 def _head_step(cfg, draft_vocab, B: int, S: int = 2048, dev: str = "cuda"):
     """A call(i) running one head draft step at ``cfg``'s shape (bf16, cuda) for B rows, and its weight bytes."""
     dt = torch.bfloat16
@@ -99,7 +107,7 @@ def _head_step(cfg, draft_vocab, B: int, S: int = 2048, dev: str = "cuda"):
 
     def call(i):
         out = net.cached(feats, tok, pos, embed, kc, vc, rope)
-        return net.logits(out[:, 0], lm_head).argmax(-1)
+        return net.logits(out[:, 0], lm_head, invariant=True).argmax(-1)   # as FeatureHead drafts
 
     # a draft step reads every weight of the head but fc (which fuses the target's states, once per round)
     weights = sum(p.numel() * p.element_size() for name, p in net.named_parameters() if name != "fc")

@@ -8,6 +8,8 @@ head's acceptance is test_head_training.py's.
 """
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 
@@ -48,14 +50,21 @@ def test_greedy_with_the_head_equals_plain_decoding(device, use_graphs):
     model = target(use_graphs, device=device)
     plain = [g.tokens for g in generate(model, PROMPTS, drafter=None, max_new_tokens=20)]
     head = FeatureHead(random_head())
-    accepted = 0
     for k in (1, 3, 6):
         out = generate(model, PROMPTS, drafter=head, k=k, max_new_tokens=20)
         assert [g.tokens for g in out] == plain, k
-        accepted += sum(g.stats.accepted for g in out)
     alone = generate(model, PROMPTS[2], drafter=head, k=3, max_new_tokens=20)
     assert alone.tokens == plain[2]
-    assert accepted > 0    # some rounds accept drafts (the commit's wider feeds run)
+    # A random head's drafts are accepted by chance only: on a CPU half of the target seeds 0..11 accept none over
+    # k = 1, 3, 6 (and a CUDA target's random weights are another draw). A head that always drafts token x (a draft
+    # vocabulary of that one id) is accepted wherever the target's text has x after its first token with room for
+    # a draft, so x from plain decoding's text makes the rounds that accept drafts (the commit's wider feeds) run.
+    x = Counter(t for tokens in plain for t in tokens[1:-1]).most_common(1)[0][0]
+    constant = random_head(draft_vocab=1)
+    constant.d2t.fill_(x)
+    out = generate(model, PROMPTS, drafter=FeatureHead(constant), k=3, max_new_tokens=20)
+    assert [g.tokens for g in out] == plain
+    assert sum(g.stats.accepted for g in out) > 0
 
 
 def test_greedy_with_a_draft_vocabulary_equals_plain_decoding():
@@ -187,3 +196,149 @@ def test_rows_that_finish_early_leave_the_others_untouched():
         by_itself.run()
         assert seqs[i].generated == seq.generated, i
     assert together == alone
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: "
+                                                                  "real CUDA graphs of the head's draft loop"))]
+
+
+def _drafts_of(model, head, k: int, temperature, seed: int) -> tuple[list, list]:
+    """Every proposal of a scheduler run with ``head`` (rows of 4 for 3 requests of different lengths: a padded
+    bucket, then rows leaving) -> ((drafts [B, K], their q or None) per round on the host, each request's tokens)."""
+    from verispec.engine import Request, Scheduler, SchedulerConfig
+
+    log = []
+    propose = head.propose
+
+    def recorded(max_num_draft):
+        p = propose(max_num_draft)
+        log.append((p.draft_tokens.cpu(), None if p.draft_probs is None else p.draft_probs.cpu()))
+        return p
+    head.propose = recorded
+    sched = Scheduler(model, head, SchedulerConfig(max_batch_size=4, max_seq_len=64, k=k))
+    seqs = [sched.submit(Request(p, n, t, 0, 0.95, seed + i))
+            for i, (p, n, t) in enumerate(zip(PROMPTS, (16, 6, 11), temperature))]
+    sched.run()
+    return log, [s.generated for s in seqs]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("k, temperature", [(3, (0.0,) * 3), (4, (0.9,) * 3), (2, (0.9, 0.0, 0.7))],
+                         ids=["greedy", "sampled", "mixed"])
+def test_the_captured_draft_loop_drafts_what_the_eager_one_does(device, k, temperature):
+    """The head's draft loop as one graph per (batch bucket, k, setting) -- the batch of 3 padded to the bucket of 4
+    rows, then buckets 2 and 1 as requests end -- proposes the eager loop's drafts and q bit for bit, round by round
+    (a batch mixing settings runs the eager body in both). On a CPU the graph path runs its program eagerly on the
+    padded buffer."""
+    model = target(use_graphs=True, device=device)
+    with torch.no_grad():   # peaked q: a random head's near-uniform q would draw the same drafts from any state
+        model.net.lm_head.mul_(6.0)
+    runs = {}
+    for graphs in (True, False):
+        head = FeatureHead(random_head(seed=6))
+        head.use_graphs = None if graphs else False
+        runs[graphs] = _drafts_of(model, head, k, temperature, seed=10)
+        if graphs and len(set(temperature)) == 1:
+            assert head._graphs.count("draft") >= 2        # the loop ran on the graph path (buckets 4, 2, 1)
+    (graph_log, graph_tokens), (eager_log, eager_tokens) = runs[True], runs[False]
+    assert graph_tokens == eager_tokens and len(graph_log) == len(eager_log)
+    for (gd, gq), (ed, eq) in zip(graph_log, eager_log):
+        assert torch.equal(gd, ed)
+        assert (gq is None) == (eq is None)
+        if gq is not None:   # on CUDA bit for bit (batch-invariant matmuls); the CPU's BLAS is not invariant in M
+            tol = 0 if device == "cuda" else 1e-5
+            torch.testing.assert_close(gq, eq, rtol=tol, atol=tol / 100)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: real CUDA graphs writing the states")
+def test_the_captured_target_pass_writes_the_eager_passs_states():
+    """What the head reads: the states a captured target pass (padded rows and width bucket) leaves in
+    ``Model.hidden`` and the prompt states of a captured prefill equal those of the eager passes on the same device
+    (stale or zero states would differ by far more than the tolerance)."""
+    layers = HeadConfig.for_target(CFG).target_layers
+    seen = {}
+    for graphs in (True, False):
+        model = target(graphs, device="cuda")
+        model.capture_hidden(layers)
+        model.setup_cache(4, 64, empty=True)
+        model.admit(PROMPTS)
+        states = [model.take_prompt_hidden(b) for b in range(len(PROMPTS))]
+        g = torch.Generator().manual_seed(7)
+        for k in (3, 1, 4):
+            model.append(torch.randint(0, CFG.vocab_size, (len(PROMPTS), k), generator=g))
+            states.append(model.hidden.clone())
+        seen[graphs] = states
+    for a, b in zip(seen[True], seen[False]):
+        assert a.abs().sum() > 0
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _steady_sampled_scheduler(model, head):
+    from verispec.engine import Request, Scheduler, SchedulerConfig
+
+    sched = Scheduler(model, head, SchedulerConfig(2, 64, 3))
+    for i, prompt in enumerate(PROMPTS[:2]):
+        sched.submit(Request(prompt, 20, temperature=1.0, top_k=5, top_p=0.9, seed=i))
+    sched.step()                       # admission and a first round
+    sched._round()                     # graphs captured: the next round is a steady one
+    return sched
+
+
+@pytest.mark.parametrize("use_graphs", [False, True], ids=["eager", "graph-layout"])
+def test_the_heads_round_reads_nothing_from_the_device(monkeypatch, use_graphs):
+    """In a steady sampled round neither the head (drafters/) nor the runtime converts a tensor to a host value
+    (``item``, ``tolist``, ``bool``, ``int``, ``float``, ``cpu``): no per-step host read. (The CPU's reference
+    verification and the engine's one outcome read do; tests/test_engine_syncs.py pins those.)"""
+    import inspect
+    import os
+
+    import verispec
+
+    package = os.path.dirname(os.path.abspath(verispec.__file__))
+    sched = _steady_sampled_scheduler(target(use_graphs), FeatureHead(random_head(seed=6)))
+    sites = Counter()
+
+    def recorder(name, original):
+        def conversion(self, *args, **kwargs):
+            path = os.path.abspath(inspect.currentframe().f_back.f_code.co_filename)
+            rel = os.path.relpath(path, package).replace(os.sep, "/")
+            if rel.startswith(("drafters/", "runtime/")):
+                sites[(rel, name)] += 1
+            return original(self, *args, **kwargs)
+        return conversion
+
+    for name in ("item", "tolist", "__bool__", "__int__", "__float__", "cpu"):
+        monkeypatch.setattr(torch.Tensor, name, recorder(name, getattr(torch.Tensor, name)))
+    sched._round()
+    monkeypatch.undo()
+    assert sites == Counter()
+    assert all(s.finish_reason is None for s in sched.running)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="counts CUDA synchronizations: needs a CUDA GPU")
+def test_the_heads_propose_and_commit_do_not_synchronize_on_the_gpu():
+    """The captured draft loop and commit of a steady sampled round run under sync_debug_mode "error": any
+    synchronizing call torch detects in them (``item``, blocking copies, ``nonzero``, ...) raises."""
+    head = FeatureHead(random_head(seed=6))
+    sched = _steady_sampled_scheduler(target(True, device="cuda"), head)
+    torch.cuda.synchronize()
+    checked, errors = [], []
+
+    def strict(method):   # the engine would swallow a drafter's error (faults): keep it
+        def run(*args, **kwargs):
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                return method(*args, **kwargs)
+            except Exception as e:
+                errors.append(e)
+                raise
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+                checked.append(method.__name__)
+        return run
+
+    head.propose, head.commit = strict(head.propose), strict(head.commit)
+    sched._round()
+    assert errors == [] and checked == ["propose", "commit"]
+    assert head._graphs.count("draft") > 0 and head._graphs.count("commit") > 0
+    assert all(s.finish_reason is None for s in sched.running), [s.error for s in sched.running]

@@ -314,11 +314,12 @@ class DraftModel(Drafter):
         self._set_rows([self._rows[i] for i in batch_indices])
 
 
-def _choose(key: tuple):
+def _choose(key: tuple, seed_column: int = 3):
     """The device-side choice of a captured draft loop (``Model.draft_loop``'s ``choose``) for ``key``:
     ("greedy",) -> argmax; ("sample", temperature, top_k, top_p) -> q = filtered_probs, then the race with
-    the DRAFT stream at (seed, step + i) read from the loop's inputs (columns 3 and 4). ``draw`` computes
-    the same for a batch of one setting, so the captured and the eager loop draw the same drafts.
+    the DRAFT stream at (seed, step + i) read from the loop's inputs (columns ``seed_column`` and the next:
+    3 and 4 in ``Model.draft_loop``'s layout, 1 and 2 in ``FeatureHead``'s). ``draw`` computes the same for a
+    batch of one setting, so the captured and the eager loop draw the same drafts.
     ("forced",) -> the i-th given token (input column 5 + i)."""
     if key[0] == "greedy":
         return lambda i, logits, inputs: (logits.argmax(dim=-1), None)
@@ -328,6 +329,6 @@ def _choose(key: tuple):
 
     def choose(i: int, logits: Tensor, inputs: Tensor) -> tuple[Tensor, Tensor]:
         q = filtered_probs(logits, *setting)                                          # [R, V]
-        return race(q, inputs[:, 3], inputs[:, 4] + i), q
+        return race(q, inputs[:, seed_column], inputs[:, seed_column + 1] + i), q
 
     return choose

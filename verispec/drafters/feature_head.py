@@ -20,8 +20,21 @@ k = 3: d1 from out_4, entry 5 = (out_4, d1) -> d2, entry 6 = (out_5, d2) -> d3; 
 commit feeds target states of x5, d1, d2 with tokens d1, d2, r as entries 5, 6, 7; ``valid`` = 8 = L' - 1.
 
 Row b's drafts depend on row b alone: its own cache row and states, its draws from its own DRAFT stream
-(``base.draw``, counter advanced by its own k_b). The head runs eagerly (a CUDA graph of its draft loop is not
-written yet).
+(``base.draw``, counter advanced by its own k_b), and matmuls whose rows do not depend on the batch (head_net.py's
+``_linear``).
+
+The draft loop (``_draft_body``: the logits of ``last``, then k choices and k - 1 head passes) reads everything from
+buffers that never move -- the head's KV cache, ``last`` (rows of ``_last_buf``, the size of the cache's batch) and
+one int64 input tensor [R, 3] per round, row b = [L_b - 1, seed_b, step_b] -- so on a target with CUDA graphs it
+runs as ONE graph replay per round, one graph per (batch bucket R = ``Model.graph_rows(B)``, k, sampling key), with
+the choice on the device (``draft_model._choose``: argmax, or filtered_probs + the race on the DRAFT stream at
+(seed_b, step_b + i), which ``draw`` computes alike). Padding rows B..R-1 draft from position ``max_seq_len`` of
+their own (dead) cache rows, past anything a live row holds. Batches whose rows sample under several settings, and
+k > GRAPH_MAX_TOKENS, run the same body eagerly with ``draw``. ``commit``'s pass is a graph too (``_commit_body``, one
+per (bucket, width W)): one host tensor [R, W + 3] (the emitted tokens, L_b - 1, a_b, whether row b emitted) and one
+device copy of the round's states into a buffer of the head's (``_commit_states_buf``: the target's own buffer
+changes layout with the bucket of its pass). On a CPU the graph path runs both bodies eagerly on the padded buffers
+(``GraphCache``'s capture-free path), which the CPU tests exercise.
 """
 from __future__ import annotations
 
@@ -35,9 +48,15 @@ from torch import Tensor
 
 from ..device import to_device
 from ..runtime.cache import StaticKVCache
+from ..runtime.graphs import GraphCache
+from ..runtime.model import GRAPH_MAX_TOKENS, MAX_DRAFT_GRAPHS
 from ..runtime.transformer import rope_table
-from .base import Drafter, Proposal, Sampling, SamplingParams, draw
+from ..verify.sampling import is_greedy
+from .base import Drafter, Proposal, Sampling, SamplingParams, draw, one_setting
+from .draft_model import _choose
 from .head_net import HeadNet
+
+GREEDY_KEY = ("greedy",)
 
 
 @dataclass
@@ -76,9 +95,13 @@ class FeatureHead(Drafter):
         self.cfg = self.net.cfg
         self.target = None
         self._rows: list[_Row] = []
-        self._last: Tensor | None = None          # [B, E]: each row's last entry output
+        self._last_buf: Tensor | None = None      # [max rows, E]: row b's last entry output in row b (``_last``)
         self.cache: StaticKVCache | None = None
         self._rope: Tensor | None = None
+        # None: draft loops as CUDA graphs whenever the target runs graphs; False: always eagerly (tests compare)
+        self.use_graphs: bool | None = None
+        self._graphs = GraphCache(_no_step, lambda rows: self.cache.lengths_for(rows))
+        self._commit_states: Tensor | None = None   # the captured commits' copy of the target's states
 
     # ------------------------------------------------------------------------------------ setup
     def attach(self, target) -> None:
@@ -103,33 +126,44 @@ class FeatureHead(Drafter):
         if self.target is not target:
             self.attach(target)
             self.target = target
+            self._graphs.clear()   # captured with another target's weights (and the head's cast for it)
         target.capture_hidden(self.cfg.target_layers)
         mc = self.cfg.model_config()
-        if self.cache is None or not self.cache.fits(max_batch_size, max_seq_len):
+        if self.cache is None or not self.cache.fits(max_batch_size, max_seq_len) or self.cache.k[0].device != \
+                target.device or self.cache.k[0].dtype != target.dtype:
+            self._graphs.clear()   # they read and write the buffers made here
             self.cache = StaticKVCache(mc, max_batch_size, max_seq_len, target.device, target.dtype)
             self._rope = rope_table(mc, self.cache.capacity, target.device)
+            self._last_buf = torch.zeros(self.cache.max_batch_size, self.cfg.hidden_size, device=target.device,
+                                     dtype=target.dtype)
+            self._commit_states = None
         self.cache.reset(0, max_seq_len)
-        self._rows, self._last = [], torch.zeros(0, self.cfg.hidden_size, device=target.device, dtype=target.dtype)
+        self._rows = []
+
+    @property
+    def _last(self) -> Tensor:
+        """[B, E]: each live row's last entry output (a view of ``_last_buf``)."""
+        return self._last_buf[:len(self._rows)]
 
     @property
     def _sampling(self) -> SamplingParams:
         return SamplingParams(tuple(r.sampling for r in self._rows))
 
-    def _feed(self, first_row: int, states: Tensor, tokens: Tensor, pos: Tensor) -> Tensor:
+    def _feed(self, first_row: int, states: Tensor, tokens: Tensor, pos: Tensor, invariant: bool = True) -> Tensor:
         """One head pass over cache rows [first_row, first_row + n): states [n, T, C, E] or fused features
-        [n, T, E] (``own``), tokens [n, T], pos [n, T] -> out [n, T, E]."""
-        feats = self.net.fuse(states) if states.dim() == 4 else states
+        [n, T, E] (the head's own outputs), tokens [n, T], pos [n, T] -> out [n, T, E]. ``invariant``: batch-invariant
+        matmuls (every pass over the batch's rows; an admission's pass over one prompt alone need not be)."""
+        feats = self.net.fuse(states, invariant) if states.dim() == 4 else states
         n = feats.shape[0]
         k = self.cache.k[0][first_row:first_row + n]
         v = self.cache.v[0][first_row:first_row + n]
-        return self.net.cached(feats, tokens, pos, self.target.net.embed, k, v, self._rope)
+        return self.net.cached(feats, tokens, pos, self.target.net.embed, k, v, self._rope, invariant)
 
     # ------------------------------------------------------------------------------------ interface
     @torch.no_grad()
     def admit(self, seq_ids, prompts, first_tokens, sampling) -> None:
         first = len(self._rows)
         device = self.target.device
-        lasts = []
         for j, (prompt, token) in enumerate(zip(prompts, first_tokens, strict=True)):
             states = self.target.take_prompt_hidden(first + j)                              # [P, C, E]
             P = len(prompt)
@@ -138,11 +172,81 @@ class FeatureHead(Drafter):
                                    f"tokens, its prompt has {P}")
             tokens = to_device([list(prompt[1:]) + [token]], device, torch.long)            # [1, P]: t_{j+1}
             pos = torch.arange(P, device=device)[None]
-            out = self._feed(first + j, states[None], tokens, pos)                          # [1, P, E]
-            lasts.append(out[:, -1])
+            out = self._feed(first + j, states[None], tokens, pos, invariant=False)         # [1, P, E]
+            self._last_buf[first + j] = out[0, -1]
         self.cache.admit([len(p) for p in prompts])
-        self._last = torch.cat([self._last, *lasts])
         self._rows += [_Row(list(p) + [t], len(p), s) for p, t, s in zip(prompts, first_tokens, sampling.rows)]
+
+    # ------------------------------------------------------------------------------------ the draft loop
+    def _graphs_on(self) -> bool:
+        return self.use_graphs is not False and bool(getattr(self.target, "use_graphs", False))
+
+    def _loop_key(self, k: int) -> tuple | None:
+        """The key of the captured draft loop for this batch, or None to run it eagerly (no graphs, k past
+        GRAPH_MAX_TOKENS, rows sampling under several settings, or MAX_DRAFT_GRAPHS loops captured already)."""
+        if not self._graphs_on() or k > GRAPH_MAX_TOKENS:
+            return None
+        sampling = self._sampling
+        setting = None if sampling.all_greedy else one_setting(sampling)
+        if not sampling.all_greedy and setting is None:
+            return None
+        key = GREEDY_KEY if sampling.all_greedy else ("sample", *setting)
+        graph_key = ("draft", self.target.graph_rows(len(self._rows)), k, key)
+        if graph_key in self._graphs or self._graphs.count("draft") < MAX_DRAFT_GRAPHS:
+            return key
+        return None
+
+    def _inputs(self, rows: int) -> Tensor:
+        """The loop's host input [rows, 3]: row b = [L_b - 1 (the entry its first head pass writes), seed_b,
+        step_b]; padding rows past the batch draft from slot ``max_seq_len`` (dead) of their own cache rows."""
+        live = [[r.valid, r.sampling.seed, r.step] for r in self._rows]
+        return torch.tensor(live + [[self.cache.max_seq_len, 0, 0]] * (rows - len(live)), dtype=torch.long)
+
+    def _draft_body(self, inputs: Tensor, k: int, choose) -> tuple[Tensor, "Tensor | None"]:
+        """The draft loop over the first R = inputs.shape[0] rows (the program a graph captures: device ops only).
+        inputs [R, 3] int64 on the device (``_inputs``); choose(i, logits [R, V], inputs) -> (tokens [R], q [R, V]
+        | None) -> (drafts [R, k] int64, q [R, k, V] float32 | None). d_1 from ``last``; entry L-1+i = (the
+        previous output, d_{i+1}) -> d_{i+2}, written past ``valid`` (dead after the round)."""
+        R = inputs.shape[0]
+        lm_head = self.target.net.lm_head_weight
+        last = self._last_buf[:R]                                                           # [R, E]
+        base = inputs[:, 0]
+        out = last[:, None]                                                                 # [R, 1, E]
+        logits = self.net.logits(last, lm_head, invariant=True)                             # [R, V]
+        tokens, probs = [], []
+        for i in range(k):
+            d, q = choose(i, logits, inputs)
+            tokens.append(d)
+            probs.append(q)
+            if i < k - 1:
+                out = self._feed(0, out, d[:, None], (base + i)[:, None])
+                logits = self.net.logits(out[:, 0], lm_head, invariant=True)
+        return torch.stack(tokens, dim=1), None if probs[0] is None else torch.stack(probs, dim=1)
+
+    @torch.no_grad()
+    def warm_up(self, max_batch_size: int, k: int, settings: list[tuple[float, int, float]],
+                prompt_tokens: int = 0) -> int:
+        """The captured draft loops of every batch bucket up to ``max_batch_size`` for ``k`` drafts and each setting
+        (all greedy rows share one), and the commits of 1..k+1 tokens a row. Captures only; their warm-up passes
+        write dead slots (position max_seq_len) and keep every row's ``last``, so it is safe while sequences run."""
+        if self.cache is None or not self._graphs_on() or not 1 <= k <= GRAPH_MAX_TOKENS:
+            return 0
+        keys = sorted({GREEDY_KEY if is_greedy(t) else ("sample", t, tk, tp) for t, tk, tp in settings}, key=repr)
+        before = len(self._graphs)
+        dead = self.cache.max_seq_len
+        for rows in sorted({self.target.graph_rows(b) for b in range(1, min(max_batch_size,
+                                                                                self.cache.max_batch_size) + 1)}):
+            for key in keys:
+                graph_key = ("draft", rows, k, key)
+                if graph_key in self._graphs or self._graphs.count("draft") >= MAX_DRAFT_GRAPHS:
+                    continue
+                choose = _choose(key, seed_column=1)
+                dummy = torch.tensor([[dead, 0, 0]] * rows, dtype=torch.long)
+                self._graphs.ensure(graph_key, lambda static: self._draft_body(static, k, choose), dummy, rows)
+            for width in range(1, k + 2):   # the commits of 1..k+1 emitted tokens (dummy rows emit nothing)
+                dummy = torch.tensor([[0] * width + [dead, 0, 0]] * rows, dtype=torch.long)
+                self._graphs.ensure(("commit", rows, width), self._commit_program(width), dummy, rows)
+        return len(self._graphs) - before
 
     @torch.no_grad()
     def propose(self, max_num_draft: list[int]) -> Proposal:
@@ -150,28 +254,27 @@ class FeatureHead(Drafter):
         if k == 0:
             return Proposal(torch.zeros(B, 0, dtype=torch.long), [0] * B, None)
         device = self.target.device
-        sampling = self._sampling
-        lm_head = self.target.net.lm_head_weight
-        out = self._last[:, None]                                                           # [B, 1, E]
-        logits = self.net.logits(self._last, lm_head)                                        # [B, V]
-        base = to_device([r.valid for r in self._rows], device, torch.long)                  # [B]: entry L-1
-        tokens, probs = [], []
-        for i in range(k):
-            d, q = draw(logits, sampling, [r.step + i for r in self._rows])
-            tokens.append(d)
-            probs.append(q)
-            if i < k - 1:   # entry L-1+i = (the previous output, d_{i+1}) -> d_{i+2}
-                out = self._feed(0, out, d[:, None], (base + i)[:, None])
-                logits = self.net.logits(out[:, 0], lm_head)
+        key = self._loop_key(k)
+        if key is not None:   # one graph replay: the inputs go in one copy
+            rows = self.target.graph_rows(B)
+            choose = _choose(key, seed_column=1)
+            draft_tokens, q = self._graphs.replay(("draft", rows, k, key),
+                                                  lambda static: self._draft_body(static, k, choose),
+                                                  self._inputs(rows), rows)
+            draft_tokens, q = draft_tokens[:B].clone(), None if q is None else q[:B].clone()
+        else:
+            sampling, steps = self._sampling, [r.step for r in self._rows]
+            draft_tokens, q = self._draft_body(
+                to_device(self._inputs(B), device), k,
+                lambda i, logits, inputs: draw(logits, sampling, [s + i for s in steps]))
         for r, n in zip(self._rows, max_num_draft):
             r.step += n
-        draft_tokens = torch.stack(tokens, dim=1)                                             # [B, k]
-        if probs[0] is None:
+        if q is None:
             return Proposal(draft_tokens, list(max_num_draft), None)
-        q = torch.stack(probs, dim=1).flatten(0, 1).float()                                  # [B*k, V], rows (b, i)
+        q = q.flatten(0, 1).float()                                                         # [B*k, V], rows (b, i)
         if any(n != k for n in max_num_draft):   # ragged: rows i < k_b (host indices: no sync)
-            rows = [b * k + i for b, n in enumerate(max_num_draft) for i in range(n)]
-            q = q[to_device(rows, device, torch.long)]
+            rows_kept = [b * k + i for b, n in enumerate(max_num_draft) for i in range(n)]
+            q = q[to_device(rows_kept, device, torch.long)]
         return Proposal(draft_tokens, list(max_num_draft), q)
 
     @torch.no_grad()
@@ -180,25 +283,68 @@ class FeatureHead(Drafter):
         if width == 0:
             return
         states = self.target.hidden                                                           # [B, K+1, C, E]
-        if states is None or states.shape[0] != len(self._rows) or states.shape[1] < width:
+        B = len(self._rows)
+        if states is None or states.shape[0] != B or states.shape[1] < width:
             raise RuntimeError("feature head: the target's last pass left no hidden states for this round "
                                f"(got {None if states is None else tuple(states.shape)})")
-        device = self.target.device
-        tokens = to_device([(e + [0] * width)[:width] for e in emitted], device, torch.long)  # [B, W]
-        base = to_device([r.valid for r in self._rows], device, torch.long)
-        pos = base[:, None] + torch.arange(width, device=device)                             # [B, W]
-        out = self._feed(0, states[:, :width], tokens, pos)                                  # [B, W, E]
-        # a row's last entry is its (a_b + 1)-th; a row that emitted nothing (a failed round) keeps its own
-        idx = to_device([max(len(e) - 1, 0) for e in emitted], device, torch.long)
-        fresh = out[torch.arange(len(emitted), device=device), idx]                           # [B, E]
-        has = to_device([bool(e) for e in emitted], device, torch.bool)
-        self._last = torch.where(has[:, None], fresh, self._last)
-        for r, e in zip(self._rows, emitted, strict=True):
+        # one host tensor, one copy: row b = its emitted tokens (padded with 0) | L_b - 1 | its last entry's
+        # index in the feed (a_b) | whether it emitted anything (a row whose round failed keeps its ``last``)
+        live = [(e + [0] * width)[:width] + [r.valid, max(len(e) - 1, 0), int(bool(e))]
+                for e, r in zip(emitted, self._rows, strict=True)]
+        if self._graphs_on() and width <= GRAPH_MAX_TOKENS + 1:
+            rows = self.target.graph_rows(B)
+            self._commit_states_buf()[:B, :width].copy_(states[:, :width])
+            self._graphs.replay(("commit", rows, width), self._commit_program(width), self._commit_inputs(live, rows),
+                                rows)
+        else:
+            self._commit_body(to_device(torch.tensor(live, dtype=torch.long), self.target.device), states[:, :width])
+        for r, e in zip(self._rows, emitted):
             r.valid += len(e)
             r.history.extend(e)
+
+    def _commit_inputs(self, live: list[list[int]], rows: int) -> Tensor:
+        """``commit``'s host input [rows, W + 3]; padding rows feed dead slots (position max_seq_len) and keep their
+        ``last`` (they emitted nothing)."""
+        width = len(live[0]) - 3 if live else 0
+        pad = [0] * width + [self.cache.max_seq_len, 0, 0]
+        return torch.tensor(live + [pad] * (rows - len(live)), dtype=torch.long)
+
+    def _commit_states_buf(self) -> Tensor:
+        """The static [max rows, GRAPH_MAX_TOKENS + 1, C, E] buffer the captured commits read the target's states
+        from (made with the cache; the target's own buffer changes layout with its pass's bucket). One copy a round
+        fills it: e.g. SmolLM2, 8 rows, bf16: 8 x 17 x 3 x 576 x 2 B = 0.5 MB."""
+        if self._commit_states is None:
+            self._commit_states = torch.zeros(self.cache.max_batch_size, GRAPH_MAX_TOKENS + 1,
+                                              len(self.cfg.target_layers), self.cfg.hidden_size,
+                                              dtype=self.target.dtype, device=self.target.device)
+        return self._commit_states
+
+    def _commit_program(self, width: int):
+        """The captured commit of ``width`` emitted tokens a row: reads the first rows of ``_commit_states_buf``."""
+        return lambda static: self._commit_body(static, self._commit_states_buf()[:static.shape[0], :width])
+
+    def _commit_body(self, inputs: Tensor, states: Tensor) -> tuple[Tensor]:
+        """``commit``'s pass over the first R rows (what a graph captures): inputs [R, W + 3] int64 on the device
+        (``_commit_inputs``'s layout), states [R, W, C, E] -> entries L_b - 1 .. L_b - 1 + W - 1 of each row written,
+        row b's ``last`` = the output of its entry L_b - 1 + a_b (unchanged where it emitted nothing). Running it twice
+        writes the same (a capture's warm-up does)."""
+        R, width = inputs.shape[0], inputs.shape[1] - 3
+        tokens, base, idx, has = (inputs[:, :width], inputs[:, width], inputs[:, width + 1],
+                                  inputs[:, width + 2].bool())
+        pos = base[:, None] + torch.arange(width, device=inputs.device)                      # [R, W]
+        out = self._feed(0, states, tokens, pos)                                              # [R, W, E]
+        fresh = out[torch.arange(R, device=inputs.device), idx]                               # [R, E]
+        last = self._last_buf[:R]
+        last.copy_(torch.where(has[:, None], fresh, last))
+        return (last,)
 
     def keep(self, batch_indices) -> None:
         order = list(batch_indices)
         self.cache.keep(order)
-        self._last = self._last[to_device(order, self._last.device, torch.long)]
+        n = len(order)
+        self._last_buf[:n] = self._last_buf[to_device(order, self._last_buf.device, torch.long)]
         self._rows = [self._rows[i] for i in order]
+
+
+def _no_step(tokens: Tensor) -> Tensor:
+    raise RuntimeError("the feature head's graph cache holds draft loops only (no target step)")

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..runtime import ops
 from ..runtime.config import ModelConfig
 from ..runtime.quant import packed
 from ..runtime.transformer import apply_rope, rms_norm, rope_table
@@ -82,6 +83,14 @@ class HeadConfig:
                            rope_scaling=self.rope_scaling, rms_norm_eps=self.rms_norm_eps)
 
 
+def _linear(x: Tensor, w: Tensor, invariant: bool) -> Tensor:
+    """x [M, K] @ w.T. ``invariant`` (drafting): the runtime's batch-invariant matmul on CUDA (``ops.linear``: a row's
+    result does not depend on M), so a row drafts the same bits in a batch of any size and in a CUDA graph's padded
+    bucket as eagerly -- a sampled request's drafts, and so its tokens, must not depend on its batch. Training's
+    ``unrolled`` keeps cuBLAS (whole sequences, many rows, gradients)."""
+    return ops.linear(x, w, invariant=True) if invariant else F.linear(x, w)
+
+
 def default_layers(num_layers: int) -> tuple[int, ...]:
     """EAGLE-3's low / middle / high target layers (the outputs of layers 1, N/2 - 1 and N - 4, as SGLang captures
     them), clamped and deduplicated for shallow targets. e.g. 30 layers -> (1, 14, 26); 32 -> (1, 15, 28);
@@ -126,50 +135,54 @@ class HeadNet(nn.Module):
                     w.copy_(torch.randn(w.shape, generator=g) * (0.5 / math.sqrt(w.shape[1])))
 
     # ------------------------------------------------------------------------------------ pieces
-    def fuse(self, states: Tensor) -> Tensor:
-        """The target's states [..., C, E] -> features [..., E]."""
-        return F.linear(states.flatten(-2).to(self.fc.dtype), self.fc)
+    def fuse(self, states: Tensor, invariant: bool = False) -> Tensor:
+        """The target's states [..., C, E] -> features [..., E] (``invariant``: see ``_linear``)."""
+        x = states.flatten(-2).to(self.fc.dtype)
+        return _linear(x.reshape(-1, x.shape[-1]), self.fc, invariant).view(*x.shape[:-1], -1)
 
-    def _qkv(self, feats: Tensor, emb: Tensor, rope: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _qkv(self, feats: Tensor, emb: Tensor, rope: Tensor, invariant: bool = False) -> tuple[Tensor, Tensor, Tensor]:
         """feats, emb [N, E], rope [N, 2, D] -> q [N, H, D], k, v [N, KV, D]."""
         c = self.cfg
         H, KV, D = c.num_heads, c.num_kv_heads, c.head_dim
         x = torch.cat([rms_norm(emb, self.emb_norm, c.rms_norm_eps), rms_norm(feats, self.hidden_norm, c.rms_norm_eps)],
                       dim=-1)                                                            # [N, 2E]
-        qkv = F.linear(x, self.wqkv).view(-1, H + 2 * KV, D)
+        qkv = _linear(x, self.wqkv, invariant).view(-1, H + 2 * KV, D)
         qk = apply_rope(qkv[:, :H + KV], rope[:, None, 0], rope[:, None, 1])
         return qk[:, :H], qk[:, H:], qkv[:, H + KV:]
 
-    def _out(self, feats: Tensor, o: Tensor) -> Tensor:
+    def _out(self, feats: Tensor, o: Tensor, invariant: bool = False) -> Tensor:
         """feats [N, E] (the residual), o attention output [N, H*D] -> out [N, E]."""
-        h = feats + F.linear(o, self.wo)
-        gate, up = F.linear(rms_norm(h, self.ffn_norm, self.cfg.rms_norm_eps), self.w13).chunk(2, dim=-1)
-        return h + F.linear(F.silu(gate) * up, self.w2)
+        h = feats + _linear(o, self.wo, invariant)
+        gate, up = _linear(rms_norm(h, self.ffn_norm, self.cfg.rms_norm_eps), self.w13, invariant).chunk(2, dim=-1)
+        return h + _linear(F.silu(gate) * up, self.w2, invariant)
 
-    def logits(self, out: Tensor, target_lm_head=None) -> Tensor:
+    def logits(self, out: Tensor, target_lm_head=None, invariant: bool = False) -> Tensor:
         """out [..., E] -> logits over the target's vocabulary [..., V]: the target's LM head (``target_lm_head``
         [V, E], dense or packed) when the vocabulary is shared; with a draft vocabulary its own [Vd, E] head,
-        scattered to the target ids d2t (every other id -inf: never drafted, q = 0 there)."""
+        scattered to the target ids d2t (every other id -inf: never drafted, q = 0 there). ``invariant``: out is
+        [B, E] and each row's logits must not depend on B (drafting: see ``_linear``)."""
         h = rms_norm(out, self.norm, self.cfg.rms_norm_eps)
         if self.lm_head is None:
-            return packed.linear(h, target_lm_head)
-        small = F.linear(h, self.lm_head)                                                 # [..., Vd]
+            return ops.linear(h, target_lm_head, invariant=True) if invariant else packed.linear(h, target_lm_head)
+        small = _linear(h, self.lm_head, invariant)                                       # [..., Vd]
         full = torch.full((*small.shape[:-1], self.cfg.vocab_size), float("-inf"), dtype=small.dtype,
                           device=small.device)
         return full.index_copy_(-1, self.d2t, small)
 
     # ------------------------------------------------------------------------------------ forward forms
     def cached(self, feats: Tensor, tokens: Tensor, pos: Tensor, embed, k_cache: Tensor, v_cache: Tensor,
-               rope: Tensor) -> Tensor:
+               rope: Tensor, invariant: bool = True) -> Tensor:
         """Entries over the head's KV cache (drafting): feats [B, T, E], tokens [B, T] (the token of each entry,
         t_{j+1}), pos [B, T] int64 (entry indices j; K/V written there), k_cache / v_cache [B, KV, S, D] (views of
-        the B rows), rope [S, 2, D] -> out [B, T, E]. Entry (b, i) attends to slots <= pos[b, i] of row b."""
+        the B rows), rope [S, 2, D] -> out [B, T, E]. Entry (b, i) attends to slots <= pos[b, i] of row b.
+        ``invariant`` (drafting and commits): row b's outputs do not depend on B (``_linear``); a prompt's admission,
+        a pass of its own, may take cuBLAS (faster over hundreds of tokens)."""
         B, T, E = feats.shape
         c = self.cfg
         H, KV, D = c.num_heads, c.num_kv_heads, c.head_dim
         G, S = H // KV, k_cache.shape[2]
         emb = packed.embedding(tokens.reshape(-1), embed).to(feats.dtype)                  # [N, E]
-        q, k, v = self._qkv(feats.reshape(B * T, E), emb, rope[pos.reshape(-1)])
+        q, k, v = self._qkv(feats.reshape(B * T, E), emb, rope[pos.reshape(-1)], invariant)
         batch = torch.arange(B, device=feats.device)[:, None]
         k_cache[batch, :, pos] = k.view(B, T, KV, D)
         v_cache[batch, :, pos] = v.view(B, T, KV, D)
@@ -178,7 +191,7 @@ class HeadNet(nn.Module):
         q = q.view(B, T, KV, G, D).permute(0, 2, 3, 1, 4).reshape(B, KV, G * T, D)
         o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask)           # [B, KV, G*T, D]
         o = o.view(B, KV, G, T, D).permute(0, 3, 1, 2, 4).reshape(B * T, H * D)
-        return self._out(feats.reshape(B * T, E), o).view(B, T, E)
+        return self._out(feats.reshape(B * T, E), o, invariant).view(B, T, E)
 
     def unrolled(self, feats: Tensor, tokens: Tensor, embed, steps: int) -> list[Tensor]:
         """Training's forward: ``steps`` draft steps over whole sequences (EAGLE-3's training-time test).
