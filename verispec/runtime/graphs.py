@@ -40,7 +40,7 @@ class GraphCache:
         self._lengths = lengths        # rows -> the [rows] lengths view the programs use (restored after warm-up)
         self._graphs: dict[Hashable, tuple[torch.cuda.CUDAGraph, Tensor, tuple[Tensor, ...]]] = {}
         self._pool = None
-        self.captures = 0              # graphs captured over this cache's life (a benchmark checks a timed run adds none)
+        self.captures = 0              # graphs captured over its life (a benchmark checks a timed run adds none)
 
     def __len__(self) -> int:
         return len(self._graphs)
