@@ -32,6 +32,7 @@ with ``num_accepted`` 0 and ``emitted`` [] (it leaves the batch at the next ``ke
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -135,6 +136,23 @@ class TreeProposal:
     draft_tokens: Tensor
     parents: tuple[int, ...]
     num_nodes: list[int]
+
+
+@functools.lru_cache(maxsize=64)
+def full_tree(widths: tuple[int, ...]) -> tuple[int, ...]:
+    """The local parents (``TreeProposal``'s layout: -1 = the root) of the full tree of widths[d] children per node
+    at depth d, in node order: depth by depth, the children of a depth's i-th node at that depth's next level
+    indices i * w .. i * w + w - 1 (the order every tree drafter uses). e.g. (2, 1) -> (-1, -1, 0, 1)."""
+    parents: list[int] = []
+    level = [-1]
+    for w in widths:
+        nxt = []
+        for p in level:
+            for _ in range(w):
+                nxt.append(len(parents))
+                parents.append(p)
+        level = nxt
+    return tuple(parents)
 
 
 class TreeDraftUnsupported(TypeError):

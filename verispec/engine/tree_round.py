@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 
 from ..device import to_device
-from ..drafters.base import Drafter, Sampling, SamplingParams, TreeProposal
+from ..drafters.base import Drafter, Sampling, SamplingParams, TreeProposal, full_tree
 from ..verify import TreeVerifyOutput, verify_tree_greedy, verify_tree_sample
 from ..verify.tree_api import TREE_BACKENDS
 from .round import (PhaseClock, RoundResult, RunningBatch, commit_outcome, failed_rows, proposal_and_faults,
@@ -41,21 +41,6 @@ def tree_verification(target_logits, draft_tokens, parents: tuple[int, ...], num
     return verify_tree_sample(target_logits, draft_tokens, parents, num_nodes, None,
                               temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
                               seed=keys[0], offset=keys[1], backend=backend, check_values=False)
-
-
-def full_tree(widths) -> tuple[int, ...]:
-    """The local parents (verification's layout: -1 = the root) of the full tree of widths[d] children per node at
-    depth d, in node order, depth by depth (the order every tree drafter uses). e.g. (2, 1) -> (-1, -1, 0, 1)."""
-    parents: list[int] = []
-    level = [-1]
-    for w in widths:
-        nxt = []
-        for p in level:
-            for _ in range(w):
-                nxt.append(len(parents))
-                parents.append(p)
-        level = nxt
-    return tuple(parents)
 
 
 def warm_tree_verification(device, dtype, vocab: int, max_batch_size: int, widths: tuple[int, ...],
