@@ -225,8 +225,9 @@ class Drafter:
         raise TreeDraftUnsupported(f"{type(self).__name__} does not draft trees: use tree=None (a chain), or a "
                                    f"drafter that does (DraftModel, SelfSpeculative, PromptLookup, OracleDraft)")
 
-    def warm_up_tree(self, max_batch_size: int, widths: tuple[int, ...]) -> int:
-        """Capture the CUDA graphs ``propose_tree(widths)`` replays (as ``warm_up``); returns how many."""
+    def warm_up_tree(self, max_batch_size: int, widths: tuple[int, ...], prompt_tokens: int = 0) -> int:
+        """Capture the CUDA graphs ``propose_tree(widths)`` and ``admit`` (prompts of up to ``prompt_tokens``
+        tokens) replay (as ``warm_up``); returns how many."""
         return 0
 
     def tree_accepted(self, path: Tensor, num_accepted: Tensor) -> None:

@@ -269,13 +269,13 @@ class DraftModel(Drafter):
             row.valid = L + len(widths) - 1               # commit lowers it to L + min(a, D - 1)
         return torch.cat(levels, dim=1), parents
 
-    def warm_up_tree(self, max_batch_size: int, widths: tuple[int, ...]) -> int:
+    def warm_up_tree(self, max_batch_size: int, widths: tuple[int, ...], prompt_tokens: int = 0) -> int:
         """The graphs of ``_tree_passes``: the [B, 2] feed and one tree pass per depth but the last, each at its
-        exact width (every round's tree has this shape: no padding nodes)."""
+        exact width (every round's tree has this shape: no padding nodes); the prefill graphs of its prompts."""
         model = self.model
         if not getattr(model, "use_graphs", False) or not hasattr(model, "warm_up_tree"):
             return 0
-        n = model.warm_up(max_batch_size, 2)
+        n = model.warm_up(max_batch_size, 2, prompt_tokens=prompt_tokens)
         parents, level = [-1], [0]
         for w in widths[:-1]:
             start = len(parents)

@@ -129,8 +129,8 @@ class OracleDraft(Drafter):
         cont, g = self._rows[b].continuation, self._rows[b].generated
         return [cont[g + d] if g + d < len(cont) else 0 for d in range(depth)]
 
-    def warm_up_tree(self, max_batch_size: int, widths: tuple[int, ...]) -> int:
-        return 0 if self._runner is None else self._runner.warm_up_tree(max_batch_size, widths)
+    def warm_up_tree(self, max_batch_size: int, widths: tuple[int, ...], prompt_tokens: int = 0) -> int:
+        return 0 if self._runner is None else self._runner.warm_up_tree(max_batch_size, widths, prompt_tokens)
 
     def tree_accepted(self, path, num_accepted) -> None:
         if self._runner is not None:

@@ -157,7 +157,7 @@ class Scheduler:
         if self.tree is not None:
             # the target's tree passes of every node bucket up to the full tree (a prompt-lookup trie may be
             # smaller) and of the full tree's exact width (a draft model's trees are always full), the drafter's
-            # tree passes, the prefill graphs, the tree verification's kernels
+            # tree passes, both prefill graphs, the tree verification's kernels
             B = self.config.max_batch_size
             if hasattr(self.target, "warm_up_tree"):
                 n += self.target.warm_up(B, 1, prompt_tokens)
@@ -166,7 +166,7 @@ class Scheduler:
                         n += self.target.warm_up_tree(B, (-1,) + (0,) * (w - 1), w)
                 n += self.target.warm_up_tree(B, (-1,) + (0,) * self.k, self.k + 1, exact=True)
             if self.drafting:
-                n += self.drafter.warm_up_tree(B, self.tree)
+                n += self.drafter.warm_up_tree(B, self.tree, prompt_tokens)
             if self.target.device.type == "cuda":
                 warm_tree_verification(self.target.device, self.target.dtype, self.target.config.vocab_size, B,
                                        self.tree, list(settings), self.verify_backend)
