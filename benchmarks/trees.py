@@ -11,14 +11,16 @@ the sections present; ``--write`` (on ``report``) writes ``benchmarks/results/tr
                                                    V = 128256, B = 1, 8, 32 (median us per call, eager, incl. host work)
     python benchmarks/trees.py e2e --out DIR       8B target (random weights, make_peaked) + OracleDraft with a 1B cost
                                                    model: the best chain k vs trees, B = 1 and 8, tok/s and tokens per
-                                                   round; greedy output checked against plain decoding
+                                                   round; greedy output checked against plain decoding; the graphs
+                                                   each timed call captured (0: see ``e2e_cells``)
     python benchmarks/trees.py accept --out DIR    the embedded SmolLM2 (bf16 on a GPU, fp32 on a CPU): mean accepted
                                                    tokens per round, chain vs tree of the same depth, SelfSpeculative
                                                    and PromptLookup on a few prompts
     python benchmarks/trees.py report DIR [--write]
 
 Timings: median over CUDA-graph replays (``benchmarks/common.py``) for passes; CUDA events around eager calls for
-verification; wall time of ``generate`` after its warm-up for end to end.
+verification; for end to end the wall time of ``generate`` after a warm-up call of the same shapes and cache size,
+less the timed call's own warm-up (``e2e_cells``).
 """
 from __future__ import annotations
 
@@ -190,39 +192,73 @@ TREE_RATES = {1: 0.6, 2: 0.75, 3: 0.82, 4: 0.87}
 TREES = ((2, 2, 1), (2, 2, 2, 1), (3, 2, 2, 1), (4, 2, 2, 1), (4, 2, 1, 1, 1), (2, 2, 2, 2, 1))
 
 
+# The chains compared with the trees; the warm-up call's new tokens (more than any chain k: ``check_k`` caps k at
+# max_new_tokens - 1, and a warm-up of a capped k would leave the timed run's draft loop to be captured in it).
+CHAIN_KS = (2, 3, 4, 6, 8)
+WARM_TOKENS = 16
+
+
+def e2e_configs(trees=TREES, chain_ks=CHAIN_KS) -> list[tuple[str, int | None, tuple[int, ...] | None]]:
+    """(name, k, tree) of every e2e run: plain decoding, the chains, the trees."""
+    return [("plain", None, None)] + [(f"chain k={k}", k, None) for k in chain_ks] + \
+           [(f"tree {list(t)}", None, t) for t in trees]
+
+
+def e2e_cells(target, draft, batch_sizes, prompt_tokens: int, new_tokens: int, configs,
+              synchronize=lambda: None) -> list[dict]:
+    """Each config of ``configs`` (``e2e_configs``) at each batch size: a warm-up call, then the timed call.
+
+    Every call (the references too) gets one max_seq_len, the longest any config needs (a tree pass holds at most
+    MAX_TREE_TOKENS tokens): a call that needs a larger cache than the one before re-allocates it, and with it
+    re-captures every graph of the target and the draft. ``captured`` counts the graphs the timed call captured
+    (0: its warm-up covered every shape it ran); ``tok_s`` excludes the timed call's own warm-up
+    (``Stats.warmup_s``: with nothing to capture, the verification kernels' warm-up runs), ``wall_tok_s`` does not.
+    """
+    from verispec.drafters import OracleDraft
+    from verispec.engine import SpeculativeDecoder, generate
+    from verispec.runtime.tree import MAX_TREE_TOKENS
+
+    V = target.config.vocab_size
+    max_seq_len = prompt_tokens + new_tokens + MAX_TREE_TOKENS + 1
+    models = [m for m in (target, draft) if m is not None]
+    cells = []
+    for B in batch_sizes:
+        gen = torch.Generator().manual_seed(B)
+        prompts = [torch.randint(0, V, (prompt_tokens,), generator=gen).tolist() for _ in range(B)]
+        refs = [g.tokens for g in generate(target, prompts, drafter=None, max_new_tokens=new_tokens,
+                                           max_seq_len=max_seq_len)]
+        for name, k, tree in configs:
+            drafter = None if k is None and tree is None else OracleDraft(
+                refs, TREE_RATES[1], cost_model=draft, seed=0, tree_rates=TREE_RATES)
+            dec = SpeculativeDecoder(target, drafter, k=k or 4, tree=tree)
+            dec.generate(prompts, max_new_tokens=min(new_tokens, WARM_TOKENS), max_seq_len=max_seq_len)   # warm-up
+            captures = sum(m.graph_captures for m in models)
+            synchronize()
+            t0 = time.perf_counter()
+            gens = dec.generate(prompts, max_new_tokens=new_tokens, max_seq_len=max_seq_len)
+            synchronize()
+            seconds = time.perf_counter() - t0
+            stats = dec.last_stats
+            cell = dict(B=B, config=name, tok_s=B * new_tokens / (seconds - stats.warmup_s),
+                        wall_tok_s=B * new_tokens / seconds, warmup_s=stats.warmup_s,
+                        captured=sum(m.graph_captures for m in models) - captures, rounds=stats.rounds,
+                        tokens_per_round=sum(len(g.tokens) for g in gens) / max(stats.rounds, 1) / B,
+                        exact=[g.tokens for g in gens] == refs)
+            cells.append(cell)
+            print("e2e", json.dumps(cell), flush=True)
+    return cells
+
+
 def e2e_part(args) -> dict:
     from verispec import load_model
     from verispec.bench.peaked import make_peaked
-    from verispec.drafters import OracleDraft
-    from verispec.engine import SpeculativeDecoder, generate
 
     target = load_model(args.model, device="cuda", dtype=torch.bfloat16)
     make_peaked(target)
     draft = load_model(args.draft, device="cuda", dtype=torch.bfloat16)
-    out = dict(env=environment(), model=args.model, draft=args.draft, rates=TREE_RATES, cells=[])
-    V = target.config.vocab_size
-    for B in (1, 8):
-        gen = torch.Generator().manual_seed(B)
-        prompts = [torch.randint(0, V, (128,), generator=gen).tolist() for _ in range(B)]
-        refs = [g.tokens for g in generate(target, prompts, drafter=None, max_new_tokens=args.new_tokens)]
-        configs = [("plain", None, None)] + [(f"chain k={k}", k, None) for k in (2, 3, 4, 6, 8)] + \
-                  [(f"tree {list(t)}", None, t) for t in TREES]
-        for name, k, tree in configs:
-            drafter = None if name == "plain" else OracleDraft(refs, TREE_RATES[1], cost_model=draft, seed=0,
-                                                               tree_rates=TREE_RATES)
-            dec = SpeculativeDecoder(target, drafter, k=k or 4, tree=tree)
-            dec.generate(prompts, max_new_tokens=8)                                   # warm-up (graphs, kernels)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            gens = dec.generate(prompts, max_new_tokens=args.new_tokens)
-            torch.cuda.synchronize()
-            seconds = time.perf_counter() - t0
-            stats = dec.last_stats
-            cell = dict(B=B, config=name, tok_s=B * args.new_tokens / seconds, rounds=stats.rounds,
-                        tokens_per_round=sum(len(g.tokens) for g in gens) / max(stats.rounds, 1) / B,
-                        exact=[g.tokens for g in gens] == refs)
-            out["cells"].append(cell)
-            print("e2e", json.dumps(cell), flush=True)
+    out = dict(env=environment(), model=args.model, draft=args.draft, rates=TREE_RATES, prompt_tokens=128,
+               new_tokens=args.new_tokens)
+    out["cells"] = e2e_cells(target, draft, (1, 8), 128, args.new_tokens, e2e_configs(), torch.cuda.synchronize)
     return out
 
 
@@ -231,15 +267,18 @@ def e2e_markdown(res: dict) -> list[str]:
              environment_line(res["env"]), "",
              f"Random weights (make_peaked), bf16, prompts of 128 tokens. The oracle puts the target's token among a "
              f"node's w children with probability {res['rates']} (an assumed top-w coverage; chain = w 1). tok/s = "
-             f"new tokens of the batch / wall seconds of `generate` after a warm-up call. `exact`: the output equals "
-             f"plain decoding's.", ""]
+             f"new tokens of the batch / seconds of `generate` after a warm-up call of the same shapes and cache size, "
+             f"less the call's own warm-up (`Stats.warmup_s`, which captures nothing then: `captured` = graphs the "
+             f"timed call captured); `wall tok/s` includes it. `exact`: the output equals plain decoding's.", ""]
     for B in sorted({c["B"] for c in res["cells"]}):
         cells = [c for c in res["cells"] if c["B"] == B]
         best_chain = max((c for c in cells if c["config"].startswith("chain")), key=lambda c: c["tok_s"])
-        rows = [(c["config"], f"{c['tok_s']:.1f}", f"{c['tokens_per_round']:.2f}",
-                 f"{c['tok_s'] / best_chain['tok_s']:.2f}", "yes" if c["exact"] else "NO") for c in cells]
+        rows = [(c["config"], f"{c['tok_s']:.1f}", f"{c.get('wall_tok_s', c['tok_s']):.1f}",
+                 f"{c['tokens_per_round']:.2f}", f"{c['tok_s'] / best_chain['tok_s']:.2f}", c.get("captured", "?"),
+                 "yes" if c["exact"] else "NO") for c in cells]
         lines += [f"### B = {B} (best chain: {best_chain['config']})", ""]
-        lines += markdown_table(["config", "tok/s", "tokens per round", "vs best chain", "exact"], rows) + [""]
+        lines += markdown_table(["config", "tok/s", "wall tok/s", "tokens per round", "vs best chain", "captured",
+                                 "exact"], rows) + [""]
     return lines
 
 

@@ -134,12 +134,18 @@ def test_gpu_bf16_greedy_tree_generation_equals_plain_decoding_and_warm_up_captu
             "prompt-lookup": lambda: PromptLookup(3, 1),
             "oracle": lambda: OracleDraft(refs, 0.7, cost_model=load_model(cfg.replace(num_layers=1), device="cuda",
                                                                             dtype=torch.bfloat16, seed=4))}[name]
-    decoder = SpeculativeDecoder(target, make(), tree=[4, 2, 1])
+    drafter = make()
+    models = [target] + [m for m in (getattr(drafter, "model", None), getattr(getattr(drafter, "_runner", None),
+                                                                             "model", None)) if m is not None]
+    decoder = SpeculativeDecoder(target, drafter, tree=[4, 2, 1])
     decoder._debug_round_hook = lambda dec, running: counts.append(len(target._graphs))
     counts: list[int] = []
+    before = sum(m.graph_captures for m in models)
     out = decoder.generate(prompts, max_new_tokens=40)
     assert [g.tokens for g in out] == refs
     assert len(set(counts)) == 1, f"graphs captured during the run: {counts}"
+    # every graph of the target and the draft model (their prefills too) was captured by the warm-up
+    assert sum(m.graph_captures for m in models) - before == decoder.last_stats.graphs_captured
 
 
 def _third_token_marginal(model, prompt: list[int], temperature: float) -> torch.Tensor:

@@ -32,6 +32,7 @@ with ``num_accepted`` 0 and ``emitted`` [] (it leaves the batch at the next ``ke
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -137,6 +138,23 @@ class TreeProposal:
     num_nodes: list[int]
 
 
+@functools.lru_cache(maxsize=64)
+def full_tree(widths: tuple[int, ...]) -> tuple[int, ...]:
+    """The local parents (``TreeProposal``'s layout: -1 = the root) of the full tree of widths[d] children per node
+    at depth d, in node order: depth by depth, the children of a depth's i-th node at that depth's next level
+    indices i * w .. i * w + w - 1 (the order every tree drafter uses). e.g. (2, 1) -> (-1, -1, 0, 1)."""
+    parents: list[int] = []
+    level = [-1]
+    for w in widths:
+        nxt = []
+        for p in level:
+            for _ in range(w):
+                nxt.append(len(parents))
+                parents.append(p)
+        level = nxt
+    return tuple(parents)
+
+
 class TreeDraftUnsupported(TypeError):
     """The drafter has no tree drafting: it would only draft a chain (``generate(..., tree=...)`` refuses it)."""
 
@@ -207,8 +225,9 @@ class Drafter:
         raise TreeDraftUnsupported(f"{type(self).__name__} does not draft trees: use tree=None (a chain), or a "
                                    f"drafter that does (DraftModel, SelfSpeculative, PromptLookup, OracleDraft)")
 
-    def warm_up_tree(self, max_batch_size: int, widths: tuple[int, ...]) -> int:
-        """Capture the CUDA graphs ``propose_tree(widths)`` replays (as ``warm_up``); returns how many."""
+    def warm_up_tree(self, max_batch_size: int, widths: tuple[int, ...], prompt_tokens: int = 0) -> int:
+        """Capture the CUDA graphs ``propose_tree(widths)`` and ``admit`` (prompts of up to ``prompt_tokens``
+        tokens) replay (as ``warm_up``); returns how many."""
         return 0
 
     def tree_accepted(self, path: Tensor, num_accepted: Tensor) -> None:

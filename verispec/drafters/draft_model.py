@@ -132,7 +132,7 @@ class DraftModel(Drafter):
         starts = [max(0, L - 2 - gap) for L in lengths]
         feed = to_device([(row.history[s:s + gap] + [0] * gap)[:gap] for row, s in zip(self._rows, starts)],
                          self.model.device, torch.long)                                       # [B, gap]
-        self.model.rollback(torch.tensor(starts, dtype=torch.long))
+        self.model.rollback(starts)
         for j in range(0, gap, CATCH_UP_TOKENS):  # passes a warm-up captured; the same K/V as one pass (invariant)
             self.model.append(feed[:, j:j + CATCH_UP_TOKENS])
         for row, s, L in zip(self._rows, starts, lengths):
@@ -185,7 +185,7 @@ class DraftModel(Drafter):
         """The same draft passes as ``Model.draft_loop``, one ``append`` at a time with the choice on the host
         side in between (any model of the runtime contract, any mix of sampling settings)."""
         model = self.model
-        model.rollback(torch.tensor([L - 2 for L in lengths], dtype=torch.long))
+        model.rollback([L - 2 for L in lengths])
         feed = to_device([row.history[-2:] for row in self._rows], model.device, torch.long)   # [B, 2]
         logits = model.append(feed)[:, -1]                                                # [B, V]
         if forced is not None:
@@ -258,7 +258,7 @@ class DraftModel(Drafter):
         model = self.model
         lengths = [len(row.history) for row in self._rows]
         self._catch_up(lengths)
-        model.rollback(torch.tensor([L - 2 for L in lengths], dtype=torch.long))
+        model.rollback([L - 2 for L in lengths])
         feed = to_device([row.history[-2:] for row in self._rows], model.device, torch.long)   # [B, 2]
         logits = model.append(feed)[:, -1:]                                           # [B, 1, V]: the root's
         if forced is not None:
@@ -281,18 +281,19 @@ class DraftModel(Drafter):
             row.valid = L + len(widths) - 1               # commit lowers it to L + min(a, D - 1)
         return torch.cat(levels, dim=1), parents
 
-    def warm_up_tree(self, max_batch_size: int, widths: tuple[int, ...]) -> int:
-        """The graphs of ``_tree_passes``: the [B, 2] feed and one tree pass per depth but the last."""
+    def warm_up_tree(self, max_batch_size: int, widths: tuple[int, ...], prompt_tokens: int = 0) -> int:
+        """The graphs of ``_tree_passes``: the [B, 2] feed and one tree pass per depth but the last, each at its
+        exact width (every round's tree has this shape: no padding nodes); the prefill graphs of its prompts."""
         model = self.model
         if not getattr(model, "use_graphs", False) or not hasattr(model, "warm_up_tree"):
             return 0
-        n = model.warm_up(max_batch_size, 2)
+        n = model.warm_up(max_batch_size, 2, prompt_tokens=prompt_tokens)
         parents, level = [-1], [0]
         for w in widths[:-1]:
             start = len(parents)
             parents += [p for p in level for _ in range(w)]
             level = list(range(start, len(parents)))
-            n += model.warm_up_tree(max_batch_size, tuple(parents), len(level))
+            n += model.warm_up_tree(max_batch_size, tuple(parents), len(level), exact=True)
         return n
 
     def tree_accepted(self, path: Tensor, num_accepted: Tensor) -> None:

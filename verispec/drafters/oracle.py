@@ -17,13 +17,16 @@ alpha. The width is the cost a tree pays for that rate (in the target pass, and 
 """
 from __future__ import annotations
 
+import functools
+import math
 import random
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
 from ..runtime.quant.packed import packed_weights
-from .base import Drafter, Proposal, TreeProposal
+from .base import Drafter, Proposal, TreeProposal, full_tree
 from .draft_model import DraftModel
 
 
@@ -58,6 +61,7 @@ class OracleDraft(Drafter):
 
     def reserve(self, target, max_batch_size: int, max_seq_len: int) -> None:
         self._rng = random.Random(self.seed)
+        self._gen = torch.Generator().manual_seed(self.seed)     # the surely-wrong tree nodes
         self._rows = []
         if self._runner is not None:
             self._runner.reserve(target, max_batch_size, max_seq_len)
@@ -95,36 +99,38 @@ class OracleDraft(Drafter):
 
     drafts_trees = True
 
-    def _wrong(self, true: int) -> int:
-        return (true + 1 + self._rng.randrange(self._vocab - 1)) % self._vocab      # surely not ``true``
-
-    def _oracle_tree(self, b: int, widths: tuple[int, ...]) -> tuple[list[int], list[int]]:
-        """Row b's full tree (tokens, parents) in node order, depth by depth (see the module docstring)."""
-        cont, g = self._rows[b].continuation, self._rows[b].generated
-        tokens, parents = [], []
-        level = [(-1, True)]                   # (node, on the true path)
-        for d, w in enumerate(widths):
-            true = cont[g + d] if g + d < len(cont) else 0
-            nxt = []
-            for node, on_path in level:
-                rate = self.tree_rates.get(w, self.acceptance_rate)
-                hit = self._rng.randrange(w) if on_path and self._rng.random() < rate else -1
-                for c in range(w):
-                    tokens.append(true if c == hit else self._wrong(true))
-                    parents.append(node)
-                    nxt.append((len(tokens) - 1, c == hit))
-            level = nxt
-        return tokens, parents
-
     def propose_tree(self, widths: tuple[int, ...]) -> TreeProposal:
-        trees = [self._oracle_tree(b, tuple(widths)) for b in range(len(self._rows))]
-        nodes = torch.tensor([t for tokens, _ in trees for t in tokens], dtype=torch.long)
+        """Every row's full tree (see the module docstring): all nodes drawn surely wrong at once (one host draw per
+        node, no Python per node), then per row the true path's walk puts the true token at its hit children."""
+        widths = tuple(widths)
+        parents, sizes, depth = _tree_shape(widths)
+        B, n = len(self._rows), len(parents)
+        truth = torch.tensor([self._truth(b, len(widths)) for b in range(B)], dtype=torch.long).reshape(B, -1)  # [B, D]
+        # true + 1 + r with r < V - 1, mod V: never the true token
+        nodes = (truth[:, depth] + 1 + torch.randint(self._vocab - 1, (B, n), generator=self._gen)) % self._vocab
+        rows, cols = [], []
+        for b in range(B):
+            first, i = 0, 0                     # the depth's first node; the true path's index within its depth
+            for d, w in enumerate(widths):
+                if self._rng.random() >= self.tree_rates.get(w, self.acceptance_rate):
+                    break                       # the true token is none of this node's children: off the path
+                i = i * w + self._rng.randrange(w)
+                rows.append(b)
+                cols.append(first + i)
+                first += sizes[d]
+        if rows:
+            nodes[rows, cols] = truth[rows, depth[cols]]                                # [B, n]
         if self._runner is not None:
-            self._runner._tree_passes(tuple(widths), forced=nodes.view(len(trees), -1))
-        return TreeProposal(nodes, tuple(p for _, parents in trees for p in parents), [len(t) for t, _ in trees])
+            self._runner._tree_passes(widths, forced=nodes)
+        return TreeProposal(nodes.reshape(-1), parents * B, [n] * B)
 
-    def warm_up_tree(self, max_batch_size: int, widths: tuple[int, ...]) -> int:
-        return 0 if self._runner is None else self._runner.warm_up_tree(max_batch_size, widths)
+    def _truth(self, b: int, depth: int) -> list[int]:
+        """Row b's true next ``depth`` tokens (0 past its known continuation)."""
+        cont, g = self._rows[b].continuation, self._rows[b].generated
+        return [cont[g + d] if g + d < len(cont) else 0 for d in range(depth)]
+
+    def warm_up_tree(self, max_batch_size: int, widths: tuple[int, ...], prompt_tokens: int = 0) -> int:
+        return 0 if self._runner is None else self._runner.warm_up_tree(max_batch_size, widths, prompt_tokens)
 
     def tree_accepted(self, path, num_accepted) -> None:
         if self._runner is not None:
@@ -140,6 +146,13 @@ class OracleDraft(Drafter):
         self._rows = [self._rows[i] for i in batch_indices]
         if self._runner is not None:
             self._runner.keep(batch_indices)
+
+
+@functools.lru_cache(maxsize=64)
+def _tree_shape(widths: tuple[int, ...]) -> tuple[tuple[int, ...], list[int], Tensor]:
+    """The full tree of ``widths``: (local parents, nodes per depth, each node's depth - 1 as an int64 [n] tensor)."""
+    sizes = [math.prod(widths[:d + 1]) for d in range(len(widths))]
+    return full_tree(widths), sizes, torch.repeat_interleave(torch.arange(len(widths)), torch.tensor(sizes))
 
 
 @torch.no_grad()

@@ -37,7 +37,7 @@ from ..runtime.tree import TREE_WIDTHS, tree_width
 from .request import Request, Sequence
 from .round import (PhaseClock, RoundResult, RunningBatch, failed_rows, read_outcome, run_round, verification,
                     warm_verification)
-from .tree_round import run_tree_round
+from .tree_round import run_tree_round, warm_tree_verification
 from .stats import Stats
 
 log = logging.getLogger(__name__)
@@ -156,15 +156,20 @@ class Scheduler:
         n = 0
         if self.tree is not None:
             # the target's tree passes of every node bucket up to the full tree (a prompt-lookup trie may be
-            # smaller), the drafter's tree passes, the prefill graphs
+            # smaller) and of the full tree's exact width (a draft model's trees are always full), the drafter's
+            # tree passes, both prefill graphs, the tree verification's kernels
             B = self.config.max_batch_size
             if hasattr(self.target, "warm_up_tree"):
                 n += self.target.warm_up(B, 1, prompt_tokens)
                 for w in TREE_WIDTHS:
                     if w <= tree_width(self.k + 1):
                         n += self.target.warm_up_tree(B, (-1,) + (0,) * (w - 1), w)
+                n += self.target.warm_up_tree(B, (-1,) + (0,) * self.k, self.k + 1, exact=True)
             if self.drafting:
-                n += self.drafter.warm_up_tree(B, self.tree)
+                n += self.drafter.warm_up_tree(B, self.tree, prompt_tokens)
+            if self.target.device.type == "cuda":
+                warm_tree_verification(self.target.device, self.target.dtype, self.target.config.vocab_size, B,
+                                       self.tree, list(settings), self.verify_backend)
             self.totals.warmup_s += time.perf_counter() - t0
             self.totals.graphs_captured += n
             return n

@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 
 from ..device import to_device
-from ..drafters.base import Drafter, SamplingParams, TreeProposal
+from ..drafters.base import Drafter, Sampling, SamplingParams, TreeProposal, full_tree
 from ..verify import TreeVerifyOutput, verify_tree_greedy, verify_tree_sample
 from ..verify.tree_api import TREE_BACKENDS
 from .round import (PhaseClock, RoundResult, RunningBatch, commit_outcome, failed_rows, proposal_and_faults,
@@ -41,6 +41,22 @@ def tree_verification(target_logits, draft_tokens, parents: tuple[int, ...], num
     return verify_tree_sample(target_logits, draft_tokens, parents, num_nodes, None,
                               temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
                               seed=keys[0], offset=keys[1], backend=backend, check_values=False)
+
+
+def warm_tree_verification(device, dtype, vocab: int, max_batch_size: int, widths: tuple[int, ...],
+                           settings: list[tuple[float, int, float]], backend: str | None) -> None:
+    """Run the tree verification once per batch size 1..max_batch_size and (temperature, top_k, top_p) setting over
+    the full tree of ``widths``, on zero logits, its outcome read as a round reads it, so that its kernels are
+    compiled before the first rounds (``Scheduler.warm_up``; Triton specializes a kernel on its integer arguments,
+    such as the row and node counts, so each batch size may compile its own)."""
+    local = full_tree(widths)
+    n = len(local)
+    for b in range(1, max_batch_size + 1):
+        for temp, top_k, top_p in settings:
+            sampling = SamplingParams((Sampling(float(temp), int(top_k), float(top_p), 0),) * b)
+            logits = torch.zeros(b * (n + 1), vocab, device=device, dtype=dtype)                 # [b * (n + 1), V]
+            nodes = torch.zeros(b * n, dtype=torch.long, device=device)                        # [b * n]
+            read_outcome(tree_verification(logits, nodes, local * b, [n] * b, sampling, [0] * b, backend))
 
 
 def _without(proposal: TreeProposal, rows: set[int]) -> TreeProposal:

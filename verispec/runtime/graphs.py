@@ -40,6 +40,7 @@ class GraphCache:
         self._lengths = lengths        # rows -> the [rows] lengths view the programs use (restored after warm-up)
         self._graphs: dict[Hashable, tuple[torch.cuda.CUDAGraph, Tensor, tuple[Tensor, ...]]] = {}
         self._pool = None
+        self.captures = 0              # graphs captured over its life (a benchmark checks a timed run adds none)
 
     def __len__(self) -> int:
         return len(self._graphs)
@@ -95,6 +96,7 @@ class GraphCache:
         return outputs
 
     def _capture(self, program: Program, inputs: Tensor, rows: int):
+        self.captures += 1
         device = self._lengths(rows).device
         static = torch.zeros((rows, *inputs.shape[1:]), dtype=inputs.dtype, device=device)
         copy_into(static, inputs)
@@ -171,6 +173,7 @@ class PrefillGraphs:
         self._prefill = prefill        # (tokens [n, T], last [n], first_row [1]) -> logits [n, V]
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, Tensor, Tensor]] = {}
         self._pool = None
+        self.captures = 0              # graphs captured over this cache's life
 
     def __len__(self) -> int:
         return len(self._graphs)
@@ -197,6 +200,7 @@ class PrefillGraphs:
             self._graphs[(n, T)][0].replay()   # the first replay's one-time cost, now (it writes the same free row)
 
     def _capture(self, packed: Tensor, n: int, T: int):
+        self.captures += 1
         static_in = packed.clone()
         args = unpack_prefill(static_in, n, T)
         # Warm up on a side stream: Triton compilation, cuBLAS handles and SDPA's kernel choice happen outside

@@ -90,6 +90,12 @@ class Model:
         return sum(w.nbytes if isinstance(w, PackedWeight) else w.numel() * w.element_size()
                    for w in held if w is not None)
 
+    @property
+    def graph_captures(self) -> int:
+        """CUDA graphs this model captured so far (passes, draft loops, tree passes, prefills; a cache that had to
+        grow re-captures its graphs): a benchmark checks that its timed run adds none."""
+        return self._graphs.captures + self._prefill_graphs.captures
+
     def __repr__(self) -> str:
         c = self.config
         return (f"Model({c.model_type}, layers={c.num_layers}, E={c.hidden_size}, V={c.vocab_size}, "
@@ -443,8 +449,9 @@ class Model:
         the same N for every sequence) describe all of it; the first N - T nodes were appended before (the
         target passes a whole tree, T = N, its root the certain token). Token i goes to slot lengths[b] + i at
         position root + depth, attending the prefix before the root and its own root-to-node path; lengths
-        advance by T. -> logits [B, T, V]. With graphs, the pass replays the graph of (``graph_rows(B)``,
-        ``tree.tree_width(T)``) with padding nodes (children of the root) after the real ones."""
+        advance by T. -> logits [B, T, V]. With graphs, the pass replays the graph of (``graph_rows(B)``, T) when
+        ``warm_up_tree(..., exact=True)`` captured that width, else of (``graph_rows(B)``, ``tree.tree_width(T)``)
+        with padding nodes (children of the root) after the real ones."""
         cache = self._need_cache()
         if tokens.dim() != 2 or tokens.shape[0] != cache.batch_size:
             raise ValueError(f"append_tree: tokens must be [B={cache.batch_size}, T], got {tuple(tokens.shape)}")
@@ -452,17 +459,20 @@ class Model:
             raise ValueError(f"append_tree: {len(parents)} trees for a batch of {cache.batch_size}")
         T = tokens.shape[1]
         parents = tuple(tuple(int(p) for p in row) for row in parents)
-        width = trees.tree_width(T) if self.use_graphs else T
+        rows = self.graph_rows(cache.batch_size) if self.use_graphs else cache.batch_size
+        layout = trees.tree_layout(parents, T)
+        width = T
+        if self.use_graphs and self._tree_key(rows, layout) not in self._graphs:
+            width = trees.tree_width(T)
         if width > T:   # padding nodes: children of the root; their K/V go to dead slots (cache.PAD_SLOTS)
             parents = tuple(row + (0,) * (width - T) for row in parents)
             tokens = torch.cat([tokens, tokens[:, -1:].expand(-1, width - T)], dim=1)
-        layout = trees.tree_layout(parents, width)
+            layout = trees.tree_layout(parents, width)
         self._check_room(cache, T)
         inputs = self._tree_inputs(layout, tokens)                                 # [B, width * (2 + P)]
         program = lambda static: (self._tree_step(static, width, layout.offset),)  # noqa: E731
         if self.use_graphs:
-            key = ("tree", self.graph_rows(cache.batch_size), width, layout.path.shape[2], layout.offset)
-            (logits,) = self._graphs.replay(key, program, inputs, key[1])
+            (logits,) = self._graphs.replay(self._tree_key(rows, layout), program, inputs, rows)
             logits = logits[:cache.batch_size, :T].clone()
             if width > T:
                 cache.lengths.sub_(width - T)   # the graph advanced every live row by width
@@ -471,21 +481,29 @@ class Model:
         cache.max_len_bound += T
         return logits
 
+    @staticmethod
+    def _tree_key(rows: int, layout: "trees.TreeLayout") -> tuple:
+        """The graph key of a tree pass: ("tree", rows, width, P, offset) (the program depends on all four)."""
+        return ("tree", rows, layout.depth.shape[1], layout.path.shape[2], layout.offset)
+
     @torch.no_grad()
-    def warm_up_tree(self, max_batch_size: int, parents: tuple[int, ...], num_tokens: int) -> int:
+    def warm_up_tree(self, max_batch_size: int, parents: tuple[int, ...], num_tokens: int, exact: bool = False) -> int:
         """Capture (only) the graphs ``append_tree(tokens [B, num_tokens], [parents] * B)`` replays for every batch
-        bucket up to ``max_batch_size``; safe while sequences run (as ``warm_up``). Returns how many were captured."""
+        bucket up to ``max_batch_size``; safe while sequences run (as ``warm_up``). Returns how many were captured.
+        ``exact=True``: the graphs of exactly ``num_tokens`` tokens, which ``append_tree`` then prefers to the
+        bucket's width: a drafter whose trees always have this shape (a draft model's depths, a full tree's target
+        pass) pays for no padding node, which at B = 8 costs about as much as a real one."""
         cache = self._need_cache()
         if not self.use_graphs:
             return 0
-        width = trees.tree_width(num_tokens)
+        width = num_tokens if exact else trees.tree_width(num_tokens)
         layout = trees.tree_layout((tuple(parents) + (0,) * (width - num_tokens),), width)
-        P, offset = layout.path.shape[2], layout.offset
+        offset = layout.offset
         before = len(self._graphs)
         program = lambda static: (self._tree_step(static, width, offset),)  # noqa: E731
         for rows in sorted({self.graph_rows(b) for b in range(1, min(max_batch_size, cache.max_batch_size) + 1)}):
-            dummy = torch.zeros(rows, width * (2 + P), dtype=torch.long)
-            self._graphs.ensure(("tree", rows, width, P, offset), program, dummy, rows)
+            dummy = torch.zeros(rows, width * (2 + layout.path.shape[2]), dtype=torch.long)
+            self._graphs.ensure(self._tree_key(rows, layout), program, dummy, rows)
         return len(self._graphs) - before
 
     def _tree_inputs(self, layout: "trees.TreeLayout", tokens: Tensor) -> Tensor:
@@ -524,6 +542,9 @@ class Model:
             raise ValueError(f"accept_tree_path: tree_size must be >= 1, got {tree_size}")
         trees.accept_path(cache, B, to_device(path, self.device, torch.long),
                           to_device(num_accepted, self.device, torch.long), tree_size)
+        # every row keeps at most 1 + D of its tree's tree_size slots: the host bound drops by the rest without a
+        # read (else it would grow by a whole tree per round and read the lengths back long before capacity)
+        cache.max_len_bound -= max(0, tree_size - 1 - path.shape[1])
 
     def decode(self, tokens: Tensor) -> Tensor:
         """tokens [B, 1] -> logits [B, 1, V]; ``append`` with k = 1."""
@@ -534,12 +555,16 @@ class Model:
     @torch.no_grad()
     def rollback(self, new_lengths: Tensor) -> None:
         """Set lengths (no copying). Entries past the new lengths are dead. Lengths can only shrink:
-        new values are clamped to the current ones on the device (no sync)."""
+        new values are clamped to the current ones on the device (no sync). Host values (a list of ints, e.g. a
+        draft model's rollback to its known history) also lower the host bound of the lengths to their max, so
+        that the passes after them do not read the lengths back near capacity (``_check_room``)."""
         cache = self._need_cache()
         new = to_device(new_lengths, self.device, torch.long)
         if new.shape != cache.lengths.shape:
             raise ValueError(f"rollback: new_lengths must be [{cache.batch_size}], got {tuple(new.shape)}")
         torch.minimum(new, cache.lengths, out=cache.lengths)
+        if isinstance(new_lengths, (list, tuple)) and new_lengths:
+            cache.max_len_bound = min(cache.max_len_bound, max(new_lengths))
 
     @torch.no_grad()
     def keep(self, batch_indices) -> None:
