@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 import torch
 
-from verispec.drafters import DraftModel
+from verispec.drafters import DraftModel, FeatureHead
+from verispec.drafters.head_net import HeadConfig, HeadNet
 from verispec.engine import Request, Scheduler, SchedulerConfig
 from verispec.runtime import ModelConfig, load_model
 
@@ -30,25 +32,41 @@ def models(use_graphs: bool):
     return target, draft
 
 
-def run(use_graphs: bool, warm: bool):
+def drafter(kind: str, draft):
+    if kind == "draft model":
+        return DraftModel(draft)
+    net = HeadNet(HeadConfig.for_target(CFG))
+    net.reset_parameters(1)
+    return FeatureHead(net)
+
+
+def graph_keys(model, drafter) -> set:
+    keys = set(model._graphs._graphs)
+    head_graphs = getattr(drafter, "_graphs", None)           # FeatureHead's own GraphCache
+    return keys | (set(head_graphs._graphs) if head_graphs is not None else set())
+
+
+def run(use_graphs: bool, warm: bool, kind: str = "draft model"):
     target, draft = models(use_graphs)
     script = itertools.chain(SCRIPT, itertools.repeat(K))
-    scheduler = Scheduler(target, DraftModel(draft), SchedulerConfig(4, 128, K),
+    d = drafter(kind, draft)
+    scheduler = Scheduler(target, d, SchedulerConfig(4, 128, K),
                           k_policy=lambda running, k: [next(script)] * len(running))
     scheduler.eos = set()
     if warm:
         scheduler.warm_up(prompt_tokens=16)
-    keys_after_warm_up = (set(target._graphs._graphs), set(draft._graphs._graphs))
+    keys_after_warm_up = (set(target._graphs._graphs), graph_keys(draft, d))
     seqs = [scheduler.submit(Request(p, 48, id=i)) for i, p in enumerate(PROMPTS)]
     scheduler.run()
-    return [s.generated for s in seqs], keys_after_warm_up, (set(target._graphs._graphs), set(draft._graphs._graphs))
+    return [s.generated for s in seqs], keys_after_warm_up, (set(target._graphs._graphs), graph_keys(draft, d))
 
 
-def test_rounds_of_every_k_and_catch_ups_replay_warmed_graphs_only():
-    tokens, before, after = run(use_graphs=True, warm=True)
+@pytest.mark.parametrize("kind", ["draft model", "feature head"])
+def test_rounds_of_every_k_and_catch_ups_replay_warmed_graphs_only(kind):
+    tokens, before, after = run(use_graphs=True, warm=True, kind=kind)
     assert after[0] == before[0], f"target graphs first needed in a request: {sorted(after[0] - before[0])}"
     assert after[1] == before[1], f"draft graphs first needed in a request: {sorted(after[1] - before[1])}"
-    draft_loops = {key[2] for key in before[1] if key[0] == "draft"}
+    draft_loops = {key[2] for key in before[1] if key[0] == "draft"}   # (kind, rows, k, ...)
     assert draft_loops == set(range(1, K + 1))          # a loop for every k, and the run used them
     plain, _, _ = run(use_graphs=False, warm=False)
     assert tokens == plain                              # chunked catch-ups and every k: the same greedy tokens

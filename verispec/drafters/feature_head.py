@@ -38,6 +38,7 @@ changes layout with the bucket of its pass). On a CPU the graph path runs both b
 """
 from __future__ import annotations
 
+import itertools
 import os
 from dataclasses import dataclass
 from importlib import resources
@@ -226,8 +227,9 @@ class FeatureHead(Drafter):
     @torch.no_grad()
     def warm_up(self, max_batch_size: int, k: int, settings: list[tuple[float, int, float]],
                 prompt_tokens: int = 0) -> int:
-        """The captured draft loops of every batch bucket up to ``max_batch_size`` for ``k`` drafts and each setting
-        (all greedy rows share one), and the commits of 1..k+1 tokens a row. Captures only; their warm-up passes
+        """The captured draft loops of every batch bucket up to ``max_batch_size`` for 1..``k`` drafts (a round drafts
+        fewer near its rows' end, or under k=auto) and each setting (all greedy rows share one), and the commits of
+        1..k+1 tokens a row. Captures only; their warm-up passes
         write dead slots (position max_seq_len) and keep every row's ``last``, so it is safe while sequences run."""
         if self.cache is None or not self._graphs_on() or not 1 <= k <= GRAPH_MAX_TOKENS:
             return 0
@@ -236,13 +238,14 @@ class FeatureHead(Drafter):
         dead = self.cache.max_seq_len
         for rows in sorted({self.target.graph_rows(b) for b in range(1, min(max_batch_size,
                                                                                 self.cache.max_batch_size) + 1)}):
-            for key in keys:
-                graph_key = ("draft", rows, k, key)
+            for steps, key in itertools.product(range(1, k + 1), keys):
+                graph_key = ("draft", rows, steps, key)
                 if graph_key in self._graphs or self._graphs.count("draft") >= MAX_DRAFT_GRAPHS:
                     continue
                 choose = _choose(key, seed_column=1)
                 dummy = torch.tensor([[dead, 0, 0]] * rows, dtype=torch.long)
-                self._graphs.ensure(graph_key, lambda static: self._draft_body(static, k, choose), dummy, rows)
+                self._graphs.ensure(graph_key, lambda static, steps=steps, choose=choose:
+                                    self._draft_body(static, steps, choose), dummy, rows)
             for width in range(1, k + 2):   # the commits of 1..k+1 emitted tokens (dummy rows emit nothing)
                 dummy = torch.tensor([[0] * width + [dead, 0, 0]] * rows, dtype=torch.long)
                 self._graphs.ensure(("commit", rows, width), self._commit_program(width), dummy, rows)
