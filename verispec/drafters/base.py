@@ -230,6 +230,12 @@ class Drafter:
         tokens) replay (as ``warm_up``); returns how many."""
         return 0
 
+    @property
+    def graph_captures(self) -> int:
+        """CUDA graphs this drafter has captured so far (its models' and its own): a server compares the count after
+        its warm-up with the count at its stop, so a graph first needed inside a request is seen."""
+        return 0
+
     def tree_accepted(self, path: Tensor, num_accepted: Tensor) -> None:
         """After verification of its trees, before ``commit``: path [B, D] (node offsets from the root, i.e.
         verification's path + 1) and num_accepted [B] on the target's device, for a drafter whose cache holds

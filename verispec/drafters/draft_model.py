@@ -296,6 +296,10 @@ class DraftModel(Drafter):
             n += model.warm_up_tree(max_batch_size, tuple(parents), len(level), exact=True)
         return n
 
+    @property
+    def graph_captures(self) -> int:
+        return getattr(self.model, "graph_captures", 0)
+
     def tree_accepted(self, path: Tensor, num_accepted: Tensor) -> None:
         held = self._tree_depth - 1                       # the last depth was never fed
         path = to_device(path, self.model.device, torch.long)[:, :held]

@@ -225,6 +225,10 @@ class FeatureHead(Drafter):
         return torch.stack(tokens, dim=1), None if probs[0] is None else torch.stack(probs, dim=1)
 
     @torch.no_grad()
+    @property
+    def graph_captures(self) -> int:
+        return self._graphs.captures
+
     def warm_up(self, max_batch_size: int, k: int, settings: list[tuple[float, int, float]],
                 prompt_tokens: int = 0) -> int:
         """The captured draft loops of every batch bucket up to ``max_batch_size`` for 1..``k`` drafts (a round drafts

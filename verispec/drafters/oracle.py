@@ -132,6 +132,10 @@ class OracleDraft(Drafter):
     def warm_up_tree(self, max_batch_size: int, widths: tuple[int, ...], prompt_tokens: int = 0) -> int:
         return 0 if self._runner is None else self._runner.warm_up_tree(max_batch_size, widths, prompt_tokens)
 
+    @property
+    def graph_captures(self) -> int:
+        return 0 if self._runner is None else self._runner.graph_captures
+
     def tree_accepted(self, path, num_accepted) -> None:
         if self._runner is not None:
             self._runner.tree_accepted(path, num_accepted)

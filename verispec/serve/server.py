@@ -118,9 +118,13 @@ def assemble(target, drafter, args) -> tuple[EngineLoop, FastAPI]:
         n = scheduler.warm_up()
         if n:
             _log(f"warm-up: {n} CUDA graphs captured in {scheduler.totals.warmup_s:.1f} s")
+        warmed.update(graphs=_graph_captures(target, drafter), kernels=_triton_kernels())
         return scheduler
 
+    warmed: dict[str, int] = {}       # what warm-up left captured / compiled: the stop log reports what came after
     engine = EngineLoop(make_scheduler, metrics)
+    engine.after_warm_up = lambda: (_graph_captures(target, drafter) - warmed["graphs"],
+                                    _triton_kernels() - warmed["kernels"])
     served = ServedModel(name, target.tokenizer, target.config.vocab_size, args.max_seq_len, k + 1)
     _log(f"{name}: drafter {type(drafter).__name__ if drafter else 'none'}, "
          f"{f'tree={list(tree)}' if tree else 'k=' + ('auto' if policy else str(k))}, "
@@ -190,11 +194,28 @@ def serve(engine: EngineLoop, app: FastAPI, args) -> int:
         engine.stop()
         engine.join()
     _log_k_auto(engine.scheduler.k_policy)
+    graphs, kernels = engine.after_warm_up()
+    _log(f"after warm-up: {graphs} CUDA graphs captured, {kernels} Triton kernels compiled (each one inside a request)")
     if engine.fatal is not None:
         _log(f"stopped: the engine died ({engine.fatal})")
         return 1
     _log("stopped")
     return 0
+
+
+def _graph_captures(target, drafter) -> int:
+    """CUDA graphs captured so far by the target and the drafter."""
+    return getattr(target, "graph_captures", 0) + (drafter.graph_captures if drafter is not None else 0)
+
+
+def _triton_kernels() -> int:
+    """Entries of Triton's on-disk kernel cache: one more for each kernel compiled on this machine (a kernel another
+    process compiled before is loaded from there, not counted)."""
+    root = os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
+    try:
+        return len(os.listdir(root))
+    except OSError:
+        return 0
 
 
 def _log_k_auto(policy) -> None:
