@@ -123,13 +123,14 @@ def assemble(target, drafter, args) -> tuple[EngineLoop, FastAPI]:
 
     warmed: dict[str, int] = {}       # what warm-up left captured / compiled: the stop log reports what came after
     engine = EngineLoop(make_scheduler, metrics)
-    engine.after_warm_up = lambda: (_graph_captures(target, drafter) - warmed["graphs"],
-                                    _triton_kernels() - warmed["kernels"])
     served = ServedModel(name, target.tokenizer, target.config.vocab_size, args.max_seq_len, k + 1)
     _log(f"{name}: drafter {type(drafter).__name__ if drafter else 'none'}, "
          f"{f'tree={list(tree)}' if tree else 'k=' + ('auto' if policy else str(k))}, "
          f"max batch {args.max_batch_size}, max_seq_len {args.max_seq_len}")
-    return engine, build_app(engine, served, metrics)
+    app = build_app(engine, served, metrics)
+    app.state.after_warm_up = lambda: (_graph_captures(target, drafter) - warmed["graphs"],
+                                       _triton_kernels() - warmed["kernels"])
+    return engine, app
 
 
 def run_server(args, ssd_drafter=None) -> int:
@@ -194,8 +195,11 @@ def serve(engine: EngineLoop, app: FastAPI, args) -> int:
         engine.stop()
         engine.join()
     _log_k_auto(engine.scheduler.k_policy)
-    graphs, kernels = engine.after_warm_up()
-    _log(f"after warm-up: {graphs} CUDA graphs captured, {kernels} Triton kernels compiled (each one inside a request)")
+    after_warm_up = getattr(app.state, "after_warm_up", None)
+    if after_warm_up is not None:
+        graphs, kernels = after_warm_up()
+        _log(f"after warm-up: {graphs} CUDA graphs captured, {kernels} Triton kernels compiled (each one inside a "
+             "request)")
     if engine.fatal is not None:
         _log(f"stopped: the engine died ({engine.fatal})")
         return 1
