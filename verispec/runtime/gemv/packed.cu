@@ -1,10 +1,11 @@
 // packed.cu: y[M, N] = x[M, K] @ W[N, K]^T (+ b[N]) with W held as GGUF blocks (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K:
 // verispec/runtime/quant/formats.py has the byte layouts), every weight dequantized in registers, fp32 accumulation,
-// any number of rows M, each output element reduced in ONE order that depends on K alone: the batch invariance of
-// invariant.cu (a token's logits do not depend on how many tokens share the pass), for packed weights. And the
-// prefill's dequantizer: W -> a dense [N, K] copy in x's dtype for a tensor-core GEMM.
+// any number of rows M, each output element reduced in ONE order that depends on K alone (per variant: v1 / v2 share
+// one, v3 has its own, below its kernel): the batch invariance of invariant.cu (a token's logits do not depend on how
+// many tokens share the pass), for packed weights. And the prefill's dequantizer: W -> a dense [N, K] copy in x's
+// dtype for a tensor-core GEMM.
 //
-// The order (the contract):
+// The order of v1 and v2 (the contract):
 //   * a row of W is cut into chunks of 32 weights (chunk c = columns [32 c, 32 c + 32)): a Q4_0 / Q4_1 / Q8_0
 //     block, a Q4_K sub-block, two Q6_K sub-blocks;
 //   * lane l of the row's warp owns chunks l, l + 32, l + 64, ... and, per token, accumulates from 0 in that order,
@@ -27,11 +28,16 @@
 //       carries no dead accumulators), the chunk loop unrolled by 2 (two chunks' loads in flight per lane). Built for
 //       bf16 activations only (fp32 and fp16 run v1: fewer kernels to compile, and no model's default dtype on a GPU).
 // The warp-per-row layout is the contract's, so neither variant can split K further for a small N: N = 1024 gives
-// 1024 warps (8 a SM on an H100), and a lane's chunks are read one after another. A faster kernel for small N needs a
-// new order (several warps per row, summed in a fixed order), and with it new checks.
+// 1024 warps (8 a SM on an H100), and a lane's chunks are read one after another.
+//   v3  Q4_K and Q6_K with bf16 x (the bulk of Q4_K_M): a new order, on the tensor cores (its comment, before the
+//       dequantizer, states it): a block of 8 warps owns 16 rows of W, each warp 1/8 of K (super-blocks p, p + 8, ...)
+//       summed in slice order; each weight is loaded once (8- and 16-byte loads), decoded once to an exact bf16
+//       integer and applied to all of the block's tokens by mma.sync, its scale folded in per chunk. Not v2's bits
+//       (the sum is regrouped); the other types and dtypes run v2 / v1 under variant 3. Its lane layout
+//       (packed_v3.cuh) is checked on the CPU with the MMA emulated (tests/test_quant_v3.py).
 //
-// Launch: grid (ceil(N / 4), ceil(M / tokens per block)), 4 warps a block, one row of W per warp. No allocation, no
-// host sync: CUDA-graph capturable.
+// Launch (v1, v2): grid (ceil(N / 4), ceil(M / tokens per block)), 4 warps a block, one row of W per warp; v3: grid
+// (ceil(N / 16), ceil(M / 8 or 16)), 8 warps a block. No allocation, no host sync: CUDA-graph capturable.
 #include "gemv_common.cuh"
 
 #include <type_traits>
@@ -465,9 +471,9 @@ extern "C" int vs_packed_block_size(int qtype) {
 extern "C" int vs_packed_default_variant() { return 1; }
 
 // y[M, N] = x[M, K] @ W^T (+ b), W as blocks of GGML type qtype, rows of K weights. x, b, y of one dtype (fp32,
-// bf16, fp16), contiguous; variant 0 (the default), 1 or 2 (the same bits). cudaErrorInvalidValue (nothing launched)
-// for an unknown type, dtype or variant, K not a whole number of blocks, too many rows of x for the grid, or (v2) x
-// not 16-byte aligned.
+// bf16, fp16), contiguous; variant 0 (the default), 1 or 2 (the same bits) or 3. cudaErrorInvalidValue (nothing launched)
+// for an unknown type, dtype or variant, K not a whole number of blocks, too many rows of x for the grid, (v2) x
+// not 16-byte aligned, or (v3) x not 8-byte or Q4_K blocks not 16-byte aligned.
 extern "C" cudaError_t vs_packed_matmul(const void* x, const void* w, const void* b, void* y, int dtype, int qtype,
                                         int M, int N, int K, int variant, cudaStream_t stream) {
     const int qk = vs_packed_block_size(qtype);
