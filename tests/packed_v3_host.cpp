@@ -1,12 +1,13 @@
 // packed_v3_host.cpp: packed.cu v3's lane pieces (verispec/runtime/gemv/packed_v3.cuh) run on the host, with the
 // warp's mma.sync m16n8k16 emulated from the PTX fragment layout, so the CPU tests can check what each lane loads,
 // decodes and pairs with x against the torch dequantizer + matmul (tests/test_quant_v3.py). The kernel's loop is
-// mirrored: 16 rows x 8 tokens a tile, 8 slices of super-blocks, 8 chunks a super-block, the same fmaf folds and the
-// same slice-order sum. The emulated MMA sums its 16 exact products in double and rounds once, so the result is
+// mirrored: 16 rows x 8 tokens a tile, 8 slices of units, 8 chunks a unit (fewer in a row's short last unit), the
+// same fmaf folds and the same slice-order sum. The emulated MMA sums its 16 exact products in double and rounds once, so the result is
 // v3's up to the tensor core's own rounding (the test's tolerance covers it).
 //
 //   packed_v3_host IN OUT
-//   IN:  int32 qtype, int32 K, int32 N, int32 M, then N rows of K / 256 * type_size bytes, then x: M x K bf16 bits
+//   IN:  int32 qtype, int32 K, int32 N, int32 M, then N rows of K / block size * type size bytes, then x: M x K
+//        bf16 bits
 //   OUT: float32 [M, N]
 #include <algorithm>
 #include <cmath>
@@ -78,29 +79,32 @@ static void mma(float (&d)[32][4], const uint32_t (&a)[32][4], const uint32_t (&
 
 template <int QT>
 static void run(const uint8_t* w, const uint16_t* x, float* y, int M, int N, int K) {
-    using Raw = typename std::conditional<QT == PK_Q4_K, V3RawQ4K, V3RawQ6K>::type;
-    const int TS = QT == PK_Q4_K ? 144 : 210, nsb = K / 256;
-    const long long row_bytes = (long long)nsb * TS;
+    using Tr = V3<QT>;
+    using Raw = typename Tr::Raw;
+    const bool kquant = QT == PK_Q4_K || QT == PK_Q6_K;
+    const int nch = K / 32, nunits = (nch + 7) / 8;
+    const long long row_bytes = (long long)(kquant ? K / 256 : nch) * Tr::BLOCK;
     for (int row0 = 0; row0 < N; row0 += 16) {
         for (int tok0 = 0; tok0 < M; tok0 += 8) {
             float part[V3_SLICES][32][4] = {};
             for (int p = 0; p < V3_SLICES; ++p) {
                 float acc[32][4] = {};
-                for (int sb = p; sb < nsb; sb += V3_SLICES) {
-                    Raw raw[32][2];
+                for (int u = p; u < nunits; u += V3_SLICES) {
+                    const int valid = kquant ? 8 : std::min(8, nch - 8 * u);
+                    std::vector<Raw> raw(64);                    // [lane][row g, row g + 8]
                     for (int lane = 0; lane < 32; ++lane)
                         for (int hf = 0; hf < 2; ++hf) {
                             const int rr = std::min(row0 + 8 * hf + (lane >> 2), N - 1);
-                            v3_load(w + rr * row_bytes + (long long)sb * TS, lane & 3, raw[lane][hf]);
+                            v3_load(w + rr * row_bytes + (long long)u * Tr::UNIT, lane & 3, valid, raw[2 * lane + hf]);
                         }
-                    for (int j = 0; j < 8; ++j) {
+                    for (int j = 0; j < valid; ++j) {
                         uint32_t bf[32][4], ag[32][4], ah[32][4];
                         float s[32][4];
                         for (int lane = 0; lane < 32; ++lane) {
                             const int tok = std::min(tok0 + (lane >> 2), M - 1);
-                            v3_b_frags<QT>(x + (long long)tok * K + 256 * sb + 32 * j, lane & 3, bf[lane]);
-                            v3_chunk(raw[lane][0], j, ag[lane], s[lane][0], s[lane][1]);
-                            v3_chunk(raw[lane][1], j, ah[lane], s[lane][2], s[lane][3]);
+                            v3_b_frags<QT>(x + (long long)tok * K + 256 * u + 32 * j, lane & 3, bf[lane]);
+                            v3_chunk(raw[2 * lane], j, ag[lane], s[lane][0], s[lane][1]);
+                            v3_chunk(raw[2 * lane + 1], j, ah[lane], s[lane][2], s[lane][3]);
                         }
                         uint32_t a1[32][4], a2[32][4], b1[32][2], b2[32][2], ones[32][4];
                         for (int lane = 0; lane < 32; ++lane) {
@@ -118,19 +122,21 @@ static void run(const uint8_t* w, const uint16_t* x, float* y, int M, int N, int
                         }
                         float d0[32][4] = {}, d1[32][4] = {}, xs[32][4] = {};
                         mma(d0, a1, b1);
-                        if (QT == PK_Q4_K) {
+                        if (Tr::FOLD == FOLD_SPLIT) {
+                            mma(d1, a2, b2);
+                        } else {
                             mma(d0, a2, b2);
+                        }
+                        if (Tr::FOLD == FOLD_MIN) {
                             mma(xs, ones, b1);
                             mma(xs, ones, b2);
-                        } else {
-                            mma(d1, a2, b2);
                         }
                         for (int lane = 0; lane < 32; ++lane)
                             for (int e = 0; e < 4; ++e) {
                                 const float s0 = s[lane][e < 2 ? 0 : 2], s1 = s[lane][e < 2 ? 1 : 3];
                                 acc[lane][e] = std::fma(s0, d0[lane][e], acc[lane][e]);
-                                acc[lane][e] = QT == PK_Q4_K ? std::fma(-s1, xs[lane][e], acc[lane][e])
-                                                             : std::fma(s1, d1[lane][e], acc[lane][e]);
+                                if (Tr::FOLD == FOLD_SPLIT) acc[lane][e] = std::fma(s1, d1[lane][e], acc[lane][e]);
+                                if (Tr::FOLD == FOLD_MIN) acc[lane][e] = std::fma(s1, xs[lane][e], acc[lane][e]);
                             }
                     }
                 }
@@ -147,6 +153,10 @@ static void run(const uint8_t* w, const uint16_t* x, float* y, int M, int N, int
     }
 }
 
+static int vs_block(int qtype) {
+    return qtype == PK_Q4_K || qtype == PK_Q6_K ? 256 : qtype == PK_Q4_0 || qtype == PK_Q4_1 || qtype == PK_Q8_0 ? 32 : 0;
+}
+
 int main(int argc, char** argv) {
     if (argc != 3) {
         std::fprintf(stderr, "usage: %s IN OUT\n", argv[0]);
@@ -156,16 +166,23 @@ int main(int argc, char** argv) {
     int32_t head[4];
     if (!in || std::fread(head, 4, 4, in) != 4) return 3;
     const int qtype = head[0], K = head[1], N = head[2], M = head[3];
-    if ((qtype != PK_Q4_K && qtype != PK_Q6_K) || K % 256 || N < 1 || M < 1) return 4;
-    const size_t row_bytes = (size_t)K / 256 * (qtype == PK_Q4_K ? 144 : 210), nbytes = row_bytes * N;
+    const int qk = vs_block(qtype);
+    if (qk == 0 || K % qk || N < 1 || M < 1) return 4;
+    const int ts = qtype == PK_Q4_0 ? 18 : qtype == PK_Q4_1 ? 20 : qtype == PK_Q8_0 ? 34 : qtype == PK_Q4_K ? 144 : 210;
+    const size_t row_bytes = (size_t)K / qk * ts, nbytes = row_bytes * N;
     std::vector<uint8_t> buf(nbytes + 64);
     uint8_t* rows = buf.data() + (16 - (reinterpret_cast<uintptr_t>(buf.data()) % 16)) % 16;
     std::vector<uint16_t> x((size_t)M * K);
     if (std::fread(rows, 1, nbytes, in) != nbytes || std::fread(x.data(), 2, x.size(), in) != x.size()) return 3;
     std::fclose(in);
     std::vector<float> y((size_t)M * N);
-    if (qtype == PK_Q4_K) run<PK_Q4_K>(rows, x.data(), y.data(), M, N, K);
-    else run<PK_Q6_K>(rows, x.data(), y.data(), M, N, K);
+    switch (qtype) {
+        case PK_Q4_0: run<PK_Q4_0>(rows, x.data(), y.data(), M, N, K); break;
+        case PK_Q4_1: run<PK_Q4_1>(rows, x.data(), y.data(), M, N, K); break;
+        case PK_Q8_0: run<PK_Q8_0>(rows, x.data(), y.data(), M, N, K); break;
+        case PK_Q4_K: run<PK_Q4_K>(rows, x.data(), y.data(), M, N, K); break;
+        default: run<PK_Q6_K>(rows, x.data(), y.data(), M, N, K); break;
+    }
     FILE* o = std::fopen(argv[2], "wb");
     if (!o || std::fwrite(y.data(), 4, y.size(), o) != y.size()) return 5;
     std::fclose(o);

@@ -1,5 +1,5 @@
-"""packed.cu v3's lane layout on the CPU: packed_v3.cuh (what each lane loads of a Q4_K / Q6_K super-block, the exact
-bf16 integers and scales it decodes, the x it pairs them with) compiled for the host with the warp's mma.sync
+"""packed.cu v3's lane layout on the CPU: packed_v3.cuh (what each lane loads of a unit of 256 weights of every type,
+the exact bf16 integers and scales it decodes, the x it pairs them with) compiled for the host with the warp's mma.sync
 m16n8k16 emulated from the PTX fragment layout (tests/packed_v3_host.cpp, the kernel's loop mirrored), against the
 torch dequantizer + matmul. A wrong column, nibble, scale byte or fragment slot is off by the weights' whole size;
 the tolerance only covers rounding. The GPU runs the kernel itself (tests/test_quant_gpu.py)."""
@@ -48,14 +48,15 @@ def random_rows(name: str, N: int, K: int, seed: int) -> torch.Tensor:
     return edge_blocks(name, n=2 * n, seed=seed)[n:].reshape(N, -1)
 
 
-# K = 768: 3 super-blocks (fewer than the 8 slices; Q6_K rows of 630 bytes, so every other row is 2 mod 4 aligned);
-# K = 2560: 10 (slices 0 and 1 chain two). N = 40, M = 11: a partial row tile and a partial token tile.
-@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
-@pytest.mark.parametrize("K", [768, 2560])
+# K = 768: 3 units of 256 weights (fewer than the 8 slices; Q6_K rows of 630 bytes, so every other row is 2 mod 4
+# aligned); K = 2560: 10 (slices 0 and 1 chain two); K = 576 (SmolLM2's width, simple types only): 2 units and a short
+# third of 2 blocks. N = 40, M = 11: a partial row tile and a partial token tile.
+@pytest.mark.parametrize("name, K", [("Q4_K", 768), ("Q4_K", 2560), ("Q6_K", 768), ("Q6_K", 2560), ("Q4_0", 576),
+                                     ("Q4_1", 576), ("Q8_0", 576), ("Q8_0", 2560)])
 def test_v3_lane_layout_computes_the_matmul(emulator, tmp_path, name, K):
-    """Tolerance: v3 regroups each chunk's sum (Q4_K: scale * sum(q x) - min * sum(x); Q6_K: per 16-weight scale
-    group), so its terms are bounded by |x| @ (|scale q| + |min|) rather than |x| @ |W|, up to about 4x larger for
-    these blocks; 2^-14 * (|x| @ |W|^T) is 2^-16 on that 4x (the bound the packed.cu tests state for v1 / v2)."""
+    """Tolerance: v3 regroups each chunk's sum (Q4_K / Q4_1: scale * sum(q x) + offset * sum(x); Q6_K: per 16-weight
+    scale group), so its terms are bounded by |x| @ (|scale q| + |offset|) rather than |x| @ |W|, up to about 4x larger
+    for these blocks; 2^-14 * (|x| @ |W|^T) is 2^-16 on that 4x (the bound the packed.cu tests state for v1 / v2)."""
     qtype = block_format(name).ggml_type
     N, M = 40, 11
     blocks = random_rows(name, N, K, seed=K)

@@ -151,48 +151,42 @@ packed_matmul_v2_kernel(const T* __restrict__ x,        // [M, K]
 }
 
 // ------------------------------------------------------------------------------------------------ v3
-// Q4_K and Q6_K (bf16 x) through tensor cores: its own order (below), M-invariant like v1 / v2's but not theirs.
-//   * K is cut into super-blocks of 256 weights; V3_SLICES = 8 warps a block, warp p owning super-blocks p, p + 8, ...
-//     (a function of K alone), each a chain of fp32 accumulators from 0 over its super-blocks in increasing order;
-//   * a super-block is 8 chunks of 32 weights, in order; a chunk's integers q (exact in bf16) meet x in mma.sync
-//     m16n8k16 (fp32 out), the lane layout of packed_v3.cuh:
-//       Q4_K  D = (0 + A1 B1) + A2 B2 (the chunk's two halves, one MMA chain), X = the same chain with A = 1 (the
-//             token's sum of x over the chunk), then acc = fmaf(scale, D, acc), acc = fmaf(-min, X, acc): the chunk's
-//             sum of (scale q - min) x, w's value in dequantize.py, regrouped;
-//       Q6_K  D0 = 0 + A1 B1 (weights 0..15, one scale), D1 = 0 + A2 B2 (16..31), acc = fmaf(scale0, D0, acc), then
-//             fmaf(scale1, D1, acc);
+// Every type with bf16 x, through tensor cores: its own order (below), M-invariant like v1 / v2's but not theirs.
+//   * a row is cut into units of 8 chunks of 32 weights (packed_v3.cuh: a K-quant super-block, or 8 Q4_0 / Q4_1 /
+//     Q8_0 blocks; the last unit of a row may be short); V3_SLICES = 8 warps a block, warp p owning units p, p + 8, ...
+//     (a function of K alone), each a chain of fp32 accumulators from 0 over its units in increasing order, a unit's
+//     chunks in order;
+//   * a chunk's integers q (exact in bf16) meet x in mma.sync m16n8k16 (fp32 out) in the lane layout of
+//     packed_v3.cuh, and its scales are folded in after the MMA, the type's FOLD (see there): Q4_K, Q4_1:
+//     D = (0 + A1 B1) + A2 B2 (the chunk's two halves, one MMA chain), X = the same chain with A = 1 (the token's sum
+//     of x over the chunk), acc = fmaf(s0, D, acc), acc = fmaf(s1, X, acc) (w = s0 q + s1, dequantize.py's weight,
+//     regrouped); Q6_K: D0 = 0 + A1 B1, D1 = 0 + A2 B2 (one per 16-weight scale group), acc = fmaf(s0, D0, acc), then
+//     fmaf(s1, D1, acc); Q4_0, Q8_0: D as Q4_K's, acc = fmaf(s0, D, acc);
 //   * y = ((0 + P_0) + P_1) + ... + P_7 (through shared memory), then + b, rounded once to bf16.
 // An MMA's D[r][n] comes from row r of A and column n of B alone (invariant.cu relies on the same), so a token's
 // result depends on its row of x and K only: not on M, its tile, its slot in the n = 8 tile, RT or NT. Columns past
 // M repeat token M - 1 and rows past N repeat row N - 1 (valid memory), never stored.
 // What it saves against v2: each weight is decoded once per block for all of the block's tokens (8 NT), by 1-2 integer
-// ops and half a bf16x2 FMA instead of a float conversion and a fp32 FMA per token; the FMAs run on the tensor cores;
-// x is read once per 16 RT rows of W instead of once per row. A block covers 16 RT rows x 8 NT tokens; NT = 2 (16
-// tokens in registers) for M > 8, and more tokens take more blocks (grid y), each the same per-token arithmetic.
-// Each warp loads its next super-block while it computes the current one. (V3_SLICES: packed_v3.cuh.)
-
-template <int QT>
-struct V3Raw;
-template <>
-struct V3Raw<PK_Q4_K> { using type = V3RawQ4K; };
-template <>
-struct V3Raw<PK_Q6_K> { using type = V3RawQ6K; };
-
+// ops and half a bf16x2 FMA (Q8_0: a PRMT, an FADD and half a CVT) instead of a float conversion and a fp32 FMA per
+// token; the FMAs run on the tensor cores; x is read once per 16 RT rows of W instead of once per row. A block covers
+// 16 RT rows x 8 NT tokens; NT = 2 (16 tokens in registers) for M > 8, and more tokens take more blocks (grid y),
+// each the same per-token arithmetic. Each warp loads its next unit while it computes the current one.
 template <int QT, int RT, int NT>
 __global__ void __launch_bounds__(32 * V3_SLICES, 2)   // two blocks an SM: <= 128 registers a thread
 packed_matmul_v3_kernel(const __nv_bfloat16* __restrict__ x,     // [M, K]
-                        const uint8_t* __restrict__ w,           // [N, K / 256 * TS]
+                        const uint8_t* __restrict__ w,           // [N, row bytes]
                         const __nv_bfloat16* __restrict__ bias,  // [N] or nullptr
                         __nv_bfloat16* __restrict__ y,           // [M, N]
                         int M, int N, int K) {
-    using Raw = typename V3Raw<QT>::type;
-    constexpr int TS = QT == PK_Q4_K ? 144 : 210;
+    using Tr = V3<QT>;
+    using Raw = typename Tr::Raw;
+    constexpr bool KQUANT = QT == PK_Q4_K || QT == PK_Q6_K;   // K a multiple of 256: no short unit
     constexpr int F = RT * NT;                                   // accumulator fragments a warp
     __shared__ float4 s_part[V3_SLICES][F][32];
     const int lane = threadIdx.x & 31, p = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const long long row0 = (long long)blockIdx.x * (16 * RT), tok0 = (long long)blockIdx.y * (8 * NT);
-    const int nsb = K / 256;
-    const long long row_bytes = (long long)nsb * TS;
+    const int nch = K / 32, nunits = (nch + 7) / 8;
+    const long long row_bytes = (long long)(KQUANT ? K / 256 : nch) * Tr::BLOCK;
     const uint8_t* wr[RT][2];                                    // rows g and g + 8 of each row tile
 #pragma unroll
     for (int r = 0; r < RT; ++r)
@@ -214,30 +208,34 @@ packed_matmul_v3_kernel(const __nv_bfloat16* __restrict__ x,     // [M, K]
         for (int j = 0; j < NT; ++j) acc[r][j][0] = acc[r][j][1] = acc[r][j][2] = acc[r][j][3] = 0.0f;
 
     Raw cur[RT][2];
-    int sb = p;
-    if (sb < nsb) {
+    int u = p;
+    if (u < nunits) {
+        const int valid = KQUANT ? 8 : min(8, nch - 8 * u);
 #pragma unroll
         for (int r = 0; r < RT; ++r)
 #pragma unroll
-            for (int hf = 0; hf < 2; ++hf) v3_load(wr[r][hf] + (long long)sb * TS, t, cur[r][hf]);
+            for (int hf = 0; hf < 2; ++hf) v3_load(wr[r][hf] + (long long)u * Tr::UNIT, t, valid, cur[r][hf]);
     }
-    for (; sb < nsb; sb += V3_SLICES) {
-        const bool more = sb + V3_SLICES < nsb;
+    for (; u < nunits; u += V3_SLICES) {
+        const bool more = u + V3_SLICES < nunits;
         Raw nxt[RT][2];
         if (more) {
+            const int valid = KQUANT ? 8 : min(8, nch - 8 * (u + V3_SLICES));
 #pragma unroll
             for (int r = 0; r < RT; ++r)
 #pragma unroll
-                for (int hf = 0; hf < 2; ++hf) v3_load(wr[r][hf] + (long long)(sb + V3_SLICES) * TS, t, nxt[r][hf]);
+                for (int hf = 0; hf < 2; ++hf)
+                    v3_load(wr[r][hf] + (long long)(u + V3_SLICES) * Tr::UNIT, t, valid, nxt[r][hf]);
         }
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-            const long long col = 256LL * sb + 32 * j;
+            if (!KQUANT && 8 * u + j >= nch) break;              // a short last unit (the whole warp)
+            const long long col = 256LL * u + 32 * j;
             uint32_t b[NT][4];
 #pragma unroll
             for (int n = 0; n < NT; ++n) v3_b_frags<QT>(xr[n] + col, t, b[n]);
-            float xs[NT][4];                                     // Q4_K: each token's sum of x over the chunk
-            if constexpr (QT == PK_Q4_K) {
+            float xs[NT][4];                                     // FOLD_MIN: each token's sum of x over the chunk
+            if constexpr (Tr::FOLD == FOLD_MIN) {
 #pragma unroll
                 for (int n = 0; n < NT; ++n) {
                     xs[n][0] = xs[n][1] = xs[n][2] = xs[n][3] = 0.0f;
@@ -251,26 +249,27 @@ packed_matmul_v3_kernel(const __nv_bfloat16* __restrict__ x,     // [M, K]
             for (int r = 0; r < RT; ++r) {
                 uint32_t ag[4], ah[4];                           // rows g, g + 8
                 float sg0, sg1, sh0, sh1;
-                v3_chunk(cur[r][0], j, ag, sg0, sg1);            // Q4_K: (scale, min); Q6_K: (scale0, scale1)
+                v3_chunk(cur[r][0], j, ag, sg0, sg1);
                 v3_chunk(cur[r][1], j, ah, sh0, sh1);
 #pragma unroll
                 for (int n = 0; n < NT; ++n) {
                     float d0[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                     mma_16816<__nv_bfloat16>(d0, ag[0], ah[0], ag[1], ah[1], b[n][0], b[n][1]);
-                    if constexpr (QT == PK_Q4_K) {
-                        mma_16816<__nv_bfloat16>(d0, ag[2], ah[2], ag[3], ah[3], b[n][2], b[n][3]);
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) {            // (d0, d1): row g; (d2, d3): row g + 8
-                            acc[r][n][e] = fmaf(e < 2 ? sg0 : sh0, d0[e], acc[r][n][e]);
-                            acc[r][n][e] = fmaf(-(e < 2 ? sg1 : sh1), xs[n][e], acc[r][n][e]);
-                        }
-                    } else {
+                    if constexpr (Tr::FOLD == FOLD_SPLIT) {
                         float d1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                         mma_16816<__nv_bfloat16>(d1, ag[2], ah[2], ag[3], ah[3], b[n][2], b[n][3]);
 #pragma unroll
-                        for (int e = 0; e < 4; ++e) {
+                        for (int e = 0; e < 4; ++e) {            // (d0, d1): row g; (d2, d3): row g + 8
                             acc[r][n][e] = fmaf(e < 2 ? sg0 : sh0, d0[e], acc[r][n][e]);
                             acc[r][n][e] = fmaf(e < 2 ? sg1 : sh1, d1[e], acc[r][n][e]);
+                        }
+                    } else {
+                        mma_16816<__nv_bfloat16>(d0, ag[2], ah[2], ag[3], ah[3], b[n][2], b[n][3]);
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            acc[r][n][e] = fmaf(e < 2 ? sg0 : sh0, d0[e], acc[r][n][e]);
+                            if constexpr (Tr::FOLD == FOLD_MIN)
+                                acc[r][n][e] = fmaf(e < 2 ? sg1 : sh1, xs[n][e], acc[r][n][e]);
                         }
                     }
                 }
@@ -410,9 +409,7 @@ static cudaError_t pk_launch(const void* x, const void* w, const void* b, void* 
         return pk_launch_v1<T, QT, QK, TYPE_SIZE>(x, w, b, y, M, N, K, stream);   // fewer kernels to compile
     } else {
         if (variant == 1) return pk_launch_v1<T, QT, QK, TYPE_SIZE>(x, w, b, y, M, N, K, stream);
-        if constexpr (QT == PK_Q4_K || QT == PK_Q6_K) {     // v3 for the K-quants; the other types run v2
-            if (variant == 3) return pk_launch_v3<QT>(x, w, b, y, M, N, K, stream);
-        }
+        if (variant == 3) return pk_launch_v3<QT>(x, w, b, y, M, N, K, stream);
         // tokens a block: the smallest of 1, 2, 4, 8 that holds M (a decode step carries no dead accumulators)
         if (M <= 1) return pk_launch_v2<T, QT, QK, TYPE_SIZE, 1>(x, w, b, y, M, N, K, stream);
         if (M <= 2) return pk_launch_v2<T, QT, QK, TYPE_SIZE, 2>(x, w, b, y, M, N, K, stream);

@@ -13,7 +13,18 @@
 // ``v3_group_col<QT>(t, h)``), and within a group the logical order (k 2t, 2t + 1, 2t + 8, 2t + 9) = columns
 // (+0, +2, +1, +3): the pairs a 4-byte word of nibbles or bytes gives with one mask (bytes 0 and 2, then 1 and 3).
 //   Q4_K: group h of lane t = columns 8 t + 4 h .. + 3 (a lane's 8 bytes of qs cover both groups);
-//   Q6_K: group h = columns 16 h + 4 t .. + 3 (each MMA inside one 16-weight scale group).
+//   Q6_K, Q4_0, Q4_1, Q8_0: group h = columns 16 h + 4 t .. + 3 (Q6_K: each MMA inside one 16-weight scale group;
+//   Q4_0 / Q4_1: the low and high nibbles of qs bytes 4 t .. 4 t + 3).
+//
+// A "unit" is 8 chunks (256 weights): a K-quant super-block, or 8 consecutive Q4_0 / Q4_1 / Q8_0 blocks (the last
+// unit of a row may hold fewer: K is only a multiple of 32 there). Per type, V3<QT> gives the unit's bytes, what a
+// lane holds of one row's unit (Raw, v3_load: chunks past the row's end are not read), and per chunk j the A
+// registers and two fp32 coefficients (s0, s1) of the fold (packed.cu's v3 order):
+//   FOLD_MIN    w = s0 q + s1 (Q4_K: s1 = -min; Q4_1: s1 = m): D = one MMA chain over the chunk, X = the same with
+//               A = 1 (the token's sum of x), acc = fmaf(s0, D, acc), acc = fmaf(s1, X, acc);
+//   FOLD_SPLIT  w = s0 q (weights 0..15), s1 q (16..31) (Q6_K): D0, D1 one MMA each, acc = fmaf(s0, D0, acc), then s1;
+//   FOLD_ONE    w = s0 q (Q4_0 with q - 8, Q8_0): D = one MMA chain, acc = fmaf(s0, D, acc).
+// Every s0, s1 and q is dequantize.py's value (the same products, rounded once), so w is exactly its weight.
 #pragma once
 
 #ifndef __CUDACC__
@@ -96,6 +107,28 @@ PK_FN void v3_pairs(uint32_t bytes, uint32_t off2, uint32_t& lo, uint32_t& hi) {
 template <int QT>
 PK_FN int v3_group_col(int t, int h) { return QT == PK_Q4_K ? 8 * t + 4 * h : 16 * h + 4 * t; }
 
+enum V3Fold { FOLD_MIN, FOLD_SPLIT, FOLD_ONE };
+
+// (bytes 0, 2) and (bytes 1, 3) of a word of int8 as exact bf16x2 pairs: each byte to fp32 by the 2^23 trick, two
+// packed by one CVT (|q| <= 128 has at most 8 significant bits: exact in bf16)
+PK_FN uint32_t v3_bf16x2(float lo, float hi) {
+#ifdef __CUDACC__
+    uint32_t d;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+#else
+    uint32_t a, b;
+    std::memcpy(&a, &lo, 4);
+    std::memcpy(&b, &hi, 4);
+    return (a >> 16) | (b & 0xffff0000u);          // exact values: truncation is the rounding
+#endif
+}
+PK_FN void v3_pairs_i8(uint32_t word, uint32_t& lo, uint32_t& hi) {
+    const uint32_t u = word ^ 0x80808080u;         // int8 + 128
+    lo = v3_bf16x2(v3_byte_f<128>(u, 0), v3_byte_f<128>(u, 2));
+    hi = v3_bf16x2(v3_byte_f<128>(u, 1), v3_byte_f<128>(u, 3));
+}
+
 // B fragments of lane t for one token and one chunk: b[2 h], b[2 h + 1] = (b0, b1) of group h's MMA. xc: the
 // token's 32 bf16 values of the chunk (8-byte aligned).
 template <int QT>
@@ -117,15 +150,15 @@ struct V3RawQ4K {
     uint2 qs[4];
 };
 
-PK_FN void v3_load(const uint8_t* sb, int t, V3RawQ4K& r) {
+PK_FN void v3_load(const uint8_t* sb, int t, int, V3RawQ4K& r) {
     r.head = v3_ld16(sb);
 #pragma unroll
     for (int p = 0; p < 4; ++p) r.qs[p] = v3_ld8(sb + 16 + 32 * p + 8 * t);
 }
 
-// Sub-block j (0..7) of a row: A registers a[2 h] (k 2t, 2t + 1), a[2 h + 1] (k 2t + 8, 2t + 9) of group h, and the
-// scale d * sc and min dmin * mn of dequantize.py (so w = scale * q - min), each product rounded once as there.
-PK_FN void v3_chunk(const V3RawQ4K& r, int j, uint32_t (&a)[4], float& scale, float& mn) {
+// Sub-block j (0..7) of a row: A registers a[2 h] (k 2t, 2t + 1), a[2 h + 1] (k 2t + 8, 2t + 9) of group h, the
+// scale d * sc and minus the min dmin * mn of dequantize.py (w = scale * q - min), each product rounded once as there.
+PK_FN void v3_chunk(const V3RawQ4K& r, int j, uint32_t (&a)[4], float& scale, float& neg_min) {
     const uint32_t s03 = r.head.y, s47 = r.head.z, s811 = r.head.w;   // scales bytes 0..3, 4..7, 8..11
     uint32_t scw, mnw;                      // bytes j % 4 of these: sub-block j's 6-bit scale and min
     if (j < 4) {
@@ -136,7 +169,7 @@ PK_FN void v3_chunk(const V3RawQ4K& r, int j, uint32_t (&a)[4], float& scale, fl
         mnw = ((s811 >> 4) & 0x0F0F0F0Fu) | ((s47 >> 2) & 0x30303030u);
     }
     scale = __fmul_rn(pk_f16w(r.head.x, 0), v3_byte_f<0>(scw, j & 3));
-    mn = __fmul_rn(pk_f16w(r.head.x, 1), v3_byte_f<0>(mnw, j & 3));
+    neg_min = -__fmul_rn(pk_f16w(r.head.x, 1), v3_byte_f<0>(mnw, j & 3));
     const uint2 q = r.qs[j >> 1];
     const int shift = 4 * (j & 1);
     const uint32_t off = 0xC300C300u;       // - 128
@@ -153,7 +186,7 @@ struct V3RawQ6K {
     float d;
 };
 
-PK_FN void v3_load(const uint8_t* sb, int t, V3RawQ6K& r) {
+PK_FN void v3_load(const uint8_t* sb, int t, int, V3RawQ6K& r) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
         uint32_t o[1];
@@ -187,3 +220,93 @@ PK_FN void v3_chunk(const V3RawQ6K& r, int j, uint32_t (&a)[4], float& scale0, f
         v3_pairs(lo4 | hi2, off, a[2 * s], a[2 * s + 1]);
     }
 }
+
+// ------------------------------------------------------------------------------------------------ Q4_0, Q4_1, Q8_0
+// A unit: 8 blocks (18, 20 or 34 bytes: d f16 [, m f16], qs), of which the first ``valid`` lie in the row; lane t holds
+// of block c its qs word(s) (Q4_0 / Q4_1: bytes 4 t .. + 3, weights 4 t .. + 3 low, 16 + 4 t .. high; Q8_0: int8
+// weights 4 t .. + 3 and 16 + 4 t .. + 3) and its f16 scale(s). Words through pk_bytes: Q4_0 / Q8_0 blocks are only
+// 2-byte aligned.
+struct V3RawQ40 {
+    uint32_t qs[8];
+    float d[8];
+};
+struct V3RawQ41 {
+    uint32_t qs[8];
+    uint32_t dm[8];                                     // d | m << 16
+};
+struct V3RawQ80 {
+    uint32_t qs[16];
+    float d[8];
+};
+
+template <int NB>
+PK_FN uint32_t v3_word(const uint8_t* p) {             // NB (<= 4) bytes at p as one word, any alignment
+    uint32_t o[1];
+    pk_bytes<NB>(p, o);
+    return o[0];
+}
+
+PK_FN void v3_load(const uint8_t* u, int t, int valid, V3RawQ40& r) {
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+        const bool in = c < valid;
+        r.qs[c] = in ? v3_word<4>(u + 18 * c + 2 + 4 * t) : 0u;
+        r.d[c] = in ? pk_f16w(v3_word<2>(u + 18 * c), 0) : 0.0f;
+    }
+}
+PK_FN void v3_load(const uint8_t* u, int t, int valid, V3RawQ41& r) {
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+        const bool in = c < valid;
+        r.qs[c] = in ? v3_word<4>(u + 20 * c + 4 + 4 * t) : 0u;
+        r.dm[c] = in ? v3_word<4>(u + 20 * c) : 0u;
+    }
+}
+PK_FN void v3_load(const uint8_t* u, int t, int valid, V3RawQ80& r) {
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+        const bool in = c < valid;
+        r.qs[2 * c] = in ? v3_word<4>(u + 34 * c + 2 + 4 * t) : 0u;
+        r.qs[2 * c + 1] = in ? v3_word<4>(u + 34 * c + 18 + 4 * t) : 0u;
+        r.d[c] = in ? pk_f16w(v3_word<2>(u + 34 * c), 0) : 0.0f;
+    }
+}
+
+// Block j of the unit: w = d (q - 8) (q - 8 exact in bf16), s1 unused
+PK_FN void v3_chunk(const V3RawQ40& r, int j, uint32_t (&a)[4], float& s0, float& s1) {
+    const uint32_t off = 0xC308C308u;                   // - 136: (128 + q) - 136 = q - 8
+    v3_pairs(r.qs[j] & 0x0F0F0F0Fu, off, a[0], a[1]);
+    v3_pairs((r.qs[j] >> 4) & 0x0F0F0F0Fu, off, a[2], a[3]);
+    s0 = r.d[j];
+    s1 = 0.0f;
+}
+// w = d q + m
+PK_FN void v3_chunk(const V3RawQ41& r, int j, uint32_t (&a)[4], float& s0, float& s1) {
+    const uint32_t off = 0xC300C300u;                   // - 128
+    v3_pairs(r.qs[j] & 0x0F0F0F0Fu, off, a[0], a[1]);
+    v3_pairs((r.qs[j] >> 4) & 0x0F0F0F0Fu, off, a[2], a[3]);
+    s0 = pk_f16w(r.dm[j], 0);
+    s1 = pk_f16w(r.dm[j], 1);
+}
+// w = q d
+PK_FN void v3_chunk(const V3RawQ80& r, int j, uint32_t (&a)[4], float& s0, float& s1) {
+    v3_pairs_i8(r.qs[2 * j], a[0], a[1]);
+    v3_pairs_i8(r.qs[2 * j + 1], a[2], a[3]);
+    s0 = r.d[j];
+    s1 = 0.0f;
+}
+
+// ------------------------------------------------------------------------------------------------ per type
+template <int QT>
+struct V3;
+template <>
+struct V3<PK_Q4_K> { using Raw = V3RawQ4K; static constexpr int UNIT = 144, BLOCK = 144, FOLD = FOLD_MIN; };
+template <>
+struct V3<PK_Q6_K> { using Raw = V3RawQ6K; static constexpr int UNIT = 210, BLOCK = 210, FOLD = FOLD_SPLIT; };
+template <>
+struct V3<PK_Q4_0> { using Raw = V3RawQ40; static constexpr int UNIT = 8 * 18, BLOCK = 18, FOLD = FOLD_ONE; };
+template <>
+struct V3<PK_Q4_1> { using Raw = V3RawQ41; static constexpr int UNIT = 8 * 20, BLOCK = 20, FOLD = FOLD_MIN; };
+template <>
+struct V3<PK_Q8_0> { using Raw = V3RawQ80; static constexpr int UNIT = 8 * 34, BLOCK = 34, FOLD = FOLD_ONE; };
+// BLOCK: bytes per 32-weight chunk's block (K-quants: per unit; a row is K / 256 of those, the others K / 32)
