@@ -206,7 +206,7 @@ def kernel_markdown(res: dict) -> list[str]:
     lines += markdown_table(head, rows)
     lines += ["", "us per call (CUDA graph of back-to-back calls on rotating copies: weights from HBM). floor = packed "
               "bytes / copy bandwidth; `% floor` = floor / the fastest variant; bf16 = invariant.cu on the dense bf16 "
-              "matrix (the bf16 model's path), its own floor is 2 bytes a weight. v3 runs v2 for Q4_0 / Q4_1 / Q8_0.",
+              "matrix (the bf16 model's path), its own floor is 2 bytes a weight.",
               ""]
     trows = []
     for r in res["rows"]:

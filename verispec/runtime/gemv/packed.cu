@@ -29,12 +29,12 @@
 //       bf16 activations only (fp32 and fp16 run v1: fewer kernels to compile, and no model's default dtype on a GPU).
 // The warp-per-row layout is the contract's, so neither variant can split K further for a small N: N = 1024 gives
 // 1024 warps (8 a SM on an H100), and a lane's chunks are read one after another.
-//   v3  Q4_K and Q6_K with bf16 x (the bulk of Q4_K_M): a new order, on the tensor cores (its comment, before the
-//       dequantizer, states it): a block of 8 warps owns 16 rows of W, each warp 1/8 of K (super-blocks p, p + 8, ...)
-//       summed in slice order; each weight is loaded once (8- and 16-byte loads), decoded once to an exact bf16
-//       integer and applied to all of the block's tokens by mma.sync, its scale folded in per chunk. Not v2's bits
-//       (the sum is regrouped); the other types and dtypes run v2 / v1 under variant 3. Its lane layout
-//       (packed_v3.cuh) is checked on the CPU with the MMA emulated (tests/test_quant_v3.py).
+//   v3  bf16 x, every type: a new order, on the tensor cores (its comment, before the dequantizer, states it): a
+//       block of 8 warps owns 16 rows of W, each warp 1/8 of K (units of 256 weights p, p + 8, ...) summed in slice
+//       order; each weight is loaded once, decoded once to an exact bf16 integer and applied to all of the block's
+//       tokens by mma.sync, its scales folded in per chunk. Not v2's bits (the sum is regrouped); fp32 / fp16 x run
+//       v1 under variant 3. Its lane layout (packed_v3.cuh) is checked on the CPU with the MMA emulated
+//       (tests/test_quant_v3.py).
 //
 // Launch (v1, v2): grid (ceil(N / 4), ceil(M / tokens per block)), 4 warps a block, one row of W per warp; v3: grid
 // (ceil(N / 16), ceil(M / 8 or 16)), 8 warps a block. No allocation, no host sync: CUDA-graph capturable.
