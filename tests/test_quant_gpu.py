@@ -201,7 +201,8 @@ def test_packed_prefill_is_the_dense_models(tmp_path):
         assert ((logits[0] - logits[1]).abs().max() / logits[1].abs().max()).item() < 2e-2
 
 
-def test_embedded_smollm2_runs_from_its_blocks_on_the_gpu():
+@pytest.mark.parametrize("variant", [0, 3], ids=["default", "v3"])
+def test_embedded_smollm2_runs_from_its_blocks_on_the_gpu(monkeypatch, variant):
     """The embedded SmolLM2-135M (Q4_1 matrices, a Q8_0 embedding that is also the LM head) packed on CUDA, every
     matmul through packed.cu or its dequantizer:
       * its logits (teacher-forced, prefill then 24 decode steps) are within 5% (of the largest logit) of the dense
@@ -209,7 +210,8 @@ def test_embedded_smollm2_runs_from_its_blocks_on_the_gpu():
         for bit: the dense model's weights are rounded to bf16, packed.cu multiplies by the exact fp32 ones, so greedy
         texts agree until a near-tie flips a token, which is not asserted;
       * speculative greedy output equals plain greedy output on the packed model, bit for bit, for every drafter
-        (the product's promise: packed.cu is batch-invariant)."""
+        (the product's promise: packed.cu is batch-invariant), with packed.cu's default variant and with v3."""
+    import verispec.runtime.ops as ops
     from verispec import DraftModel, PromptLookup, SelfSpeculative, generate
     from verispec.runtime import load_model
     from verispec.runtime.loading import embedded_gguf_path
@@ -219,6 +221,7 @@ def test_embedded_smollm2_runs_from_its_blocks_on_the_gpu():
         embedded_gguf_path()
     except FileNotFoundError as e:
         pytest.skip(str(e))
+    monkeypatch.setattr(ops, "PACKED_VARIANT", variant)
     packed, dense = load_model(device="cuda", packed=True), load_model(device="cuda")
     assert len(packed_weights(packed.net)) == 1 + 30 * 4 and packed.weight_bytes < 100e6
     ids = packed.tokenizer.apply_chat_template([{"role": "user", "content": "Name three colours of the rainbow."}])
