@@ -453,26 +453,31 @@ def summary_markdown(parts: dict) -> list[str]:
     lines = ["## Goals vs measured", ""]
     if "model" in parts:
         res = parts["model"]
-        packed, bf16 = res["models"][0], res["models"][1]
+        packed = res["models"][0]
+        bf16 = res["models"][1] if len(res["models"]) > 1 else None       # absent from a part cut short
         one = {v: {int(t): ms for t, ms in p.items()} for v, p in packed["passes"].items()}
         best = min(one, key=lambda v: one[v][1])
         d = one[best][1]
         floor_ms = packed["floor_bytes"] / res["bandwidth"] * 1e3
-        b16 = {int(t): ms for t, ms in bf16["passes"]["invariant"].items()}
+        versus = ""
+        if bf16 is not None:
+            b16 = {int(t): ms for t, ms in bf16["passes"]["invariant"].items()}
+            versus = f"bf16 {b16[1]:.2f} ms = {1e3 / b16[1]:.0f} tok/s; speedup over bf16 {b16[1] / d:.2f}x. "
         lines.append(f"- {res['shape']} Q4_K_M decode, B = 1 ({best}): {d:.2f} ms = {1e3 / d:.0f} tok/s = "
                      f"{floor_ms / d:.0%} of its packed-byte floor ({floor_ms:.2f} ms) (goal >= 70%, about 430 tok/s); "
-                     f"bf16 {b16[1]:.2f} ms = {1e3 / b16[1]:.0f} tok/s; speedup over bf16 {b16[1] / d:.2f}x. "
-                     f"Peers, quoted: {PEERS}.")
+                     f"{versus}Peers, quoted: {PEERS}.")
         if 5 in one[best]:
+            others = [f"{v} {one[v][5] / one[v][1]:.2f}" for v in one if v != best and 5 in one[v]]
             lines.append(f"- verify(k = 4) / decode = {one[best][5] / d:.2f} (goal <= 1.10); k = 8: "
-                         f"{one[best].get(9, float('nan')) / d:.2f}.")
+                         f"{one[best].get(9, float('nan')) / d:.2f}" +
+                         (f"; k = 4 with the other matmuls: {', '.join(others)}." if others else "."))
         bits = packed.get("bit_checks", [])
         ok = sum(1 for c in bits if c["pass_equals_steps"] and c["batch_equals_alone"])
         via = f" ({packed['bit_variant']})" if "bit_variant" in packed else ""
         lines.append(f"- bit identity on the packed model{via}: {ok} of {len(bits)} k values with the k-token pass == k "
                      f"decode steps and == the same rows in a ragged batch of 3 (goal: all).")
         pre = {int(t): ms for t, ms in packed["prefill"].items()}
-        pre16 = {int(t): ms for t, ms in bf16["prefill"].items()}
+        pre16 = {int(t): ms for t, ms in bf16["prefill"].items()} if bf16 is not None else {}
         if 1024 in pre and 1024 in pre16:
             lines.append(f"- prefill of 1024 tokens: {pre[1024]:.1f} ms packed vs {pre16[1024]:.1f} ms bf16 = "
                          f"{pre[1024] / pre16[1024]:.2f}x (goal <= 1.5x).")
@@ -500,13 +505,19 @@ PARTS = {"kernel": (kernel_part, kernel_markdown), "model": (model_part, model_m
 
 def report(src: Path, write: bool) -> Path:
     """quant.md in ``src`` from the quant_<part>.json files there (and benchmarks/results/quant.md with ``write``)."""
-    parts = {name: json.loads((src / f"quant_{name}.json").read_text()) for name in PARTS
-             if (src / f"quant_{name}.json").exists()}
+    parts, cut = {}, []
+    for name in PARTS:                 # a part that died (or was timed out) left only its partial file
+        for suffix in ("json", "partial.json"):
+            if (src / f"quant_{name}.{suffix}").exists():
+                parts[name] = json.loads((src / f"quant_{name}.{suffix}").read_text())
+                cut += [name] if suffix == "partial.json" else []
+                break
     if not parts:
         raise SystemExit(f"no quant_<part>.json in {src}")
     lines = ["# Quantized weights on the GPU (issue 24)", "",
              "Written by `benchmarks/quant.py report` from the parts below; commands: "
-             + "; ".join(f"`{p['command']}`" for p in parts.values() if "command" in p) + ".", ""]
+             + "; ".join(f"`{p['command']}`" for p in parts.values() if "command" in p) + "."
+             + (f" Cut short (partial results): {', '.join(cut)}." if cut else ""), ""]
     lines += summary_markdown(parts) + [""]
     for name, (_, md) in PARTS.items():
         if name in parts:

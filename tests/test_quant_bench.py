@@ -82,3 +82,11 @@ def test_kernel_report_with_v3(tmp_path):
     assert "| q/o | Q4_K | 1 | 9.4 | 3.1 | 14.0 | 4.0 | 78% | 12.0 | 3.00x |" in text
     assert "| q/o | Q4_K | 4096x4096 | yes | 1.0e-07 | yes | yes |" in text
     assert "on every shape and type: NO: k/v Q6_K." in text
+    # a model part cut short (only its partial file, no bf16 model yet) still reports what it measured
+    passes = {"v3": {"1": 2.5, "5": 2.6}, "v2": {"1": 6.3, "5": 14.0}}
+    model = dict(env=env, bandwidth=3e12, shape="llama-3.1-8b", models=[
+        dict(model="llama-3.1-8b Q4_K_M (packed)", weight_bytes=5e9, floor_bytes=4.6e9, passes=passes, prefill={})])
+    (tmp_path / "quant_model.partial.json").write_text(json.dumps(model))
+    text = quant.report(tmp_path, write=False).read_text()
+    assert "Cut short (partial results): model." in text and "decode, B = 1 (v3): 2.50 ms" in text
+    assert "verify(k = 4) / decode = 1.04 (goal <= 1.10); k = 8: nan; k = 4 with the other matmuls: v2 2.22." in text
