@@ -405,8 +405,8 @@ static cudaError_t pk_launch_v3(const void* x, const void* w, const void* b, voi
 template <typename T, int QT, int QK, int TYPE_SIZE>
 static cudaError_t pk_launch(const void* x, const void* w, const void* b, void* y, int M, int N, int K, int variant,
                              cudaStream_t stream) {
-    if constexpr (!std::is_same<T, __nv_bfloat16>::value) {   // v2 is built for bf16 (the GPU models' dtype) only:
-        return pk_launch_v1<T, QT, QK, TYPE_SIZE>(x, w, b, y, M, N, K, stream);   // fewer kernels to compile
+    if constexpr (!std::is_same<T, __nv_bfloat16>::value) {   // v2 and v3 are built for bf16 (the GPU models' dtype)
+        return pk_launch_v1<T, QT, QK, TYPE_SIZE>(x, w, b, y, M, N, K, stream);   // only: fewer kernels to compile
     } else {
         if (variant == 1) return pk_launch_v1<T, QT, QK, TYPE_SIZE>(x, w, b, y, M, N, K, stream);
         if (variant == 3) return pk_launch_v3<QT>(x, w, b, y, M, N, K, stream);
