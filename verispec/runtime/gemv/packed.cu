@@ -37,7 +37,7 @@
 //       (tests/test_quant_v3.py).
 //
 // Launch (v1, v2): grid (ceil(N / 4), ceil(M / tokens per block)), 4 warps a block, one row of W per warp; v3: grid
-// (ceil(N / 16), ceil(M / 8 or 16)), 8 warps a block. No allocation, no host sync: CUDA-graph capturable.
+// (ceil(M / 8 or 16), ceil(N / 16)), 8 warps a block. No allocation, no host sync: CUDA-graph capturable.
 #include "gemv_common.cuh"
 
 #include <type_traits>
@@ -169,7 +169,7 @@ packed_matmul_v2_kernel(const T* __restrict__ x,        // [M, K]
 // What it saves against v2: each weight is decoded once per block for all of the block's tokens (8 NT), by 1-2 integer
 // ops and half a bf16x2 FMA (Q8_0: a PRMT, an FADD and half a CVT) instead of a float conversion and a fp32 FMA per
 // token; the FMAs run on the tensor cores; x is read once per 16 RT rows of W instead of once per row. A block covers
-// 16 RT rows x 8 NT tokens; NT = 2 (16 tokens in registers) for M > 8, and more tokens take more blocks (grid y),
+// 16 RT rows x 8 NT tokens; NT = 2 (16 tokens in registers) for M > 8, and more tokens take more blocks (grid x),
 // each the same per-token arithmetic. Each warp loads its next unit while it computes the current one.
 template <int QT, int RT, int NT>
 __global__ void __launch_bounds__(32 * V3_SLICES, 2)   // two blocks an SM: <= 128 registers a thread
@@ -184,7 +184,7 @@ packed_matmul_v3_kernel(const __nv_bfloat16* __restrict__ x,     // [M, K]
     constexpr int F = RT * NT;                                   // accumulator fragments a warp
     __shared__ float4 s_part[V3_SLICES][F][32];
     const int lane = threadIdx.x & 31, p = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const long long row0 = (long long)blockIdx.x * (16 * RT), tok0 = (long long)blockIdx.y * (8 * NT);
+    const long long row0 = (long long)blockIdx.y * (16 * RT), tok0 = (long long)blockIdx.x * (8 * NT);
     const int nch = K / 32, nunits = (nch + 7) / 8;
     const long long row_bytes = (long long)(KQUANT ? K / 256 : nch) * Tr::BLOCK;
     const uint8_t* wr[RT][2];                                    // rows g and g + 8 of each row tile
@@ -382,11 +382,13 @@ static cudaError_t pk_launch_v2(const void* x, const void* w, const void* b, voi
 template <int QT, int RT, int NT>
 static cudaError_t pk_launch_v3_shape(const void* x, const void* w, const void* b, void* y, int M, int N, int K,
                                       cudaStream_t stream) {
-    const long long tiles = ((long long)M + 8 * NT - 1) / (8 * NT);
+    const long long tok_tiles = ((long long)M + 8 * NT - 1) / (8 * NT), row_tiles = ((long long)N + 16 * RT - 1) / (16 * RT);
     // x: 8-byte loads; Q4_K blocks: 16- and 8-byte loads (rows are whole multiples of 16 bytes)
-    if (tiles > 65535 || reinterpret_cast<uintptr_t>(x) % 8 || (QT == PK_Q4_K && reinterpret_cast<uintptr_t>(w) % 16))
+    if (tok_tiles > 0x7fffffffLL || row_tiles > 65535 || reinterpret_cast<uintptr_t>(x) % 8 ||
+        (QT == PK_Q4_K && reinterpret_cast<uintptr_t>(w) % 16))
         return cudaErrorInvalidValue;
-    const dim3 grid((unsigned)(((long long)N + 16 * RT - 1) / (16 * RT)), (unsigned)tiles);
+    // token tiles fastest (as invariant.cu): the blocks that read one row tile run together and share it through L2
+    const dim3 grid((unsigned)tok_tiles, (unsigned)row_tiles);
     packed_matmul_v3_kernel<QT, RT, NT><<<grid, 32 * V3_SLICES, 0, stream>>>(
         (const __nv_bfloat16*)x, (const uint8_t*)w, (const __nv_bfloat16*)b, (__nv_bfloat16*)y, M, N, K);
     return cudaGetLastError();
@@ -469,8 +471,8 @@ extern "C" int vs_packed_default_variant() { return 1; }
 
 // y[M, N] = x[M, K] @ W^T (+ b), W as blocks of GGML type qtype, rows of K weights. x, b, y of one dtype (fp32,
 // bf16, fp16), contiguous; variant 0 (the default), 1 or 2 (the same bits) or 3. cudaErrorInvalidValue (nothing launched)
-// for an unknown type, dtype or variant, K not a whole number of blocks, too many rows of x for the grid, (v2) x
-// not 16-byte aligned, or (v3) x not 8-byte or Q4_K blocks not 16-byte aligned.
+// for an unknown type, dtype or variant, K not a whole number of blocks, too many rows of x (v1, v2) or of W (v3:
+// N > 16 * 65535) for the grid, (v2) x not 16-byte aligned, or (v3) x not 8-byte or Q4_K blocks not 16-byte aligned.
 extern "C" cudaError_t vs_packed_matmul(const void* x, const void* w, const void* b, void* y, int dtype, int qtype,
                                         int M, int N, int K, int variant, cudaStream_t stream) {
     const int qk = vs_packed_block_size(qtype);
