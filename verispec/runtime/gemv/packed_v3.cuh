@@ -1,5 +1,5 @@
-// packed_v3.cuh: the per-lane pieces of packed.cu's v3 (Q4_K and Q6_K through bf16 tensor-core MMAs): what one lane
-// loads of a super-block, the A fragments (the blocks' small integers as exact bf16) and scales it makes of them, the
+// packed_v3.cuh: the per-lane pieces of packed.cu's v3 (every block type through bf16 tensor-core MMAs): what one lane
+// loads of a unit of 256 weights, the A fragments (the blocks' small integers as exact bf16) and scales it makes of them, the
 // B fragments (x) that pair with them, and how an MMA's result is folded into the fp32 accumulator. Included by
 // packed.cu after packed_decoders.cuh; also compiled for the host by tests/test_quant_v3.py (driver
 // tests/packed_v3_host.cpp, which emulates the warp's MMAs) to check the fragment layout against the torch
@@ -24,7 +24,8 @@
 //               A = 1 (the token's sum of x), acc = fmaf(s0, D, acc), acc = fmaf(s1, X, acc);
 //   FOLD_SPLIT  w = s0 q (weights 0..15), s1 q (16..31) (Q6_K): D0, D1 one MMA each, acc = fmaf(s0, D0, acc), then s1;
 //   FOLD_ONE    w = s0 q (Q4_0 with q - 8, Q8_0): D = one MMA chain, acc = fmaf(s0, D, acc).
-// Every s0, s1 and q is dequantize.py's value (the same products, rounded once), so w is exactly its weight.
+// Every s0, s1 and q is dequantize.py's value (the same products, rounded once); v3 never forms w itself (its terms
+// are summed apart), which is why it differs from dequantize + matmul by more than v1 / v2's summation order.
 #pragma once
 
 #ifndef __CUDACC__
