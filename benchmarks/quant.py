@@ -5,13 +5,15 @@ Three parts, each writing ``<out>/quant_<part>.json`` and printing its markdown 
 sections present into ``<out>/quant.md`` (and, with ``--write``, ``benchmarks/results/quant.md``):
 
     python benchmarks/quant.py kernel --out DIR   the 8B shape classes (q/o, k/v, gate+up, down, LM head) x Q4_K, Q6_K,
-                                                  Q4_0, Q8_0, Q4_1: packed.cu v1 and v2 us at M = 1, 2, 4, 8, 9, 16 vs
-                                                  invariant.cu on bf16 weights vs the packed-byte floor; v2 == v1 bits;
-                                                  the prefill's dequantizer (us, GB/s, == the torch dequantizer)
+                                                  Q4_0, Q8_0, Q4_1: packed.cu's variants (--variants, default 1,2) us
+                                                  at M = 1, 2, 4, 8, 9, 16 vs invariant.cu on bf16 weights vs the
+                                                  packed-byte floor; each variant's rows == alone, v2 == v1 bits, v3 vs
+                                                  the reference; the prefill's dequantizer (us, == the torch one)
     python benchmarks/quant.py model --out DIR    llama-3.1-8b in Q4_K_M (random blocks, llama.cpp's type mix) vs bf16:
-                                                  decode ms/token at B = 1 (v1, v2, dequantize-per-pass), tok/s, % of
-                                                  floor; verify passes of 2..9 tokens vs decode; a k-token pass == k
-                                                  decode steps (bits); prefill of 128 and 1024 tokens vs bf16
+                                                  decode ms/token at B = 1 (--model-variants, default 2,1;
+                                                  --dequant-pass), tok/s, % of floor; verify passes of 2..9 tokens vs
+                                                  decode; a k-token pass == k decode steps (bits, the first variant);
+                                                  prefill of 128 and 1024 tokens vs bf16
     python benchmarks/quant.py smollm --out DIR   the embedded SmolLM2-135M (Q4_1 + Q8_0) packed on the GPU vs its dense
                                                   bf16 load: tok/s, greedy text packed vs dense, speculative greedy ==
                                                   plain greedy on the packed model (prompt lookup, self-speculation, a
@@ -97,6 +99,7 @@ def kernel_part(args) -> dict:
     out = dict(env=environment(), bandwidth=bw, rows=[], checks=[], dequant=[])
     types = args.types.split(",")
     ms = [int(m) for m in args.ms.split(",")]
+    variants = _variants(args.variants)
     for shape, N, K in SHAPES:
         # bf16 reference path: invariant.cu on dense weights (what a bf16 model's pass runs)
         w16 = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * K ** -0.5
@@ -113,22 +116,33 @@ def kernel_part(args) -> dict:
             blocks = random_blocks(name, N, K, seed=N + K)
             nbytes = blocks.numel()
             qtype = fmt.ggml_type
-            # checks: v2 == v1 bit for bit at every M (and each row == that row alone), the dequantizer == torch's
+            # checks: each variant's rows of a max(ms)-row pass == the same rows in every smaller pass and alone;
+            # v2 == v1 bit for bit; v3 against the torch dequantizer + fp32 matmul on 256 rows (its own order: error
+            # in units of |x| @ |W|^T); the dequantizer == torch's
             x = torch.randn(max(ms), K, device="cuda", dtype=torch.bfloat16)
-            y1 = vg.packed_matmul(x, blocks, qtype, variant=1)
-            bad = [M for M in ms if not torch.equal(vg.packed_matmul(x[:M], blocks, qtype, variant=2), y1[:M])]
-            alone = all(torch.equal(vg.packed_matmul(x[i:i + 1], blocks, qtype, variant=2), y1[i:i + 1]) for i in (0, 5))
+            ys = {v: vg.packed_matmul(x, blocks, qtype, variant=v) for v in variants}
+            alone = all(torch.equal(vg.packed_matmul(x[:M], blocks, qtype, variant=v), ys[v][:M]) for v in variants
+                        for M in ms) and \
+                all(torch.equal(vg.packed_matmul(x[i:i + 1], blocks, qtype, variant=v), ys[v][i:i + 1])
+                    for v in variants for i in (0, 5))
             head = blocks[:256]                                  # the torch dequantizer on 256 rows (memory)
             ref = dequantize(head, qtype)
             deq_ok = all(torch.equal(vg.packed_dequantize(head, qtype, K, torch.float32, variant=v), ref) and
                          torch.equal(vg.packed_dequantize(head, qtype, K, torch.bfloat16, variant=v),
                                      ref.bfloat16()) for v in (1, 2))
-            finite = bool(torch.isfinite(y1).all())
-            check = dict(shape=shape, type=name, N=N, K=K, v2_equals_v1=not bad, bad_m=bad, alone=alone,
-                         dequant_equals_torch=deq_ok, finite=finite)
+            finite = all(bool(torch.isfinite(y).all()) for y in ys.values())
+            check = dict(shape=shape, type=name, N=N, K=K, alone=alone, dequant_equals_torch=deq_ok, finite=finite)
+            if 1 in ys and 2 in ys:
+                bad = [M for M in ms if not torch.equal(ys[2][:M], ys[1][:M])]
+                check.update(v2_equals_v1=not bad, bad_m=bad)
+            if 3 in ys:
+                exact = x.float() @ ref.T                                                     # [max(ms), 256]
+                scale = x.float().abs() @ ref.abs().T
+                check["v3_err"] = float(((ys[3][:, :256].float() - exact).abs() - exact.abs() * 2.0 ** -8).clamp(min=0)
+                                        .div(scale).max())                                # beyond bf16's rounding
             out["checks"].append(check)
             print("check", json.dumps(check), flush=True)
-            del y1, ref
+            del ys, ref
             copies = max(2, -(-args.rotate_mb * 2**20 // nbytes))
             bs = [blocks] + [blocks.clone() for _ in range(copies - 1)]
             calls = args.calls if nbytes < 2**28 else max(2, args.calls // 3)     # the LM head: fewer, longer calls
@@ -136,7 +150,7 @@ def kernel_part(args) -> dict:
                 x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
                 row = dict(shape=shape, type=name, N=N, K=K, M=M, packed_mb=nbytes / 1e6, floor_us=nbytes / bw * 1e6,
                            bf16_floor_us=N * K * 2 / bw * 1e6, bf16_us=bf16_us[M])
-                for v in (1, 2):
+                for v in variants:
                     row[f"v{v}_us"] = graph_us_per_call(
                         lambda i: vg.packed_matmul(x, bs[i % copies], qtype, variant=v), calls, args.reps)
                 out["rows"].append(row)
@@ -156,27 +170,51 @@ def kernel_part(args) -> dict:
     return out
 
 
+def _variants(spec: str) -> list[int]:
+    """``--variants`` "2,3" -> [2, 3] (packed.cu's variants, gemv.PACKED_VARIANTS)."""
+    from verispec.runtime.gemv import PACKED_VARIANTS
+
+    out = [int(v) for v in spec.split(",")]
+    if not out or any(v not in PACKED_VARIANTS for v in out):
+        raise SystemExit(f"--variants: a comma list of {PACKED_VARIANTS}, got {spec!r}")
+    return out
+
+
 def kernel_markdown(res: dict) -> list[str]:
+    timed = sorted({int(k[1:-3]) for r in res["rows"] for k in r if k.startswith("v") and k.endswith("_us")})
+    names = [f"v{v}" for v in timed]
     lines = ["## The matmul: packed.cu vs invariant.cu on bf16 weights (llama-3.1-8b shapes)", "",
              environment_line(res["env"], res["bandwidth"]), "",
-             "Checks, per shape and type: packed.cu v2 == v1 bit for bit for every M timed (rows of a 16-row product; "
-             "and rows 0 and 5 computed alone); the prefill's dequantizer (v1 and v2, fp32 and bf16) == the torch "
+             f"Checks, per shape and type, for packed.cu {', '.join(names)}: each variant's rows of a 16-row product == "
+             "the same rows in every smaller product timed and rows 0 and 5 computed alone (`alone == in pass`); v2 == "
+             "v1 bit for bit where both ran; v3 (its own order) against the torch dequantizer + fp32 matmul on 256 "
+             "rows: the largest error beyond bf16's output rounding, in units of |x| @ |W|^T (tests/test_quant_gpu.py "
+             "bounds it by 2^-14 = 6.1e-05); the prefill's dequantizer (v1 and v2, fp32 and bf16) == the torch "
              "dequantizer (quant/dequantize.py, itself gguf-py's bit for bit) on 256 rows.", ""]
-    rows = [(c["shape"], c["type"], f"{c['N']}x{c['K']}", "yes" if c["v2_equals_v1"] else f"NO {c['bad_m']}",
-             "yes" if c["alone"] else "NO", "yes" if c["dequant_equals_torch"] else "NO",
-             "yes" if c["finite"] else "NO") for c in res["checks"]]
-    lines += markdown_table(["shape", "type", "N x K", "v2 == v1", "alone == in pass", "dequantizer == torch",
-                             "finite"], rows)
+    head = ["shape", "type", "N x K", "alone == in pass"]
+    has12 = any("v2_equals_v1" in c for c in res["checks"])
+    has3 = any("v3_err" in c for c in res["checks"])
+    head += (["v2 == v1"] if has12 else []) + (["v3 error"] if has3 else []) + ["dequantizer == torch", "finite"]
+    rows = []
+    for c in res["checks"]:
+        row = [c["shape"], c["type"], f"{c['N']}x{c['K']}", "yes" if c["alone"] else "NO"]
+        if has12:
+            row.append("-" if "v2_equals_v1" not in c else "yes" if c["v2_equals_v1"] else f"NO {c['bad_m']}")
+        if has3:
+            row.append(f"{c['v3_err']:.1e}" if "v3_err" in c else "-")
+        rows.append((*row, "yes" if c["dequant_equals_torch"] else "NO", "yes" if c["finite"] else "NO"))
+    lines += markdown_table(head, rows)
     lines += ["", "us per call (CUDA graph of back-to-back calls on rotating copies: weights from HBM). floor = packed "
-              "bytes / copy bandwidth; `% floor` = floor / v2; bf16 = invariant.cu on the dense bf16 matrix (the bf16 "
-              "model's path), its own floor is 2 bytes a weight.", ""]
+              "bytes / copy bandwidth; `% floor` = floor / the fastest variant; bf16 = invariant.cu on the dense bf16 "
+              "matrix (the bf16 model's path), its own floor is 2 bytes a weight.",
+              ""]
     trows = []
     for r in res["rows"]:
-        best = min(r["v1_us"], r["v2_us"])
+        best = min(r[f"{n}_us"] for n in names)
         trows.append((r["shape"], r["type"], r["M"], f"{r['packed_mb']:.1f}", f"{r['floor_us']:.1f}",
-                      f"{r['v1_us']:.1f}", f"{r['v2_us']:.1f}", f"{r['floor_us'] / r['v2_us']:.0%}",
+                      *(f"{r[f'{n}_us']:.1f}" for n in names), f"{r['floor_us'] / best:.0%}",
                       f"{r['bf16_us']:.1f}", f"{r['bf16_us'] / best:.2f}x"))
-    lines += markdown_table(["shape", "type", "M", "packed MB", "floor", "v1", "v2", "v2 % floor", "bf16 invariant",
+    lines += markdown_table(["shape", "type", "M", "packed MB", "floor", *names, "best % floor", "bf16 invariant",
                              "bf16 / best packed"], trows)
     lines += ["", "The prefill's dequantizer (blocks -> bf16 [N, K]; floor = packed bytes read + 2 bytes a weight "
               "written):", ""]
@@ -279,19 +317,23 @@ def model_part(args) -> dict:
     bw = copy_bandwidth()
     out = dict(env=environment(), bandwidth=bw, models=[], shape=args.shape)
     tokens = [int(t) for t in args.tokens.split(",")]
-    prefill = [int(t) for t in args.prefill.split(",")]
+    prefill = [int(t) for t in args.prefill.split(",") if t]
     t0 = time.time()
     model = packed_random_model(args.shape, "Q4_K_M")
     out["build_s"] = time.time() - t0
     print(f"built {args.shape} Q4_K_M (random blocks) in {out['build_s']:.1f} s: {model.weight_bytes / 1e9:.2f} GB",
           flush=True)
-    variants = {"v2": dict(PACKED_VARIANT=2), "v1": dict(PACKED_VARIANT=1)}
+    variants = {f"v{v}": dict(PACKED_VARIANT=v) for v in _variants(args.model_variants)}
     if args.dequant_pass:
         variants["dequantize per pass"] = dict(PACKED_GEMV=False)
     entry = _model_timings(model, f"{args.shape} Q4_K_M (packed)", tokens, prefill, args.reps, variants)
     out["models"].append(entry)
     _save_partial(args, out)
+    first = next(iter(variants))                          # the bit checks run the first variant listed
+    saved, ops.PACKED_VARIANT = ops.PACKED_VARIANT, variants[first]["PACKED_VARIANT"]
     entry["bit_checks"] = _pass_bit_checks(model, ops)
+    entry["bit_variant"] = first
+    ops.PACKED_VARIANT = saved
     _save_partial(args, out)
     del model
     torch.cuda.empty_cache()
@@ -334,7 +376,8 @@ def model_markdown(res: dict) -> list[str]:
         lines.append("")
     for m in res["models"]:
         if "bit_checks" in m:
-            lines += [f"Bit checks on {m['model']} (Model.append, graphs and width buckets on): a k-token pass vs k "
+            via = f", packed.cu {m['bit_variant']}" if "bit_variant" in m else ""
+            lines += [f"Bit checks on {m['model']} (Model.append, graphs and width buckets on{via}): a k-token pass vs k "
                       "single-token passes, and the same sequence's rows inside a batch of 3 ragged sequences:", ""]
             lines += markdown_table(["k", "pass == k steps", "batch == alone", "max |diff|"],
                                     [(c["k"], "yes" if c["pass_equals_steps"] else "NO",
@@ -410,32 +453,43 @@ def summary_markdown(parts: dict) -> list[str]:
     lines = ["## Goals vs measured", ""]
     if "model" in parts:
         res = parts["model"]
-        packed, bf16 = res["models"][0], res["models"][1]
+        packed = res["models"][0]
+        bf16 = res["models"][1] if len(res["models"]) > 1 else None       # absent from a part cut short
         one = {v: {int(t): ms for t, ms in p.items()} for v, p in packed["passes"].items()}
         best = min(one, key=lambda v: one[v][1])
         d = one[best][1]
         floor_ms = packed["floor_bytes"] / res["bandwidth"] * 1e3
-        b16 = {int(t): ms for t, ms in bf16["passes"]["invariant"].items()}
+        versus = ""
+        if bf16 is not None:
+            b16 = {int(t): ms for t, ms in bf16["passes"]["invariant"].items()}
+            versus = f"bf16 {b16[1]:.2f} ms = {1e3 / b16[1]:.0f} tok/s; speedup over bf16 {b16[1] / d:.2f}x. "
         lines.append(f"- {res['shape']} Q4_K_M decode, B = 1 ({best}): {d:.2f} ms = {1e3 / d:.0f} tok/s = "
                      f"{floor_ms / d:.0%} of its packed-byte floor ({floor_ms:.2f} ms) (goal >= 70%, about 430 tok/s); "
-                     f"bf16 {b16[1]:.2f} ms = {1e3 / b16[1]:.0f} tok/s; speedup over bf16 {b16[1] / d:.2f}x. "
-                     f"Peers, quoted: {PEERS}.")
+                     f"{versus}Peers, quoted: {PEERS}.")
         if 5 in one[best]:
+            others = [f"{v} {one[v][5] / one[v][1]:.2f}" for v in one if v != best and 5 in one[v]]
             lines.append(f"- verify(k = 4) / decode = {one[best][5] / d:.2f} (goal <= 1.10); k = 8: "
-                         f"{one[best].get(9, float('nan')) / d:.2f}.")
+                         f"{one[best].get(9, float('nan')) / d:.2f}" +
+                         (f"; k = 4 with the other matmuls: {', '.join(others)}." if others else "."))
         bits = packed.get("bit_checks", [])
         ok = sum(1 for c in bits if c["pass_equals_steps"] and c["batch_equals_alone"])
-        lines.append(f"- bit identity on the packed model: {ok} of {len(bits)} k values with the k-token pass == k "
+        via = f" ({packed['bit_variant']})" if "bit_variant" in packed else ""
+        lines.append(f"- bit identity on the packed model{via}: {ok} of {len(bits)} k values with the k-token pass == k "
                      f"decode steps and == the same rows in a ragged batch of 3 (goal: all).")
         pre = {int(t): ms for t, ms in packed["prefill"].items()}
-        pre16 = {int(t): ms for t, ms in bf16["prefill"].items()}
+        pre16 = {int(t): ms for t, ms in bf16["prefill"].items()} if bf16 is not None else {}
         if 1024 in pre and 1024 in pre16:
             lines.append(f"- prefill of 1024 tokens: {pre[1024]:.1f} ms packed vs {pre16[1024]:.1f} ms bf16 = "
                          f"{pre[1024] / pre16[1024]:.2f}x (goal <= 1.5x).")
     if "kernel" in parts:
-        bad = [f"{c['shape']} {c['type']}" for c in parts["kernel"]["checks"]
-               if not (c["v2_equals_v1"] and c["alone"] and c["dequant_equals_torch"])]
-        lines.append(f"- packed.cu v2 == v1 and the dequantizer == torch on every shape and type: "
+        checks = parts["kernel"]["checks"]
+        bad = [f"{c['shape']} {c['type']}" for c in checks
+               if not (c.get("v2_equals_v1", True) and c["alone"] and c["dequant_equals_torch"]
+                       and c.get("v3_err", 0.0) <= 2.0 ** -14)]
+        said = (["v2 == v1"] if any("v2_equals_v1" in c for c in checks) else []) + \
+            (["v3 within 2^-14 of the reference"] if any("v3_err" in c for c in checks) else [])
+        lines.append(f"- packed.cu: every variant's rows the same bits alone and in every pass width, "
+                     f"{', '.join(said + ['the dequantizer == torch'])}, on every shape and type: "
                      f"{'yes' if not bad else 'NO: ' + ', '.join(bad)}.")
     if "smollm" in parts:
         bad = [c for c in parts["smollm"]["exact"] if c["differ_batch"] or not c["alone_equal"]]
@@ -451,13 +505,19 @@ PARTS = {"kernel": (kernel_part, kernel_markdown), "model": (model_part, model_m
 
 def report(src: Path, write: bool) -> Path:
     """quant.md in ``src`` from the quant_<part>.json files there (and benchmarks/results/quant.md with ``write``)."""
-    parts = {name: json.loads((src / f"quant_{name}.json").read_text()) for name in PARTS
-             if (src / f"quant_{name}.json").exists()}
+    parts, cut = {}, []
+    for name in PARTS:                 # a part that died (or was timed out) left only its partial file
+        for suffix in ("json", "partial.json"):
+            if (src / f"quant_{name}.{suffix}").exists():
+                parts[name] = json.loads((src / f"quant_{name}.{suffix}").read_text())
+                cut += [name] if suffix == "partial.json" else []
+                break
     if not parts:
         raise SystemExit(f"no quant_<part>.json in {src}")
     lines = ["# Quantized weights on the GPU (issue 24)", "",
              "Written by `benchmarks/quant.py report` from the parts below; commands: "
-             + "; ".join(f"`{p['command']}`" for p in parts.values() if "command" in p) + ".", ""]
+             + "; ".join(f"`{p['command']}`" for p in parts.values() if "command" in p) + "."
+             + (f" Cut short (partial results): {', '.join(cut)}." if cut else ""), ""]
     lines += summary_markdown(parts) + [""]
     for name, (_, md) in PARTS.items():
         if name in parts:
@@ -478,6 +538,9 @@ def main(argv=None) -> None:
     ap.add_argument("--write", action="store_true", help="also write benchmarks/results/quant.md")
     ap.add_argument("--types", default=",".join(TYPES), help="kernel: block types")
     ap.add_argument("--ms", default=",".join(map(str, MS)), help="kernel: rows M to time")
+    ap.add_argument("--variants", default="1,2", help="kernel: packed.cu variants to time and check (e.g. 2,3)")
+    ap.add_argument("--model-variants", default="2,1",
+                    help="model: packed.cu variants to time, the first also running the bit checks (e.g. 3,2)")
     ap.add_argument("--calls", type=int, default=10, help="kernel: calls per captured graph")
     ap.add_argument("--reps", type=int, default=15, help="replays per timing")
     ap.add_argument("--rotate-mb", type=int, default=256, help="kernel: rotate weight copies over at least this")

@@ -63,3 +63,30 @@ def test_report_from_saved_parts(tmp_path, monkeypatch):
     assert not (tmp_path / "results").exists()
     quant.report(tmp_path, write=True)
     assert (tmp_path / "results" / "quant.md").read_text() == text
+
+
+def test_kernel_report_with_v3(tmp_path):
+    """--variants 2,3: the table has a column per variant timed, % floor of the fastest, v3's error beside the checks,
+    and the summary fails a v3 error above the test's bound (2^-14)."""
+    env = dict(date="2026-11-25 10:00 UTC", torch="2", cuda="12", triton="3", transformers="4", python="3.11",
+               device="NVIDIA H100", sms=132, l2_mib=50, driver="1")
+    checks = [dict(shape="q/o", type="Q4_K", N=4096, K=4096, alone=True, dequant_equals_torch=True, finite=True,
+                   v3_err=1e-7),
+              dict(shape="k/v", type="Q6_K", N=1024, K=4096, alone=True, dequant_equals_torch=True, finite=True,
+                   v3_err=1e-3)]
+    rows = [dict(shape="q/o", type="Q4_K", N=4096, K=4096, M=1, packed_mb=9.4, floor_us=3.1, bf16_floor_us=11.1,
+                 bf16_us=12.0, v2_us=14.0, v3_us=4.0)]
+    kernel = dict(env=env, bandwidth=3e12, rows=rows, checks=checks, dequant=[], command="python benchmarks/quant.py kernel")
+    (tmp_path / "quant_kernel.json").write_text(json.dumps(kernel))
+    text = quant.report(tmp_path, write=False).read_text()
+    assert "| q/o | Q4_K | 1 | 9.4 | 3.1 | 14.0 | 4.0 | 78% | 12.0 | 3.00x |" in text
+    assert "| q/o | Q4_K | 4096x4096 | yes | 1.0e-07 | yes | yes |" in text
+    assert "on every shape and type: NO: k/v Q6_K." in text
+    # a model part cut short (only its partial file, no bf16 model yet) still reports what it measured
+    passes = {"v3": {"1": 2.5, "5": 2.6}, "v2": {"1": 6.3, "5": 14.0}}
+    model = dict(env=env, bandwidth=3e12, shape="llama-3.1-8b", models=[
+        dict(model="llama-3.1-8b Q4_K_M (packed)", weight_bytes=5e9, floor_bytes=4.6e9, passes=passes, prefill={})])
+    (tmp_path / "quant_model.partial.json").write_text(json.dumps(model))
+    text = quant.report(tmp_path, write=False).read_text()
+    assert "Cut short (partial results): model." in text and "decode, B = 1 (v3): 2.50 ms" in text
+    assert "verify(k = 4) / decode = 1.04 (goal <= 1.10); k = 8: nan; k = 4 with the other matmuls: v2 2.22." in text

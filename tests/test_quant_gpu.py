@@ -64,6 +64,71 @@ def test_packed_matmul_is_batch_invariant(name):
         assert torch.equal(packed_matmul(x[:M], blocks, qtype), alone[:M]), M
 
 
+# v3's own shapes besides SHAPES: K = 768 (3 units of 256 weights, fewer than its 8 slices; Q6_K rows of 630 bytes, so
+# every other row is 2 mod 4 aligned) with N = 300 (a partial 16-row tile); SmolLM2's fused q/k/v (960 x 576: a short
+# last unit of 2 blocks) and down (576 x 1536)
+V3_SHAPES = SHAPES + [(300, 768), (960, 576), (576, 1536)]
+
+
+@pytest.mark.parametrize("name", TYPES)
+@pytest.mark.parametrize("N, K", V3_SHAPES)
+def test_packed_v3_matches_the_reference(name, N, K):
+    """packed.cu v3 (bf16 x, tensor cores) against the torch dequantizer + fp32 matmul. v3 regroups each chunk's sum
+    (Q4_K / Q4_1: scale * sum(q x) + offset * sum(x); Q6_K: per 16-weight scale group), so its terms are bounded by
+    |x| @ (|scale q| + |offset|) rather than |x| @ |W| (up to about 4x larger for real blocks): tolerance
+    2^-14 * (|x| @ |W|^T) + one bf16 rounding of the output, i.e. the v1 / v2 bound of 2^-16 on that 4x."""
+    from verispec.runtime.gemv import packed_matmul
+
+    if K % BY_NAME[name].block_size:
+        pytest.skip(f"rows of {K} are not whole {name} blocks")
+    qtype = BY_NAME[name].ggml_type
+    blocks = blocks_of(name, N, K).cuda()
+    W = dequantize(blocks, qtype)
+    x = torch.randn(11, K, device="cuda").bfloat16()
+    y = packed_matmul(x, blocks, qtype, variant=3).float()
+    ref = x.float() @ W.T
+    scale = x.float().abs() @ W.abs().T
+    assert bool(((y - ref).abs() <= 2.0 ** -14 * scale + ref.abs() * 2.0 ** -8 + 1e-30).all()), (y - ref).abs().max()
+
+
+@pytest.mark.parametrize("name", TYPES)
+@pytest.mark.parametrize("N, K", [(1024, 4096), (4096, 14336), (300, 768), (960, 576)])
+def test_packed_v3_is_batch_invariant(name, N, K):
+    """v3's promise: row i of a pass of M rows is the same bits as row i alone, for every M = 1..16 (the widths held
+    in registers: 8 and 16 tokens a block), 17 and 33 (more blocks along the tokens), x aligned or not, with a bias,
+    and the rows of two sequences in one pass (ragged)."""
+    from verispec.runtime.gemv import packed_matmul
+
+    if K % BY_NAME[name].block_size:
+        pytest.skip(f"rows of {K} are not whole {name} blocks")
+    qtype = BY_NAME[name].ggml_type
+    blocks = blocks_of(name, N, K).cuda()
+    flat = torch.randn(33 * K + 1, device="cuda").bfloat16()
+    b = torch.randn(N, device="cuda").bfloat16()
+    for x in (flat[:33 * K].view(33, K), flat[1:].view(33, K)):          # 16-byte aligned, then misaligned
+        alone = torch.cat([packed_matmul(x[i:i + 1], blocks, qtype, b, variant=3) for i in range(33)])
+        for M in [*range(1, 17), 17, 33]:
+            assert torch.equal(packed_matmul(x[:M], blocks, qtype, b, variant=3), alone[:M]), (M, x.data_ptr() % 16)
+        ragged = torch.cat([x[3:8], x[20:29]])                             # rows of two sequences in one pass
+        assert torch.equal(packed_matmul(ragged, blocks, qtype, b, variant=3), torch.cat([alone[3:8], alone[20:29]]))
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_packed_v3_runs_v1_for_fp32_and_fp16(name):
+    """v3 is built for bf16 x only (the GPU models' dtype): fp32 and fp16 x run v1 under variant 3, bit for bit. (With
+    bf16 x v3 does NOT equal v1 / v2's bits: its order regroups the sum; the tests above bound it against the
+    reference and check its own batch invariance.)"""
+    from verispec.runtime.gemv import packed_matmul
+
+    qtype = BY_NAME[name].ggml_type
+    blocks = blocks_of(name, 1024, 4096).cuda()
+    x = torch.randn(9, 4096, device="cuda")
+    for dtype in (torch.float32, torch.float16):
+        for M in (1, 5, 9):
+            assert torch.equal(packed_matmul(x[:M].to(dtype), blocks, qtype, variant=3),
+                               packed_matmul(x[:M].to(dtype), blocks, qtype, variant=1)), (dtype, M)
+
+
 def test_quantize_on_cuda_equals_the_cpu():
     w = torch.randn(64, 1024, generator=torch.Generator().manual_seed(2))
     w[0] = 0
@@ -136,7 +201,8 @@ def test_packed_prefill_is_the_dense_models(tmp_path):
         assert ((logits[0] - logits[1]).abs().max() / logits[1].abs().max()).item() < 2e-2
 
 
-def test_embedded_smollm2_runs_from_its_blocks_on_the_gpu():
+@pytest.mark.parametrize("variant", [0, 3], ids=["default", "v3"])
+def test_embedded_smollm2_runs_from_its_blocks_on_the_gpu(monkeypatch, variant):
     """The embedded SmolLM2-135M (Q4_1 matrices, a Q8_0 embedding that is also the LM head) packed on CUDA, every
     matmul through packed.cu or its dequantizer:
       * its logits (teacher-forced, prefill then 24 decode steps) are within 5% (of the largest logit) of the dense
@@ -144,7 +210,8 @@ def test_embedded_smollm2_runs_from_its_blocks_on_the_gpu():
         for bit: the dense model's weights are rounded to bf16, packed.cu multiplies by the exact fp32 ones, so greedy
         texts agree until a near-tie flips a token, which is not asserted;
       * speculative greedy output equals plain greedy output on the packed model, bit for bit, for every drafter
-        (the product's promise: packed.cu is batch-invariant)."""
+        (the product's promise: packed.cu is batch-invariant), with packed.cu's default variant and with v3."""
+    import verispec.runtime.ops as ops
     from verispec import DraftModel, PromptLookup, SelfSpeculative, generate
     from verispec.runtime import load_model
     from verispec.runtime.loading import embedded_gguf_path
@@ -154,6 +221,7 @@ def test_embedded_smollm2_runs_from_its_blocks_on_the_gpu():
         embedded_gguf_path()
     except FileNotFoundError as e:
         pytest.skip(str(e))
+    monkeypatch.setattr(ops, "PACKED_VARIANT", variant)
     packed, dense = load_model(device="cuda", packed=True), load_model(device="cuda")
     assert len(packed_weights(packed.net)) == 1 + 30 * 4 and packed.weight_bytes < 100e6
     ids = packed.tokenizer.apply_chat_template([{"role": "user", "content": "Name three colours of the rainbow."}])
@@ -176,11 +244,11 @@ def test_embedded_smollm2_runs_from_its_blocks_on_the_gpu():
             assert got == plain, (kind, k)
 
 
-@pytest.mark.parametrize("gemv, variant", [(False, 0), (True, 1), (True, 2)])
+@pytest.mark.parametrize("gemv, variant", [(False, 0), (True, 1), (True, 2), (True, 3)])
 def test_packed_model_on_the_gpu(tmp_path, monkeypatch, gemv, variant):
     """A tiny Q4_K_M model loaded packed on CUDA (bf16, the kernels path): its logits within bf16 rounding of the
     dense-loaded model's, and a 4-token verify pass bit-identical to 4 decode steps (with packed.cu: its batch
-    invariance, either variant; without: the dequantized weights through invariant.cu)."""
+    invariance, any variant; without: the dequantized weights through invariant.cu)."""
     import verispec.runtime.ops as ops
     from verispec.runtime import ModelConfig, load_model
     from verispec.runtime.quant.export import write_quantized_gguf

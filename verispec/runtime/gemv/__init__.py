@@ -208,8 +208,9 @@ def invariant_variants() -> int:
 
 
 # ------------------------------------------------------------------------------------ packed (GGUF block) matmul
-PACKED_VARIANTS = (1, 2)   # packed.cu's variants: the same bits (its header says what differs); 0 = the default, v1 until
-                           # v2's GPU checks have passed (vs_packed_default_variant)
+PACKED_VARIANTS = (1, 2, 3)   # packed.cu's variants (its header says what differs): v1 and v2 the same bits; v3 its own
+                              # order on the tensor cores, every type, bf16 x (v1's bits for fp32 / fp16 x). 0 = the
+                              # default (vs_packed_default_variant): v1 until the GPU checks of the others have passed
 
 
 def _packed_args(fn: str, blocks: torch.Tensor, qtype: int, K: int, variant: int):
@@ -234,7 +235,8 @@ def packed_matmul(x: torch.Tensor, blocks: torch.Tensor, qtype: int, b: torch.Te
     ``qtype`` (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K). x [..., K] (fp32 / bf16 / fp16, CUDA) -> [..., N] of x's dtype, fp32
     accumulation, each output element reduced in packed.cu's one order (row i of the result does not depend on the
     other rows). One launch, no host sync. variant: 0 = the default (``PACKED_VARIANTS``), 1 or 2 (the same bits;
-    packed.cu's header).
+    packed.cu's header), 3 (tensor cores, bf16 x: batch-invariant too, in another order, so not v2's bits; fp32 /
+    fp16 x run v1).
 
     Example: W = 2 rows of 32 weights, all 1.0 in Q8_0 (d = 1, q = 1):
     ``blocks = torch.tensor([[0, 60] + [1] * 32] * 2, dtype=torch.uint8, device="cuda")``,
@@ -251,7 +253,10 @@ def packed_matmul(x: torch.Tensor, blocks: torch.Tensor, qtype: int, b: torch.Te
     x2 = x.reshape(-1, K).contiguous()
     if x2.data_ptr() % 16:                      # v2 reads x as 16-byte vectors
         x2 = x2.clone()
-    y = load().packed_matmul(x2, blocks.contiguous(), fmt.ggml_type, fmt.type_size,
+    blocks = blocks.contiguous()
+    if variant == 3 and blocks.data_ptr() % 16:  # v3 reads Q4_K blocks as 16-byte vectors: a fresh copy is aligned (a
+        blocks = blocks.clone()                  # model's matrices always are; this is for odd views)
+    y = load().packed_matmul(x2, blocks, fmt.ggml_type, fmt.type_size,
                              None if b is None else b.contiguous(), None if out is None else out.view(-1, N),
                              int(variant))
     return y.view(out_shape) if out is None else out

@@ -180,7 +180,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("inv_num_variants", &vs_inv_num_variants, "how many variants inv_matmul has (1..n)");
     m.def("gemv_config", &gemv_config, "the automatic (version, rows, split) of vs_gemv for w [N, K] and M rows");
     m.def("packed_matmul", &packed_matmul, "y = x @ W^T (+ b), W as GGUF blocks, in packed.cu's fixed order, any M "
-          "(variant: 0 = default, 1, 2: the same bits)");
+          "(variant: 0 = default, 1, 2: the same bits; 3: tensor cores (bf16), its own fixed order)");
     m.def("packed_dequantize", &packed_dequantize, "out [N, K] = W dequantized from its GGUF blocks (variant as above)");
     m.def("packed_default_variant", &vs_packed_default_variant, "the variant packed_matmul runs for variant 0");
 }

@@ -1,10 +1,11 @@
 // packed.cu: y[M, N] = x[M, K] @ W[N, K]^T (+ b[N]) with W held as GGUF blocks (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K:
 // verispec/runtime/quant/formats.py has the byte layouts), every weight dequantized in registers, fp32 accumulation,
-// any number of rows M, each output element reduced in ONE order that depends on K alone: the batch invariance of
-// invariant.cu (a token's logits do not depend on how many tokens share the pass), for packed weights. And the
-// prefill's dequantizer: W -> a dense [N, K] copy in x's dtype for a tensor-core GEMM.
+// any number of rows M, each output element reduced in ONE order that depends on K alone (per variant: v1 / v2 share
+// one, v3 has its own, below its kernel): the batch invariance of invariant.cu (a token's logits do not depend on how
+// many tokens share the pass), for packed weights. And the prefill's dequantizer: W -> a dense [N, K] copy in x's
+// dtype for a tensor-core GEMM.
 //
-// The order (the contract):
+// The order of v1 and v2 (the contract):
 //   * a row of W is cut into chunks of 32 weights (chunk c = columns [32 c, 32 c + 32)): a Q4_0 / Q4_1 / Q8_0
 //     block, a Q4_K sub-block, two Q6_K sub-blocks;
 //   * lane l of the row's warp owns chunks l, l + 32, l + 64, ... and, per token, accumulates from 0 in that order,
@@ -27,11 +28,16 @@
 //       carries no dead accumulators), the chunk loop unrolled by 2 (two chunks' loads in flight per lane). Built for
 //       bf16 activations only (fp32 and fp16 run v1: fewer kernels to compile, and no model's default dtype on a GPU).
 // The warp-per-row layout is the contract's, so neither variant can split K further for a small N: N = 1024 gives
-// 1024 warps (8 a SM on an H100), and a lane's chunks are read one after another. A faster kernel for small N needs a
-// new order (several warps per row, summed in a fixed order), and with it new checks.
+// 1024 warps (8 a SM on an H100), and a lane's chunks are read one after another.
+//   v3  bf16 x, every type: a new order, on the tensor cores (its comment, before the dequantizer, states it): a
+//       block of 8 warps owns 16 rows of W, each warp 1/8 of K (units of 256 weights p, p + 8, ...) summed in slice
+//       order; each weight is loaded once, decoded once to an exact bf16 integer and applied to all of the block's
+//       tokens by mma.sync, its scales folded in per chunk. Not v2's bits (the sum is regrouped); fp32 / fp16 x run
+//       v1 under variant 3. Its lane layout (packed_v3.cuh) is checked on the CPU with the MMA emulated
+//       (tests/test_quant_v3.py).
 //
-// Launch: grid (ceil(N / 4), ceil(M / tokens per block)), 4 warps a block, one row of W per warp. No allocation, no
-// host sync: CUDA-graph capturable.
+// Launch (v1, v2): grid (ceil(N / 4), ceil(M / tokens per block)), 4 warps a block, one row of W per warp; v3: grid
+// (ceil(M / 8 or 16), ceil(N / 16)), 8 warps a block. No allocation, no host sync: CUDA-graph capturable.
 #include "gemv_common.cuh"
 
 #include <type_traits>
@@ -40,6 +46,7 @@
 #define PK_TOKENS 8       // tokens per block
 
 #include "packed_decoders.cuh"
+#include "packed_v3.cuh"
 
 template <typename T, int QT, int QK, int TYPE_SIZE>
 __global__ void __launch_bounds__(32 * PK_WARPS)
@@ -143,6 +150,170 @@ packed_matmul_v2_kernel(const T* __restrict__ x,        // [M, K]
     }
 }
 
+// ------------------------------------------------------------------------------------------------ v3
+// Every type with bf16 x, through tensor cores: its own order (below), M-invariant like v1 / v2's but not theirs.
+//   * a row is cut into units of 8 chunks of 32 weights (packed_v3.cuh: a K-quant super-block, or 8 Q4_0 / Q4_1 /
+//     Q8_0 blocks; the last unit of a row may be short); V3_SLICES = 8 warps a block, warp p owning units p, p + 8, ...
+//     (a function of K alone), each a chain of fp32 accumulators from 0 over its units in increasing order, a unit's
+//     chunks in order;
+//   * a chunk's integers q (exact in bf16) meet x in mma.sync m16n8k16 (fp32 out) in the lane layout of
+//     packed_v3.cuh, and its scales are folded in after the MMA, the type's FOLD (see there): Q4_K, Q4_1:
+//     D = (0 + A1 B1) + A2 B2 (the chunk's two halves, one MMA chain), X = the same chain with A = 1 (the token's sum
+//     of x over the chunk), acc = fmaf(s0, D, acc), acc = fmaf(s1, X, acc) (w = s0 q + s1, dequantize.py's weight,
+//     regrouped); Q6_K: D0 = 0 + A1 B1, D1 = 0 + A2 B2 (one per 16-weight scale group), acc = fmaf(s0, D0, acc), then
+//     fmaf(s1, D1, acc); Q4_0, Q8_0: D as Q4_K's, acc = fmaf(s0, D, acc);
+//   * y = ((0 + P_0) + P_1) + ... + P_7 (through shared memory), then + b, rounded once to bf16.
+// An MMA's D[r][n] comes from row r of A and column n of B alone (invariant.cu relies on the same), so a token's
+// result depends on its row of x and K only: not on M, its tile, its slot in the n = 8 tile, RT or NT. Columns past
+// M repeat token M - 1 and rows past N repeat row N - 1 (valid memory), never stored.
+// What it saves against v2: each weight is decoded once per block for all of the block's tokens (8 NT), by 1-2 integer
+// ops and half a bf16x2 FMA (Q8_0: a PRMT, an FADD and half a CVT) instead of a float conversion and a fp32 FMA per
+// token; the FMAs run on the tensor cores; x is read once per 16 RT rows of W instead of once per row. A block covers
+// 16 RT rows x 8 NT tokens; NT = 2 (16 tokens in registers) for M > 8, and more tokens take more blocks (grid x),
+// each the same per-token arithmetic. Each warp loads its next unit while it computes the current one.
+template <int QT, int RT, int NT>
+__global__ void __launch_bounds__(32 * V3_SLICES, 2)   // two blocks an SM: <= 128 registers a thread
+packed_matmul_v3_kernel(const __nv_bfloat16* __restrict__ x,     // [M, K]
+                        const uint8_t* __restrict__ w,           // [N, row bytes]
+                        const __nv_bfloat16* __restrict__ bias,  // [N] or nullptr
+                        __nv_bfloat16* __restrict__ y,           // [M, N]
+                        int M, int N, int K) {
+    using Tr = V3<QT>;
+    using Raw = typename Tr::Raw;
+    constexpr bool KQUANT = QT == PK_Q4_K || QT == PK_Q6_K;   // K a multiple of 256: no short unit
+    constexpr int F = RT * NT;                                   // accumulator fragments a warp
+    __shared__ float4 s_part[V3_SLICES][F][32];
+    const int lane = threadIdx.x & 31, p = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const long long row0 = (long long)blockIdx.y * (16 * RT), tok0 = (long long)blockIdx.x * (8 * NT);
+    const int nch = K / 32, nunits = (nch + 7) / 8;
+    const long long row_bytes = (long long)(KQUANT ? K / 256 : nch) * Tr::BLOCK;
+    const uint8_t* wr[RT][2];                                    // rows g and g + 8 of each row tile
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            const long long rr = row0 + 16 * r + 8 * hf + g;
+            wr[r][hf] = w + (rr < N ? rr : (long long)N - 1) * row_bytes;
+        }
+    const uint16_t* xr[NT];                                      // token g of each n = 8 tile
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        const long long tok = tok0 + 8 * j + g;
+        xr[j] = reinterpret_cast<const uint16_t*>(x) + (tok < M ? tok : (long long)M - 1) * K;
+    }
+    float acc[RT][NT][4];
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) acc[r][j][0] = acc[r][j][1] = acc[r][j][2] = acc[r][j][3] = 0.0f;
+
+    Raw cur[RT][2];
+    int u = p;
+    if (u < nunits) {
+        const int valid = KQUANT ? 8 : min(8, nch - 8 * u);
+#pragma unroll
+        for (int r = 0; r < RT; ++r)
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) v3_load(wr[r][hf] + (long long)u * Tr::UNIT, t, valid, cur[r][hf]);
+    }
+    for (; u < nunits; u += V3_SLICES) {
+        const bool more = u + V3_SLICES < nunits;
+        Raw nxt[RT][2];
+        if (more) {
+            const int valid = KQUANT ? 8 : min(8, nch - 8 * (u + V3_SLICES));
+#pragma unroll
+            for (int r = 0; r < RT; ++r)
+#pragma unroll
+                for (int hf = 0; hf < 2; ++hf)
+                    v3_load(wr[r][hf] + (long long)(u + V3_SLICES) * Tr::UNIT, t, valid, nxt[r][hf]);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            if (!KQUANT && 8 * u + j >= nch) break;              // a short last unit (the whole warp)
+            const long long col = 256LL * u + 32 * j;
+            uint32_t b[NT][4];
+#pragma unroll
+            for (int n = 0; n < NT; ++n) v3_b_frags<QT>(xr[n] + col, t, b[n]);
+            float xs[NT][4];                                     // FOLD_MIN: each token's sum of x over the chunk
+            if constexpr (Tr::FOLD == FOLD_MIN) {
+#pragma unroll
+                for (int n = 0; n < NT; ++n) {
+                    xs[n][0] = xs[n][1] = xs[n][2] = xs[n][3] = 0.0f;
+                    mma_16816<__nv_bfloat16>(xs[n], V3_BF16_ONES, V3_BF16_ONES, V3_BF16_ONES, V3_BF16_ONES, b[n][0],
+                                             b[n][1]);
+                    mma_16816<__nv_bfloat16>(xs[n], V3_BF16_ONES, V3_BF16_ONES, V3_BF16_ONES, V3_BF16_ONES, b[n][2],
+                                             b[n][3]);
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < RT; ++r) {
+                uint32_t ag[4], ah[4];                           // rows g, g + 8
+                float sg0, sg1, sh0, sh1;
+                v3_chunk(cur[r][0], j, ag, sg0, sg1);
+                v3_chunk(cur[r][1], j, ah, sh0, sh1);
+#pragma unroll
+                for (int n = 0; n < NT; ++n) {
+                    float d0[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    mma_16816<__nv_bfloat16>(d0, ag[0], ah[0], ag[1], ah[1], b[n][0], b[n][1]);
+                    if constexpr (Tr::FOLD == FOLD_SPLIT) {
+                        float d1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                        mma_16816<__nv_bfloat16>(d1, ag[2], ah[2], ag[3], ah[3], b[n][2], b[n][3]);
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {            // (d0, d1): row g; (d2, d3): row g + 8
+                            acc[r][n][e] = fmaf(e < 2 ? sg0 : sh0, d0[e], acc[r][n][e]);
+                            acc[r][n][e] = fmaf(e < 2 ? sg1 : sh1, d1[e], acc[r][n][e]);
+                        }
+                    } else {
+                        mma_16816<__nv_bfloat16>(d0, ag[2], ah[2], ag[3], ah[3], b[n][2], b[n][3]);
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            acc[r][n][e] = fmaf(e < 2 ? sg0 : sh0, d0[e], acc[r][n][e]);
+                            if constexpr (Tr::FOLD == FOLD_MIN)
+                                acc[r][n][e] = fmaf(e < 2 ? sg1 : sh1, xs[n][e], acc[r][n][e]);
+                        }
+                    }
+                }
+            }
+        }
+        if (more) {
+#pragma unroll
+            for (int r = 0; r < RT; ++r) {
+                cur[r][0] = nxt[r][0];
+                cur[r][1] = nxt[r][1];
+            }
+        }
+    }
+
+    // the fixed-order sum over the 8 slices
+#pragma unroll
+    for (int f = 0; f < F; ++f) {
+        const float* a = acc[f / NT][f % NT];
+        s_part[p][f][lane] = make_float4(a[0], a[1], a[2], a[3]);
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < F * 32; i += 32 * V3_SLICES) {
+        const int f = i / 32, l = i % 32;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int q = 0; q < V3_SLICES; ++q) {
+            const float4 part = s_part[q][f][l];
+            v.x = __fadd_rn(v.x, part.x);
+            v.y = __fadd_rn(v.y, part.y);
+            v.z = __fadd_rn(v.z, part.z);
+            v.w = __fadd_rn(v.w, part.w);
+        }
+        const long long row = row0 + 16 * (f / NT) + (l >> 2), tok = tok0 + 8 * (f % NT) + 2 * (l & 3);
+        const float out[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const long long rr = row + (e >= 2 ? 8 : 0), tt = tok + (e & 1);
+            if (rr < N && tt < M) {
+                const float o = bias != nullptr ? __fadd_rn(out[e], to_float(bias[rr])) : out[e];
+                store_float(y + tt * N + rr, o);
+            }
+        }
+    }
+}
+
 // ------------------------------------------------------------------------------------------------ dequantizer
 // W [N, K] -> out [N, K] in T, one thread per chunk of 32 weights: the weights of the GEMV (the same decoders, so
 // the values of dequantize.py, bit for bit), rounded once to T. 64 (bf16) or 128 (fp32) bytes a thread, stored as
@@ -208,13 +379,39 @@ static cudaError_t pk_launch_v2(const void* x, const void* w, const void* b, voi
     return cudaGetLastError();
 }
 
+template <int QT, int RT, int NT>
+static cudaError_t pk_launch_v3_shape(const void* x, const void* w, const void* b, void* y, int M, int N, int K,
+                                      cudaStream_t stream) {
+    const long long tok_tiles = ((long long)M + 8 * NT - 1) / (8 * NT), row_tiles = ((long long)N + 16 * RT - 1) / (16 * RT);
+    // x: 8-byte loads; Q4_K blocks: 16- and 8-byte loads (rows are whole multiples of 16 bytes)
+    if (tok_tiles > 0x7fffffffLL || row_tiles > 65535 || reinterpret_cast<uintptr_t>(x) % 8 ||
+        (QT == PK_Q4_K && reinterpret_cast<uintptr_t>(w) % 16))
+        return cudaErrorInvalidValue;
+    // token tiles fastest (as invariant.cu): the blocks that read one row tile run together and share it through L2
+    const dim3 grid((unsigned)tok_tiles, (unsigned)row_tiles);
+    packed_matmul_v3_kernel<QT, RT, NT><<<grid, 32 * V3_SLICES, 0, stream>>>(
+        (const __nv_bfloat16*)x, (const uint8_t*)w, (const __nv_bfloat16*)b, (__nv_bfloat16*)y, M, N, K);
+    return cudaGetLastError();
+}
+
+// v3's block shape: speed only (every shape computes the same bits). 16 rows a block (RT = 1: 32 rows took 255
+// registers and spilled under nvcc 13.0, one block an SM), 16 tokens in registers past 8 (a verify pass of up to 16
+// tokens reads the blocks once).
+template <int QT>
+static cudaError_t pk_launch_v3(const void* x, const void* w, const void* b, void* y, int M, int N, int K,
+                                cudaStream_t stream) {
+    if (M <= 8) return pk_launch_v3_shape<QT, 1, 1>(x, w, b, y, M, N, K, stream);
+    return pk_launch_v3_shape<QT, 1, 2>(x, w, b, y, M, N, K, stream);
+}
+
 template <typename T, int QT, int QK, int TYPE_SIZE>
 static cudaError_t pk_launch(const void* x, const void* w, const void* b, void* y, int M, int N, int K, int variant,
                              cudaStream_t stream) {
-    if constexpr (!std::is_same<T, __nv_bfloat16>::value) {   // v2 is built for bf16 (the GPU models' dtype) only:
-        return pk_launch_v1<T, QT, QK, TYPE_SIZE>(x, w, b, y, M, N, K, stream);   // fewer kernels to compile
+    if constexpr (!std::is_same<T, __nv_bfloat16>::value) {   // v2 and v3 are built for bf16 (the GPU models' dtype)
+        return pk_launch_v1<T, QT, QK, TYPE_SIZE>(x, w, b, y, M, N, K, stream);   // only: fewer kernels to compile
     } else {
         if (variant == 1) return pk_launch_v1<T, QT, QK, TYPE_SIZE>(x, w, b, y, M, N, K, stream);
+        if (variant == 3) return pk_launch_v3<QT>(x, w, b, y, M, N, K, stream);
         // tokens a block: the smallest of 1, 2, 4, 8 that holds M (a decode step carries no dead accumulators)
         if (M <= 1) return pk_launch_v2<T, QT, QK, TYPE_SIZE, 1>(x, w, b, y, M, N, K, stream);
         if (M <= 2) return pk_launch_v2<T, QT, QK, TYPE_SIZE, 2>(x, w, b, y, M, N, K, stream);
@@ -273,14 +470,14 @@ extern "C" int vs_packed_block_size(int qtype) {
 extern "C" int vs_packed_default_variant() { return 1; }
 
 // y[M, N] = x[M, K] @ W^T (+ b), W as blocks of GGML type qtype, rows of K weights. x, b, y of one dtype (fp32,
-// bf16, fp16), contiguous; variant 0 (the default), 1 or 2 (the same bits). cudaErrorInvalidValue (nothing launched)
-// for an unknown type, dtype or variant, K not a whole number of blocks, too many rows of x for the grid, or (v2) x
-// not 16-byte aligned.
+// bf16, fp16), contiguous; variant 0 (the default), 1 or 2 (the same bits) or 3. cudaErrorInvalidValue (nothing launched)
+// for an unknown type, dtype or variant, K not a whole number of blocks, too many rows of x (v1, v2) or of W (v3:
+// N > 16 * 65535) for the grid, (v2) x not 16-byte aligned, or (v3) x not 8-byte or Q4_K blocks not 16-byte aligned.
 extern "C" cudaError_t vs_packed_matmul(const void* x, const void* w, const void* b, void* y, int dtype, int qtype,
                                         int M, int N, int K, int variant, cudaStream_t stream) {
     const int qk = vs_packed_block_size(qtype);
     variant = variant == 0 ? vs_packed_default_variant() : variant;
-    if (qk == 0 || M < 1 || N < 0 || K < qk || K % qk != 0 || (variant != 1 && variant != 2)) return cudaErrorInvalidValue;
+    if (qk == 0 || M < 1 || N < 0 || K < qk || K % qk != 0 || variant < 1 || variant > 3) return cudaErrorInvalidValue;
     if (N == 0) return cudaSuccess;
     switch (dtype) {
         case VS_F32: return pk_dispatch<float>(qtype, x, w, b, y, M, N, K, variant, stream);
@@ -296,7 +493,7 @@ extern "C" cudaError_t vs_packed_dequantize(const void* w, void* out, int dtype,
                                             cudaStream_t stream) {
     const int qk = vs_packed_block_size(qtype);
     variant = variant == 0 ? vs_packed_default_variant() : variant;
-    if (qk == 0 || N < 0 || K < qk || K % qk != 0 || (variant != 1 && variant != 2)) return cudaErrorInvalidValue;
+    if (qk == 0 || N < 0 || K < qk || K % qk != 0 || variant < 1 || variant > 3) return cudaErrorInvalidValue;
     if (N == 0) return cudaSuccess;
     switch (dtype) {
         case VS_F32: return pk_dequantize_dispatch<float>(qtype, w, out, N, K, variant, stream);
