@@ -467,7 +467,9 @@ extern "C" int vs_packed_block_size(int qtype) {
 
 // The variant vs_packed_matmul / vs_packed_dequantize run for variant = 0: v1, the one checked on a GPU, until v2's
 // checks (tests/test_quant_gpu.py: v2 == v1, the dequantizer == torch's) have passed on one too; then 2.
-extern "C" int vs_packed_default_variant() { return 1; }
+// v2: checked on an H100 (tests/test_quant_gpu.py, benchmarks/results/quant.md: v2 == v1 bit for bit, 3x faster on
+// the 8B Q4_K_M model); v3 stays opt-in until its own GPU checks pass.
+extern "C" int vs_packed_default_variant() { return 2; }
 
 // y[M, N] = x[M, K] @ W^T (+ b), W as blocks of GGML type qtype, rows of K weights. x, b, y of one dtype (fp32,
 // bf16, fp16), contiguous; variant 0 (the default), 1 or 2 (the same bits) or 3. cudaErrorInvalidValue (nothing launched)
