@@ -47,7 +47,8 @@ def run_config(name: str, extra: list[str], args, port: int, out: Path) -> list[
     model = ["--model", args.model] + (["--tokenizer", args.tokenizer] if args.tokenizer else [])
     server = subprocess.Popen([sys.executable, "-m", "verispec.cli", "serve", *model, "--port", str(port),
                                "--max-batch-size", str(args.concurrency), *extra],
-                              stdout=subprocess.DEVNULL, stderr=open(out / f"server_{port}.log", "w"))
+                              stdout=subprocess.DEVNULL, stderr=open(out / f"server_{port}.log", "w"),
+                              env=dict(os.environ, VERISPEC_STEP_TRACE=str(out / f"trace_{port}.jsonl")))
     results = []
     try:
         wait_health(base, 600, poll_s=0.5)

@@ -133,6 +133,9 @@ class EngineLoop:
         self.outbox: list = []                         # (handle, event) pushed during this pass (engine thread)
         self.stopping = False
         self.fatal: str | None = None                  # why the engine died (None while it lives)
+        # one record per step when a list (``VERISPEC_STEP_TRACE``, serve/server.py): (start s, seconds, rows
+        # before, waiting before, rows after, the widest k of its round); engine thread only
+        self.trace: list[tuple] | None = None
         self.step_started: float | None = None        # monotonic start of the step now running
         self.failures = 0                              # passes of the loop that raised and were recovered
         self.thread = threading.Thread(target=self._run, name="verispec-engine", daemon=True)
@@ -286,10 +289,14 @@ class EngineLoop:
         t0 = time.perf_counter()
         self.step_started = time.monotonic()
         rounds_before = self.scheduler.totals.rounds
+        rows, waiting = len(self.scheduler.running), len(self.scheduler.waiting)
         ended = self.scheduler.step()
         self.step_started = None
         if self.scheduler.totals.rounds != rounds_before:
             self.metrics.round(time.perf_counter() - t0)
+        if self.trace is not None:
+            k = max((seq.stats.num_draft_last for seq in self.scheduler.running), default=0)
+            self.trace.append((t0, time.perf_counter() - t0, rows, waiting, len(self.scheduler.running), k))
         for seq in ended:
             handle = self.handles.get(seq.request.id)
             if handle is not None:

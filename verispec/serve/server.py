@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -25,6 +26,8 @@ DRAIN_S = 1.0        # seconds the port stays open after a stop signal (or the e
 # the GIL behind the event loop's Python, for up to the interpreter's switch interval (5 ms by default: a third of
 # an 8B round at 32 rows). A shorter interval hands the GIL back to the engine sooner.
 GIL_SWITCH_S = 0.0005
+# a path: the engine writes one JSON line per step there when the server stops (EngineLoop.trace; diagnosis only)
+STEP_TRACE_ENV = "VERISPEC_STEP_TRACE"
 
 
 def _log(message: str) -> None:
@@ -127,6 +130,8 @@ def assemble(target, drafter, args) -> tuple[EngineLoop, FastAPI]:
     _log(f"{name}: drafter {type(drafter).__name__ if drafter else 'none'}, "
          f"{f'tree={list(tree)}' if tree else 'k=' + ('auto' if policy else str(k))}, "
          f"max batch {args.max_batch_size}, max_seq_len {args.max_seq_len}")
+    if os.environ.get(STEP_TRACE_ENV):
+        engine.trace = []
     app = build_app(engine, served, metrics)
     app.state.after_warm_up = lambda: (_graph_captures(target, drafter) - warmed["graphs"],
                                        _triton_kernels() - warmed["kernels"])
@@ -195,6 +200,7 @@ def serve(engine: EngineLoop, app: FastAPI, args) -> int:
         engine.stop()
         engine.join()
     _log_k_auto(engine.scheduler.k_policy)
+    _write_trace(engine)
     after_warm_up = getattr(app.state, "after_warm_up", None)
     if after_warm_up is not None:
         graphs, kernels = after_warm_up()
@@ -205,6 +211,19 @@ def serve(engine: EngineLoop, app: FastAPI, args) -> int:
         return 1
     _log("stopped")
     return 0
+
+
+def _write_trace(engine: EngineLoop) -> None:
+    """The engine's step trace as JSON lines to $VERISPEC_STEP_TRACE (a diagnosis aid: which steps were slow, at which
+    load and k)."""
+    path = os.environ.get(STEP_TRACE_ENV)
+    if not path or engine.trace is None:
+        return
+    keys = ("start_s", "seconds", "rows_before", "waiting_before", "rows_after", "k")
+    with open(path, "w") as f:
+        for record in engine.trace:
+            f.write(json.dumps(dict(zip(keys, record))) + "\n")
+    _log(f"step trace ({len(engine.trace)} steps) written to {path}")
 
 
 def _graph_captures(target, drafter) -> int:
