@@ -86,6 +86,28 @@ class ScoringDraftModel(DraftModel):
         n = sum(self.model.warm_up_draft_loop(max_batch_size, k, self._choice(key), key, 5) for key in keys)
         return n + self.model.warm_up(max_batch_size, CATCH_UP_TOKENS, prompt_tokens=prompt_tokens)
 
+    def catch_up_from(self, rows: list[int], source: DraftModel, source_rows: list[int],
+                      held: list[tuple[list[int], int]]) -> None:
+        """``_catch_up`` by copying instead of a pass: make row rows[i] valid for h[:L - 2] with the K/V that row
+        source_rows[i] of ``source`` (the same weights) holds for the tokens held[i] = (tokens, how many leading
+        ones are valid there). A row whose h[:L - 2] held[i] does not cover (another prefix, or too short) is left
+        as it is: the next draft's catch-up pass feeds it. e.g. a branch row moving to h + d_1 d_2 + t copies the
+        entries of d_1 from the row that drafted d_1 d_2 ... from h."""
+        todo = []
+        for r, src, (tokens, valid) in zip(rows, source_rows, held, strict=True):
+            row = self._rows[r]
+            need = len(row.history) - 2
+            if row.valid < need <= valid and tokens[:need] == row.history[:need]:
+                todo.append((r, src, need))
+        if not todo:
+            return
+        width = max(need - self._rows[r].valid for r, _, need in todo)
+        # one uniform width: a row re-copies entries it holds (the same values), or runs past need (dead slots)
+        self.model.copy_kv([r for r, _, _ in todo], source.model, [src for _, src, _ in todo],
+                           [max(0, need - width) for _, _, need in todo], width)
+        for r, _, need in todo:
+            self._rows[r].valid = need
+
     def draft(self, k: int) -> tuple[list[list[int]], list[list[list[int]]], Tensor | None]:
         """k drafts for every row from where ``redirect`` put it -> (drafts B x k, top ids B x k x top_n (host
         lists: position i's ids rank the tokens that could follow the row's first i drafts), q [B, k, V] on the
@@ -107,6 +129,7 @@ class Drafted:
     drafts: list[int]                   # K + 1
     tops: list[list[int]]               # [K + 1][F + 1]: ``ScoringDraftModel.draft``'s ranked ids
     q: Tensor | None                    # [K + 1, V] (a view of its draft's q) when its batch sampled, else None
+    slot: int | None = None             # the branch slot f (row b*F + f) that drafted it; None: the spot row b
 
 
 @dataclass
@@ -122,6 +145,8 @@ class _Seq:
     ready: "Drafted | None" = None      # next round's drafts, from a branch (a hit) or drafted on the spot
     branches: dict = field(default_factory=dict)        # (j, t) -> Drafted: the pre-speculated outcomes
     proposed: bool = False              # has drafted before (its first drafts are never pre-speculated)
+    slot: int | None = None             # where this round's drafts were drafted (``Drafted.slot``): that row's
+                                        # cache holds the history and the drafts every branch starts from
 
 
 def likely_outcomes(drafts: list[int], top: list[list[int]], fanouts: tuple[int, ...]) -> list[tuple[int, int]]:
@@ -284,7 +309,7 @@ class DraftServer:
         q_rows = []
         for seq, n in zip(self.seqs, max_num_draft):
             ready = seq.ready
-            seq.drafts, seq.tops, seq.ready = ready.drafts[:n], ready.tops[: n + 1], None
+            seq.drafts, seq.tops, seq.slot, seq.ready = ready.drafts[:n], ready.tops[: n + 1], ready.slot, None
             seq.step += n
             seq.proposed = True
             if sampled:
@@ -307,6 +332,13 @@ class DraftServer:
         drafts and ids come back in one read."""
         F = self.width
         histories, steps, keys = [], [], []
+        # The row that drafted sequence b's drafts this round (the spot row b, or its hit branch's row) holds K/V
+        # for h + d_1..d_K, where every branch of b starts: (b, that row, its tokens and valid count), taken
+        # before the redirect moves the branch rows.
+        sources = {self.spot: [], self.branches: []}
+        for b, seq in enumerate(self.seqs):
+            model, row = (self.spot, b) if seq.slot is None else (self.branches, b * F + seq.slot)
+            sources[model].append((b, row, (model._rows[row].history, model._rows[row].valid)))
         for seq in self.seqs:
             outcomes = likely_outcomes(seq.drafts, seq.tops, self._fanout(len(seq.drafts)))[:F]
             filler = outcomes[0]                          # unused rows redo the first outcome (dropped)
@@ -316,10 +348,14 @@ class DraftServer:
                 steps.append(seq.step)
                 keys.append((j, t) if f < len(outcomes) else None)
         self.branches.redirect(histories, steps)
+        for model, rows in sources.items():       # instead of a catch-up pass (its K/V, not computed again)
+            self.branches.catch_up_from([b * F + f for b, _, _ in rows for f in range(F)], model,
+                                        [row for _, row, _ in rows for _ in range(F)],
+                                        [held for _, _, held in rows for _ in range(F)])
         drafts, tops, q = self.branches.draft(self.k + 1)
         for r, key in enumerate(keys):
             if key is not None:
-                self.seqs[r // F].branches[key] = Drafted(drafts[r], tops[r], None if q is None else q[r])
+                self.seqs[r // F].branches[key] = Drafted(drafts[r], tops[r], None if q is None else q[r], r % F)
 
     def _fanout(self, k: int) -> tuple[int, ...]:
         """F split over the k + 1 outcome positions by the policy, for the acceptance measured so far."""

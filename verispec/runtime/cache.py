@@ -128,6 +128,15 @@ class StaticKVCache:
         self.batch_size = n
 
 
+    def copy_positions(self, rows: Tensor, source: "StaticKVCache", source_rows: Tensor, positions: Tensor) -> None:
+        """Write into row rows[i] at positions[i] the K/V that row source_rows[i] of ``source`` holds at the same
+        positions (a cache of the same layers, heads and dtype; it may be this one: every read happens before any
+        write). rows, source_rows [R] int64, positions [R, W] int64 (slots < capacity), all on this device.
+        Lengths are unchanged (``Model.copy_kv`` sets them). Device ops only (no sync)."""
+        for dst, src in zip(self.k + self.v, source.k + source.v, strict=True):
+            dst.transpose(1, 2)[rows[:, None], positions] = src.transpose(1, 2)[source_rows[:, None], positions]
+
+
 def fill_order(batch_size: int, kept: list[int]) -> list[int]:
     """An order of the ``kept`` rows (of ``batch_size``) for ``keep`` that moves the fewest rows: kept rows
     below len(kept) stay where they are, rows from the tail fill the holes left by the others.

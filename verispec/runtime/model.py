@@ -542,6 +542,32 @@ class Model:
         torch.minimum(new, cache.lengths, out=cache.lengths)
 
     @torch.no_grad()
+    def copy_kv(self, rows: list[int], source: "Model", source_rows: list[int], starts: list[int], width: int) -> None:
+        """Copy into row rows[i] of this cache the K/V of positions [starts[i], starts[i] + width) that row
+        source_rows[i] of ``source``'s cache holds (the same positions): a row takes over the entries another row
+        computed for the same tokens after the same prefix instead of computing them again (SSD's branch rows).
+        ``source`` shares these weights and layers (it may be this model). Like an append of those positions, each
+        row's length becomes starts[i] + width (entries past it are dead until written)."""
+        cache, other = self._need_cache(), source._need_cache()
+        if source.net is not self.net or source.num_active_layers != self.num_active_layers:
+            raise ValueError("copy_kv: the source model must share this model's weights and layers")
+        if not len(rows) == len(source_rows) == len(starts) or width < 1:
+            raise ValueError(f"copy_kv: rows, source_rows and starts must have one entry per row and width >= 1, "
+                             f"got {len(rows)}, {len(source_rows)}, {len(starts)} and width {width}")
+        if not all(0 <= r < cache.batch_size for r in rows) or not all(0 <= r < other.batch_size for r in source_rows):
+            raise ValueError(f"copy_kv: rows must be in [0, {cache.batch_size}) and source rows in "
+                             f"[0, {other.batch_size}), got {rows} and {source_rows}")
+        if min(starts) < 0 or max(starts) + width > min(cache.capacity, other.capacity):
+            raise ValueError(f"copy_kv: positions [{min(starts)}, {max(starts) + width}) outside the caches' "
+                             f"{min(cache.capacity, other.capacity)} slots")
+        index = torch.tensor([rows, source_rows, starts], dtype=torch.long)                  # [3, R]: one copy
+        index = to_device(index, self.device, torch.long)
+        positions = index[2, :, None] + torch.arange(width, device=self.device)              # [R, width]
+        cache.copy_positions(index[0], other, index[1], positions)
+        cache.lengths[index[0]] = index[2] + width
+        cache.max_len_bound = max(cache.max_len_bound, max(starts) + width)
+
+    @torch.no_grad()
     def keep(self, batch_indices) -> None:
         """Compact the cache to sequences ``batch_indices`` (in that order); B becomes len(batch_indices).
         Host indices (list / CPU tensor) copy only the rows that move (see ``cache.fill_order``)."""

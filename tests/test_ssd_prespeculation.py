@@ -1,0 +1,126 @@
+"""The draft rank's work per round, counted on the CPU: the passes it runs, the graphs they replay, its device reads
+and what it keeps. The GPU measured pre-speculation at 2-4.6x the K bare draft steps the simulator charges; these
+pin the causes found on the CPU: a catch-up pass before every pre-speculation (and before a spot draft after
+accepted drafts), a device read per sequence to rank outcomes plus one for the drafts, [K + 1, V] score rows kept
+per branch row of a greedy batch, draft loops captured that no round replays.
+
+On the CPU the graph path runs eagerly on the same keys (``use_graphs`` forced on), so keys added after the warm-up
+are graphs a GPU would capture inside a request. Each round's outcome is scripted: a pre-speculated one (a hit) or
+not (a miss); every branch's drafts are checked against a plain ``DraftModel`` drafting its history alone.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from verispec.distributed.draft_rank import DraftServer
+from verispec.distributed.ssd import SSDConfig
+from verispec.drafters import DraftModel
+from verispec.drafters.base import Sampling, SamplingParams
+from verispec.runtime import ModelConfig, load_model
+from verispec.runtime.model import Model
+
+CFG = ModelConfig(vocab_size=64, num_layers=2, hidden_size=32, num_heads=4, num_kv_heads=2, head_dim=8,
+                  intermediate_size=48, max_position_embeddings=256)
+K, F = 3, 3
+PROMPTS = [[3, 14, 15, 9, 26, 5], [2, 7]]
+ROUNDS = 8
+
+
+class NullChannel:
+    peer = 0
+
+    def send_object(self, obj, wait=True):
+        pass
+
+    def send_tensor(self, tensor, wait=True):
+        pass
+
+    def flush(self):
+        pass
+
+
+def server_run(temperature: float, monkeypatch) -> dict:
+    """ROUNDS rounds of a DraftServer (hits on even rounds, misses on odd ones) -> what each round ran."""
+    draft = load_model(CFG, device="cpu", dtype=torch.float32, seed=2)
+    server = DraftServer(draft, [0], SSDConfig(k=K, budget=F))
+    server.channels = [NullChannel()]
+    server._reserve(len(PROMPTS), 128)
+    models = {"spot": server.spot.model, "branches": server.branches.model}
+    for model in models.values():
+        model.use_graphs = True                         # the graph path, run eagerly on the CPU: the GPU's keys
+    setting = (temperature, 0, 0.9 if temperature else 1.0)
+    server._warm_up(len(PROMPTS), K, [setting], 16)
+    warmed = {name: set(m._graphs._graphs) for name, m in models.items()}
+    server._admit([0, 1], PROMPTS, [1, 1], [(*setting, 40 + b) for b in range(len(PROMPTS))])
+
+    passes, reads = [], Counter()
+    append, loop, tolist = Model.append, Model.draft_loop, torch.Tensor.tolist
+    name = {id(m): n for n, m in models.items()}
+    monkeypatch.setattr(Model, "append", lambda self, t: passes.append((name.get(id(self)), "append")) or append(self, t))
+    monkeypatch.setattr(Model, "draft_loop", lambda self, i, k, c, key: passes.append((name.get(id(self)), "loop", k))
+                        or loop(self, i, k, c, key))
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: reads.update([phase]) or tolist(self))
+
+    reference = DraftModel(Model(draft.net, draft.tokenizer, use_graphs=False))    # drafts each branch plainly
+    reference.reserve(None, len(PROMPTS) * F, 128)
+    rounds = []
+    for r in range(ROUNDS):
+        passes.clear()
+        reads.clear()
+        phase = "spot"
+        server._drafts([K] * len(PROMPTS))
+        spot_passes = list(passes)
+        passes.clear()
+        phase = "prespeculate"
+        server._prespeculate()
+        kept = [d for seq in server.seqs for d in seq.branches.values()]
+        rounds.append(dict(spot=spot_passes, prespeculate=list(passes), reads=dict(reads),
+                           kept_bytes=sum(d.q.numel() * d.q.element_size() for d in kept if d.q is not None)))
+        phase = "reference"
+        check_branches(server, reference)
+        passes.clear()
+        accepted, emitted = [], []
+        for seq in server.seqs:
+            hits = sorted(key for key in seq.branches if key[0] <= len(seq.drafts))
+            j, t = hits[-1] if r % 2 == 0 else (0, next(t for t in range(64) if (0, t) not in seq.branches
+                                                          and t != seq.drafts[0]))
+            accepted.append(j)
+            emitted.append(seq.drafts[:j] + [t])
+        server._commit(accepted, emitted)
+    return dict(rounds=rounds, stats=server.stats, warmed=warmed,
+                after={name: set(m._graphs._graphs) for name, m in models.items()})
+
+
+def check_branches(server: DraftServer, reference: DraftModel) -> None:
+    """Every pre-speculated branch drafts what a plain DraftModel drafts from its history and counter."""
+    branches = [(seq, key, d) for seq in server.seqs for key, d in seq.branches.items()]
+    seqs = [seq for seq, _, _ in branches]
+    reference.keep([])
+    reference.admit(list(range(len(branches))), [s.history[:-1] for s in seqs], [s.history[-1] for s in seqs],
+                    SamplingParams(tuple(s.sampling for s in seqs)))
+    reference.redirect([s.history + s.drafts[:j] + [t] for s, (j, t), _ in branches], [s.step for s in seqs])
+    drafts, _ = reference._run(K + 1)
+    assert drafts.tolist() == [d.drafts for _, _, d in branches]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_prespeculation_runs_k_plus_1_warmed_passes_reads_the_device_once_and_keeps_no_score_rows(
+        temperature, monkeypatch):
+    run = server_run(temperature, monkeypatch)
+    assert run["stats"].hits > 0 and run["stats"].misses > 0
+    for r, rnd in enumerate(run["rounds"]):
+        # no catch-up pass: the branch rows copy the K/V of the row that drafted this round's drafts, and the spot
+        # rows keep those of the drafts they fed
+        assert rnd["prespeculate"] == [("branches", "loop", K + 1)], (r, rnd)
+        assert rnd["spot"] in ([], [("spot", "loop", K + 1)]), (r, rnd)
+        # drafts and the ranked ids in one device read per draft call (none to rank the outcomes)
+        assert rnd["reads"] == {"prespeculate": 1, **({"spot": 1} if rnd["spot"] else {})}, (r, rnd)
+        if temperature == 0:
+            assert rnd["kept_bytes"] == 0, (r, rnd)     # greedy rows keep host ids, no [K + 1, V] rows
+    for name in ("spot", "branches"):
+        assert run["after"][name] == run["warmed"][name], f"{name}: graphs first needed in a round"
+        loops = {key for key in run["warmed"][name] if key[0] == "draft"}
+        assert {key[2] for key in loops} == {K + 1}, loops  # the warm-up captures only the loops rounds replay
