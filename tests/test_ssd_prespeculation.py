@@ -124,3 +124,38 @@ def test_prespeculation_runs_k_plus_1_warmed_passes_reads_the_device_once_and_ke
         assert run["after"][name] == run["warmed"][name], f"{name}: graphs first needed in a round"
         loops = {key for key in run["warmed"][name] if key[0] == "draft"}
         assert {key[2] for key in loops} == {K + 1}, loops  # the warm-up captures only the loops rounds replay
+
+
+def test_redirect_keeps_exactly_the_agreeing_prefix():
+    """The agreeing prefix, wherever the histories part (near the end: a scan; earlier: halving), or nowhere."""
+    draft = load_model(CFG, device="cpu", dtype=torch.float32, seed=2)
+    model = DraftModel(draft)
+    model.reserve(None, 1, 256)
+    old = [i % 60 + 1 for i in range(100)]          # never 0: the new histories part with 0
+    model.admit([0], [old[:-1]], [old[-1]], SamplingParams((Sampling(0.0, 0, 1.0, 0),)))
+    for part in (0, 3, 50, 69, 70, 90, 99, 100):
+        new = old[:part] + [0] * 5
+        model._rows[0].history, model._rows[0].valid = list(old), len(old)
+        model.redirect([new], [0])
+        assert model._rows[0].valid == part, part
+
+
+def test_copy_kv_copies_the_named_positions_sets_lengths_and_refuses_bad_input():
+    draft = load_model(CFG, device="cpu", dtype=torch.float32, seed=2)
+    source, target = draft, Model(draft.net, draft.tokenizer, use_graphs=False)
+    source.setup_cache(1, 64, empty=True)
+    source.admit([[5, 6, 7, 8, 9, 10, 11, 12]])
+    target.setup_cache(2, 64, empty=True)
+    target.admit([[5, 6, 7], [1, 2]])
+    before = [t.clone() for t in target.cache.k + target.cache.v]
+    target.copy_kv([0], source, [0], [3], 5)
+    for got, want, old in zip(target.cache.k + target.cache.v, source.cache.k + source.cache.v, before):
+        assert torch.equal(got[0, :, 3:8], want[0, :, 3:8])  # the named positions
+        assert torch.equal(got[0, :, :3], old[0, :, :3]) and torch.equal(got[1], old[1])   # nothing else
+    assert target.cache.lengths.tolist() == [8, 2]
+    for args, message in [(([0], Model(load_model(CFG, seed=3).net, None), [0], [0], 1), "share this model"),
+                          (([2], source, [0], [0], 1), "rows must be in"),
+                          (([0], source, [0], [1000], 8), "outside the caches"),
+                          (([0, 1], source, [0], [0], 1), "one entry per row")]:
+        with pytest.raises(ValueError, match=message):
+            target.copy_kv(*args)

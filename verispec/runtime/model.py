@@ -548,9 +548,9 @@ class Model:
         computed for the same tokens after the same prefix instead of computing them again (SSD's branch rows).
         ``source`` shares these weights and layers (it may be this model). Like an append of those positions, each
         row's length becomes starts[i] + width (entries past it are dead until written)."""
-        cache, other = self._need_cache(), source._need_cache()
         if source.net is not self.net or source.num_active_layers != self.num_active_layers:
             raise ValueError("copy_kv: the source model must share this model's weights and layers")
+        cache, other = self._need_cache(), source._need_cache()
         if not len(rows) == len(source_rows) == len(starts) or width < 1:
             raise ValueError(f"copy_kv: rows, source_rows and starts must have one entry per row and width >= 1, "
                              f"got {len(rows)}, {len(source_rows)}, {len(starts)} and width {width}")
