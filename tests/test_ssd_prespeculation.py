@@ -59,7 +59,8 @@ def server_run(temperature: float, monkeypatch) -> dict:
     passes, reads = [], Counter()
     append, loop, tolist = Model.append, Model.draft_loop, torch.Tensor.tolist
     name = {id(m): n for n, m in models.items()}
-    monkeypatch.setattr(Model, "append", lambda self, t: passes.append((name.get(id(self)), "append")) or append(self, t))
+    monkeypatch.setattr(Model, "append", lambda self, t: passes.append((name.get(id(self)), "append"))
+                        or append(self, t))
     monkeypatch.setattr(Model, "draft_loop", lambda self, i, k, c, key: passes.append((name.get(id(self)), "loop", k))
                         or loop(self, i, k, c, key))
     monkeypatch.setattr(torch.Tensor, "tolist", lambda self: reads.update([phase]) or tolist(self))
