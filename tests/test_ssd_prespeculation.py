@@ -77,9 +77,10 @@ def server_run(temperature: float, monkeypatch) -> dict:
         passes.clear()
         phase = "prespeculate"
         server._prespeculate()
-        kept = [d for seq in server.seqs for d in seq.branches.values()]
+        kept = [t for seq in server.seqs for d in seq.branches.values()
+                for t in (vars(d).values() if hasattr(d, "__dict__") else d) if isinstance(t, torch.Tensor)]
         rounds.append(dict(spot=spot_passes, prespeculate=list(passes), reads=dict(reads),
-                           kept_bytes=sum(d.q.numel() * d.q.element_size() for d in kept if d.q is not None)))
+                           kept_bytes=sum(t.numel() * t.element_size() for t in kept if t.shape[-1] == CFG.vocab_size)))
         phase = "reference"
         check_branches(server, reference)
         passes.clear()
@@ -160,3 +161,24 @@ def test_copy_kv_copies_the_named_positions_sets_lengths_and_refuses_bad_input()
                           (([0, 1], source, [0], [0], 1), "one entry per row")]:
         with pytest.raises(ValueError, match=message):
             target.copy_kv(*args)
+
+
+def test_a_sampled_row_joining_greedy_rows_gets_q_for_every_row():
+    """Greedy rows' branches keep no q; when a sampled row joins, the round's q rows for those greedy rows are the
+    one-hot of their drafts (what ``draw`` gives a greedy row in a sampled batch) and the sampled row's are its q."""
+    draft = load_model(CFG, device="cpu", dtype=torch.float32, seed=2)
+    server = DraftServer(draft, [0], SSDConfig(k=K, budget=F))
+    server._reserve(3, 128)
+    server._admit([0, 1], PROMPTS, [1, 1], [(0.0, 0, 1.0, 40), (0.0, 0, 1.0, 41)])
+    server._drafts([K, K])
+    server._prespeculate()
+    hits = [max(seq.branches) for seq in server.seqs]                    # both greedy rows hit
+    server._commit([j for j, _ in hits], [seq.drafts[:j] + [t] for seq, (j, t) in zip(server.seqs, hits)])
+    server._admit([2], [[4, 5, 6]], [7], [(0.8, 0, 0.9, 42)])
+    reply, q = server._drafts([K, 2, K])
+    assert reply["q"] and q.shape == (2 * K + 2, CFG.vocab_size) and server.stats.hits == 2
+    for b, rows in enumerate((range(0, K), range(K, K + 2))):
+        expected = torch.nn.functional.one_hot(torch.tensor(server.seqs[b].drafts), CFG.vocab_size).float()
+        assert torch.equal(q[list(rows)], expected)
+    sampled = q[K + 2:]
+    assert torch.allclose(sampled.sum(-1), torch.ones(K)) and (sampled < 1).any()

@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import Tensor
 
+from ..device import to_device
 from ..drafters.base import Sampling, SamplingParams
 from ..drafters.draft_model import CATCH_UP_TOKENS, DraftModel
 from ..runtime.model import Model
@@ -319,12 +320,14 @@ class DraftServer:
         return reply, (torch.cat(q_rows) if sampled else None)               # q: [sum k_b, V]
 
     def _q(self, ready: Drafted, n: int) -> Tensor:
-        """q of a row's first n drafts [n, V] (host): its draft's q, or, for a greedy row drafted while its batch
-        was greedy (no q kept), the one-hot of its drafts: what ``draw`` gives a greedy row in a sampled batch."""
+        """q of a row's first n drafts [n, V] on the draft's device (the rows go to the host together): its
+        draft's q, or, for a greedy row drafted while its batch was greedy (no q kept), the one-hot of its drafts:
+        what ``draw`` gives a greedy row in a sampled batch."""
         if ready.q is not None:
-            return ready.q[:n].cpu()
-        V = self.model.config.vocab_size
-        return torch.zeros(n, V).scatter_(1, torch.tensor(ready.drafts[:n], dtype=torch.long)[:, None], 1.0)
+            return ready.q[:n]
+        device = self.model.device
+        drafts = to_device(ready.drafts[:n], device, torch.long)
+        return torch.zeros(n, self.model.config.vocab_size, device=device).scatter_(1, drafts[:, None], 1.0)
 
     def _prespeculate(self) -> None:
         """Draft every sequence's F likeliest outcomes of this round, all B*F branch rows in one draft. The outcomes
