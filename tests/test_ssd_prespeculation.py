@@ -26,7 +26,7 @@ CFG = ModelConfig(vocab_size=64, num_layers=2, hidden_size=32, num_heads=4, num_
                   intermediate_size=48, max_position_embeddings=256)
 K, F = 3, 3
 PROMPTS = [[3, 14, 15, 9, 26, 5], [2, 7]]
-ROUNDS = 8
+ROUNDS = 9
 
 
 class NullChannel:
@@ -43,7 +43,8 @@ class NullChannel:
 
 
 def server_run(temperature: float, monkeypatch) -> dict:
-    """ROUNDS rounds of a DraftServer (hits on even rounds, misses on odd ones) -> what each round ran."""
+    """ROUNDS rounds of a DraftServer (every row hits, row 0 hits and row 1 misses, or every row misses, in turn)
+    -> what each round ran."""
     draft = load_model(CFG, device="cpu", dtype=torch.float32, seed=2)
     server = DraftServer(draft, [0], SSDConfig(k=K, budget=F))
     server.channels = [NullChannel()]
@@ -85,10 +86,11 @@ def server_run(temperature: float, monkeypatch) -> dict:
         check_branches(server, reference)
         passes.clear()
         accepted, emitted = [], []
-        for seq in server.seqs:
+        for b, seq in enumerate(server.seqs):
             hits = sorted(key for key in seq.branches if key[0] <= len(seq.drafts))
-            j, t = hits[-1] if r % 2 == 0 else (0, next(t for t in range(64) if (0, t) not in seq.branches
-                                                          and t != seq.drafts[0]))
+            hit = r % 3 == 0 or (r % 3 == 1 and b == 0)
+            j, t = hits[-1] if hit else (0, next(t for t in range(64) if (0, t) not in seq.branches
+                                                 and t != seq.drafts[0]))
             accepted.append(j)
             emitted.append(seq.drafts[:j] + [t])
         server._commit(accepted, emitted)

@@ -87,27 +87,32 @@ class ScoringDraftModel(DraftModel):
         n = sum(self.model.warm_up_draft_loop(max_batch_size, k, self._choice(key), key, 5) for key in keys)
         return n + self.model.warm_up(max_batch_size, CATCH_UP_TOKENS, prompt_tokens=prompt_tokens)
 
-    def catch_up_from(self, rows: list[int], source: DraftModel, source_rows: list[int],
-                      held: list[tuple[list[int], int]]) -> None:
-        """``_catch_up`` by copying instead of a pass: make row rows[i] valid for h[:L - 2] with the K/V that row
-        source_rows[i] of ``source`` (the same weights) holds for the tokens held[i] = (tokens, how many leading
-        ones are valid there). A row whose h[:L - 2] held[i] does not cover (another prefix, or too short) is left
-        as it is: the next draft's catch-up pass feeds it. e.g. a branch row moving to h + d_1 d_2 + t copies the
-        entries of d_1 from the row that drafted d_1 d_2 ... from h."""
-        todo = []
-        for r, src, (tokens, valid) in zip(rows, source_rows, held, strict=True):
+    def catch_up_from(self, candidates: dict[int, list[tuple[DraftModel, int, list[int], int]]]) -> None:
+        """``_catch_up`` by copying instead of a pass: make row r valid for h[:L - 2] with the K/V another row of
+        the same weights holds for those tokens. candidates[r]: (source, source row, the tokens that row's cache
+        holds, how many leading ones are valid), in order of preference; the first that covers h[:L - 2] (valid
+        that far, the same tokens) is copied from. A row none covers is left as it is: the next draft's catch-up
+        pass feeds it. e.g. a branch row moving to h + d_1 d_2 + t copies the entries of d_1 from the row that
+        drafted d_1 d_2 ... from h."""
+        todo: dict[DraftModel, list[tuple[int, int, int]]] = {}
+        for r, options in candidates.items():
             row = self._rows[r]
             need = len(row.history) - 2
-            if row.valid < need <= valid and tokens[:need] == row.history[:need]:
-                todo.append((r, src, need))
-        if not todo:
-            return
-        width = max(need - self._rows[r].valid for r, _, need in todo)
-        # one uniform width: a row re-copies entries it holds (the same values), or runs past need (dead slots)
-        self.model.copy_kv([r for r, _, _ in todo], source.model, [src for _, src, _ in todo],
-                           [max(0, need - width) for _, _, need in todo], width)
-        for r, _, need in todo:
-            self._rows[r].valid = need
+            if row.valid >= need:
+                continue
+            tail = max(0, need - 8)          # a cheap look at the last tokens first: most candidates part there
+            for source, src, tokens, valid in options:
+                if valid >= need and tokens[tail:need] == row.history[tail:need] \
+                        and tokens[:need] == row.history[:need]:
+                    todo.setdefault(source, []).append((r, src, need))
+                    break
+        for source, rows in todo.items():
+            width = max(need - self._rows[r].valid for r, _, need in rows)
+            # one uniform width: a row re-copies entries it holds (the same values), or runs past need (dead slots)
+            self.model.copy_kv([r for r, _, _ in rows], source.model, [src for _, src, _ in rows],
+                               [max(0, need - width) for _, _, need in rows], width)
+            for r, _, need in rows:
+                self._rows[r].valid = need
 
     def draft(self, k: int) -> tuple[list[list[int]], list[list[list[int]]], Tensor | None]:
         """k drafts for every row from where ``redirect`` put it -> (drafts B x k, top ids B x k x top_n (host
@@ -299,6 +304,12 @@ class DraftServer:
         if missed:
             t0 = time.perf_counter()
             self.spot.redirect([s.history for s in self.seqs], [s.step for s in self.seqs])
+            # a spot row that did not draft its sequence's last drafts (they came from a branch) copies the entries
+            # it lacks from a branch row of that sequence: the hit's on a hit, else one whose branch covers them
+            F = self.width
+            self.spot.catch_up_from({b: [self._held(self.branches, r) for r in (
+                [b * F + seq.ready.slot] if seq.ready is not None else range(b * F, (b + 1) * F))]
+                for b, seq in enumerate(self.seqs) if F})
             drafts, tops, q = self.spot.draft(self.k + 1)
             for b, seq in enumerate(self.seqs):
                 if seq.ready is None:
@@ -338,10 +349,8 @@ class DraftServer:
         # The row that drafted sequence b's drafts this round (the spot row b, or its hit branch's row) holds K/V
         # for h + d_1..d_K, where every branch of b starts: (b, that row, its tokens and valid count), taken
         # before the redirect moves the branch rows.
-        sources = {self.spot: [], self.branches: []}
-        for b, seq in enumerate(self.seqs):
-            model, row = (self.spot, b) if seq.slot is None else (self.branches, b * F + seq.slot)
-            sources[model].append((b, row, (model._rows[row].history, model._rows[row].valid)))
+        sources = [self._held(self.spot, b) if seq.slot is None else self._held(self.branches, b * F + seq.slot)
+                   for b, seq in enumerate(self.seqs)]
         for seq in self.seqs:
             outcomes = likely_outcomes(seq.drafts, seq.tops, self._fanout(len(seq.drafts)))[:F]
             filler = outcomes[0]                          # unused rows redo the first outcome (dropped)
@@ -351,14 +360,17 @@ class DraftServer:
                 steps.append(seq.step)
                 keys.append((j, t) if f < len(outcomes) else None)
         self.branches.redirect(histories, steps)
-        for model, rows in sources.items():       # instead of a catch-up pass (its K/V, not computed again)
-            self.branches.catch_up_from([b * F + f for b, _, _ in rows for f in range(F)], model,
-                                        [row for _, row, _ in rows for _ in range(F)],
-                                        [held for _, _, held in rows for _ in range(F)])
+        # instead of a catch-up pass (those K/V, not computed again)
+        self.branches.catch_up_from({r: [sources[r // F]] for r in range(len(histories))})
         drafts, tops, q = self.branches.draft(self.k + 1)
         for r, key in enumerate(keys):
             if key is not None:
                 self.seqs[r // F].branches[key] = Drafted(drafts[r], tops[r], None if q is None else q[r], r % F)
+
+    @staticmethod
+    def _held(model: DraftModel, row: int) -> tuple[DraftModel, int, list[int], int]:
+        """What row ``row`` of ``model``'s cache holds now (a ``catch_up_from`` candidate)."""
+        return model, row, model._rows[row].history, model._rows[row].valid
 
     def _fanout(self, k: int) -> tuple[int, ...]:
         """F split over the k + 1 outcome positions by the policy, for the acceptance measured so far."""
