@@ -26,9 +26,13 @@ draft call; rows of V scores stay on the device, and only in batches where some 
 verification with the drafts). A pre-speculation thus reads the device once; on a GPU every pass it runs
 replays a graph ``_warm_up`` captured (the draft loop of K + 1 steps, the catch-up widths).
 
-Passes per round: on a miss the spot draft (K + 1 passes; its rows keep the K/V of the drafts they fed, so the
-accepted ones are not fed again), and the pre-speculation: one catch-up pass (a branch row's history left the
-one it drafted last round at most 2K + 1 tokens back) and K + 1 passes.
+Passes per round: on a miss the spot draft (K + 1 passes), and the pre-speculation (K + 1 passes), nothing else.
+A row's cache keeps the K/V of the drafts it fed, so accepted drafts are not fed again; what a row moving to a
+new history lacks, another row of its sequence holds: every branch of sequence b starts from h + d_1..d_j, whose
+K/V the row that drafted d (the spot row, or the hit branch's) has, and a spot row whose sequence hit finds its
+new history in the hit branch's row. Those entries are copied (``ScoringDraftModel.catch_up_from``, one gather
+and one write for all layers) instead of computed again in a catch-up pass; a row no other row covers still gets
+the pass.
 """
 from __future__ import annotations
 
