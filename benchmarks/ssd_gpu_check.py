@@ -12,7 +12,8 @@ ranks share one GPU.
    its pre-speculation of B * F branch rows (``DraftServer._prespeculate``: the host's choice of outcomes, the
    redirect, the K/V copy from the row that drafted the round's drafts, the K + 1 passes of the captured loop,
    the one device read), median of ``--iters`` rounds each, after a miss (the spot row drafted) and after a hit
-   (a branch row drafted); beside them the catch-up passes it ran (0 expected) and K + 1 bare draft steps.
+   (a branch row drafted); beside them its host time before the draft's passes begin, the catch-up passes and
+   graph captures in the timed rounds (0 expected) and K + 1 bare draft steps.
 
     python benchmarks/ssd_gpu_check.py --out DIR [--write]     # GPU, ~3 minutes; --write: results/ssd_gpu_check.md
     python benchmarks/ssd_gpu_check.py --quick --out DIR       # CPU: tiny random models, checks the script
@@ -168,6 +169,13 @@ def per_round(args, log) -> list[dict]:
                     del model.append
 
             server.branches._catch_up = counted_catch_up
+            launched = []                                    # when each pre-speculation's passes began
+
+            def timed_run(*a, run=server.branches._run):
+                launched.append(time.perf_counter())
+                return run(*a)
+
+            server.branches._run = timed_run
 
             def spot():
                 for seq in server.seqs:
@@ -181,8 +189,9 @@ def per_round(args, log) -> list[dict]:
                                                            zip(server.seqs, outcomes)])
 
             def prespec_s(hit: bool) -> float:
-                """Median pre-speculation time after a round whose drafts the spot (miss) or a branch (hit) drafted."""
-                times = []
+                """Median pre-speculation time after a round whose drafts the spot (miss) or a branch (hit) drafted;
+                appends the median host time before its draft's passes were called to ``host_s``."""
+                times, before_loop = [], []
                 for _ in range(args.iters):
                     spot()                                   # a round whose drafts the spot rows drafted
                     if hit:
@@ -194,8 +203,12 @@ def per_round(args, log) -> list[dict]:
                     server._prespeculate()
                     _sync()
                     times.append(time.perf_counter() - t)
+                    before_loop.append(launched[-1] - t)
                     commit(False)
+                host_s.append(statistics.median(before_loop))
                 return statistics.median(times)
+
+            host_s = []
 
             spot()
             server._prespeculate()                           # nothing captured here (checked below)
@@ -206,13 +219,15 @@ def per_round(args, log) -> list[dict]:
             captured = (set(server.branches.model._graphs._graphs) | set(server.spot.model._graphs._graphs)) - warmed
             row = dict(B=B, F=F, rows=B * F, target_ms=target_s[B] * 1e3, spot_ms=spot_s * 1e3,
                        prespec_ms=miss_s * 1e3, prespec_hit_ms=hit_s * 1e3, catch_up_passes=len(catch_ups),
+                       host_before_loop_ms=[x * 1e3 for x in host_s],
                        graphs_after_warm_up=len(captured), step_ms=step_s * 1e3, model_ms=K * step_s * 1e3,
                        steps_k1_ms=(K + 1) * step_s * 1e3)
             row["fits"] = row["prespec_ms"] <= row["target_ms"]
             rows.append(row)
             log(f"B={B} F={F}: target pass {row['target_ms']:.2f} ms, spot draft {row['spot_ms']:.2f} ms, "
                 f"pre-speculation of {B * F} rows {row['prespec_ms']:.2f} ms after a miss, {row['prespec_hit_ms']:.2f} "
-                f"ms after a hit (the simulator's K bare steps: {row['model_ms']:.2f} ms, K + 1: "
+                f"ms after a hit (host work before the passes: {row['host_before_loop_ms'][0]:.2f} / "
+                f"{row['host_before_loop_ms'][1]:.2f} ms; the simulator's K bare steps: {row['model_ms']:.2f} ms, K + 1: "
                 f"{row['steps_k1_ms']:.2f} ms); catch-up passes {len(catch_ups)}, graphs captured after the warm-up "
                 f"{len(captured)}")
     return rows
@@ -237,13 +252,16 @@ def write_markdown(path: Path, res: dict) -> None:
               "their K/V from the spot rows) and after a hit (from the hit branch's row). `simulator: K bare steps` is "
               "what `simulator.ssd_round` charges for it (K one-token draft steps of B * F rows, timed like the "
               "calibration); the draft rank runs K + 1 passes (the last ranks the bonus outcomes), copies K/V and "
-              "chooses the outcomes on the host. `catch-up passes` and `graphs after warm-up` count what the timed "
+              "chooses the outcomes on the host (`host ms before the passes`: from the start until its draft's passes "
+              "are called, after a miss / a hit). `catch-up passes` and `graphs after warm-up` count what the timed "
               "rounds ran beyond that (0 expected).", ""]
     lines += markdown_table(["B", "F", "branch rows", "target pass ms", "spot draft ms", "pre-speculation ms (miss)",
-                             "pre-speculation ms (hit)", "simulator: K bare steps ms", "K + 1 bare steps ms",
+                             "pre-speculation ms (hit)", "host ms before the passes", "simulator: K bare steps ms",
+                             "K + 1 bare steps ms",
                              "catch-up passes", "graphs after warm-up", "fits the target pass"],
                             [[r["B"], r["F"], r["rows"], f"{r['target_ms']:.2f}", f"{r['spot_ms']:.2f}",
-                              f"{r['prespec_ms']:.2f}", f"{r['prespec_hit_ms']:.2f}", f"{r['model_ms']:.2f}",
+                              f"{r['prespec_ms']:.2f}", f"{r['prespec_hit_ms']:.2f}",
+                              " / ".join(f"{x:.2f}" for x in r["host_before_loop_ms"]), f"{r['model_ms']:.2f}",
                               f"{r['steps_k1_ms']:.2f}", r["catch_up_passes"], r["graphs_after_warm_up"],
                               "yes" if r["fits"] else "no"] for r in res["per_round"]])
     path.write_text("\n".join(lines) + "\n")
