@@ -176,7 +176,11 @@ def test_a_sampled_row_joining_greedy_rows_gets_q_for_every_row():
     server._prespeculate()
     hits = [max(seq.branches) for seq in server.seqs]                    # both greedy rows hit
     server._commit([j for j, _ in hits], [seq.drafts[:j] + [t] for seq, (j, t) in zip(server.seqs, hits)])
+    server.branches.model._prefill_one = None           # joining rows copy their prompt's K/V from the spot row
     server._admit([2], [[4, 5, 6]], [7], [(0.8, 0, 0.9, 42)])
+    for spot, branches in zip(server.spot.model.cache.k + server.spot.model.cache.v,
+                              server.branches.model.cache.k + server.branches.model.cache.v):
+        assert all(torch.equal(branches[r, :, :3], spot[2, :, :3]) for r in range(2 * F, 3 * F))
     reply, q = server._drafts([K, 2, K])
     assert reply["q"] and q.shape == (2 * K + 2, CFG.vocab_size) and server.stats.hits == 2
     for b, rows in enumerate((range(0, K), range(K, K + 2))):

@@ -91,6 +91,12 @@ class ScoringDraftModel(DraftModel):
         n = sum(self.model.warm_up_draft_loop(max_batch_size, k, self._choice(key), key, 5) for key in keys)
         return n + self.model.warm_up(max_batch_size, CATCH_UP_TOKENS, prompt_tokens=prompt_tokens)
 
+    def admit_from(self, source: DraftModel, source_rows: list[int], prompts, first_tokens, sampling) -> None:
+        """``admit`` whose prompts ``source`` holds already in rows ``source_rows`` (the same weights): their K/V
+        are copied, not prefilled again (the spot row's prompt for each of its F branch rows)."""
+        self.model.admit_from(source.model, source_rows, [len(p) for p in prompts])
+        self._add_rows(prompts, first_tokens, sampling)
+
     def catch_up_from(self, candidates: dict[int, list[tuple[DraftModel, int, list[int], int]]]) -> None:
         """``_catch_up`` by copying instead of a pass: make row r valid for h[:L - 2] with the K/V another row of
         the same weights holds for those tokens. candidates[r]: (source, source row, the tokens that row's cache
@@ -245,16 +251,16 @@ class DraftServer:
     def _warm_up(self, max_batch_size: int, k: int, settings, prompt_tokens: int) -> None:
         self.spot.warm_up(max_batch_size, k + 1, settings, prompt_tokens)
         if self.width:
-            self.branches.warm_up(max_batch_size * self.width, k + 1, settings, prompt_tokens)
+            self.branches.warm_up(max_batch_size * self.width, k + 1, settings, 0)   # never prefills: admit_from
 
     def _admit(self, seq_ids, prompts, first_tokens, sampling) -> None:
         rows = SamplingParams(tuple(Sampling(*s) for s in sampling))
+        first = len(self.seqs)
         self.spot.admit(seq_ids, prompts, first_tokens, rows)
-        if self.width:
-            F = self.width
-            self.branches.admit([i for i in seq_ids for _ in range(F)], [p for p in prompts for _ in range(F)],
-                                [t for t in first_tokens for _ in range(F)], rows.select(
-                                    [b for b in range(len(prompts)) for _ in range(F)]))
+        if self.width:       # each branch row copies its prompt's K/V from the spot row (one prefill, not F + 1)
+            each = [b for b in range(len(prompts)) for _ in range(self.width)]             # branch row -> prompt
+            self.branches.admit_from(self.spot, [first + b for b in each], [prompts[b] for b in each],
+                                     [first_tokens[b] for b in each], rows.select(each))
         self.seqs += [_Seq(list(p) + [t], s) for p, t, s in zip(prompts, first_tokens, rows.rows)]
 
     def _keep(self, order) -> None:

@@ -116,6 +116,10 @@ class DraftModel(Drafter):
 
     def admit(self, seq_ids, prompts, first_tokens, sampling) -> None:
         self.model.admit(prompts)
+        self._add_rows(prompts, first_tokens, sampling)
+
+    def _add_rows(self, prompts, first_tokens, sampling: SamplingParams) -> None:
+        """The host state of rows just admitted to the cache: their prompts valid there, the first token not."""
         self._set_rows(self._rows + [_Row(list(p) + [t], len(p), s)
                                      for p, t, s in zip(prompts, first_tokens, sampling.rows, strict=True)])
 

@@ -237,6 +237,23 @@ class Model:
         self._prompt_hidden.update(states)
         return torch.cat(logits)
 
+    @torch.no_grad()
+    def admit_from(self, source: "Model", source_rows: list[int], lengths: list[int]) -> None:
+        """``admit`` without a prefill: sequence j joins as row B + j with the K/V of positions [0, lengths[j])
+        that row source_rows[j] of ``source`` (a model on the same weights) holds, e.g. the same prompt prefilled
+        there (a prompt's K/V depend on the prompt alone: see ``admit``). No logits."""
+        cache = self._need_cache()
+        if len(source_rows) != len(lengths) or not lengths or min(lengths) < 1:
+            raise ValueError(f"admit_from: one length >= 1 per source row, got rows {source_rows}, lengths {lengths}")
+        if cache.batch_size + len(lengths) > cache.max_batch_size:
+            raise ValueError(f"admit_from: {cache.batch_size} running + {len(lengths)} new sequences exceed the "
+                             f"cache's {cache.max_batch_size} rows")
+        first_row = cache.batch_size
+        cache.admit(lengths)
+        self.copy_kv(list(range(first_row, first_row + len(lengths))), source, source_rows, [0] * len(lengths),
+                     max(lengths))
+        cache.lengths[first_row:] = to_device(lengths, self.device, torch.long)   # copy_kv set max(lengths)
+
     def _prefill_one(self, prompt: list[int], row: int) -> Tensor:
         """One prompt's prefill into cache row ``row`` -> logits [1, V] at its last token."""
         bucket = self.prefill_bucket(1, len(prompt))
