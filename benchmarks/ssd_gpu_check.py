@@ -9,8 +9,11 @@ ranks share one GPU.
    ``DraftModel`` (same draft, same seeds; run on the target rank) and against plain decoding (greedy).
 2. Per-round time, one process, nothing else on the GPU (random bf16 weights at the 8B / 1B shapes, K = 4,
    128-token contexts): the target pass of [B, K + 1] tokens, the draft rank's on-the-spot draft of B rows and
-   its pre-speculation of B * F branch rows (``DraftServer._prespeculate``: the redirect, the catch-up pass,
-   K + 1 batched draft passes, the host's choice of outcomes), median of ``--iters`` rounds each.
+   its pre-speculation of B * F branch rows (``DraftServer._prespeculate``: the host's choice of outcomes, the
+   redirect, the K/V copy from the row that drafted the round's drafts, the K + 1 passes of the captured loop,
+   the one device read), median of ``--iters`` rounds each, after a miss (the spot row drafted) and after a hit
+   (a branch row drafted); beside them its host time before the draft's passes begin, the catch-up passes and
+   graph captures in the timed rounds (0 expected) and K + 1 bare draft steps.
 
     python benchmarks/ssd_gpu_check.py --out DIR [--write]     # GPU, ~3 minutes; --write: results/ssd_gpu_check.md
     python benchmarks/ssd_gpu_check.py --quick --out DIR       # CPU: tiny random models, checks the script
@@ -151,31 +154,82 @@ def per_round(args, log) -> list[dict]:
             step_s = pass_seconds(draft, B * F, (1,), prompt_len, args.iters)[1]
             server = DraftServer(draft, [0], SSDConfig(k=K, budget=F))
             server.channels = [_NullChannel()]
-            server._reserve(B, prompt_len + 64 * (args.iters + 4))
+            server._reserve(B, prompt_len + 64 * (3 * args.iters + 8))
             server._warm_up(B, K, [(0.0, 0, 1.0)], prompt_len)
+            warmed = set(server.branches.model._graphs._graphs) | set(server.spot.model._graphs._graphs)
             prompts = torch.randint(0, draft.config.vocab_size, (B, prompt_len), generator=g).tolist()
             server._admit(list(range(B)), prompts, [1] * B, [(0.0, 0, 1.0, b) for b in range(B)])
+            catch_ups = []                                   # the passes the branches' catch-ups ran
+
+            def counted_catch_up(lengths, catch_up=server.branches._catch_up, model=server.branches.model):
+                model.append = lambda tokens: catch_ups.append(tokens.shape) or type(model).append(model, tokens)
+                try:
+                    catch_up(lengths)
+                finally:
+                    del model.append
+
+            server.branches._catch_up = counted_catch_up
+            launched = []                                    # when each pre-speculation's passes began
+
+            def timed_run(*a, run=server.branches._run):
+                launched.append(time.perf_counter())
+                return run(*a)
+
+            server.branches._run = timed_run
 
             def spot():
                 for seq in server.seqs:
                     seq.ready = None
                 server._drafts([K] * B)
 
-            def prespeculate():
-                server._prespeculate()
-                server._commit([2] * B, [seq.drafts[:2] + [7] for seq in server.seqs])   # a miss: history moves on
+            def commit(hit: bool):
+                # a hit: the deepest pre-speculated outcome becomes the round's; a miss: one nobody drafted
+                outcomes = [max(seq.branches) if hit else (2, 7 if 7 != seq.drafts[2] else 8) for seq in server.seqs]
+                server._commit([j for j, _ in outcomes], [seq.drafts[:j] + [t] for seq, (j, t) in
+                                                           zip(server.seqs, outcomes)])
+
+            def prespec_s(hit: bool) -> float:
+                """Median pre-speculation time after a round whose drafts the spot (miss) or a branch (hit) drafted;
+                appends the median host time before its draft's passes were called to ``host_s``."""
+                times, before_loop = [], []
+                for _ in range(args.iters):
+                    spot()                                   # a round whose drafts the spot rows drafted
+                    if hit:
+                        server._prespeculate()
+                        commit(True)
+                        server._drafts([K] * B)              # the next round's, from a branch row (the hit)
+                    _sync()
+                    t = time.perf_counter()
+                    server._prespeculate()
+                    _sync()
+                    times.append(time.perf_counter() - t)
+                    before_loop.append(launched[-1] - t)
+                    commit(False)
+                host_s.append(statistics.median(before_loop))
+                return statistics.median(times)
+
+            host_s = []
 
             spot()
-            prespeculate()                                   # captures
+            server._prespeculate()                           # nothing captured here (checked below)
+            commit(False)
             spot_s = _median_s(spot, args.iters)
-            spot()
-            pre_s = _median_s(lambda: (prespeculate(), spot()), args.iters) - spot_s
-            row = dict(B=B, F=F, rows=B * F, target_ms=target_s[B] * 1e3, spot_ms=spot_s * 1e3, prespec_ms=pre_s * 1e3,
-                       step_ms=step_s * 1e3, model_ms=K * step_s * 1e3)
+            catch_ups.clear()
+            miss_s, hit_s = prespec_s(False), prespec_s(True)
+            captured = (set(server.branches.model._graphs._graphs) | set(server.spot.model._graphs._graphs)) - warmed
+            row = dict(B=B, F=F, rows=B * F, target_ms=target_s[B] * 1e3, spot_ms=spot_s * 1e3,
+                       prespec_ms=miss_s * 1e3, prespec_hit_ms=hit_s * 1e3, catch_up_passes=len(catch_ups),
+                       host_before_loop_ms=[x * 1e3 for x in host_s],
+                       graphs_after_warm_up=len(captured), step_ms=step_s * 1e3, model_ms=K * step_s * 1e3,
+                       steps_k1_ms=(K + 1) * step_s * 1e3)
             row["fits"] = row["prespec_ms"] <= row["target_ms"]
             rows.append(row)
             log(f"B={B} F={F}: target pass {row['target_ms']:.2f} ms, spot draft {row['spot_ms']:.2f} ms, "
-                f"pre-speculation of {B * F} rows {row['prespec_ms']:.2f} ms (the simulator's K bare steps: {row['model_ms']:.2f} ms)")
+                f"pre-speculation of {B * F} rows {row['prespec_ms']:.2f} ms after a miss, {row['prespec_hit_ms']:.2f} "
+                f"ms after a hit (host work before the passes: {row['host_before_loop_ms'][0]:.2f} / "
+                f"{row['host_before_loop_ms'][1]:.2f} ms; the simulator's K bare steps: {row['model_ms']:.2f} ms, K + 1: "
+                f"{row['steps_k1_ms']:.2f} ms); catch-up passes {len(catch_ups)}, graphs captured after the warm-up "
+                f"{len(captured)}")
     return rows
 
 
@@ -194,15 +248,22 @@ def write_markdown(path: Path, res: dict) -> None:
               f"Target {res['args']['target']}, draft {res['args']['draft']} (random weights), K = {K}: the target "
               "pass verifies [B, K + 1] tokens; on a miss the draft rank drafts B rows on the spot (K + 1 passes); "
               "after answering it pre-speculates F branches per sequence, B * F rows drafted together. Pre-speculation "
-              "is hidden when it takes no longer than the target pass. `simulator: K bare steps` is what "
-              "`simulator.ssd_round` charges for it (K one-token draft steps of B * F rows, timed like the calibration): "
-              "the gap is what the simulator leaves out (the catch-up pass, the (K + 1)-th pass that ranks the bonus, "
-              "choosing the outcomes on the host, reading the drafts back).", ""]
-    lines += markdown_table(["B", "F", "branch rows", "target pass ms", "spot draft ms", "pre-speculation ms",
-                             "simulator: K bare steps ms", "fits the target pass"],
+              "is hidden when it takes no longer than the target pass; it is timed after a miss (the branches copy "
+              "their K/V from the spot rows) and after a hit (from the hit branch's row). `simulator: K bare steps` is "
+              "what `simulator.ssd_round` charges for it (K one-token draft steps of B * F rows, timed like the "
+              "calibration); the draft rank runs K + 1 passes (the last ranks the bonus outcomes), copies K/V and "
+              "chooses the outcomes on the host (`host ms before the passes`: from the start until its draft's passes "
+              "are called, after a miss / a hit). `catch-up passes` and `graphs after warm-up` count what the timed "
+              "rounds ran beyond that (0 expected).", ""]
+    lines += markdown_table(["B", "F", "branch rows", "target pass ms", "spot draft ms", "pre-speculation ms (miss)",
+                             "pre-speculation ms (hit)", "host ms before the passes", "simulator: K bare steps ms",
+                             "K + 1 bare steps ms",
+                             "catch-up passes", "graphs after warm-up", "fits the target pass"],
                             [[r["B"], r["F"], r["rows"], f"{r['target_ms']:.2f}", f"{r['spot_ms']:.2f}",
-                              f"{r['prespec_ms']:.2f}", f"{r['model_ms']:.2f}", "yes" if r["fits"] else "no"]
-                             for r in res["per_round"]])
+                              f"{r['prespec_ms']:.2f}", f"{r['prespec_hit_ms']:.2f}",
+                              " / ".join(f"{x:.2f}" for x in r["host_before_loop_ms"]), f"{r['model_ms']:.2f}",
+                              f"{r['steps_k1_ms']:.2f}", r["catch_up_passes"], r["graphs_after_warm_up"],
+                              "yes" if r["fits"] else "no"] for r in res["per_round"]])
     path.write_text("\n".join(lines) + "\n")
 
 

@@ -219,9 +219,11 @@ def measured_table(raw: dict, targets: dict[int, PassTime], draft: PassTime, pat
     lines = ["", f"## Predicted vs measured: the draft rank's pre-speculation ({path})", "",
              f"Measured on {raw['env'].get('device', '?')} ({raw['env'].get('date', '?')}), one process, random weights "
              f"(target {raw['args']['target']}, draft {raw['args']['draft']}), K = {k}. The simulator charges K draft "
-             "steps of B * F rows for pre-speculation; the draft rank also runs a catch-up pass, a (K + 1)-th pass that "
-             "ranks the bonus outcomes and host work: where `measured / predicted` is above 1 the simulator is "
-             "optimistic about SSD by that much.", "",
+             "steps of B * F rows for pre-speculation; the draft rank runs a (K + 1)-th pass that ranks the bonus "
+             "outcomes, copies K/V from the row that drafted the round's drafts (a JSON without `catch_up_passes` "
+             "comes from a draft rank that ran a catch-up pass instead) and works on the host: where `measured / "
+             "predicted` is above 1 the simulator is optimistic about SSD by that much (pre-speculation measured "
+             "after a miss; `prespec_hit_ms` in the JSON after a hit).", "",
              "| B | F | target pass measured ms | predicted ms | pre-speculation measured ms | predicted ms | "
              "measured / predicted |", "|---|---|---|---|---|---|---|"]
     for r in raw["per_round"]:

@@ -172,22 +172,22 @@ def test_the_branches_batched_draft_equals_one_branch_at_a_time():
     rows = SamplingParams((Sampling(0.0, 0, 1.0, 3), Sampling(1.0, 0, 0.9, 4)))
     prompts, firsts = [[3, 14, 15, 9], [2, 7, 1]], [26, 8]
     F = 3
-    batched = ScoringDraftModel(draft)
+    batched = ScoringDraftModel(draft, F + 1)
     batched.reserve(None, 2 * F, 64)
     batched.admit(list(range(2 * F)), [p for p in prompts for _ in range(F)], [t for t in firsts for _ in range(F)],
                   rows.select([0, 0, 0, 1, 1, 1]))
     branches = [h + tail for h in [p + [t] for p, t in zip(prompts, firsts)] for tail in ([5], [9, 11], [4, 4, 6])]
     steps = [0, 0, 0, 7, 7, 7]
     batched.redirect(branches, steps)
-    together, q_together = batched.draft(K + 1)
+    together, _, q_together = batched.draft(K + 1)
     for r, (history, step) in enumerate(zip(branches, steps)):
-        alone = ScoringDraftModel(load_model(TARGET, device="cpu", dtype=torch.float32, seed=1).truncated(1))
+        alone = ScoringDraftModel(load_model(TARGET, device="cpu", dtype=torch.float32, seed=1).truncated(1), F + 1)
         alone.reserve(None, 1, 64)
         alone.admit([0], [prompts[r // F]], [firsts[r // F]], rows.select([r // F]))
         alone.redirect([history], [step])
-        tokens, q = alone.draft(K + 1)
+        tokens, _, q = alone.draft(K + 1)
         assert tokens[0] == together[r]
-        if r >= F:                                  # sampled rows: q (a greedy row alone scores with its logits)
+        if r >= F:                                  # sampled rows: q (a greedy row alone keeps none)
             torch.testing.assert_close(q[0], q_together[r], rtol=1e-5, atol=1e-6)
 
 

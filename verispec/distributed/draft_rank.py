@@ -18,9 +18,21 @@ One round, for sequence b with committed history h (its certain token last) and 
     commit         h += emitted; the branch whose (j, t) is the outcome holds the next round's drafts (a hit)
 
 Every draft call drafts K + 1 tokens: the first K are the drafts (a row asking for fewer takes a prefix, as
-``DraftModel`` does), and the scores behind the last one rank the bonus outcomes of the next pre-speculation.
-The scores are the draft's logits when every row is greedy, else q (a greedy row in a mixed batch then ranks
-only its argmax first: fewer hits, same tokens).
+``DraftModel`` does), and the ranking behind the last one orders the bonus outcomes of the next pre-speculation.
+Each draft position's F + 1 likeliest tokens are ranked on the device (``ScoringDraftModel``: by the logits
+inside the captured greedy loop, by q after a sampled one; a greedy row in a mixed batch has a one-hot q and
+then ranks only its argmax first: fewer hits, same tokens) and reach the host with the drafts in one read per
+draft call; rows of V scores stay on the device, and only in batches where some row samples (their q goes to
+verification with the drafts). A pre-speculation thus reads the device once; on a GPU every pass it runs
+replays a graph ``_warm_up`` captured (the draft loop of K + 1 steps, the catch-up widths).
+
+Passes per round: on a miss the spot draft (K + 1 passes), and the pre-speculation (K + 1 passes), nothing else.
+A row's cache keeps the K/V of the drafts it fed, so accepted drafts are not fed again; what a row moving to a
+new history lacks, another row of its sequence holds: every branch of sequence b starts from h + d_1..d_j, whose
+K/V the row that drafted d (the spot row, or the hit branch's) has, and a spot row whose sequence hit finds its
+new history in the hit branch's row. Those entries are copied (``ScoringDraftModel.catch_up_from``, one gather
+and one write for all layers) instead of computed again in a catch-up pass; a row no other row covers still gets
+the pass.
 """
 from __future__ import annotations
 
@@ -31,9 +43,11 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import Tensor
 
+from ..device import to_device
 from ..drafters.base import Sampling, SamplingParams
-from ..drafters.draft_model import DraftModel
+from ..drafters.draft_model import CATCH_UP_TOKENS, DraftModel
 from ..runtime.model import Model
+from ..verify.sampling import is_greedy
 from .channel import Channel
 from .group import DistributedError
 from .simulator import fanout_for_budget
@@ -41,24 +55,97 @@ from .ssd import SSDConfig, SSDStats
 
 
 class ScoringDraftModel(DraftModel):
-    """A ``DraftModel`` that also returns, for greedy batches, the logits each draft was chosen from (its q is
-    None there): the scores that rank the outcomes to pre-speculate. Same tokens as ``DraftModel``."""
+    """A ``DraftModel`` that also ranks, at every draft position, the ``top_n`` tokens the draft thought likeliest
+    (the outcomes worth pre-speculating), on the device: inside the captured greedy loop (its choice returns the
+    argmax and the top ids of the same logits), or from q after a sampled loop (one topk over all rows). Only the
+    drafts and these ids reach the host, in one read per ``draft``; whole rows of V scores never leave the loop
+    unless some row samples (its q is then needed by verification). Same tokens as ``DraftModel``.
 
-    GREEDY_KEY = ("greedy", "scores")
+    It also remembers the drafts it fed: after ``draft(k)`` the cache holds K/V for each row's history and its
+    first k - 1 drafts, so a ``redirect`` to a history that runs through them (the round accepted them) keeps
+    them valid instead of feeding them again in a catch-up pass."""
+
+    def __init__(self, model, top_n: int):
+        super().__init__(model)
+        if top_n < 1:
+            raise ValueError(f"top_n must be >= 1 (tokens ranked per draft position), got {top_n}")
+        self.top_n = top_n
+        self.GREEDY_KEY = ("greedy", "top", top_n)       # the choice's output shape is baked into its graph
 
     def _choice(self, key: tuple):
         if key == self.GREEDY_KEY:
-            return lambda i, logits, inputs: (logits.argmax(dim=-1), logits.float())
+            n = self.top_n
+            return lambda i, logits, inputs: (logits.argmax(dim=-1), logits.topk(n, dim=-1).indices)
         return super()._choice(key)
 
     def _draw(self, logits: Tensor, steps: list[int]) -> tuple[Tensor, Tensor]:
         tokens, q = super()._draw(logits, steps)
-        return tokens, logits.float() if q is None else q
+        return tokens, logits.topk(self.top_n, dim=-1).indices if q is None else q
 
-    def draft(self, k: int) -> tuple[list[list[int]], Tensor]:
-        """k drafts for every row from where ``redirect`` put it -> (drafts B x k host lists, scores [B, k, V])."""
-        drafts, scores = self._run(k)
-        return drafts.tolist(), scores
+    def warm_up(self, max_batch_size: int, k: int, settings, prompt_tokens: int = 0, forced: bool = False) -> int:
+        """The graphs ``draft(k)`` replays and no others: the draft loops of exactly ``k`` steps (the draft rank
+        always drafts K + 1) for every batch bucket and setting, the catch-up widths and the prompts' prefills."""
+        if not getattr(self.model, "use_graphs", False) or not hasattr(self.model, "warm_up_draft_loop") or k < 1:
+            return 0
+        keys = sorted({self.GREEDY_KEY if is_greedy(t) else ("sample", t, tk, tp) for t, tk, tp in settings}, key=repr)
+        n = sum(self.model.warm_up_draft_loop(max_batch_size, k, self._choice(key), key, 5) for key in keys)
+        return n + self.model.warm_up(max_batch_size, CATCH_UP_TOKENS, prompt_tokens=prompt_tokens)
+
+    def admit_from(self, source: DraftModel, source_rows: list[int], prompts, first_tokens, sampling) -> None:
+        """``admit`` whose prompts ``source`` holds already in rows ``source_rows`` (the same weights): their K/V
+        are copied, not prefilled again (the spot row's prompt for each of its F branch rows)."""
+        self.model.admit_from(source.model, source_rows, [len(p) for p in prompts])
+        self._add_rows(prompts, first_tokens, sampling)
+
+    def catch_up_from(self, candidates: dict[int, list[tuple[DraftModel, int, list[int], int]]]) -> None:
+        """``_catch_up`` by copying instead of a pass: make row r valid for h[:L - 2] with the K/V another row of
+        the same weights holds for those tokens. candidates[r]: (source, source row, the tokens that row's cache
+        holds, how many leading ones are valid), in order of preference; the first that covers h[:L - 2] (valid
+        that far, the same tokens) is copied from. A row none covers is left as it is: the next draft's catch-up
+        pass feeds it. e.g. a branch row moving to h + d_1 d_2 + t copies the entries of d_1 from the row that
+        drafted d_1 d_2 ... from h."""
+        todo: dict[DraftModel, list[tuple[int, int, int]]] = {}
+        for r, options in candidates.items():
+            row = self._rows[r]
+            need = len(row.history) - 2
+            if row.valid >= need:
+                continue
+            tail = max(0, need - 8)          # a cheap look at the last tokens first: most candidates part there
+            for source, src, tokens, valid in options:
+                if valid >= need and tokens[tail:need] == row.history[tail:need] \
+                        and tokens[:need] == row.history[:need]:
+                    todo.setdefault(source, []).append((r, src, need))
+                    break
+        for source, rows in todo.items():
+            width = max(need - self._rows[r].valid for r, _, need in rows)
+            # one uniform width: a row re-copies entries it holds (the same values), or runs past need (dead slots)
+            self.model.copy_kv([r for r, _, _ in rows], source.model, [src for _, src, _ in rows],
+                               [max(0, need - width) for _, _, need in rows], width)
+            for r, _, need in rows:
+                self._rows[r].valid = need
+
+    def draft(self, k: int) -> tuple[list[list[int]], list[list[list[int]]], Tensor | None]:
+        """k drafts for every row from where ``redirect`` put it -> (drafts B x k, top ids B x k x top_n (host
+        lists: position i's ids rank the tokens that could follow the row's first i drafts), q [B, k, V] on the
+        device when some row samples, else None)."""
+        drafts, out = self._run(k)               # [B, k]; top ids [B, k, n] (greedy) or q [B, k, V]
+        q = out if out.is_floating_point() else None
+        top = out if q is None else q.topk(self.top_n, dim=-1).indices
+        host = torch.cat([drafts[:, :, None], top], dim=2).tolist()        # the one device read: [B][k][1 + n]
+        drafts_h = [[p[0] for p in row] for row in host]
+        for row, d in zip(self._rows, drafts_h):    # ``_run`` set valid = L + k - 1: the history and d_1..d_{k-1}
+            row.history = row.history + d[:k - 1]
+        return drafts_h, [[p[1:] for p in row] for row in host], q
+
+
+@dataclass
+class Drafted:
+    """One row's K + 1 drafts as the draft rank keeps them: host ids, and q on the device only when it sampled."""
+
+    drafts: list[int]                   # K + 1
+    tops: list[list[int]]               # [K + 1][F + 1]: ``ScoringDraftModel.draft``'s ranked ids
+    q: Tensor | None                    # [K + 1, V] (a view of its draft's q) when its batch sampled, else None
+    slot: int | None = None             # the branch slot f (row b*F + f) that drafted it; None: the spot row b
 
 
 @dataclass
@@ -69,10 +156,13 @@ class _Seq:
     sampling: Sampling
     step: int = 0                       # DRAFT-stream counter: the drafts proposed so far
     drafts: list[int] = field(default_factory=list)    # this round's drafts (k_b)
-    scores: Tensor | None = None        # [k_b + 1, V]: ranks this round's outcomes
-    ready: tuple[list[int], Tensor] | None = None       # next round's drafts (K+1) and their q/scores, from a branch
-    branches: dict = field(default_factory=dict)        # (j, t) -> (drafts (K+1), q/scores [K+1, V])
+    tops: list[list[int]] = field(default_factory=list)  # [k_b + 1][F + 1]: the draft's likeliest tokens per
+                                                         # outcome position (host ids), rank this round's outcomes
+    ready: "Drafted | None" = None      # next round's drafts, from a branch (a hit) or drafted on the spot
+    branches: dict = field(default_factory=dict)        # (j, t) -> Drafted: the pre-speculated outcomes
     proposed: bool = False              # has drafted before (its first drafts are never pre-speculated)
+    slot: int | None = None             # where this round's drafts were drafted (``Drafted.slot``): that row's
+                                        # cache holds the history and the drafts every branch starts from
 
 
 def likely_outcomes(drafts: list[int], top: list[list[int]], fanouts: tuple[int, ...]) -> list[tuple[int, int]]:
@@ -93,10 +183,11 @@ class DraftServer:
     def __init__(self, draft_model: Model, targets: list[int], config: SSDConfig):
         self.config, self.k, self.width = config, config.k, config.budget
         self.model = draft_model
-        self.spot = ScoringDraftModel(draft_model)
+        top_n = min(config.budget + 1, draft_model.config.vocab_size)   # F outcomes at one position + the draft
+        self.spot = ScoringDraftModel(draft_model, top_n)
         self.branches = ScoringDraftModel(Model(draft_model.net, draft_model.tokenizer,
                                                 num_layers=draft_model.num_active_layers,
-                                                use_graphs=draft_model.use_graphs))
+                                                use_graphs=draft_model.use_graphs), top_n)
         self.channels = [Channel(r, config.recv_timeout_s) for r in targets]
         self.stats = SSDStats()
         self.seqs: list[_Seq] = []
@@ -160,16 +251,16 @@ class DraftServer:
     def _warm_up(self, max_batch_size: int, k: int, settings, prompt_tokens: int) -> None:
         self.spot.warm_up(max_batch_size, k + 1, settings, prompt_tokens)
         if self.width:
-            self.branches.warm_up(max_batch_size * self.width, k + 1, settings, prompt_tokens)
+            self.branches.warm_up(max_batch_size * self.width, k + 1, settings, 0)   # never prefills: admit_from
 
     def _admit(self, seq_ids, prompts, first_tokens, sampling) -> None:
         rows = SamplingParams(tuple(Sampling(*s) for s in sampling))
+        first = len(self.seqs)
         self.spot.admit(seq_ids, prompts, first_tokens, rows)
-        if self.width:
-            F = self.width
-            self.branches.admit([i for i in seq_ids for _ in range(F)], [p for p in prompts for _ in range(F)],
-                                [t for t in first_tokens for _ in range(F)], rows.select(
-                                    [b for b in range(len(prompts)) for _ in range(F)]))
+        if self.width:       # each branch row copies its prompt's K/V from the spot row (one prefill, not F + 1)
+            each = [b for b in range(len(prompts)) for _ in range(self.width)]             # branch row -> prompt
+            self.branches.admit_from(self.spot, [first + b for b in each], [prompts[b] for b in each],
+                                     [first_tokens[b] for b in each], rows.select(each))
         self.seqs += [_Seq(list(p) + [t], s) for p, t, s in zip(prompts, first_tokens, rows.rows)]
 
     def _keep(self, order) -> None:
@@ -223,37 +314,55 @@ class DraftServer:
         if missed:
             t0 = time.perf_counter()
             self.spot.redirect([s.history for s in self.seqs], [s.step for s in self.seqs])
-            drafts, scores = self.spot.draft(self.k + 1)
+            # a spot row that did not draft its sequence's last drafts (they came from a branch) copies the entries
+            # it lacks from a branch row of that sequence: the hit's on a hit, else one whose branch covers them
+            F = self.width
+            self.spot.catch_up_from({b: [self._held(self.branches, r) for r in (
+                [b * F + seq.ready.slot] if seq.ready is not None else range(b * F, (b + 1) * F))]
+                for b, seq in enumerate(self.seqs) if F})
+            drafts, tops, q = self.spot.draft(self.k + 1)
             for b, seq in enumerate(self.seqs):
                 if seq.ready is None:
-                    seq.ready = (drafts[b], scores[b])
+                    seq.ready = Drafted(drafts[b], tops[b], None if q is None else q[b])
             self.stats.spot_s += time.perf_counter() - t0
         self.stats.rounds += 1
         width = max(max_num_draft)
         sampled = not all(seq.sampling.greedy for seq in self.seqs)
         q_rows = []
         for seq, n in zip(self.seqs, max_num_draft):
-            drafts, scores = seq.ready
-            seq.drafts, seq.scores, seq.ready = drafts[:n], scores[: n + 1], None
+            ready = seq.ready
+            seq.drafts, seq.tops, seq.slot, seq.ready = ready.drafts[:n], ready.tops[: n + 1], ready.slot, None
             seq.step += n
             seq.proposed = True
             if sampled:
-                q_rows.append(scores[:n])
+                q_rows.append(self._q(ready, n))
         reply = {"drafts": [seq.drafts + [0] * (width - len(seq.drafts)) for seq in self.seqs], "q": sampled,
                  "stats": asdict(self.stats)}
         return reply, (torch.cat(q_rows) if sampled else None)               # q: [sum k_b, V]
 
+    def _q(self, ready: Drafted, n: int) -> Tensor:
+        """q of a row's first n drafts [n, V] on the draft's device (the rows go to the host together): its
+        draft's q, or, for a greedy row drafted while its batch was greedy (no q kept), the one-hot of its drafts:
+        what ``draw`` gives a greedy row in a sampled batch."""
+        if ready.q is not None:
+            return ready.q[:n]
+        device = self.model.device
+        drafts = to_device(ready.drafts[:n], device, torch.long)
+        return torch.zeros(n, self.model.config.vocab_size, device=device).scatter_(1, drafts[:, None], 1.0)
+
     def _prespeculate(self) -> None:
-        """Draft every sequence's F likeliest outcomes of this round, all B*F branch rows in one draft."""
+        """Draft every sequence's F likeliest outcomes of this round, all B*F branch rows in one draft. The outcomes
+        are ranked by host ids that came with the drafts (no device read before the draft); the draft's own
+        drafts and ids come back in one read."""
         F = self.width
-        top_n = min(F + 1, self.model.config.vocab_size)
-        tops = torch.cat([torch.topk(seq.scores, top_n, dim=-1).indices for seq in self.seqs]).tolist()
         histories, steps, keys = [], [], []
-        at = 0
+        # The row that drafted sequence b's drafts this round (the spot row b, or its hit branch's row) holds K/V
+        # for h + d_1..d_K, where every branch of b starts: (b, that row, its tokens and valid count), taken
+        # before the redirect moves the branch rows.
+        sources = [self._held(self.spot, b) if seq.slot is None else self._held(self.branches, b * F + seq.slot)
+                   for b, seq in enumerate(self.seqs)]
         for seq in self.seqs:
-            n = len(seq.drafts)
-            top, at = tops[at: at + n + 1], at + n + 1
-            outcomes = likely_outcomes(seq.drafts, top, self._fanout(n))[:F]
+            outcomes = likely_outcomes(seq.drafts, seq.tops, self._fanout(len(seq.drafts)))[:F]
             filler = outcomes[0]                          # unused rows redo the first outcome (dropped)
             for f in range(F):
                 j, t = outcomes[f] if f < len(outcomes) else filler
@@ -261,10 +370,17 @@ class DraftServer:
                 steps.append(seq.step)
                 keys.append((j, t) if f < len(outcomes) else None)
         self.branches.redirect(histories, steps)
-        drafts, scores = self.branches.draft(self.k + 1)
+        # instead of a catch-up pass (those K/V, not computed again)
+        self.branches.catch_up_from({r: [sources[r // F]] for r in range(len(histories))})
+        drafts, tops, q = self.branches.draft(self.k + 1)
         for r, key in enumerate(keys):
             if key is not None:
-                self.seqs[r // F].branches[key] = (drafts[r], scores[r])
+                self.seqs[r // F].branches[key] = Drafted(drafts[r], tops[r], None if q is None else q[r], r % F)
+
+    @staticmethod
+    def _held(model: DraftModel, row: int) -> tuple[DraftModel, int, list[int], int]:
+        """What row ``row`` of ``model``'s cache holds now (a ``catch_up_from`` candidate)."""
+        return model, row, model._rows[row].history, model._rows[row].valid
 
     def _fanout(self, k: int) -> tuple[int, ...]:
         """F split over the k + 1 outcome positions by the policy, for the acceptance measured so far."""

@@ -116,6 +116,10 @@ class DraftModel(Drafter):
 
     def admit(self, seq_ids, prompts, first_tokens, sampling) -> None:
         self.model.admit(prompts)
+        self._add_rows(prompts, first_tokens, sampling)
+
+    def _add_rows(self, prompts, first_tokens, sampling: SamplingParams) -> None:
+        """The host state of rows just admitted to the cache: their prompts valid there, the first token not."""
         self._set_rows(self._rows + [_Row(list(p) + [t], len(p), s)
                                      for p, t, s in zip(prompts, first_tokens, sampling.rows, strict=True)])
 
@@ -213,18 +217,25 @@ class DraftModel(Drafter):
     def _draw(self, logits: Tensor, steps: list[int]) -> tuple[Tensor, Tensor | None]:
         return draw(logits, self._sampling, steps)
 
+    REDIRECT_SCAN = 32      # tokens ``redirect`` compares one by one at the end of the agreeing prefix
+
     def redirect(self, histories: list[list[int]], steps: list[int]) -> None:
         """Point row b at history ``histories[b]`` (its certain token last) and DRAFT-stream counter ``steps[b]``:
         the next ``propose`` drafts what a row with that history and counter drafts. The row's K/V stay valid for
         the longest common prefix of its old history and the new one (``_catch_up`` feeds the rest). SSD's draft
         rank moves its rows between the outcomes it pre-speculates this way."""
         for row, history, step in zip(self._rows, histories, steps, strict=True):
-            m = min(row.valid, len(row.history), len(history))
-            if row.history[:m] != history[:m]:            # rare: search the agreeing prefix (C-speed slices)
-                lo, hi = 0, m
+            old, m = row.history, min(row.valid, len(row.history), len(history))
+            # SSD's rows part from their new histories within the last few tokens: one C-speed compare of the rest,
+            # then a short scan; a prefix that differs earlier is searched by halving
+            tail = max(0, m - self.REDIRECT_SCAN)
+            if old[:tail] == history[:tail]:
+                m = next((i for i in range(tail, m) if old[i] != history[i]), m)
+            else:
+                lo, hi = 0, tail - 1                      # the agreeing prefix is shorter than tail
                 while lo < hi:
                     mid = (lo + hi + 1) // 2
-                    lo, hi = (mid, hi) if row.history[:mid] == history[:mid] else (lo, mid - 1)
+                    lo, hi = (mid, hi) if old[:mid] == history[:mid] else (lo, mid - 1)
                 m = lo
             row.history, row.valid, row.step = list(history), m, step
 

@@ -1,6 +1,8 @@
 """Static KV cache: one preallocated K and V buffer per layer, plus per-sequence lengths on the device.
 
-Layout per layer: [B_max, KV, S_cap, D]. The active batch is the prefix [:B] (``keep`` compacts the kept
+Layout per layer: [B_max, KV, S_cap, D], every layer's K and V a view of ONE buffer [2, layers, B_max, KV, S_cap,
+D] (so a copy of some rows' positions across all layers is one gather and one write: ``copy_positions``; each
+layer's view is contiguous, as the kernels need). The active batch is the prefix [:B] (``keep`` compacts the kept
 sequences into that prefix in place), so buffers never move and CUDA graphs captured against them stay
 valid for the life of the cache. Slots at or past ``lengths[b]`` are dead: rollback only moves the length.
 
@@ -37,8 +39,8 @@ class StaticKVCache:
         if batch_size < 1 or max_seq_len < 1:
             raise ValueError(f"batch_size and max_seq_len must be >= 1, got {batch_size}, {max_seq_len}")
         shape = (batch_size, cfg.num_kv_heads, capacity(max_seq_len), cfg.head_dim)
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
+        self.kv = torch.zeros((2, cfg.num_layers, *shape), device=device, dtype=dtype)   # [2, layers, *shape]
+        self.k, self.v = list(self.kv[0].unbind(0)), list(self.kv[1].unbind(0))           # per layer: views
         self.max_batch_size = batch_size
         self._lengths = torch.zeros(batch_size, device=device, dtype=torch.long)
         self.live = torch.zeros(batch_size, device=device, dtype=torch.long)   # 1 for rows < B, else 0
@@ -126,6 +128,15 @@ class StaticKVCache:
         self._lengths[n:] = 0
         self.live[n:] = 0
         self.batch_size = n
+
+
+    def copy_positions(self, rows: Tensor, source: "StaticKVCache", source_rows: Tensor, positions: Tensor) -> None:
+        """Write into row rows[i] at positions[i] the K/V that row source_rows[i] of ``source`` holds at the same
+        positions, in every layer (a cache of the same layers, heads and dtype; it may be this one: the read
+        happens before the write). rows, source_rows [R] int64, positions [R, W] int64 (slots < capacity), all on
+        this device. Lengths are unchanged (``Model.copy_kv`` sets them). Two device ops, no sync."""
+        by_slot = (2, 4, 0, 1, 3, 5)          # [B, S, 2, layers, KV, D] views: rows and slots first
+        self.kv.permute(by_slot)[rows[:, None], positions] = source.kv.permute(by_slot)[source_rows[:, None], positions]
 
 
 def fill_order(batch_size: int, kept: list[int]) -> list[int]:

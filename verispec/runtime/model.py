@@ -243,6 +243,23 @@ class Model:
         self._prompt_hidden.update(states)
         return torch.cat(logits)
 
+    @torch.no_grad()
+    def admit_from(self, source: "Model", source_rows: list[int], lengths: list[int]) -> None:
+        """``admit`` without a prefill: sequence j joins as row B + j with the K/V of positions [0, lengths[j])
+        that row source_rows[j] of ``source`` (a model on the same weights) holds, e.g. the same prompt prefilled
+        there (a prompt's K/V depend on the prompt alone: see ``admit``). No logits."""
+        cache = self._need_cache()
+        if len(source_rows) != len(lengths) or not lengths or min(lengths) < 1:
+            raise ValueError(f"admit_from: one length >= 1 per source row, got rows {source_rows}, lengths {lengths}")
+        if cache.batch_size + len(lengths) > cache.max_batch_size:
+            raise ValueError(f"admit_from: {cache.batch_size} running + {len(lengths)} new sequences exceed the "
+                             f"cache's {cache.max_batch_size} rows")
+        first_row = cache.batch_size
+        cache.admit(lengths)
+        self.copy_kv(list(range(first_row, first_row + len(lengths))), source, source_rows, [0] * len(lengths),
+                     max(lengths))
+        cache.lengths[first_row:] = to_device(lengths, self.device, torch.long)   # copy_kv set max(lengths)
+
     def _prefill_one(self, prompt: list[int], row: int) -> Tensor:
         """One prompt's prefill into cache row ``row`` -> logits [1, V] at its last token."""
         bucket = self.prefill_bucket(1, len(prompt))
@@ -565,6 +582,32 @@ class Model:
         torch.minimum(new, cache.lengths, out=cache.lengths)
         if isinstance(new_lengths, (list, tuple)) and new_lengths:
             cache.max_len_bound = min(cache.max_len_bound, max(new_lengths))
+
+    @torch.no_grad()
+    def copy_kv(self, rows: list[int], source: "Model", source_rows: list[int], starts: list[int], width: int) -> None:
+        """Copy into row rows[i] of this cache the K/V of positions [starts[i], starts[i] + width) that row
+        source_rows[i] of ``source``'s cache holds (the same positions): a row takes over the entries another row
+        computed for the same tokens after the same prefix instead of computing them again (SSD's branch rows).
+        ``source`` shares these weights and layers (it may be this model). Like an append of those positions, each
+        row's length becomes starts[i] + width (entries past it are dead until written)."""
+        if source.net is not self.net or source.num_active_layers != self.num_active_layers:
+            raise ValueError("copy_kv: the source model must share this model's weights and layers")
+        cache, other = self._need_cache(), source._need_cache()
+        if not len(rows) == len(source_rows) == len(starts) or width < 1:
+            raise ValueError(f"copy_kv: rows, source_rows and starts must have one entry per row and width >= 1, "
+                             f"got {len(rows)}, {len(source_rows)}, {len(starts)} and width {width}")
+        if not all(0 <= r < cache.batch_size for r in rows) or not all(0 <= r < other.batch_size for r in source_rows):
+            raise ValueError(f"copy_kv: rows must be in [0, {cache.batch_size}) and source rows in "
+                             f"[0, {other.batch_size}), got {rows} and {source_rows}")
+        if min(starts) < 0 or max(starts) + width > min(cache.capacity, other.capacity):
+            raise ValueError(f"copy_kv: positions [{min(starts)}, {max(starts) + width}) outside the caches' "
+                             f"{min(cache.capacity, other.capacity)} slots")
+        index = torch.tensor([rows, source_rows, starts], dtype=torch.long)                  # [3, R]: one copy
+        index = to_device(index, self.device, torch.long)
+        positions = index[2, :, None] + torch.arange(width, device=self.device)              # [R, width]
+        cache.copy_positions(index[0], other, index[1], positions)
+        cache.lengths[index[0]] = index[2] + width
+        cache.max_len_bound = max(cache.max_len_bound, max(starts) + width)
 
     @torch.no_grad()
     def keep(self, batch_indices) -> None:
