@@ -210,7 +210,7 @@ def invariant_variants() -> int:
 # ------------------------------------------------------------------------------------ packed (GGUF block) matmul
 PACKED_VARIANTS = (1, 2, 3)   # packed.cu's variants (its header says what differs): v1 and v2 the same bits; v3 its own
                               # order on the tensor cores, every type, bf16 x (v1's bits for fp32 / fp16 x). 0 = the
-                              # default (vs_packed_default_variant): v2 (checked on an H100); v3 opt-in
+                              # default (vs_packed_default_variant): v3 (checked on an H100)
 
 
 def _packed_args(fn: str, blocks: torch.Tensor, qtype: int, K: int, variant: int):
