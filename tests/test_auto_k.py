@@ -369,3 +369,33 @@ def test_observe_round_ignores_nonsense_and_averages():
     policy.observe_round(8, 2, 1.0)
     policy.observe_round(7, 2, 2.0)                  # the same bucket (8)
     assert policy.measured_s == {(3, 2): pytest.approx(0.9 * 1.0 + 0.1 * 2.0)}
+
+
+def _loaded_batch_ks(round_memory: int, rounds: int = 200) -> list[int]:
+    """32 greedy rows at a load where plain decoding wins by the table (LOADED), after drafting rounds measured at the
+    table's cost and one plain round that cost 5x the table (a burst of admissions); every later round costs what the
+    table says. -> the batch's k per round."""
+    costs = table(*LOADED)
+    policy, rng = AutoK(costs, round_memory=round_memory), random.Random(1)
+    rows = [_seq(800 + i) for i in range(32)]
+    for k in range(1, K + 1):                        # drafting rounds measured at their true cost
+        policy.observe_round(32, k, costs.round(32, k))
+    policy.observe_round(32, 0, 5 * costs.round(32, 0))
+    ks = []
+    for _ in range(rounds):
+        got = policy(rows, K)
+        k = max(got)
+        ks.append(k)
+        policy.observe_round(32, k, costs.round(32, k))
+        for seq, kb in zip(rows, got):
+            _round(seq, kb, next((i for i in range(kb) if rng.random() >= 0.8), kb))
+    return ks
+
+
+def test_a_stale_measurement_expires():
+    """A k measured once at a bad moment is priced by that measurement only for ``round_memory`` rounds: then plain
+    decoding, which the table says wins here, is chosen again (and measured at its true cost). Without the expiry the
+    batch drafts on for good."""
+    ks = _loaded_batch_ks(round_memory=64)
+    assert sum(1 for k in ks[100:] if k) <= 8
+    assert all(_loaded_batch_ks(round_memory=10**9)[100:])

@@ -61,8 +61,10 @@ it cannot see (the event loop's share of the GIL, the draft model's catch-up aft
 runs slower at this context length). So the greedy rows' choice prices each k by the rounds actually run: the
 scheduler reports each round's wall time (``observe_round``), kept per (batch bucket of the table, widest k) as a
 moving average over about 1 / (1 - ``round_decay``) rounds; a k without a measured round at that bucket costs the
-table's, scaled as the nearest measured k's measured / table. When the greedy rows' hold ends, the measured costs of drafting rounds are dropped with their
-evidence, so the probe prices drafting afresh. The sampled rows' choices keep the table alone: their k must not
+table's, scaled as the nearest measured k's measured / table. An average not fed for ``round_memory`` rounds is
+ignored (that k is priced as if never measured): a k chosen rarely, e.g. k = 0 measured once in a burst of
+admissions, would otherwise keep that price for good. When the greedy rows' hold ends, the measured costs of
+drafting rounds are dropped with their evidence, so the probe prices drafting afresh. The sampled rows' choices keep the table alone: their k must not
 depend on the load.
 
 The costs come from a ``CostTable``: measured on this machine at startup (``measure_costs``: target passes and a
@@ -293,10 +295,14 @@ class AutoK:
     max_hold: int = 32
     settle: int = 4
     round_decay: float = 0.9
+    round_memory: int = 64
     last_k: int = 0
     greedy_state: RowState = field(default_factory=RowState)   # the greedy rows' shared exploration (its hold fields)
-    # (bucket, k) -> the moving average of measured round seconds (``observe_round``; the greedy rows' costs)
+    # (bucket, k) -> the moving average of measured round seconds (``observe_round``; the greedy rows' costs), and
+    # the round count when it was last fed (``_seen``): an average not fed for ``round_memory`` rounds is ignored
     measured_s: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _seen: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _observed: int = field(default=0, init=False, repr=False, compare=False)
     # (batch, k_max) -> the round costs of k = 0..k_max: a CostTable is frozen, and a round's choice would otherwise
     # look up 2 (k_max + 1) interpolated costs on the request path
     _round_s: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -343,7 +349,8 @@ class AutoK:
         try too; the table's alone where nothing ran at that bucket."""
         bucket = self.costs.bucket(batch)
         table = self._rounds(batch, k_max)
-        measured = {k: self.measured_s[bucket, k] for k in range(k_max + 1) if (bucket, k) in self.measured_s}
+        measured = {k: self.measured_s[bucket, k] for k in range(k_max + 1)
+                    if (bucket, k) in self.measured_s and self._observed - self._seen[bucket, k] <= self.round_memory}
         if not measured:
             return table
         out = []
@@ -364,9 +371,13 @@ class AutoK:
         the round: drafting, the target pass, verification, commit)."""
         if not seconds > 0 or seconds == float("inf"):
             return
+        self._observed += 1
         key = (self.costs.bucket(batch), k)
         old = self.measured_s.get(key)
+        if old is None or self._observed - self._seen[key] > self.round_memory:
+            old = None                   # an average gone stale starts over
         self.measured_s[key] = seconds if old is None else self.round_decay * old + (1 - self.round_decay) * seconds
+        self._seen[key] = self._observed
 
     def state(self, seq: Sequence) -> RowState:
         """``seq``'s state, brought up to date with the rounds its Stats counted since the last call."""
