@@ -32,6 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import environment, environment_line, markdown_table  # noqa: E402
+from verispec.distributed.channel import NullChannel  # noqa: E402
 from verispec.distributed.draft_rank import DraftServer  # noqa: E402
 from verispec.distributed.group import run_local  # noqa: E402
 from verispec.distributed.ssd import SSDConfig, SSDDrafter  # noqa: E402
@@ -99,21 +100,6 @@ def correctness(args, log) -> list[dict]:
     return rows
 
 
-class _NullChannel:
-    """Stands in for a target rank when the draft rank's work is timed alone."""
-
-    peer = 0
-
-    def send_object(self, obj, wait=True):
-        pass
-
-    def send_tensor(self, tensor, wait=True):
-        pass
-
-    def flush(self):
-        pass
-
-
 def _sync():
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -153,7 +139,7 @@ def per_round(args, log) -> list[dict]:
             # rows, timed as the calibration times them
             step_s = pass_seconds(draft, B * F, (1,), prompt_len, args.iters)[1]
             server = DraftServer(draft, [0], SSDConfig(k=K, budget=F))
-            server.channels = [_NullChannel()]
+            server.channels = [NullChannel()]
             server._reserve(B, prompt_len + 64 * (3 * args.iters + 8))
             server._warm_up(B, K, [(0.0, 0, 1.0)], prompt_len)
             warmed = set(server.branches.model._graphs._graphs) | set(server.spot.model._graphs._graphs)

@@ -18,28 +18,8 @@
 #include <type_traits>
 #include <vector>
 
-struct pk_host_half { unsigned short bits; };
-static inline pk_host_half __ushort_as_half(unsigned short u) { return pk_host_half{u}; }
-static inline float __half2float(pk_host_half h) {
-    const unsigned s = (h.bits >> 15) & 1, e = (h.bits >> 10) & 31, m = h.bits & 1023;
-    float v;
-    if (e == 0) v = std::ldexp((float)m, -24);
-    else if (e == 31) v = m ? NAN : INFINITY;
-    else v = std::ldexp((float)(m | 1024), (int)e - 25);
-    return s ? -v : v;
-}
-static inline float __fmul_rn(float a, float b) { return a * b; }
-static inline float __fadd_rn(float a, float b) { return a + b; }
-static inline float __fsub_rn(float a, float b) { return a - b; }
-static inline uint32_t __funnelshift_r(uint32_t lo, uint32_t hi, unsigned sh) {
-    return (uint32_t)((((uint64_t)hi << 32) | lo) >> (sh & 31));
-}
-static inline uint32_t __ldg(const uint32_t* p) { return *p; }
-static inline float __uint_as_float(uint32_t u) {
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
+#include "cuda_host_shims.h"
+
 static inline uint32_t __byte_perm(uint32_t a, uint32_t b, uint32_t s) {   // PTX prmt, default mode
     const uint64_t v = ((uint64_t)b << 32) | a;
     uint32_t r = 0;

@@ -3,7 +3,6 @@ driver tests/packed_decoders_host.cpp) decodes random blocks -- f16 scales throu
 and NaN -- to exactly the torch dequantizer's values (itself gguf-py's bit for bit), in both variants: v1 (byte loads,
 the decoders checked on an H100) and v2 (aligned word loads, the 2^23 trick), with the rows at every byte alignment
 v2's word loads can meet. The GPU tests compare the kernels themselves (tests/test_quant_gpu.py)."""
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -11,25 +10,15 @@ import numpy as np
 import pytest
 import torch
 
+from host_build import build_host_driver  # noqa: E402
 from test_quant_formats import assert_same_bits, edge_blocks  # noqa: E402
 from verispec.runtime.quant import dequantize
 from verispec.runtime.quant.formats import block_format
 
-GEMV_DIR = Path(__import__("verispec.runtime.gemv", fromlist=["_SRC"])._SRC)
-DRIVER = Path(__file__).resolve().parent / "packed_decoders_host.cpp"
-CXX = shutil.which("g++") or shutil.which("c++")
-
 
 @pytest.fixture(scope="module")
 def decoder(tmp_path_factory) -> Path:
-    if CXX is None:
-        pytest.skip("no host C++ compiler (g++ / c++) on PATH")
-    exe = tmp_path_factory.mktemp("decoders") / "packed_decoders_host"
-    # -ffp-contract=off: every product and sum rounded on its own, as the CUDA code's __fmul_rn / __fadd_rn
-    r = subprocess.run([CXX, "-std=c++17", "-O2", "-ffp-contract=off", "-Wall", "-Wno-unknown-pragmas",
-                        f"-I{GEMV_DIR}", str(DRIVER), "-o", str(exe)], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    return exe
+    return build_host_driver("packed_decoders_host.cpp", tmp_path_factory.mktemp("decoders"))
 
 
 def decode(exe: Path, tmp: Path, blocks: torch.Tensor, qtype: int, K: int, offset: int) -> tuple[torch.Tensor, ...]:

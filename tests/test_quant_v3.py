@@ -3,7 +3,6 @@ the exact bf16 integers and scales it decodes, the x it pairs them with) compile
 m16n8k16 emulated from the PTX fragment layout (tests/packed_v3_host.cpp, the kernel's loop mirrored), against the
 torch dequantizer + matmul. A wrong column, nibble, scale byte or fragment slot is off by the weights' whole size;
 the tolerance only covers rounding. The GPU runs the kernel itself (tests/test_quant_gpu.py)."""
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -11,24 +10,15 @@ import numpy as np
 import pytest
 import torch
 
+from host_build import build_host_driver  # noqa: E402
 from test_quant_formats import edge_blocks  # noqa: E402
 from verispec.runtime.quant import dequantize
 from verispec.runtime.quant.formats import block_format
 
-GEMV_DIR = Path(__import__("verispec.runtime.gemv", fromlist=["_SRC"])._SRC)
-DRIVER = Path(__file__).resolve().parent / "packed_v3_host.cpp"
-CXX = shutil.which("g++") or shutil.which("c++")
-
 
 @pytest.fixture(scope="module")
 def emulator(tmp_path_factory) -> Path:
-    if CXX is None:
-        pytest.skip("no host C++ compiler (g++ / c++) on PATH")
-    exe = tmp_path_factory.mktemp("v3") / "packed_v3_host"
-    r = subprocess.run([CXX, "-std=c++17", "-O2", "-ffp-contract=off", "-Wall", "-Wno-unknown-pragmas",
-                        f"-I{GEMV_DIR}", str(DRIVER), "-o", str(exe)], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    return exe
+    return build_host_driver("packed_v3_host.cpp", tmp_path_factory.mktemp("v3"))
 
 
 def v3_host(exe: Path, tmp: Path, blocks: torch.Tensor, qtype: int, x: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ from collections import Counter
 import pytest
 import torch
 
+from verispec.distributed.channel import NullChannel
 from verispec.distributed.draft_rank import DraftServer
 from verispec.distributed.ssd import SSDConfig
 from verispec.drafters import DraftModel
@@ -27,19 +28,6 @@ CFG = ModelConfig(vocab_size=64, num_layers=2, hidden_size=32, num_heads=4, num_
 K, F = 3, 3
 PROMPTS = [[3, 14, 15, 9, 26, 5], [2, 7]]
 ROUNDS = 9
-
-
-class NullChannel:
-    peer = 0
-
-    def send_object(self, obj, wait=True):
-        pass
-
-    def send_tensor(self, tensor, wait=True):
-        pass
-
-    def flush(self):
-        pass
 
 
 def server_run(temperature: float, monkeypatch) -> dict:

@@ -79,3 +79,19 @@ def wait(work, timeout: datetime.timedelta, what: str) -> None:
         raise DistributedError(f"{what}: the peer failed or closed the connection ({e})") from e
     if ok is False:
         raise DistributedError(f"{what}: nothing arrived within {timeout.total_seconds():.0f} s")
+
+
+class NullChannel:
+    """A ``Channel`` to no one: what it is sent is dropped. For running a draft rank's work alone in one process (its
+    tests, and benchmarks/ssd_gpu_check.py timing it)."""
+
+    peer = 0
+
+    def send_object(self, obj, wait=True):
+        pass
+
+    def send_tensor(self, tensor, wait=True):
+        pass
+
+    def flush(self):
+        pass
