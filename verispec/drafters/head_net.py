@@ -252,6 +252,11 @@ class HeadNet(nn.Module):
 
         directory = Path(directory)
         cfg_path, w_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
+        from .published_heads import is_published_head
+
+        if is_published_head(directory):
+            raise ValueError(f"{directory} holds a published EAGLE head: load it with "
+                             f"FeatureHead.from_pretrained(path, target) (it reads the target's layers and shapes)")
         if not cfg_path.is_file() or not w_path.is_file():
             raise FileNotFoundError(f"{directory} is not a feature-head directory: it needs {CONFIG_FILE} and "
                                     f"{WEIGHTS_FILE} (written by `verispec train-head`)")
