@@ -1,7 +1,7 @@
-"""Published EAGLE-3 heads (``FeatureHead.from_pretrained``): random weights saved under the published tensor names
-and config keys load into a head whose logits match a small independent re-implementation of the published forward
-(below, written from the authors' description, not from HeadNet), greedy decoding with it equals plain decoding,
-and every malformed directory is refused with an error naming the file and the tensor.
+"""Published EAGLE-3 and EAGLE (1/2) heads (``FeatureHead.from_pretrained``): random weights saved under the
+published tensor names and config keys load into a head whose logits match a small independent re-implementation of
+each published forward (below, written from the authors' description, not from HeadNet), greedy decoding with it
+equals plain decoding, and every malformed directory is refused with an error naming the file and the tensor.
 """
 from __future__ import annotations
 
@@ -118,6 +118,70 @@ def reference_eagle3(w, embed, states, tokens, steps):
     return torch.stack(out_logits[:len(tokens) + steps])
 
 
+def eagle1_weights(seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random EAGLE (1/2) weights under the published names (layers.0.*, fc with a bias, no norm, no LM head)."""
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *shape: torch.randn(*shape, generator=g) / shape[-1] ** 0.5  # noqa: E731
+    return {"fc.weight": r(E, 2 * E), "fc.bias": 0.1 * torch.randn(E, generator=g),
+            "layers.0.self_attn.q_proj.weight": r(H * D, E), "layers.0.self_attn.k_proj.weight": r(KV * D, E),
+            "layers.0.self_attn.v_proj.weight": r(KV * D, E), "layers.0.self_attn.o_proj.weight": r(E, H * D),
+            "layers.0.post_attention_layernorm.weight": 1 + 0.1 * torch.randn(E, generator=g),
+            "layers.0.mlp.gate_proj.weight": r(I, E), "layers.0.mlp.up_proj.weight": r(I, E),
+            "layers.0.mlp.down_proj.weight": r(E, I)}
+
+
+def eagle1_config() -> dict:
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": E, "num_attention_heads": H,
+            "num_key_value_heads": KV, "num_hidden_layers": 1, "intermediate_size": I, "vocab_size": V,
+            "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "bias": True}
+
+
+def reference_eagle1(w, embed, target_norm, lm_head, states, tokens, steps):
+    """The published EAGLE (1/2) head: states [T, E] (the target's last layer outputs), tokens [T] -> logits [T +
+    steps, V]. Entry j: feature = the target's final norm of its state (the head's own previous output once
+    drafting), x = fc([embed(token); feature]) + bias, attention over x with no norm first, residual x, SwiGLU MLP
+    after post_attention_layernorm, the target's LM head on the output with no norm."""
+    feats = list(_norm(states, target_norm))
+    toks = list(tokens)
+    logits = []
+    for step in range(steps + 1):
+        T = len(feats)
+        x = torch.cat([embed[torch.stack(toks)], torch.stack(feats)], dim=-1) @ w["fc.weight"].T + w["fc.bias"]
+        q = _rope((x @ w["layers.0.self_attn.q_proj.weight"].T).view(T, H, D), torch.arange(T))
+        k = _rope((x @ w["layers.0.self_attn.k_proj.weight"].T).view(T, KV, D), torch.arange(T))
+        v = (x @ w["layers.0.self_attn.v_proj.weight"].T).view(T, KV, D)
+        o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True,
+                                           enable_gqa=True).transpose(0, 1).reshape(T, H * D)
+        h = x + o @ w["layers.0.self_attn.o_proj.weight"].T
+        m = _norm(h, w["layers.0.post_attention_layernorm.weight"])
+        out = h + (F.silu(m @ w["layers.0.mlp.gate_proj.weight"].T) * (m @ w["layers.0.mlp.up_proj.weight"].T)) \
+            @ w["layers.0.mlp.down_proj.weight"].T
+        full = out @ lm_head.T
+        logits += list(full) if step == 0 else [full[-1]]
+        feats.append(out[-1])
+        toks.append(full[-1].argmax())
+    return torch.stack(logits[:len(tokens) + steps])
+
+
+def _head_logits(net, embed, lm_head, states, tokens, steps):
+    """HeadNet's logits over the prompt entries and ``steps`` greedy draft steps, through its KV-cache form
+    (``lm_head``: the target's, for a head without its own)."""
+    T = len(tokens)
+    cache = StaticKVCache(net.cfg.model_config(), 1, 32, "cpu", torch.float32)
+    rope = rope_table(net.cfg.model_config(), cache.capacity, "cpu")
+    k, v = cache.k[0][:1], cache.v[0][:1]
+    with torch.no_grad():
+        out = net.cached(net.fuse(states[None]), tokens[None], torch.arange(T)[None], embed, k, v, rope)[0]
+        got = list(net.logits(out, lm_head))
+        last, pos = out[-1], T
+        for _ in range(steps):            # drafting: the head's own output is the next entry's feature
+            token = got[-1].argmax()
+            last = net.cached(last[None, None], token.view(1, 1), torch.tensor([[pos]]), embed, k, v, rope)[0, 0]
+            got.append(net.logits(last[None], lm_head)[0])
+            pos += 1
+    return torch.stack(got)
+
+
 def test_a_published_eagle3_head_computes_the_published_forward(tmp_path):
     model = load_model(CFG, device="cpu", dtype=torch.float32, seed=0)
     w = published_weights()
@@ -128,36 +192,44 @@ def test_a_published_eagle3_head_computes_the_published_forward(tmp_path):
     T, steps = 6, 3
     states = torch.randn(T, 3, E, generator=g)
     tokens = torch.randint(0, V, (T,), generator=g)
-    embed = model.net.embed
-    want = reference_eagle3(w, embed, states, tokens, steps)
-
-    cache = StaticKVCache(net.cfg.model_config(), 1, 32, "cpu", torch.float32)
-    rope = rope_table(net.cfg.model_config(), cache.capacity, "cpu")
-    k, v = cache.k[0][:1], cache.v[0][:1]
-    with torch.no_grad():
-        out = net.cached(net.fuse(states[None]), tokens[None], torch.arange(T)[None], embed, k, v, rope)[0]
-        got = list(net.logits(out))
-        last, pos = out[-1], T
-        for _ in range(steps):            # drafting: the head's own output is the next entry's feature
-            token = got[-1].argmax()
-            last = net.cached(last[None, None], token.view(1, 1), torch.tensor([[pos]]), embed, k, v, rope)[0, 0]
-            got.append(net.logits(last[None])[0])
-            pos += 1
-    got = torch.stack(got)
+    want = reference_eagle3(w, model.net.embed, states, tokens, steps)
+    got = _head_logits(net, model.net.embed, None, states, tokens, steps)
     finite = torch.isfinite(want)
     assert torch.equal(finite, torch.isfinite(got))
     torch.testing.assert_close(got[finite], want[finite], rtol=0, atol=1e-5)
 
 
-def test_greedy_with_a_published_head_equals_plain_decoding(tmp_path):
+def test_a_published_eagle1_head_computes_the_published_forward(tmp_path):
     model = load_model(CFG, device="cpu", dtype=torch.float32, seed=0)
-    head = FeatureHead.from_pretrained(write_head(tmp_path / "eagle3"), model)
+    g = torch.Generator().manual_seed(6)
+    model.net.norm.copy_(1 + 0.3 * torch.randn(E, generator=g))    # not ones: the head must take the target's
+    w = eagle1_weights()
+    write_head(tmp_path / "eagle1", w, eagle1_config())
+    head = FeatureHead.from_pretrained(tmp_path / "eagle1", model)
+    head.attach(model)                    # takes the target's final norm
+    net = head.net
+    assert net.cfg.variant == "eagle1" and net.cfg.target_layers == (CFG.num_layers - 1,)
+    T, steps = 6, 3
+    states = torch.randn(T, E, generator=g)
+    tokens = torch.randint(0, V, (T,), generator=g)
+    want = reference_eagle1(w, model.net.embed, model.net.norm, model.net.lm_head_weight, states, tokens, steps)
+    got = _head_logits(net, model.net.embed, model.net.lm_head_weight, states[:, None], tokens, steps)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("layout", ["eagle3", "eagle1"])
+def test_greedy_with_a_published_head_equals_plain_decoding(tmp_path, layout):
+    model = load_model(CFG, device="cpu", dtype=torch.float32, seed=0)
+    if layout == "eagle3":
+        head = FeatureHead.from_pretrained(write_head(tmp_path / "eagle3"), model)
+    else:
+        head = FeatureHead.from_pretrained(write_head(tmp_path / "eagle1", eagle1_weights(), eagle1_config()), model)
     plain = [g.tokens for g in generate(model, PROMPTS, drafter=None, max_new_tokens=16)]
     for k in (1, 4):
         out = generate(model, PROMPTS, drafter=head, k=k, max_new_tokens=16)
         assert [g.tokens for g in out] == plain, k
     # these random weights (seed 0) get drafts accepted at k = 4, so rounds that commit accepted drafts run too
-    assert sum(g.stats.accepted for g in out) > 0
+    assert sum(g.stats.accepted for g in out) > 0, layout
 
 
 def test_a_full_vocabulary_head_without_d2t_and_the_layers_line_load(tmp_path):
@@ -198,10 +270,9 @@ def test_malformed_published_heads_are_refused_by_name(tmp_path):
     assert "hidden_size 32 != the target's 64" in _bad(tmp_path, "target", target=CFG.replace(hidden_size=64))
     assert "vocab_size 48 != the target's 50" in _bad(tmp_path, "vocab", target=CFG.replace(vocab_size=50))
 
-    w = {k.replace("midlayer.", "layers.0."): x for k, x in published_weights().items()}
-    w["layers.0.self_attn.q_proj.weight"] = torch.zeros(H * D, E)      # EAGLE-1's layer reads E wide
-    w["fc.bias"] = torch.zeros(E)
-    assert "EAGLE (1/2) head" in _bad(tmp_path, "eagle1", w)
+    w = eagle1_weights()
+    del w["fc.bias"]                      # its config says bias (the authors' default)
+    assert "missing tensor 'fc.bias' (an EAGLE (1/2) head has" in _bad(tmp_path, "eagle1", w, eagle1_config())
 
     only_bin = tmp_path / "bin"
     only_bin.mkdir()

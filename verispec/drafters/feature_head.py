@@ -142,6 +142,9 @@ class FeatureHead(Drafter):
         self.check_fits(target)
         self.net = self.net.to(device=target.device, dtype=target.dtype).eval()
         self.net.requires_grad_(False)
+        if self.net.eagle1:   # it reads the target's states after the target's own final norm
+            self.net.feature_norm.copy_(target.net.norm)
+            self.net.feature_norm_eps = target.config.rms_norm_eps
 
     def reserve(self, target, max_batch_size: int, max_seq_len: int) -> None:
         if self.target is not target:

@@ -1,5 +1,5 @@
-"""Published EAGLE-3 heads (the layout of SafeAILab's EAGLE repository, which SGLang and vLLM also load) as a
-``HeadNet``: ``load_published_head(directory, target)``; ``FeatureHead.from_pretrained`` drafts with it.
+"""Published EAGLE-3 and EAGLE (1/2) heads (the layouts of SafeAILab's EAGLE repository, which SGLang and vLLM also
+load) as a ``HeadNet``: ``load_published_head(directory, target)``; ``FeatureHead.from_pretrained`` drafts with it.
 
 A published EAGLE-3 directory holds ``config.json`` (a Llama config of one layer: hidden_size, num_attention_heads,
 num_key_value_heads, intermediate_size, vocab_size = the target's V, draft_vocab_size = Vd, rope_theta,
@@ -26,9 +26,14 @@ The published files do not name the target layers they read: the authors capture
 N - 3, i.e. the outputs of 1, N/2 - 1 and N - 4 (``default_layers`` of the target's depth), unless the config
 names them (eagle_aux_hidden_state_layer_ids, outputs of those layers).
 
-EAGLE (1/2) heads (fc over [embedding; feature] with a bias, a decoder layer without an input norm, no final norm,
-the target's LM head, fed the target's final-normed last state) are recognised and refused: HeadNet does not run
-that network.
+EAGLE (1/2) heads (the authors' ``cnets1.py``; HeadNet's ``eagle1`` variant) have a config.json of a one-layer Llama
+(optionally ``bias``, default true: fc has a bias) and
+
+    fc.weight [E, 2E], fc.bias [E]              over [embedding; feature]; the feature is the target's last layer
+                                                output after the target's final norm
+    layers.0.self_attn.{q,k,v}_proj.weight      [H*D | KV*D, E]  (no input norm: the authors' layer 0 skips it)
+    layers.0.self_attn.o_proj.weight, layers.0.post_attention_layernorm.weight, layers.0.mlp.*
+    (no norm.weight, no lm_head: the output goes to the target's LM head unnormed)
 """
 from __future__ import annotations
 
@@ -49,8 +54,9 @@ IGNORED = ("embed_tokens.weight",)
 
 
 def is_published_head(directory: str | Path) -> bool:
-    """Whether ``directory`` looks like a published EAGLE head (its config.json names a draft vocabulary or an
-    Eagle architecture), not a ``verispec train-head`` directory."""
+    """Whether ``directory`` looks like a published EAGLE head (a config.json without verispec's format tag, beside
+    model.safetensors or pytorch_model.bin, or naming a draft vocabulary or an Eagle architecture), not a
+    ``verispec train-head`` directory. (EAGLE-1 configs are plain Llama configs: the tensors tell the layouts apart.)"""
     path = Path(directory) / CONFIG_FILE
     if not path.is_file():
         return False
@@ -59,11 +65,12 @@ def is_published_head(directory: str | Path) -> bool:
     except (OSError, ValueError):
         return False
     archs = " ".join(meta.get("architectures") or [])
-    return "format" not in meta and ("draft_vocab_size" in meta or "eagle" in archs.lower())
+    weights = any((Path(directory) / f).is_file() for f in (SAFETENSORS_FILE, BIN_FILE))
+    return "format" not in meta and (weights or "draft_vocab_size" in meta or "eagle" in archs.lower())
 
 
 def load_published_head(directory: str | Path, target) -> HeadNet:
-    """The EAGLE-3 head in ``directory`` (layout above) as an fp32 ``HeadNet`` for ``target`` (a runtime Model or
+    """The EAGLE-3 or EAGLE (1/2) head in ``directory`` (layouts above) as an fp32 ``HeadNet`` for ``target`` (a runtime Model or
     its ``ModelConfig``); ValueError naming the file and tensor for anything that does not fit."""
     directory = Path(directory)
     tcfg: ModelConfig = target if isinstance(target, ModelConfig) else target.config
@@ -86,20 +93,11 @@ def load_published_head(directory: str | Path, target) -> HeadNet:
         raise ValueError(f"{w_path}: not an EAGLE head: no midlayer.self_attn.q_proj.weight (nor "
                          f"layers.0.self_attn.q_proj.weight); tensors: {sorted(state)[:12]}")
     E = _int(meta, "hidden_size", cfg_path)
-    if state[prefix + "self_attn.q_proj.weight"].shape[-1] != 2 * E or "fc.bias" in state:
-        raise ValueError(f"{w_path}: an EAGLE (1/2) head (its attention reads {E} wide, fc over [embedding; feature]"
-                         f"); verispec loads EAGLE-3 heads only (attention over 2*hidden_size = {2 * E})")
+    if state[prefix + "self_attn.q_proj.weight"].shape[-1] != 2 * E:
+        return _load_eagle1(meta, state, prefix, cfg_path, w_path, tcfg)
     hcfg = _head_config(meta, cfg_path, tcfg)
     expected = _expected_shapes(hcfg, prefix)
-    for name, shape in expected.items():
-        if name not in state:
-            raise ValueError(f"{w_path}: missing tensor {name!r} (an EAGLE-3 head has {sorted(expected)})")
-        if tuple(state[name].shape) != shape:
-            raise ValueError(f"{w_path}: tensor {name!r} has shape {list(state[name].shape)}, expected {list(shape)} "
-                             f"from {cfg_path.name} and the target")
-    extra = set(state) - set(expected) - {"d2t", "t2d"}
-    if extra:
-        raise ValueError(f"{w_path}: tensors an EAGLE-3 head does not have: {sorted(extra)}")
+    _check_tensors(state, expected, {"d2t", "t2d"}, "EAGLE-3", cfg_path, w_path)
     net = HeadNet(hcfg)
     p = lambda name: state[prefix + name].float()  # noqa: E731
     with torch.no_grad():
@@ -116,6 +114,76 @@ def load_published_head(directory: str | Path, target) -> HeadNet:
         net.lm_head.copy_(state["lm_head.weight"].float())
         net.d2t.copy_(_draft_to_target(state, hcfg, w_path))
     return net
+
+
+def _load_eagle1(meta: dict, state: dict[str, Tensor], prefix: str, cfg_path: Path, w_path: Path,
+                 t: ModelConfig) -> HeadNet:
+    """An EAGLE (1/2) head (module docstring) as an ``eagle1`` HeadNet reading the target's last layer."""
+    if meta.get("num_hidden_layers", 1) != 1:
+        raise ValueError(f"{cfg_path}: num_hidden_layers {meta['num_hidden_layers']}: verispec runs one-layer heads")
+    if meta.get("qkv_bias"):
+        raise ValueError(f"{cfg_path}: qkv_bias heads are not supported")
+    E, H = _int(meta, "hidden_size", cfg_path), _int(meta, "num_attention_heads", cfg_path)
+    V = _int(meta, "vocab_size", cfg_path)
+    problems = []
+    if E != t.hidden_size:
+        problems.append(f"hidden_size {E} != the target's {t.hidden_size}")
+    if V != t.vocab_size:
+        problems.append(f"vocab_size {V} != the target's {t.vocab_size}")
+    if problems:
+        raise ValueError(f"{cfg_path}: does not fit the target: " + "; ".join(problems))
+    bias = bool(meta.get("bias", True))
+    hcfg = HeadConfig(
+        hidden_size=E, num_heads=H, num_kv_heads=meta.get("num_key_value_heads") or H,
+        head_dim=meta.get("head_dim") or E // H, intermediate_size=_int(meta, "intermediate_size", cfg_path),
+        target_layers=(t.num_layers - 1,), vocab_size=V, rms_norm_eps=float(meta.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(meta.get("rope_theta", 10000.0)), rope_scaling=_rope_scaling(meta),
+        target_num_layers=t.num_layers, variant="eagle1", fc_bias=bias)
+    Hd, KV, I = hcfg.num_heads * hcfg.head_dim, hcfg.num_kv_heads * hcfg.head_dim, hcfg.intermediate_size
+    expected = {"fc.weight": (E, 2 * E), **({"fc.bias": (E,)} if bias else {})}
+    expected.update({prefix + k: s for k, s in {
+        "self_attn.q_proj.weight": (Hd, E), "self_attn.k_proj.weight": (KV, E), "self_attn.v_proj.weight": (KV, E),
+        "self_attn.o_proj.weight": (E, Hd), "post_attention_layernorm.weight": (E,),
+        "mlp.gate_proj.weight": (I, E), "mlp.up_proj.weight": (I, E), "mlp.down_proj.weight": (E, I)}.items()})
+    # layer 0's input_layernorm exists in some files but the authors' layer 0 never applies it
+    _check_tensors(state, expected, {prefix + "input_layernorm.weight"}, "EAGLE (1/2)", cfg_path, w_path)
+    net = HeadNet(hcfg)
+    p = lambda name: state[prefix + name].float()  # noqa: E731
+    with torch.no_grad():
+        net.fc.copy_(state["fc.weight"].float())
+        if bias:
+            net.fc_bias.copy_(state["fc.bias"].float())
+        net.wqkv.copy_(torch.cat([p("self_attn.q_proj.weight"), p("self_attn.k_proj.weight"),
+                                  p("self_attn.v_proj.weight")]))
+        net.wo.copy_(p("self_attn.o_proj.weight"))
+        net.ffn_norm.copy_(p("post_attention_layernorm.weight"))
+        net.w13.copy_(torch.cat([p("mlp.gate_proj.weight"), p("mlp.up_proj.weight")]))
+        net.w2.copy_(p("mlp.down_proj.weight"))
+    return net
+
+
+def _check_tensors(state: dict[str, Tensor], expected: dict[str, tuple[int, ...]], optional: set[str], kind: str,
+                   cfg_path: Path, w_path: Path) -> None:
+    """ValueError naming the first missing tensor, a wrong shape, or tensors the layout does not have."""
+    for name, shape in expected.items():
+        if name not in state:
+            raise ValueError(f"{w_path}: missing tensor {name!r} (an {kind} head has {sorted(expected)})")
+        if tuple(state[name].shape) != shape:
+            raise ValueError(f"{w_path}: tensor {name!r} has shape {list(state[name].shape)}, expected {list(shape)} "
+                             f"from {cfg_path.name} and the target")
+    extra = set(state) - set(expected) - optional
+    if extra:
+        raise ValueError(f"{w_path}: tensors an {kind} head does not have: {sorted(extra)}")
+
+
+def _rope_scaling(meta: dict) -> dict | None:
+    rs = meta.get("rope_scaling") or None
+    if rs:
+        rs = dict(rs)
+        rs["rope_type"] = rs.get("rope_type", rs.get("type", "default"))
+        if rs["rope_type"] == "default":
+            rs = None
+    return rs
 
 
 def _read(w_path: Path) -> dict[str, Tensor]:
@@ -155,17 +223,12 @@ def _head_config(meta: dict, cfg_path: Path, t: ModelConfig) -> HeadConfig:
                         f"{t.num_layers}")
     if problems:
         raise ValueError(f"{cfg_path}: does not fit the target: " + "; ".join(problems))
-    rs = meta.get("rope_scaling") or None
-    if rs:
-        rs = dict(rs)
-        rs["rope_type"] = rs.get("rope_type", rs.get("type", "default"))
-        if rs["rope_type"] == "default":
-            rs = None
     return HeadConfig(
         hidden_size=E, num_heads=H, num_kv_heads=meta.get("num_key_value_heads") or H,
         head_dim=meta.get("head_dim") or E // H, intermediate_size=_int(meta, "intermediate_size", cfg_path),
         target_layers=layers, vocab_size=V, draft_vocab=Vd, rms_norm_eps=float(meta.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(meta.get("rope_theta", 10000.0)), rope_scaling=rs, target_num_layers=t.num_layers)
+        rope_theta=float(meta.get("rope_theta", 10000.0)), rope_scaling=_rope_scaling(meta),
+        target_num_layers=t.num_layers)
 
 
 def _expected_shapes(c: HeadConfig, prefix: str) -> dict[str, tuple[int, ...]]:
