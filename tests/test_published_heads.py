@@ -217,9 +217,12 @@ def test_a_published_eagle1_head_computes_the_published_forward(tmp_path):
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a GPU: the kernel passes and the captured draft loop"))])
 @pytest.mark.parametrize("layout", ["eagle3", "eagle1"])
-def test_greedy_with_a_published_head_equals_plain_decoding(tmp_path, layout):
-    model = load_model(CFG, device="cpu", dtype=torch.float32, seed=0)
+def test_greedy_with_a_published_head_equals_plain_decoding(tmp_path, layout, device):
+    model = load_model(CFG, device=device, dtype=torch.float32, seed=0)
+    model.use_graphs = device == "cuda"
     if layout == "eagle3":
         head = FeatureHead.from_pretrained(write_head(tmp_path / "eagle3"), model)
     else:
@@ -228,8 +231,10 @@ def test_greedy_with_a_published_head_equals_plain_decoding(tmp_path, layout):
     for k in (1, 4):
         out = generate(model, PROMPTS, drafter=head, k=k, max_new_tokens=16)
         assert [g.tokens for g in out] == plain, k
-    # these random weights (seed 0) get drafts accepted at k = 4, so rounds that commit accepted drafts run too
-    assert sum(g.stats.accepted for g in out) > 0, layout
+    if device == "cpu":
+        # these random weights (seed 0) get drafts accepted at k = 4 on the CPU target (a CUDA target's random
+        # weights are another draw), so rounds that commit accepted drafts run too
+        assert sum(g.stats.accepted for g in out) > 0, layout
 
 
 def test_a_full_vocabulary_head_without_d2t_and_the_layers_line_load(tmp_path):

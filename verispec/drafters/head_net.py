@@ -176,8 +176,9 @@ class HeadNet(nn.Module):
             if self.fc_bias is not None:
                 x = x + self.fc_bias
             return x, x
-        return torch.cat([rms_norm(emb, self.emb_norm, c.rms_norm_eps), rms_norm(feats, self.hidden_norm, c.rms_norm_eps)],
-                         dim=-1), feats
+        x = torch.cat([rms_norm(emb, self.emb_norm, c.rms_norm_eps), rms_norm(feats, self.hidden_norm, c.rms_norm_eps)],
+                      dim=-1)                                                            # [N, 2E]
+        return x, feats
 
     def _qkv(self, x: Tensor, rope: Tensor, invariant: bool = False) -> tuple[Tensor, Tensor, Tensor]:
         """x [N, 2E] (``_input``; eagle1 [N, E]), rope [N, 2, D] -> q [N, H, D], k, v [N, KV, D]."""

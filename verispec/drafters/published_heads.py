@@ -70,8 +70,8 @@ def is_published_head(directory: str | Path) -> bool:
 
 
 def load_published_head(directory: str | Path, target) -> HeadNet:
-    """The EAGLE-3 or EAGLE (1/2) head in ``directory`` (layouts above) as an fp32 ``HeadNet`` for ``target`` (a runtime Model or
-    its ``ModelConfig``); ValueError naming the file and tensor for anything that does not fit."""
+    """The EAGLE-3 or EAGLE (1/2) head in ``directory`` (layouts above) as an fp32 ``HeadNet`` for ``target`` (a
+    runtime Model or its ``ModelConfig``); ValueError naming the file and tensor for anything that does not fit."""
     directory = Path(directory)
     tcfg: ModelConfig = target if isinstance(target, ModelConfig) else target.config
     cfg_path = directory / CONFIG_FILE
@@ -80,12 +80,15 @@ def load_published_head(directory: str | Path, target) -> HeadNet:
     w_path = directory / SAFETENSORS_FILE
     if not w_path.is_file():
         if (directory / BIN_FILE).is_file():
-            raise ValueError(f"{directory / BIN_FILE}: only a pickled PyTorch checkpoint; reading it needs torch.load, "
-                             f"which can run code from the file, so verispec reads {SAFETENSORS_FILE} only. Convert it "
-                             f"once where you trust the file (safetensors.torch.save_file(torch.load(p, "
-                             f"weights_only=True), '{SAFETENSORS_FILE}')) and load again")
+            raise ValueError(f"{directory / BIN_FILE}: only a pickled PyTorch checkpoint; reading it means unpickling "
+                             f"(torch.load), so verispec reads {SAFETENSORS_FILE} only. Convert it once where you "
+                             f"trust the file (safetensors.torch.save_file(torch.load(p, weights_only=True), "
+                             f"'{SAFETENSORS_FILE}')) and load again")
         raise FileNotFoundError(f"{directory}: no {SAFETENSORS_FILE}")
-    meta = json.loads(cfg_path.read_text())
+    try:
+        meta = json.loads(cfg_path.read_text())
+    except ValueError as e:
+        raise ValueError(f"{cfg_path}: not valid JSON ({e})") from e
     state = _read(w_path)
     state = {k: v for k, v in state.items() if k not in IGNORED}
     prefix = next((p for p in LAYER_PREFIXES if p + "self_attn.q_proj.weight" in state), None)
