@@ -288,3 +288,12 @@ def test_malformed_published_heads_are_refused_by_name(tmp_path):
 
     with pytest.raises(ValueError, match="published EAGLE head: load it with FeatureHead.from_pretrained"):
         FeatureHead(write_head(tmp_path / "plain"))
+
+
+def test_from_pretrained_takes_a_train_head_directory_and_checks_it(tmp_path):
+    from verispec.drafters.head_net import HeadConfig, HeadNet
+
+    HeadNet(HeadConfig.for_target(CFG)).save(tmp_path / "mine")
+    assert FeatureHead.from_pretrained(tmp_path / "mine", CFG).cfg == HeadConfig.for_target(CFG)
+    with pytest.raises(ValueError, match="hidden size 32 != the target's 64"):
+        FeatureHead.from_pretrained(tmp_path / "mine", CFG.replace(hidden_size=64))
