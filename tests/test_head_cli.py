@@ -43,3 +43,16 @@ def test_draft_head_that_is_not_a_head_directory(monkeypatch, capsys, tmp_path):
         cli.main(["generate", "abc", "--draft-head", str(tmp_path), "--max-new-tokens", "4"])
     assert e.value.code == 2
     assert "is not a feature-head directory" in capsys.readouterr().err
+
+
+def test_draft_head_with_a_published_head_that_does_not_fit(monkeypatch, capsys, tmp_path):
+    from fakes import FakeModel
+    from test_published_heads import write_head
+
+    monkeypatch.setattr(cli, "_load", lambda *a, **k: FakeModel(seed=0))
+    monkeypatch.setattr(cli, "_check_positions", lambda *a, **k: None)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["generate", "abc", "--draft-head", str(write_head(tmp_path / "eagle3")), "--max-new-tokens", "4"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "config.json: does not fit the target: hidden_size 32 != the target's" in err, err

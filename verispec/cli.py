@@ -209,7 +209,7 @@ def _make_drafter(args, target):
 
     if args.draft_head is not None:
         try:
-            return FeatureHead(args.draft_head or None)
+            return FeatureHead.from_pretrained(args.draft_head, target) if args.draft_head else FeatureHead()
         except (ValueError, FileNotFoundError) as e:
             _die(f"--draft-head {args.draft_head or '(the embedded head)'}: {e}")
     if args.draft_lookup:
@@ -653,7 +653,8 @@ def _generate_args(p: argparse.ArgumentParser) -> None:
                    help="self-speculation: the model's first L layers draft for it")
     d.add_argument("--draft-head", metavar="DIR", nargs="?", const="", default=None,
                    help="a feature head (EAGLE-3 style) reading the model's hidden states: a directory written by "
-                        "`verispec train-head`; without DIR the head shipped for the embedded SmolLM2")
+                        "`verispec train-head` or a published EAGLE-3 head (config.json + model.safetensors); without DIR "
+                        "the head shipped for the embedded SmolLM2")
     p.add_argument("-k", type=int, default=None, help="draft tokens per round, >= 1; None = 8 for --draft-lookup, "
                    "else 4; capped at --max-new-tokens - 1 and the model's positions")
     p.add_argument("--tree", default=None, metavar="W1,W2,...",

@@ -4,6 +4,7 @@
     SelfSpeculative(layers)             the target's first L layers
     PromptLookup(max_ngram, min_ngram)  copy from the history (no model)
     FeatureHead(path=None)              an EAGLE-3-style head over the target's hidden states (None: the embedded one)
+    FeatureHead.from_pretrained(path, target)   also a published EAGLE-3 or EAGLE (1/2) head (published_heads.py)
     OracleDraft(continuations, alpha)   benchmarks: chosen acceptance rate, real draft cost
     SuccessorOracle(successor, alpha)   benchmarks, for a server: the same on a make_peaked model
 All but SuccessorOracle and FeatureHead also draft token trees (``propose_tree``: generate(..., tree=widths)).

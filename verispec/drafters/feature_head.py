@@ -79,6 +79,7 @@ def embedded_head_dir() -> Path:
 class FeatureHead(Drafter):
     """Draft with a feature-level head. ``FeatureHead()`` = the head shipped for the embedded SmolLM2;
     ``FeatureHead(path)`` loads a directory written by ``verispec train-head`` (or ``HeadNet.save``);
+    ``FeatureHead.from_pretrained(path, target)`` also loads a published EAGLE-3 head (published_heads.py);
     ``FeatureHead(net)`` uses a ``HeadNet`` in memory (tests, training's evaluation)."""
 
     def __init__(self, head: "str | os.PathLike | HeadNet | None" = None):
@@ -104,9 +105,25 @@ class FeatureHead(Drafter):
         self._graphs = GraphCache(_no_step, lambda rows: self.cache.lengths_for(rows))
         self._commit_states: Tensor | None = None   # the captured commits' copy of the target's states
 
+    @classmethod
+    def from_pretrained(cls, path: "str | os.PathLike", target) -> "FeatureHead":
+        """A head from a directory: a published EAGLE-3 head (config.json + model.safetensors, published_heads.py;
+        ``target``, a runtime Model or its ModelConfig, gives the layers it reads and the shapes it is checked
+        against) or one written by ``verispec train-head`` (checked against ``target`` too)."""
+        from .published_heads import is_published_head, load_published_head
+
+        if is_published_head(path):
+            return cls(load_published_head(path, target))
+        head = cls(path)
+        head.check_fits(target)
+        return head
+
     # ------------------------------------------------------------------------------------ setup
-    def attach(self, target) -> None:
-        c, t = self.cfg, target.config
+    def check_fits(self, target) -> None:
+        """ValueError naming every way the head does not fit ``target`` (a runtime Model or its ModelConfig)."""
+        from ..runtime.config import ModelConfig
+
+        c, t = self.cfg, (target if isinstance(target, ModelConfig) else target.config)
         problems = []
         if c.hidden_size != t.hidden_size:
             problems.append(f"hidden size {c.hidden_size} != the target's {t.hidden_size}")
@@ -116,12 +133,18 @@ class FeatureHead(Drafter):
             problems.append(f"reads target layers {list(c.target_layers)} but the target runs {t.num_layers}")
         elif c.target_num_layers and c.target_num_layers != t.num_layers:
             problems.append(f"trained on a {c.target_num_layers}-layer target, this one has {t.num_layers}")
-        if not hasattr(target, "capture_hidden"):
+        if not isinstance(target, ModelConfig) and not hasattr(target, "capture_hidden"):
             problems.append("the target cannot return hidden states (it needs verispec's runtime Model)")
         if problems:
             raise ValueError("feature head does not fit this target: " + "; ".join(problems))
+
+    def attach(self, target) -> None:
+        self.check_fits(target)
         self.net = self.net.to(device=target.device, dtype=target.dtype).eval()
         self.net.requires_grad_(False)
+        if self.net.eagle1:   # it reads the target's states after the target's own final norm
+            self.net.feature_norm.copy_(target.net.norm)
+            self.net.feature_norm_eps = target.config.rms_norm_eps
 
     def reserve(self, target, max_batch_size: int, max_seq_len: int) -> None:
         if self.target is not target:

@@ -16,6 +16,15 @@ the next step's feature): e.g. target states up to position n, history up to t_{
 entry n + 1 = (out_n, d_1) -> d_2; ... Training unrolls those steps on the head's own outputs (``unrolled``:
 EAGLE-3's training-time test).
 
+The ``eagle1`` variant is the EAGLE (1/2) head, run for published checkpoints (published_heads.py), not trained
+here: it reads the target's last layer output after the target's own final norm (``feature_norm``, the target's,
+set by ``FeatureHead.attach``) and has no norms of its own before attention and none before the target's LM head:
+
+    f_j   = RMSNorm_target(state_j)                                   [E]
+    x_j   = fc(concat(embed(t_{j+1}), f_j)) + fc_bias                 [2E] -> [E]
+    h_j   = x_j + o_proj(attention(q, k, v of x_j))
+    out_j = h_j + MLP(RMSNorm(h_j));  logits_j = target lm_head(out_j)
+
 Dimension letters as in verispec/runtime/transformer.py; C = number of captured target layers, Vd = draft vocab.
 """
 from __future__ import annotations
@@ -35,6 +44,7 @@ from ..runtime.quant import packed
 from ..runtime.transformer import apply_rope, rms_norm, rope_table
 
 FORMAT = "verispec-feature-head-1"
+VARIANTS = ("eagle3", "eagle1")
 WEIGHTS_FILE = "head.safetensors"
 CONFIG_FILE = "config.json"
 
@@ -55,9 +65,15 @@ class HeadConfig:
     rope_theta: float = 10000.0
     rope_scaling: dict | None = field(default=None, hash=False, compare=False)   # the target's RoPE scaling
     target_num_layers: int = 0       # the target's depth when it was trained (0 = unknown): a mismatch is refused
+    variant: str = "eagle3"          # "eagle3" (trained here, published EAGLE-3) or "eagle1" (published EAGLE 1/2)
+    fc_bias: bool = False            # eagle1: its fc has a bias
 
     def __post_init__(self):
         object.__setattr__(self, "target_layers", tuple(int(l) for l in self.target_layers))
+        if self.variant not in VARIANTS:
+            raise ValueError(f"head: variant {self.variant!r} is not one of {VARIANTS}")
+        if self.variant == "eagle1" and (len(self.target_layers) != 1 or self.draft_vocab):
+            raise ValueError("head: an eagle1 head reads one target layer (the last) and uses the target's LM head")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"head: num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
         if not self.target_layers:
@@ -111,15 +127,24 @@ class HeadNet(nn.Module):
         E, H, KV, D, I = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
         C = len(cfg.target_layers)
         p = lambda *shape: nn.Parameter(torch.empty(*shape, dtype=dtype))  # noqa: E731
-        self.fc = p(E, C * E)                    # fuses the C target states
-        self.emb_norm = p(E)                     # EAGLE-3's input_layernorm (of the token embedding)
-        self.hidden_norm = p(E)                  # and hidden_norm (of the feature)
-        self.wqkv = p((H + 2 * KV) * D, 2 * E)   # [q; k; v] rows over the 2E-wide input
+        self.eagle1 = cfg.variant == "eagle1"
+        if self.eagle1:
+            self.fc = p(E, 2 * E)                # over [embedding; feature]
+            self.fc_bias = p(E) if cfg.fc_bias else None
+            self.wqkv = p((H + 2 * KV) * D, E)   # [q; k; v] rows over fc's output
+            # the target's final norm weight (copied by FeatureHead.attach: the head reads normed states)
+            self.register_buffer("feature_norm", torch.ones(E, dtype=dtype), persistent=False)
+            self.feature_norm_eps = cfg.rms_norm_eps     # the target's (set with feature_norm)
+        else:
+            self.fc = p(E, C * E)                # fuses the C target states
+            self.emb_norm = p(E)                 # EAGLE-3's input_layernorm (of the token embedding)
+            self.hidden_norm = p(E)              # and hidden_norm (of the feature)
+            self.wqkv = p((H + 2 * KV) * D, 2 * E)   # [q; k; v] rows over the 2E-wide input
         self.wo = p(E, H * D)
         self.ffn_norm = p(E)
         self.w13 = p(2 * I, E)                   # [gate; up]
         self.w2 = p(E, I)
-        self.norm = p(E)
+        self.norm = None if self.eagle1 else p(E)   # eagle1: none (its output goes to the target's LM head)
         self.lm_head = p(cfg.draft_vocab, E) if cfg.draft_vocab else None
         self.register_buffer("d2t", torch.arange(cfg.draft_vocab or 0, dtype=torch.long))   # draft id -> target id
         self.reset_parameters()
@@ -136,23 +161,36 @@ class HeadNet(nn.Module):
 
     # ------------------------------------------------------------------------------------ pieces
     def fuse(self, states: Tensor, invariant: bool = False) -> Tensor:
-        """The target's states [..., C, E] -> features [..., E] (``invariant``: see ``_linear``)."""
+        """The target's states [..., C, E] -> features [..., E] (``invariant``: see ``_linear``); eagle1: the target's
+        final norm of its one state."""
+        if self.eagle1:
+            return rms_norm(states[..., 0, :].to(self.fc.dtype), self.feature_norm, self.feature_norm_eps)
         x = states.flatten(-2).to(self.fc.dtype)
         return _linear(x.reshape(-1, x.shape[-1]), self.fc, invariant).view(*x.shape[:-1], -1)
 
-    def _qkv(self, feats: Tensor, emb: Tensor, rope: Tensor, invariant: bool = False) -> tuple[Tensor, Tensor, Tensor]:
-        """feats, emb [N, E], rope [N, 2, D] -> q [N, H, D], k, v [N, KV, D]."""
+    def _input(self, feats: Tensor, emb: Tensor, invariant: bool = False) -> tuple[Tensor, Tensor]:
+        """feats, emb [N, E] -> (the attention's input x [N, 2E] (eagle1: [N, E]), the residual [N, E])."""
         c = self.cfg
-        H, KV, D = c.num_heads, c.num_kv_heads, c.head_dim
+        if self.eagle1:
+            x = _linear(torch.cat([emb, feats], dim=-1), self.fc, invariant)
+            if self.fc_bias is not None:
+                x = x + self.fc_bias
+            return x, x
         x = torch.cat([rms_norm(emb, self.emb_norm, c.rms_norm_eps), rms_norm(feats, self.hidden_norm, c.rms_norm_eps)],
                       dim=-1)                                                            # [N, 2E]
+        return x, feats
+
+    def _qkv(self, x: Tensor, rope: Tensor, invariant: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+        """x [N, 2E] (``_input``; eagle1 [N, E]), rope [N, 2, D] -> q [N, H, D], k, v [N, KV, D]."""
+        c = self.cfg
+        H, KV, D = c.num_heads, c.num_kv_heads, c.head_dim
         qkv = _linear(x, self.wqkv, invariant).view(-1, H + 2 * KV, D)
         qk = apply_rope(qkv[:, :H + KV], rope[:, None, 0], rope[:, None, 1])
         return qk[:, :H], qk[:, H:], qkv[:, H + KV:]
 
-    def _out(self, feats: Tensor, o: Tensor, invariant: bool = False) -> Tensor:
-        """feats [N, E] (the residual), o attention output [N, H*D] -> out [N, E]."""
-        h = feats + _linear(o, self.wo, invariant)
+    def _out(self, residual: Tensor, o: Tensor, invariant: bool = False) -> Tensor:
+        """residual [N, E] (``_input``'s), o attention output [N, H*D] -> out [N, E]."""
+        h = residual + _linear(o, self.wo, invariant)
         gate, up = _linear(rms_norm(h, self.ffn_norm, self.cfg.rms_norm_eps), self.w13, invariant).chunk(2, dim=-1)
         return h + _linear(F.silu(gate) * up, self.w2, invariant)
 
@@ -160,8 +198,8 @@ class HeadNet(nn.Module):
         """out [..., E] -> logits over the target's vocabulary [..., V]: the target's LM head (``target_lm_head``
         [V, E], dense or packed) when the vocabulary is shared; with a draft vocabulary its own [Vd, E] head,
         scattered to the target ids d2t (every other id -inf: never drafted, q = 0 there). ``invariant``: out is
-        [B, E] and each row's logits must not depend on B (drafting: see ``_linear``)."""
-        h = rms_norm(out, self.norm, self.cfg.rms_norm_eps)
+        [B, E] and each row's logits must not depend on B (drafting: see ``_linear``). eagle1: no norm here."""
+        h = out if self.eagle1 else rms_norm(out, self.norm, self.cfg.rms_norm_eps)
         if self.lm_head is None:
             return ops.linear(h, target_lm_head, invariant=True) if invariant else packed.linear(h, target_lm_head)
         small = _linear(h, self.lm_head, invariant)                                       # [..., Vd]
@@ -182,7 +220,8 @@ class HeadNet(nn.Module):
         H, KV, D = c.num_heads, c.num_kv_heads, c.head_dim
         G, S = H // KV, k_cache.shape[2]
         emb = packed.embedding(tokens.reshape(-1), embed).to(feats.dtype)                  # [N, E]
-        q, k, v = self._qkv(feats.reshape(B * T, E), emb, rope[pos.reshape(-1)], invariant)
+        x, residual = self._input(feats.reshape(B * T, E), emb, invariant)
+        q, k, v = self._qkv(x, rope[pos.reshape(-1)], invariant)
         batch = torch.arange(B, device=feats.device)[:, None]
         k_cache[batch, :, pos] = k.view(B, T, KV, D)
         v_cache[batch, :, pos] = v.view(B, T, KV, D)
@@ -191,7 +230,7 @@ class HeadNet(nn.Module):
         q = q.view(B, T, KV, G, D).permute(0, 2, 3, 1, 4).reshape(B, KV, G * T, D)
         o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask)           # [B, KV, G*T, D]
         o = o.view(B, KV, G, T, D).permute(0, 3, 1, 2, 4).reshape(B * T, H * D)
-        return self._out(feats.reshape(B * T, E), o, invariant).view(B, T, E)
+        return self._out(residual, o, invariant).view(B, T, E)
 
     def unrolled(self, feats: Tensor, tokens: Tensor, embed, steps: int) -> list[Tensor]:
         """Training's forward: ``steps`` draft steps over whole sequences (EAGLE-3's training-time test).
@@ -205,6 +244,8 @@ class HeadNet(nn.Module):
         """
         B, T, E = feats.shape
         c = self.cfg
+        if self.eagle1:
+            raise ValueError("head: eagle1 heads are loaded from published checkpoints, not trained here")
         H, KV, D = c.num_heads, c.num_kv_heads, c.head_dim
         rope = rope_table(c.model_config(), T, feats.device)                              # [T, 2, D]
         rope_n = rope[None].expand(B, T, 2, D).reshape(B * T, 2, D)
@@ -215,7 +256,7 @@ class HeadNet(nn.Module):
         for s in range(steps):
             if s:   # the previous step's output at j - 1 is this step's feature at j
                 f = torch.cat([torch.zeros_like(outs[-1][:, :1]), outs[-1][:, :-1]], dim=1)
-            q, k, v = self._qkv(f.reshape(B * T, E), emb, rope_n)
+            q, k, v = self._qkv(self._input(f.reshape(B * T, E), emb)[0], rope_n)
             keys.append(k.view(B, T, KV, D).transpose(1, 2))                               # [B, KV, T, D]
             values.append(v.view(B, T, KV, D).transpose(1, 2))
             masks = [j[None, :] <= (j[:, None] - s)]                                       # [T, T] step 0
@@ -252,6 +293,11 @@ class HeadNet(nn.Module):
 
         directory = Path(directory)
         cfg_path, w_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
+        from .published_heads import is_published_head
+
+        if is_published_head(directory):
+            raise ValueError(f"{directory} holds a published EAGLE head: load it with "
+                             f"FeatureHead.from_pretrained(path, target) (it reads the target's layers and shapes)")
         if not cfg_path.is_file() or not w_path.is_file():
             raise FileNotFoundError(f"{directory} is not a feature-head directory: it needs {CONFIG_FILE} and "
                                     f"{WEIGHTS_FILE} (written by `verispec train-head`)")

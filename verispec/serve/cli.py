@@ -25,8 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d.add_argument("--draft-self", metavar="L", type=int, default=None,
                    help="self-speculation with the first L layers")
     d.add_argument("--draft-head", metavar="DIR", nargs="?", const="", default=None,
-                   help="a feature head over the model's hidden states (`verispec train-head`); without DIR the "
-                        "head shipped for the embedded SmolLM2")
+                   help="a feature head over the model's hidden states (`verispec train-head`, or a published "
+                        "EAGLE-3 head); without DIR the head shipped for the embedded SmolLM2")
     p.add_argument("--oracle-draft-cost", metavar="MODEL", default=None,
                    help="--draft oracle:ALPHA: the drafts pay the passes of this model (e.g. llama-3.2-1b); "
                         "None = free drafts")

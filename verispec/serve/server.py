@@ -55,7 +55,7 @@ def load_target_and_drafter(args, ssd_drafter=None):
         _log(f"--ssd: the draft rank drafts with {args.draft or f'the first {args.draft_self} layers'}, "
              f"{args.ssd_budget} branches per request and round")
     elif getattr(args, "draft_head", None) is not None:
-        drafter = FeatureHead(args.draft_head or None)
+        drafter = FeatureHead.from_pretrained(args.draft_head, target) if args.draft_head else FeatureHead()
     elif args.draft_lookup:
         drafter = PromptLookup()
     elif args.draft_self is not None:
