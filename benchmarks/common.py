@@ -151,6 +151,14 @@ def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[object]]) -> 
     return [*table_header(columns), *(table_row(r) for r in rows)]
 
 
+def bit_check_table(checks: Sequence[dict]) -> list[str]:
+    """The bit checks of a k-token pass (benchmarks/exact.py ``bit_checks``: per k, the pass vs k single-token passes
+    and the sequence's rows alone vs in a ragged batch) as a markdown table."""
+    return markdown_table(["k", "pass == k steps", "batch == alone", "max |diff|"],
+                          [(c["k"], "yes" if c["pass_equals_steps"] else "NO",
+                            "yes" if c["batch_equals_alone"] else "NO", f"{c['max_abs_diff']:.3g}") for c in checks])
+
+
 def wait_health(base: str, timeout_s: float, poll_s: float) -> None:
     """Returns once ``base``/health answers 200 (a server subprocess has loaded and listens); RuntimeError after
     ``timeout_s``."""

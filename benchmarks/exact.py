@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from benchmarks.common import (copy_bandwidth, environment, environment_line, graph_us_per_call,  # noqa: E402
-                               markdown_table)
+from benchmarks.common import (bit_check_table, copy_bandwidth, environment, environment_line,  # noqa: E402
+                               graph_us_per_call, markdown_table)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -222,10 +222,7 @@ def pass_markdown(res: dict) -> list[str]:
                                  "vs 1 token"], rows)
         lines += ["", "Bit checks (Model.append, graphs and width buckets on): a k-token pass vs k single-token passes, "
                   "and the same sequence's rows inside a batch of 3 ragged sequences:", ""]
-        lines += markdown_table(["k", "pass == k steps", "batch == alone", "max |diff|"],
-                                [(c["k"], "yes" if c["pass_equals_steps"] else "NO",
-                                  "yes" if c["batch_equals_alone"] else "NO", f"{c['max_abs_diff']:.3g}")
-                                 for c in m["bit_checks"]])
+        lines += bit_check_table(m["bit_checks"])
         lines.append("")
     return lines
 

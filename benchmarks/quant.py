@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from benchmarks.common import (capture_graph, copy_bandwidth, environment, environment_line,  # noqa: E402
+from benchmarks.common import (bit_check_table, capture_graph, copy_bandwidth, environment, environment_line,  # noqa: E402
                                graph_us_per_call, markdown_table, time_calls)
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -379,10 +379,7 @@ def model_markdown(res: dict) -> list[str]:
             via = f", packed.cu {m['bit_variant']}" if "bit_variant" in m else ""
             lines += [f"Bit checks on {m['model']} (Model.append, graphs and width buckets on{via}): a k-token pass vs k "
                       "single-token passes, and the same sequence's rows inside a batch of 3 ragged sequences:", ""]
-            lines += markdown_table(["k", "pass == k steps", "batch == alone", "max |diff|"],
-                                    [(c["k"], "yes" if c["pass_equals_steps"] else "NO",
-                                      "yes" if c["batch_equals_alone"] else "NO", f"{c['max_abs_diff']:.3g}")
-                                     for c in m["bit_checks"]])
+            lines += bit_check_table(m["bit_checks"])
             lines.append("")
     return lines
 

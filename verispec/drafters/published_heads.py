@@ -107,12 +107,7 @@ def load_published_head(directory: str | Path, target) -> HeadNet:
         net.fc.copy_(state["fc.weight"].float())
         net.emb_norm.copy_(p("input_layernorm.weight"))
         net.hidden_norm.copy_(p("hidden_norm.weight"))
-        net.wqkv.copy_(torch.cat([p("self_attn.q_proj.weight"), p("self_attn.k_proj.weight"),
-                                  p("self_attn.v_proj.weight")]))
-        net.wo.copy_(p("self_attn.o_proj.weight"))
-        net.ffn_norm.copy_(p("post_attention_layernorm.weight"))
-        net.w13.copy_(torch.cat([p("mlp.gate_proj.weight"), p("mlp.up_proj.weight")]))
-        net.w2.copy_(p("mlp.down_proj.weight"))
+        _copy_decoder_layer(net, p)
         net.norm.copy_(state["norm.weight"].float())
         net.lm_head.copy_(state["lm_head.weight"].float())
         net.d2t.copy_(_draft_to_target(state, hcfg, w_path))
@@ -156,12 +151,7 @@ def _load_eagle1(meta: dict, state: dict[str, Tensor], prefix: str, cfg_path: Pa
         net.fc.copy_(state["fc.weight"].float())
         if bias:
             net.fc_bias.copy_(state["fc.bias"].float())
-        net.wqkv.copy_(torch.cat([p("self_attn.q_proj.weight"), p("self_attn.k_proj.weight"),
-                                  p("self_attn.v_proj.weight")]))
-        net.wo.copy_(p("self_attn.o_proj.weight"))
-        net.ffn_norm.copy_(p("post_attention_layernorm.weight"))
-        net.w13.copy_(torch.cat([p("mlp.gate_proj.weight"), p("mlp.up_proj.weight")]))
-        net.w2.copy_(p("mlp.down_proj.weight"))
+        _copy_decoder_layer(net, p)
     return net
 
 
@@ -271,3 +261,14 @@ def _draft_to_target(state: dict[str, Tensor], c: HeadConfig, w_path: Path) -> T
         if tuple(t2d.shape) != (V,) or not torch.equal(t2d.bool(), marked):
             raise ValueError(f"{w_path}: tensor 't2d' does not mark exactly the target ids d2t maps to")
     return ids
+
+
+def _copy_decoder_layer(net, p) -> None:
+    """The decoder layer both layouts share (Llama's names under the layer's prefix; ``p(name)`` reads one as fp32):
+    q/k/v stacked into ``wqkv``, gate/up into ``w13``."""
+    net.wqkv.copy_(torch.cat([p("self_attn.q_proj.weight"), p("self_attn.k_proj.weight"),
+                              p("self_attn.v_proj.weight")]))
+    net.wo.copy_(p("self_attn.o_proj.weight"))
+    net.ffn_norm.copy_(p("post_attention_layernorm.weight"))
+    net.w13.copy_(torch.cat([p("mlp.gate_proj.weight"), p("mlp.up_proj.weight")]))
+    net.w2.copy_(p("mlp.down_proj.weight"))
