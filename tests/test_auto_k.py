@@ -304,7 +304,7 @@ def test_state_lives_on_the_sequence():
 
 @pytest.mark.parametrize("bad", [dict(prior_alpha=1.5), dict(prior_alpha=-0.1), dict(prior_strength=0.0),
                                  dict(decay=1.5), dict(min_hold=0), dict(min_hold=8, max_hold=4), dict(settle=0),
-                                 dict(reference_batch=0)])
+                                 dict(reference_batch=0), dict(round_decay=1.0), dict(round_memory=0)])
 def test_bad_settings_are_refused(bad):
     with pytest.raises(ValueError):
         AutoK(table(*BANDWIDTH), **bad)

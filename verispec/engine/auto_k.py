@@ -311,9 +311,9 @@ class AutoK:
         if not 0.0 <= self.prior_alpha <= 1.0 or not self.prior_strength > 0:
             raise ValueError(f"AutoK: prior_alpha must be in [0, 1] and prior_strength > 0, got "
                              f"{self.prior_alpha}, {self.prior_strength}")
-        if not 0.0 <= self.decay <= 1.0 or not 0.0 <= self.round_decay < 1.0:
-            raise ValueError(f"AutoK: decay must be in [0, 1] and round_decay in [0, 1), got {self.decay}, "
-                             f"{self.round_decay}")
+        if not 0.0 <= self.decay <= 1.0 or not 0.0 <= self.round_decay < 1.0 or self.round_memory < 1:
+            raise ValueError(f"AutoK: decay must be in [0, 1], round_decay in [0, 1) and round_memory >= 1, got "
+                             f"{self.decay}, {self.round_decay}, {self.round_memory}")
         if not 1 <= self.min_hold <= self.max_hold or self.settle < 1:
             raise ValueError(f"AutoK: need 1 <= min_hold <= max_hold and settle >= 1, got {self.min_hold}, "
                              f"{self.max_hold}, {self.settle}")

@@ -220,9 +220,13 @@ def _write_trace(engine: EngineLoop) -> None:
     if not path or engine.trace is None:
         return
     keys = ("start_s", "seconds", "rows_before", "waiting_before", "rows_after", "k")
-    with open(path, "w") as f:
-        for record in engine.trace:
-            f.write(json.dumps(dict(zip(keys, record))) + "\n")
+    try:
+        with open(path, "w") as f:
+            for record in engine.trace:
+                f.write(json.dumps(dict(zip(keys, record))) + "\n")
+    except OSError as e:
+        _log(f"{STEP_TRACE_ENV}: could not write the step trace to {path}: {e.strerror or e}")
+        return
     _log(f"step trace ({len(engine.trace)} steps) written to {path}")
 
 
