@@ -129,8 +129,6 @@ class CostTable:
         """The index of the measured batch size ``batch`` costs as (the next larger one, or the largest)."""
         return min(bisect.bisect_left(self.batch_sizes, batch), len(self.batch_sizes) - 1)
 
-    _row = bucket
-
     def _along_tokens(self, row: tuple[float, ...], tokens: int) -> float:
         """``row`` (one value per measured token count) at ``tokens``: linear between measured counts, the
         last slope continued beyond them."""
@@ -143,14 +141,14 @@ class CostTable:
 
     def target(self, batch: int, tokens: int) -> float:
         """Seconds of one target pass of ``batch`` rows x ``tokens`` tokens."""
-        return max(self._along_tokens(self.target_s[self._row(batch)], tokens), 1e-12)
+        return max(self._along_tokens(self.target_s[self.bucket(batch)], tokens), 1e-12)
 
     def draft(self, batch: int) -> float:
-        return self.draft_s[self._row(batch)]
+        return self.draft_s[self.bucket(batch)]
 
     def overhead(self, batch: int, tokens: int) -> float:
         """Seconds a round of ``batch`` rows x ``tokens`` tokens (tokens - 1 drafts) costs beyond its passes."""
-        return max(self._along_tokens(self.overhead_s[self._row(batch)], tokens), 0.0)
+        return max(self._along_tokens(self.overhead_s[self.bucket(batch)], tokens), 0.0)
 
     def round(self, batch: int, k: int) -> float:
         """cost(B, k) = T_target(B, k + 1) + k * T_draft(B) + T_overhead(B, k + 1)."""
