@@ -1,8 +1,8 @@
 """`verispec serve` through real HTTP vs the same engine in-process (issue: a server people can trust under load).
 
 For each server configuration: start `verispec serve` as a subprocess on 127.0.0.1, wait for /health, drive it
-with `verispec bench serve` (the official openai client, streaming), stop it; then the same prompts through
-`verispec.generate` in one batch (the engine without HTTP). Writes benchmarks/results/serve_http.md only with
+with `verispec bench serve` (the official openai client, streaming), stop it; then the same requests through
+the engine in-process (`run_engine`: one Scheduler, the same rows, all submitted at once; no HTTP). Writes benchmarks/results/serve_http.md only with
 --write (the default writes into --out, so a run never overwrites the committed file by accident).
 
     python benchmarks/serve_http.py --model /path/SmolLM2.gguf --out DIR [--write]
@@ -80,24 +80,30 @@ def run_config(name: str, extra: list[str], args, port: int, out: Path) -> list[
 
 
 def in_process(args) -> dict:
-    """The same kind of requests through verispec.generate in one batch (no HTTP): output tok/s."""
-    import torch
+    """The HTTP runs' requests in-process: the same prompts (``verispec bench serve``'s workload, seed 0) through
+    the model's chat template, the same max_tokens, EOS ending a request as in the server, all submitted at once
+    to one ``Scheduler`` of ``concurrency`` rows (``run_engine``). Output tok/s over the whole run (the second, warm
+    one), measured like the client's: tokens / wall seconds from the first submission to the last token."""
+    from types import SimpleNamespace
 
-    from verispec import PromptLookup, generate, load_model
+    from verispec import PromptLookup, load_model
+    from verispec.bench.measure import run_engine
+    from verispec.bench.serving import workload
 
     model = load_model(args.model)
-    words = ("the quick brown fox jumps over lazy dog while river stone light music garden winter").split()
-    prompts = [" ".join(words[(i + j) % len(words)] for j in range(64)) for i in range(args.concurrency)]
+    jobs = workload(SimpleNamespace(seed=0, random_range_ratio=0.0, num_prompts=args.num_prompts,
+                                    request_rate=float("inf"), burstiness=1.0, random_input_len=args.input_len,
+                                    random_output_len=args.max_tokens))
+    tok = model.tokenizer
+    prompts = [list(tok.apply_chat_template([{"role": "user", "content": j.prompt}], add_generation_prompt=True))
+               for j in jobs]
+    limits = [j.max_tokens for j in jobs]
     rows = {}
-    for name, drafter in (("plain", None), ("lookup k=4", PromptLookup)):
-        for _ in range(2):   # the second call is the warm one
-            t = time.perf_counter()
-            gens = generate(model, prompts, drafter=drafter() if drafter else None, k=4, max_new_tokens=args.max_tokens,
-                            chat=True)
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            wall = time.perf_counter() - t
-        rows[name] = sum(len(g.tokens) for g in gens) / wall
+    for name, drafter, k in (("plain", None, 0), ("lookup k=4", PromptLookup, 4)):
+        for _ in range(2):   # the second run is the warm one
+            run = run_engine(model, drafter() if drafter else None, prompts, k=k, max_new_tokens=limits,
+                             arrivals=[0.0] * len(prompts), max_batch=args.concurrency)
+        rows[name] = run.tokens_per_s
     return rows
 
 
@@ -197,8 +203,7 @@ def main(argv=None) -> None:
                      f"{s['p99_e2el_ms']:.0f}"))
     lines += markdown_table(["server", "rate req/s", "output tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms",
                              "TPOT p99 ms", "E2EL p99 ms"], rows)
-    where = ("`run_engine`, the same requests all at once, the same rows" if args.oracle is not None
-             else "`verispec.generate`, one batch, second call")
+    where = "`run_engine`: the same requests all at once, the same rows, the warm second run"
     lines += ["", f"In-process ({where}): " + ", ".join(f"{k} {v:.0f} tok/s" for k, v in engine.items()), ""]
     text = "\n".join(lines)
     (out / f"{name}.md").write_text(text)
