@@ -134,7 +134,7 @@ def assemble(target, drafter, args) -> tuple[EngineLoop, FastAPI]:
         engine.trace = []
     app = build_app(engine, served, metrics)
     app.state.after_warm_up = lambda: (_graph_captures(target, drafter) - warmed["graphs"],
-                                       _triton_kernels() - warmed["kernels"])
+                                       _kernel_names(_triton_kernels() - warmed["kernels"]))
     return engine, app
 
 
@@ -204,8 +204,8 @@ def serve(engine: EngineLoop, app: FastAPI, args) -> int:
     after_warm_up = getattr(app.state, "after_warm_up", None)
     if after_warm_up is not None:
         graphs, kernels = after_warm_up()
-        _log(f"after warm-up: {graphs} CUDA graphs captured, {kernels} Triton kernels compiled (each one inside a "
-             "request)")
+        _log(f"after warm-up: {graphs} CUDA graphs captured, {len(kernels)} Triton kernels compiled (each one inside "
+             f"a request){': ' + ', '.join(kernels) if kernels else ''}")
     if engine.fatal is not None:
         _log(f"stopped: the engine died ({engine.fatal})")
         return 1
@@ -235,14 +235,27 @@ def _graph_captures(target, drafter) -> int:
     return getattr(target, "graph_captures", 0) + (drafter.graph_captures if drafter is not None else 0)
 
 
-def _triton_kernels() -> int:
+def _triton_kernels() -> set[str]:
     """Entries of Triton's on-disk kernel cache: one more for each kernel compiled on this machine (a kernel another
     process compiled before is loaded from there, not counted)."""
     root = os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
     try:
-        return len(os.listdir(root))
+        return set(os.listdir(root))
     except OSError:
-        return 0
+        return set()
+
+
+def _kernel_names(entries: set[str]) -> list[str]:
+    """The kernel each Triton cache entry holds (its files are named after it), for the stop log."""
+    root = os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
+    names = set()
+    for entry in entries:
+        try:
+            files = os.listdir(os.path.join(root, entry))
+        except OSError:
+            continue
+        names.update(f.split(".")[0] for f in files if not f.startswith("__grp__") and f.endswith(".json"))
+    return sorted(names)
 
 
 def _log_k_auto(policy) -> None:
