@@ -143,6 +143,18 @@ def in_process_oracle(args) -> dict:
     return rows
 
 
+def server_log_lines(order: list[tuple[str, list[str]]], out: Path) -> list[str]:
+    """What each server's stop log says about its warm-up (graphs captured and Triton kernels compiled inside
+    requests) and k=auto's measured rounds, one bullet per line."""
+    lines = []
+    for i, (name, _) in enumerate(order):
+        log = out / f"server_{8100 + i}.log"
+        said = [ln.split("] ", 1)[-1].strip() for ln in (log.read_text().splitlines() if log.exists() else [])
+                if "after warm-up:" in ln or "k=auto rounds measured" in ln]
+        lines += [f"- {name}: {s}" for s in said]
+    return (["Server stop logs:", ""] + lines + [""]) if lines else []
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="what `verispec serve --model` loads (the embedded GGUF, or a "
@@ -205,6 +217,7 @@ def main(argv=None) -> None:
                              "TPOT p99 ms", "E2EL p99 ms"], rows)
     where = "`run_engine`: the same requests all at once, the same rows, the warm second run"
     lines += ["", f"In-process ({where}): " + ", ".join(f"{k} {v:.0f} tok/s" for k, v in engine.items()), ""]
+    lines += server_log_lines(order, out)
     text = "\n".join(lines)
     (out / f"{name}.md").write_text(text)
     if args.write:
