@@ -13,7 +13,7 @@ The rules (this table is the single source: the test parses it):
     distributed device jit analysis verify runtime drafters distributed
     serve       device jit analysis verify runtime drafters engine serve
     training    device jit analysis verify runtime drafters engine training
-    bench       device jit analysis verify runtime drafters engine distributed bench
+    bench       device jit analysis verify runtime drafters engine distributed training bench
     launch      device jit analysis verify runtime drafters engine distributed launch
     verispec    device jit analysis verify runtime drafters engine verispec
     cli         device jit analysis verify runtime drafters engine distributed serve bench launch training verispec cli
@@ -27,7 +27,7 @@ engine; the engine sits on verify, runtime and drafters; tensor parallelism and 
 provide models and a drafter and never import the engine, which drives them; ``launch`` (the SSD launch: the
 engine on the target ranks, the draft server on the draft rank) sits on both, and ``distributed/__main__.py``,
 the command's entry point ``python -m verispec.distributed``, belongs to it (``ENTRY_POINTS``); the server (``serve``) is a skin over the
-engine; ``training`` (``verispec train-head``) drives the engine to distill data for a drafter's head; bench (the ``verispec bench`` studies) measures the engine and uses the simulator; only cli.py sits
+engine; ``training`` (``verispec train-head``) drives the engine to distill data for a drafter's head; bench (the ``verispec bench`` studies) measures the engine, uses the simulator and takes its held-out prompts from ``training``; only cli.py sits
 on top. Nothing in verispec/ imports the repository's ``dev`` or ``benchmarks`` packages at all.
 
 Every import counts: ``import a.b``, ``from a import b``, relative imports (resolved against the

@@ -46,7 +46,8 @@ def _images(page: str) -> list[str]:
     return [line[line.index("(") + 1:-1] for line in page.splitlines() if line.startswith("![")]
 
 
-@pytest.mark.parametrize("study", STUDIES)
+# the tiny model has no feature head: its heads page says why, with no table (tests/test_bench_trees_heads.py)
+@pytest.mark.parametrize("study", [s for s in STUDIES if s != "heads"])
 def test_every_study_writes_its_page_and_valid_pngs(quick_dir, study):
     page = (quick_dir / f"{study}.md").read_text()
     assert page.startswith(f"# verispec bench: {study}")

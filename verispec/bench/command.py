@@ -1,6 +1,8 @@
 """The ``verispec bench`` subcommand: ``add_bench_parser(subparsers)`` registers it on the CLI's parser.
 
     verispec bench STUDY [STUDY ...] --out DIR [--model M] [--draft D] [--quick] [--k 1,2,4] ...
+    verispec bench trees --out DIR --trees '2,2,1;4,2,2,1'     (the best chains vs these tree shapes)
+    verispec bench heads --out DIR [--draft-head DIR]         (a feature head vs prompt lookup vs plain)
     verispec bench all --out DIR
     verispec bench report DIR
 
@@ -12,7 +14,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from .options import STUDIES, BenchArgumentError, BenchOptions, check_options, check_studies, parse_list
+from .options import (STUDIES, BenchArgumentError, BenchOptions, check_options, check_studies, parse_list,
+                      parse_trees)
 
 USAGE = 2
 
@@ -43,6 +46,12 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                    "cpu, 1,8,32 on cuda")
     p.add_argument("--rates", default=None, help="batch study: arrival rates in requests/s, comma-separated; "
                    "None = 1,4 on cpu, 16 on cuda")
+    p.add_argument("--trees", default=None, help="trees study: tree shapes, ';'-separated, each the children per "
+                   "node at each depth, comma-separated (e.g. '2,2,1;4,2,2,1'); None = 2,2,1;3,2,1 on cpu, "
+                   "2,2,1;2,2,2,1;3,2,2,1;4,2,2,1 on cuda (--quick: 2,1 / 2,2,1;4,2,2,1)")
+    p.add_argument("--draft-head", default=None, metavar="DIR", help="heads study: a feature-head directory "
+                   "(verispec train-head, or a published EAGLE head); None = the head shipped for the embedded "
+                   "SmolLM2, used when the target is that model (other targets skip the study)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="tokens generated per request; None = 48 "
                    "on cpu, 64 on cuda (8 / 16 with --quick)")
     p.add_argument("--prompt-len", type=int, default=32, help="prompt tokens for models without a tokenizer")
@@ -65,6 +74,7 @@ def options_from_args(args, argv_line: str = "") -> BenchOptions:
         alphas=parse_list(args.alphas, float, "--alphas") if args.alphas is not None else None,
         batches=parse_list(args.batches, int, "--batches") if args.batches is not None else None,
         rates=parse_list(args.rates, float, "--rates") if args.rates is not None else None,
+        trees=parse_trees(args.trees) if args.trees is not None else None, draft_head=args.draft_head,
         max_new_tokens=args.max_new_tokens, prompt_len=args.prompt_len, seed=args.seed, command=argv_line)
     return check_options(o)
 

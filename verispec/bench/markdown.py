@@ -144,8 +144,81 @@ def ssd(rows) -> list[str]:
     return lines
 
 
+def _skip_reasons(rows) -> list[str]:
+    """One line per distinct reason a point was skipped (rows that give one)."""
+    reasons = sorted({r["reason"] for r in rows if r.get("skipped") and r.get("reason")})
+    return [f"Not measured: {why.rstrip('.')}." for why in reasons]
+
+
+def _exact(r) -> str:
+    return "yes" if r["exact"] else "**NO**"
+
+
+def trees(rows) -> list[str]:
+    from .studies.trees import best_chain, groups, shape
+
+    order = {"plain": 0, "chain": 1, "tree": 2, "tree-auto": 3}
+    lines = []
+    for b, a, rs in groups(rows):
+        best = best_chain(rs)
+        plain = next((r for r in rs if r["point"]["method"] == "plain"), None)
+        rs = sorted(rs, key=lambda r: (order[r["point"]["method"]], r["point"].get("k", 0)))
+        title = f"Batch {b}" + (f", oracle alpha {a}" if a is not None else "")
+        lines += [f"{title}" + (f" (best chain: {shape(best['point'])})" if best else "") + ":", ""]
+        lines += _table(["drafting", "nodes/round", "tokens/round", "measured alpha", "target pass ms", "tok/s",
+                         "vs plain", "vs best chain", "== plain"],
+                        [[shape(r["point"]), _f(r["nodes_per_round"]), _f(r["tokens_per_round"]),
+                          _f(r["alpha_measured"], 3) if r["point"]["method"] != "plain" else "-",
+                          _f(r["t_target_ms"], 3), _f(r["tokens_per_s"], 1),
+                          _f(r["tokens_per_s"] / plain["tokens_per_s"]) if plain else "-",
+                          _f(r["tokens_per_s"] / best["tokens_per_s"]) if best and r["point"]["method"] != "plain"
+                          else "-", _exact(r)] for r in rs])
+        tree_rows = [r for r in rs if r["point"]["method"] in ("tree", "tree-auto")]
+        if best and tree_rows:
+            top = max(tree_rows, key=lambda r: r["tokens_per_s"])
+            lines += ["", f"Best tree: {shape(top['point'])}, {_f(top['tokens_per_s'] / best['tokens_per_s'])}x the "
+                      f"best chain's tok/s with {_f(top['tokens_per_round'] / best['tokens_per_round'])}x its tokens "
+                      f"per round ({_f(top['nodes_per_round'], 1)} nodes per round vs "
+                      f"{_f(best['nodes_per_round'], 1)})."]
+        lines.append("")
+    wrong = [r for r in _live(rows) if not r["exact"]]
+    if wrong:
+        lines += [f"**{len(wrong)} run(s) differ from plain decoding** (greedy output must be identical): "
+                  + ", ".join(f"batch {r['point']['batch']} {shape(r['point'])}" for r in wrong) + ".", ""]
+    return lines + _skip_reasons(rows)
+
+
+def heads(rows) -> list[str]:
+    live = _live(rows)
+    if not live:
+        return _skip_reasons(rows) or ["Not measured."]
+    names = {"plain": "plain decoding", "lookup": "prompt lookup", "head": "feature head"}
+    order = {"plain": 0, "lookup": 1, "head": 2}
+    live = sorted(live, key=lambda r: (order[r["point"]["method"]], r["point"].get("k", 0)))
+    lines = [f"{live[0]['prompts']} held-out prompts, static batches of {live[0]['batch']}.", ""]
+    lines += _table(["drafter", "K", "tokens/round", "measured alpha", "acceptance per position (- untested)", "tok/s",
+                     "vs plain", "== plain"],
+                    [[names[r["point"]["method"]], r["point"].get("k", "-"), _f(r["tokens_per_round"]),
+                      _f(r["alpha_measured"], 3) if r["point"]["method"] != "plain" else "-",
+                      " ".join("-" if x is None else f"{x:.2f}" for x in r["alpha_per_position"]) or "-",
+                      _f(r["tokens_per_s"], 1),
+                      _f(r["tokens_per_s"] / r["plain_tokens_per_s"]) if r["plain_tokens_per_s"] else "-",
+                      _exact(r)] for r in live])
+    best = {m: max((r for r in live if r["point"]["method"] == m), key=lambda r: r["tokens_per_s"], default=None)
+            for m in ("lookup", "head")}
+    if best["head"] is not None:
+        h = best["head"]
+        lines += ["", f"Fastest head: K={h['point']['k']}, {_f(h['tokens_per_round'])} tokens per round, "
+                  f"{_f(h['tokens_per_s'] / h['plain_tokens_per_s'])}x plain"
+                  + (f"; fastest prompt lookup: K={best['lookup']['point']['k']}, "
+                     f"{_f(best['lookup']['tokens_per_round'])} tokens per round, "
+                     f"{_f(best['lookup']['tokens_per_s'] / best['lookup']['plain_tokens_per_s'])}x plain"
+                     if best["lookup"] is not None else "") + "."]
+    return lines + [""] + _skip_reasons(rows)
+
+
 TABLES = {"kernels": kernels, "speedup": speedup, "breakdown": breakdown, "window": window, "batch": batch,
-          "ssd": ssd}
+          "ssd": ssd, "trees": trees, "heads": heads}
 
 
 def study_page(study: str, rows: list[dict], env: dict, pair: str, images: list[str], resumed: int) -> str:

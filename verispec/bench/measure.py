@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..engine import Request, Scheduler, SchedulerConfig
+from ..engine.scheduler import tree_nodes
+from ..runtime.tree import MAX_TREE_TOKENS
 
 
 @dataclass
@@ -68,15 +70,26 @@ class EngineRun:
 
 def run_engine(target, drafter, prompts: list[list[int]], *, k: int, max_new_tokens: int | list[int],
                timing: bool = False, k_policy=None, arrivals: list[float] | None = None,
-               max_batch: int | None = None) -> EngineRun:
+               max_batch: int | None = None, tree=None, max_seq_len: int | None = None) -> EngineRun:
     """One greedy run of ``prompts`` (see the module docstring); ``drafter=None`` = autoregressive.
-    ``max_new_tokens``: one limit for every request, or one per request. Request i has id i and seed i."""
+    ``max_new_tokens``: one limit for every request, or one per request. Request i has id i and seed i.
+    ``tree``: draft trees of these widths instead of chains of k (``SchedulerConfig.tree``; "auto" is passed as
+    it is, with room for the largest tree pass). ``max_seq_len``: the
+    cache's length (None: the longest request and one round's lookahead); runs that share one keep their cache,
+    and on a GPU their CUDA graphs."""
     k = k if drafter is not None else 0
     limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
     if len(limits) != len(prompts):
         raise ValueError(f"run_engine: {len(limits)} max_new_tokens for {len(prompts)} prompts")
+    if tree is None or drafter is None:
+        tree, lookahead = None, k
+    elif isinstance(tree, str):          # tree="auto": the engine picks each round's shape, up to a full tree pass
+        lookahead = MAX_TREE_TOKENS - 1
+    else:
+        tree = tuple(tree)
+        lookahead = tree_nodes(tree)
     longest = max(len(p) + n for p, n in zip(prompts, limits))
-    config = SchedulerConfig(max_batch or len(prompts), longest + k + 1, k)
+    config = SchedulerConfig(max_batch or len(prompts), max_seq_len or longest + lookahead + 1, k, tree=tree)
     scheduler = Scheduler(target, drafter, config, k_policy=k_policy, timing=timing)
     requests = [Request(list(p), n, id=i, seed=i) for i, (p, n) in enumerate(zip(prompts, limits))]
     start = time.perf_counter()
@@ -102,11 +115,11 @@ def run_engine(target, drafter, prompts: list[list[int]], *, k: int, max_new_tok
     return EngineRun(len(prompts), k, new, decode_tokens, seconds, t.rounds, t.proposed, t.accepted,
                      {p: getattr(t, f"{p}_s") for p in ("draft", "target", "verification", "commit")},
                      [s.stats.total_s for s in seqs], [list(s.generated) for s in seqs],
-                     [s.stats for s in seqs], _positions([s.stats.accepted_per_position for s in seqs]),
-                     _positions([s.stats.tested_per_position for s in seqs]))
+                     [s.stats for s in seqs], sum_positions([s.stats.accepted_per_position for s in seqs]),
+                     sum_positions([s.stats.tested_per_position for s in seqs]))
 
 
-def _positions(per_request: list[list[int]]) -> list[int]:
+def sum_positions(per_request: list[list[int]]) -> list[int]:
     """Per-position counts summed over requests (lists of different lengths)."""
     out: list[int] = []
     for counts in per_request:
@@ -133,17 +146,17 @@ def _run_arrivals(scheduler, requests, arrivals, start):
 
 
 def timed_runs(target, drafter_factory, prompts, *, k: int, max_new_tokens: int,
-               policy_factory=None) -> tuple[EngineRun, EngineRun]:
+               policy_factory=None, tree=None) -> tuple[EngineRun, EngineRun]:
     """(phase run, throughput run) of one configuration: a warm-up run first on a GPU (CUDA graphs for every
     shape it meets; greedy decoding is deterministic, so later runs meet the same ones), then a
     ``timing=True`` run for phase times and, on a GPU, an untimed run for throughput (on the CPU the timed
     run is both). ``drafter_factory()`` builds a fresh drafter for each run (None: autoregressive);
-    ``policy_factory()`` a fresh k policy (None: k drafts for every row)."""
+    ``policy_factory()`` a fresh k policy (None: k drafts for every row); ``tree``: draft trees (``run_engine``)."""
     make_policy = policy_factory or (lambda: None)
 
     def run(timing: bool) -> EngineRun:
         return run_engine(target, drafter_factory(), prompts, k=k, max_new_tokens=max_new_tokens, timing=timing,
-                          k_policy=make_policy())
+                          k_policy=make_policy(), tree=tree)
 
     if target.device.type != "cuda":
         phases = run(True)

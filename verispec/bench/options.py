@@ -10,7 +10,7 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-STUDIES = ("kernels", "speedup", "breakdown", "window", "batch", "ssd")
+STUDIES = ("kernels", "speedup", "breakdown", "window", "batch", "ssd", "trees", "heads")
 
 
 class BenchArgumentError(ValueError):
@@ -18,14 +18,17 @@ class BenchArgumentError(ValueError):
 
 
 # Full and --quick sweeps, per device type. The GPU sweeps fit in about 6 minutes on one H100 for the
-# 8B/1B shapes (graph capture included); the CPU ones in a few minutes for SmolLM2 on two cores.
+# 8B/1B shapes (graph capture included); the CPU ones in a few minutes for SmolLM2 on two cores. ``trees``: the
+# trees study's shapes (children per node at each depth); the GPU ones are benchmarks/trees.py's end-to-end shapes.
 SWEEPS = {
     ("cpu", False): dict(ks=(1, 2, 4, 8), alphas=(0.5, 0.7, 0.9), batches=(1, 2, 4), max_new_tokens=48,
-                         rates=(1.0, 4.0)),
-    ("cpu", True): dict(ks=(1, 2), alphas=(0.6,), batches=(1, 2), max_new_tokens=8, rates=(50.0,)),
+                         rates=(1.0, 4.0), trees=((2, 2, 1), (3, 2, 1))),
+    ("cpu", True): dict(ks=(1, 2), alphas=(0.6,), batches=(1, 2), max_new_tokens=8, rates=(50.0,),
+                        trees=((2, 1),)),
     ("cuda", False): dict(ks=(2, 4, 8), alphas=(0.6, 0.8, 0.9), batches=(1, 8, 32), max_new_tokens=64,
-                          rates=(16.0,)),
-    ("cuda", True): dict(ks=(2, 4), alphas=(0.8,), batches=(1, 8), max_new_tokens=16, rates=(32.0,)),
+                          rates=(16.0,), trees=((2, 2, 1), (2, 2, 2, 1), (3, 2, 2, 1), (4, 2, 2, 1))),
+    ("cuda", True): dict(ks=(2, 4), alphas=(0.8,), batches=(1, 8), max_new_tokens=16, rates=(32.0,),
+                         trees=((2, 2, 1), (4, 2, 2, 1))),
 }
 
 
@@ -45,6 +48,8 @@ class BenchOptions:
     alphas: tuple[float, ...] | None = None
     batches: tuple[int, ...] | None = None
     rates: tuple[float, ...] | None = None   # batch study: request arrival rates (requests / s)
+    trees: tuple[tuple[int, ...], ...] | None = None   # trees study: tree shapes (children per node at each depth)
+    draft_head: str | None = None     # heads study: a head directory (None: the embedded SmolLM2's head, if it fits)
     max_new_tokens: int | None = None
     prompt_len: int = 32              # random-shape prompts (token ids)
     seed: int = 0
@@ -63,7 +68,7 @@ class BenchOptions:
         dev = self.device_type()
         defaults = SWEEPS[(dev, self.quick)]
         o = replace(self)
-        for name in ("ks", "alphas", "batches", "rates", "max_new_tokens"):
+        for name in ("ks", "alphas", "batches", "rates", "max_new_tokens", "trees"):
             if getattr(o, name) is None:
                 setattr(o, name, defaults[name])
         if o.model is None and dev == "cuda":
@@ -87,6 +92,38 @@ def parse_list(text: str, kind, flag: str) -> tuple:
         return tuple(kind(t) for t in items)
     except ValueError:
         raise BenchArgumentError(f"{flag}: {text!r} is not a comma-separated list of {kind.__name__}s") from None
+
+
+def parse_trees(text: str, flag: str = "--trees") -> tuple[tuple[int, ...], ...]:
+    """"2,2,1;4,2,2,1" -> ((2, 2, 1), (4, 2, 2, 1)): tree shapes separated by ';', each the children per node at
+    each depth, comma-separated; BenchArgumentError for an empty list or a bad shape (checked by ``check_trees``)."""
+    shapes = [t.strip() for t in str(text).split(";") if t.strip()]
+    if not shapes:
+        raise BenchArgumentError(f"{flag}: no tree given (give ';'-separated shapes, e.g. {flag} '2,2,1;4,2,2,1')")
+    out = []
+    for shape in shapes:
+        try:
+            out.append(tuple(int(w) for w in shape.split(",")))
+        except ValueError:
+            raise BenchArgumentError(f"{flag}: {shape!r} is not comma-separated integers (children per node at "
+                                     f"each depth, e.g. 4,2,2,1)") from None
+    return tuple(out)
+
+
+def check_trees(trees, flag: str = "--trees") -> None:
+    """Every shape through the engine's own tree check (widths >= 1, at most MAX_TREE_TOKENS - 1 nodes)."""
+    from ..engine.guards import check_tree
+
+    class AnyTreeDrafter:   # the drafter is built later; every --draft kind drafts trees
+        drafts_trees = True
+
+    if not trees:
+        raise BenchArgumentError(f"{flag}: no tree given")
+    for t in trees:
+        try:
+            check_tree(t, AnyTreeDrafter())
+        except (TypeError, ValueError) as e:
+            raise BenchArgumentError(f"{flag}: {e}") from None
 
 
 def check_studies(names) -> tuple[str, ...]:
@@ -129,6 +166,10 @@ def check_options(o: BenchOptions) -> BenchOptions:
         bad = [r for r in o.rates if not r > 0]
         if bad:
             raise BenchArgumentError(f"--rates: arrival rates must be > 0 requests/s, got {bad[0]}")
+    if o.trees is not None:
+        check_trees(o.trees)
+    if o.draft_head is not None:
+        _check_head_dir(o.draft_head)
     if o.max_new_tokens is not None and o.max_new_tokens < 2:
         raise BenchArgumentError(f"--max-new-tokens must be >= 2, got {o.max_new_tokens}")
     if o.prompt_len < 1:
@@ -161,6 +202,14 @@ def _check_draft(draft: str | None) -> None:
         peek_config(draft)
     except (ValueError, FileNotFoundError) as e:
         raise BenchArgumentError(f"--draft {draft}: {e}") from None
+
+
+def _check_head_dir(path) -> None:
+    """--draft-head DIR: a head directory (written by ``verispec train-head``, or a published EAGLE head); whether
+    it fits the target is checked when the heads study loads both."""
+    if not Path(path).is_dir() or not (Path(path) / "config.json").is_file():
+        raise BenchArgumentError(f"--draft-head {path}: not a head directory (no config.json there; write one with "
+                                 f"`verispec train-head --out DIR`)")
 
 
 def _check_device(o: BenchOptions) -> None:

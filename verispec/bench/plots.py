@@ -217,8 +217,69 @@ def ssd(rows, out_dir) -> list[str]:
     return names
 
 
+# ------------------------------------------------------------------------------------------ trees
+def trees(rows, out_dir) -> list[str]:
+    from .studies.trees import groups, shape
+
+    fig, ax = plt.subplots(figsize=SIZE)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (b, a, rs) in enumerate(groups(rows)):
+        color = colors[i % len(colors)]
+        label = f"B={b}" + (f", alpha={a}" if a is not None else "")
+        chains = sorted((r for r in rs if r["point"]["method"] == "chain"), key=lambda r: r["nodes_per_round"])
+        if chains:
+            ax.plot([r["nodes_per_round"] for r in chains], [r["tokens_per_s"] for r in chains], "o-", color=color,
+                    label=f"{label}: chains")
+        shaped = [r for r in rs if r["point"]["method"] in ("tree", "tree-auto")]
+        for j, r in enumerate(shaped):
+            ax.plot(r["nodes_per_round"], r["tokens_per_s"], "^" if r["point"]["method"] == "tree-auto" else "s",
+                    color=color, ms=8, label=f"{label}: trees" if j == 0 else None)
+            ax.annotate(shape(r["point"]).removeprefix("tree "), (r["nodes_per_round"], r["tokens_per_s"]),
+                        fontsize=7, textcoords="offset points", xytext=(4, 4))
+        for r in rs:
+            if r["point"]["method"] == "plain":
+                ax.axhline(r["tokens_per_s"], color=color, ls=":", lw=1, label=f"{label}: plain decoding")
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    if len({r["point"]["batch"] for r in _live(rows)}) > 1:
+        ax.set_yscale("log")
+    ax.set_xlabel("draft nodes per round (per sequence: K for a chain, the tree's nodes)")
+    ax.set_ylabel("throughput (tokens/s, all sequences)")
+    ax.set_title("chains vs trees: tokens/s vs the drafted tokens each target pass scores")
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(True, which="both", alpha=0.3)
+    return [_save(fig, out_dir, "trees.png")]
+
+
+# ------------------------------------------------------------------------------------------ heads
+def heads(rows, out_dir) -> list[str]:
+    rows = _live(rows)
+    plain = next((r for r in rows if r["point"]["method"] == "plain"), None)
+    fig, (left, right) = plt.subplots(1, 2, figsize=SIZE)
+    for method, label, marker in (("head", "feature head", "s"), ("lookup", "prompt lookup", "o")):
+        rs = sorted((r for r in rows if r["point"]["method"] == method), key=lambda r: r["point"]["k"])
+        if rs:
+            ks = [r["point"]["k"] for r in rs]
+            left.plot(ks, [r["tokens_per_round"] for r in rs], marker=marker, label=label)
+            right.plot(ks, [r["tokens_per_s"] for r in rs], marker=marker, label=label)
+    left.axhline(1.0, color="k", ls=":", lw=1, label="plain decoding")
+    if plain is not None:
+        right.axhline(plain["tokens_per_s"], color="k", ls=":", lw=1, label="plain decoding")
+    left.set_xlabel("K (drafts per round)")
+    left.set_ylabel("tokens per round (per sequence)")
+    left.set_title("tokens per target pass")
+    right.set_xlabel("K (drafts per round)")
+    right.set_ylabel("throughput (tokens/s)")
+    right.set_title("decode speed")
+    for ax in (left, right):
+        ax.legend(fontsize=8)
+        ax.grid(True, alpha=0.3)
+    fig.suptitle("feature head vs prompt lookup vs plain decoding (held-out prompts, greedy)")
+    return [_save(fig, out_dir, "heads.png")]
+
+
 PLOTS = {"kernels": kernels, "speedup": speedup, "breakdown": breakdown, "window": window, "batch": batch,
-         "ssd": ssd}
+         "ssd": ssd, "trees": trees, "heads": heads}
 
 
 def plot(study: str, rows: list[dict], out_dir) -> list[str]:

@@ -69,16 +69,18 @@ class Workbench:
     def uses_oracle(self) -> bool:
         return self.draft_name.startswith("oracle")
 
-    def drafter(self, alpha: float | None = None, continuations=None):
+    def drafter(self, alpha: float | None = None, continuations=None, tree_rates: dict[int, float] | None = None):
         """A fresh drafter of the ``--draft`` kind, attached to the target (oracle: at ``alpha``, replaying
-        ``continuations``, one token list per request id)."""
+        ``continuations``, one token list per request id; in trees, a node of w children covers the target's token
+        with probability ``tree_rates[w]``, else alpha)."""
         d = self.draft_name
         if d == "lookup":
             drafter = PromptLookup(max_ngram=3, min_ngram=1)
         elif d.startswith("self:"):
             drafter = SelfSpeculative(layers=int(d.split(":", 1)[1]))
         elif self.uses_oracle:
-            drafter = OracleDraft(continuations, alpha, cost_model=self._draft_cost_model(), seed=self.options.seed)
+            drafter = OracleDraft(continuations, alpha, cost_model=self._draft_cost_model(), seed=self.options.seed,
+                                  tree_rates=tree_rates)
         else:
             if "draft_model" not in self.memo:
                 o = self.options

@@ -7,10 +7,10 @@ rows (each with its ``point``), so a study is one function call from Python::
 """
 from __future__ import annotations
 
-from . import batch, breakdown, kernels, speedup, ssd, window
+from . import batch, breakdown, heads, kernels, speedup, ssd, trees, window
 from ..store import point_key
 
-MODULES = {m.STUDY: m for m in (kernels, speedup, breakdown, window, batch, ssd)}
+MODULES = {m.STUDY: m for m in (kernels, speedup, breakdown, window, batch, ssd, trees, heads)}
 
 
 def run_study(name: str, bench, skip: set[str] = frozenset(), on_rows=None, progress=None) -> list[dict]:
@@ -24,6 +24,7 @@ def run_study(name: str, bench, skip: set[str] = frozenset(), on_rows=None, prog
         rows = [{"point": point, **r} for r in module.measure(bench, point)]
         if not rows:      # a point this setup cannot measure (e.g. k="auto" without a policy) is written
             rows = [{"point": point, "skipped": True}]   # as skipped, so a resumed run does not retry it
+        # (a study may write its own skipped row, {"skipped": True, "reason": ...}, to say why)
         out += rows
         if on_rows is not None:
             on_rows(rows)
