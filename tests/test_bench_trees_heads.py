@@ -19,6 +19,8 @@ from verispec.runtime import ModelConfig
 
 TINY = ModelConfig(vocab_size=96, num_layers=2, hidden_size=32, num_heads=2, num_kv_heads=1, head_dim=16,
                    intermediate_size=64)
+DRAFT_COST = ModelConfig(vocab_size=96, num_layers=1, hidden_size=32, num_heads=2, num_kv_heads=1, head_dim=16,
+                         intermediate_size=64)      # the oracle's trees pay a draft model's tree passes (the GPU setup)
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -43,7 +45,7 @@ def _check_plots(out, page):
 @pytest.fixture(scope="module")
 def trees_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("trees")
-    run_studies(_options(out, ["trees"], trees=((2, 1), (1, 1, 1)), ks=(1, 3), batches=(1, 2)))
+    run_studies(_options(out, ["trees"], trees=((2, 1), (1, 1, 1)), ks=(1, 3), batches=(1, 2), draft_cost=DRAFT_COST))
     return out
 
 
