@@ -115,7 +115,8 @@ def test_heads_measures_a_given_head(tmp_path):
     out = tmp_path / "out"
     run_studies(_options(out, ["heads"], draft="lookup", draft_head=str(tmp_path / "head"), ks=(2,)))
     rows = _rows(out, "heads")
-    assert [r["point"] for r in rows] == [{"method": "plain"}, {"method": "lookup", "k": 2}, {"method": "head", "k": 2}]
+    assert [r["point"] for r in rows] == [{"batch": 1, "method": "plain"}, {"batch": 1, "method": "lookup", "k": 2},
+                                          {"batch": 1, "method": "head", "k": 2}]
     for r in rows:
         assert not r.get("skipped") and r["exact"], r
         assert r["prompts"] == heads_study.QUICK_HEAD_PROMPTS and r["tokens_per_round"] >= 1.0

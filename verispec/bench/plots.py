@@ -271,7 +271,9 @@ def heads(rows, out_dir) -> list[str]:
     right.set_xlabel("K (drafts per round)")
     right.set_ylabel("throughput (tokens/s)")
     right.set_title("decode speed")
+    ks = sorted({r["point"]["k"] for r in rows if "k" in r["point"]})
     for ax in (left, right):
+        ax.set_xticks(ks)
         ax.legend(fontsize=8)
         ax.grid(True, alpha=0.3)
     fig.suptitle("feature head vs prompt lookup vs plain decoding (held-out prompts, greedy)")

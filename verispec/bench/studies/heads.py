@@ -4,18 +4,18 @@ states) vs prompt lookup vs plain decoding.
 It runs when ``--draft-head DIR`` names a head that fits the target, or, without --draft-head, when the head
 shipped for the embedded SmolLM2 fits it (the target is that model: the default on a CPU, or its GGUF through
 --model); for any other target every point is written as skipped, with the reason. Prompts: ``HEAD_PROMPTS``
-(--quick: ``QUICK_HEAD_PROMPTS``) of the held-out free-form prompts of ``verispec train-head`` (topics no training
-prompt mentions, verispec/training/prompts.py; random ids for a model without a tokenizer), through the chat
-template when the model has one, run in static batches of the first swept batch size, greedy, --max-new-tokens
-each. Points: plain decoding, then prompt lookup (n-grams 1..3) and the head at every swept K (chains: the head
-drafts chains only).
+(--quick: ``QUICK_HEAD_PROMPTS``; at least one batch) of the held-out free-form prompts of ``verispec
+train-head`` (topics no training prompt mentions, verispec/training/prompts.py; random ids for a model without a
+tokenizer), through the chat template when the model has one, run in static batches of the first swept batch
+size, greedy, --max-new-tokens each. Points: plain decoding, then prompt lookup (n-grams 1..3) and the head at
+every swept K (chains: the head drafts chains only).
 
 Per row: ``tokens_per_round`` (every request's tokens after its first / its rounds), ``alpha_per_position``
 (accepted / tested at draft position i, all requests), ``tokens_per_s`` (decode tokens / decode seconds, summed
 over the batches), ``exact`` (every output equals plain decoding's, token for token). On a GPU every batch runs
-once untimed first (CUDA graph captures); on a CPU the study's first batch does; every run shares one cache length. The head's runs switch the
-target's hidden-state writes on (``Model.capture_hidden``); they are switched off after them, so the other rows
-do not pay for those writes.
+once untimed first (CUDA graph captures), on a CPU the study's first batch does (one-off allocations); every run
+shares one cache length. The head's runs switch the target's hidden-state writes on (``Model.capture_hidden``);
+they are switched off after them, so the other rows do not pay for those writes.
 """
 from __future__ import annotations
 
@@ -29,9 +29,9 @@ QUICK_HEAD_PROMPTS = 2
 
 
 def points(bench) -> list[dict]:
-    ks = bench.options.ks
-    return ([{"method": "plain"}] + [{"method": "lookup", "k": k} for k in ks]
-            + [{"method": "head", "k": k} for k in ks])
+    ks, b = bench.options.ks, bench.options.batches[0]
+    return ([{"batch": b, "method": "plain"}] + [{"batch": b, "method": "lookup", "k": k} for k in ks]
+            + [{"batch": b, "method": "head", "k": k} for k in ks])
 
 
 def head_or_reason(bench) -> tuple[FeatureHead | None, str | None]:
@@ -56,7 +56,8 @@ def prompts(bench) -> list[list[int]]:
     key = ("head-prompts",)
     if key not in bench.memo:
         n = QUICK_HEAD_PROMPTS if bench.options.quick else HEAD_PROMPTS
-        bench.memo[key] = prompt_ids(bench.target, "held-out", n)
+        # at least one full batch (the held-out texts number 144)
+        bench.memo[key] = prompt_ids(bench.target, "held-out", max(n, bench.options.batches[0]))
     return bench.memo[key]
 
 
