@@ -74,9 +74,8 @@ def run_engine(target, drafter, prompts: list[list[int]], *, k: int, max_new_tok
     """One greedy run of ``prompts`` (see the module docstring); ``drafter=None`` = autoregressive.
     ``max_new_tokens``: one limit for every request, or one per request. Request i has id i and seed i.
     ``tree``: draft trees of these widths instead of chains of k (``SchedulerConfig.tree``; "auto" is passed as
-    it is, with room for the largest tree pass). ``max_seq_len``: the
-    cache's length (None: the longest request and one round's lookahead); runs that share one keep their cache,
-    and on a GPU their CUDA graphs."""
+    it is, with room for the largest tree pass). ``max_seq_len``: the cache's length (None: the longest request and
+    one round's lookahead); runs that share one keep their cache, and on a GPU their CUDA graphs."""
     k = k if drafter is not None else 0
     limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
     if len(limits) != len(prompts):
