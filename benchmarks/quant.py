@@ -465,15 +465,17 @@ SPEC_ALPHAS = (0.8, 0.9)
 
 def spec_costs(target, draft, B: int, ks, context: int, max_seq_len: int, pass_ms) -> dict:
     """ms of the passes the analytical bound needs at batch B, every sequence at ``context`` tokens: the target's
-    decode step (1 token each), its verify pass of k + 1 tokens for each k of ``ks``, and a draft step (1 token each).
-    ``pass_ms(model, B, T)`` times one pass of T tokens for each of the model's first B sequences (``_pass_ms`` on a
-    GPU: one CUDA graph, median of replays)."""
+    decode step (1 token each), its verify pass of k + 1 tokens for each k of ``ks`` at the width the engine runs it
+    (``Model.graph_width``: the smallest graph bucket of >= k + 1 tokens, e.g. 5 for k = 3), and a draft step (1 token
+    each). ``pass_ms(model, B, T)`` times one pass of T tokens for each of the model's first B sequences (``_pass_ms``
+    on a GPU: one CUDA graph, median of replays)."""
     gen = torch.Generator().manual_seed(B)
     for model in (target, draft):
         model.setup_cache(B, max_seq_len, empty=True)
         model.admit([torch.randint(0, model.config.vocab_size, (context,), generator=gen).tolist() for _ in range(B)])
-    return dict(B=B, context=context, decode_ms=pass_ms(target, B, 1),
-                verify_ms={k: pass_ms(target, B, k + 1) for k in ks}, draft_ms=pass_ms(draft, B, 1))
+    width = {k: target.graph_width(k + 1) or k + 1 for k in ks}
+    return dict(B=B, context=context, decode_ms=pass_ms(target, B, 1), verify_width=width,
+                verify_ms={k: pass_ms(target, B, width[k]) for k in ks}, draft_ms=pass_ms(draft, B, 1))
 
 
 def spec_cells(target, draft, batches, alphas, ks, prompt_tokens: int, new_tokens: int, pass_ms,
@@ -556,6 +558,11 @@ def _batches(spec: str) -> list[int]:
     return out
 
 
+def _at(d: dict, k: int):
+    """d[k] for a dict with int keys, or str keys once read back from JSON."""
+    return d[k] if k in d else d[str(k)]
+
+
 def _spec_best(res: dict, B: int, alpha: float) -> dict | None:
     return next((c for c in res["cells"] if c["B"] == B and c.get("alpha") == alpha and c.get("best")), None)
 
@@ -572,13 +579,14 @@ def spec_markdown(res: dict) -> list[str]:
              "less the call's own warm-up (`benchmarks/trees.py` e2e_cells; `captured` = graphs the timed call "
              "captured); speedup = tok/s / plain decoding's tok/s of the same model in the same run. bound = "
              "`verispec.analysis.speedup_from_times`: E_SD(alpha, K) x decode / (K x draft step + verify(K + 1)), "
-             "from the pass costs below (one CUDA graph each, median of replays, at the generation's mean context). "
+             "from the pass costs below (one CUDA graph each, median of replays, at the generation's mean context; "
+             "a verify pass at the graph width the engine runs it, a draft step of one token a sequence). "
              "`exact` = the output equals plain decoding's token for token. **best** = the fastest K of its "
              "(B, alpha) measured.", ""]
-    lines += markdown_table(["B", "context", "decode ms", "verify ms (K: ms, / decode)", "draft step ms",
+    lines += markdown_table(["B", "context", "decode ms", "verify ms (K: ms at its width, / decode)", "draft step ms",
                              "draft / decode"],
                             [(c["B"], c["context"], f"{c['decode_ms']:.2f}",
-                              ", ".join(f"{k}: {ms:.2f} ({ms / c['decode_ms']:.2f})"
+                              ", ".join(f"{k}: {ms:.2f} @ {_at(c['verify_width'], k)} ({ms / c['decode_ms']:.2f})"
                                         for k, ms in sorted((int(k), ms) for k, ms in c["verify_ms"].items())),
                               f"{c['draft_ms']:.2f}", f"{c['draft_ms'] / c['decode_ms']:.2f}") for c in res["costs"]])
     lines.append("")

@@ -160,7 +160,8 @@ def test_spec_and_model_batches_report(tmp_path):
                   best=False)]
     spec = dict(env=env, shape="llama-3.1-8b", draft="llama-3.2-1b", target_bytes=5.9e9, draft_bytes=1.3e9,
                 follows_successor=1.0, batches=[1], alphas=[0.8], ks=[3, 4], prompt_tokens=128, new_tokens=128,
-                costs=[dict(B=1, context=192, decode_ms=3.8, verify_ms={"3": 3.9, "4": 3.95}, draft_ms=1.0)],
+                costs=[dict(B=1, context=192, decode_ms=3.8, verify_ms={"3": 3.9, "4": 3.95},
+                            verify_width={"3": 5, "4": 5}, draft_ms=1.0)],
                 cells=cells, command="python benchmarks/quant.py spec")
     model = dict(env=env, bandwidth=3e12, shape="llama-3.1-8b", command="python benchmarks/quant.py model",
                  models=[dict(model="llama-3.1-8b Q4_K_M (packed)", weight_bytes=5.7e9, floor_bytes=4.5e9,
@@ -174,7 +175,7 @@ def test_spec_and_model_batches_report(tmp_path):
     text = quant.report(tmp_path, write=False).read_text()
     assert "B = 1, alpha 0.8: best K = 3, 1.60x plain decoding (goal >= 1.5x) (400 tok/s; bound 1.70x)" in text
     assert "output == plain decoding in 2 of 3 cells" in text and "| 0.8 | **3** | 400 | **1.60x** | 1.70x |" in text
-    assert "| 1 | 192 | 3.80 | 3: 3.90 (1.03), 4: 3.95 (1.04) | 1.00 | 0.26 |" in text
+    assert "| 1 | 192 | 3.80 | 3: 3.90 @ 5 (1.03), 4: 3.95 @ 5 (1.04) | 1.00 | 0.26 |" in text
     # B = 32: floor = (4.5e9 + 32 * 512 * 131072) / 3e12 s = 2.22 ms
     assert "| llama-3.1-8b Q4_K_M (packed) | v3 | 32 | 9.00 | 3556 | 2.22 | 25% |" in text
     assert "decode at B = 32: packed 3556 tok/s (9.00 ms a step) vs bf16 2667 tok/s (1.33x)" in text
