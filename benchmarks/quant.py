@@ -15,9 +15,9 @@ sections present into ``<out>/quant.md`` (and, with ``--write``, ``benchmarks/re
                                                   decode; a k-token pass == k decode steps (bits, the first variant);
                                                   decode at B = 1, 8, 32 (--batches: ms/step, tok/s, % of the floor of
                                                   weights + KV cache); prefill of 128 and 1024 tokens vs bf16
-    python benchmarks/quant.py spec --out DIR     speculation on llama-3.1-8b Q4_K_M (random blocks, LM head peaked:
-                                                  make_peaked_packed) with an OracleDraft (alpha 0.8, 0.9) whose draft
-                                                  steps are passes of a llama-3.2-1b Q8_0, B = 1 and 32 (--batches),
+    python benchmarks/quant.py spec --out DIR     speculation on llama-3.1-8b Q4_K_M (random blocks, make_peaked: the
+                                                  head keeps its blocks) with an OracleDraft (alpha 0.8, 0.9) whose
+                                                  draft steps are passes of a llama-3.2-1b Q8_0, B = 1 and 32 (--batches),
                                                   chain K = 2, 3, 4, 6 (the fastest marked) vs plain decoding of the
                                                   same model in the same run; the analytical bound from measured pass
                                                   costs beside each cell; every output == plain decoding's
@@ -268,35 +268,6 @@ def packed_random_model(shape, mix_name: str = "Q4_K_M", seed: int = 0, device="
     return Model(net, None)
 
 
-@torch.no_grad()
-def make_peaked_packed(model, embed_scale: float = 1e4, seed: int = 0, chunk_rows: int = 8192) -> list[int]:
-    """``make_peaked`` (verispec/drafters/oracle.py) for a model whose LM head is packed: a well-separated greedy
-    argmax that is a known function of the current token, in place. Returns ``successor``: the greedy next token
-    after token t is ``successor[t]``.
-
-    The LM head keeps its blocks (its type and bytes: what a decode step reads, so the timings are the unpeaked
-    model's); the embedding table becomes a dense copy of the head's dequantized rows in a random order, times
-    ``embed_scale``: embed[t] = scale * head[successor[t]]. The scaled embedding dominates the residual stream, so
-    the final hidden state is nearly parallel to head[successor[t]] and that row's logit leads every other by
-    ~sqrt(hidden) standard deviations (the other rows are independent random blocks). A step reads one row of the
-    embedding table, so its dense copy does not change a step's cost (it is ``_decode_floor_bytes``'s exclusion)."""
-    from verispec.runtime.quant.packed import PackedWeight
-
-    net = model.net
-    head = net.lm_head
-    if not isinstance(head, PackedWeight):
-        raise ValueError("make_peaked_packed needs an untied, packed LM head (a dense model takes make_peaked; a "
-                         f"tied one has no separate head to peak at), got {type(head).__name__}")
-    V = head.shape[0]
-    successor = torch.randperm(V, generator=torch.Generator().manual_seed(seed))
-    ids = successor.to(head.device)
-    table = torch.empty(V, head.K, dtype=head.dtype, device=head.device)                            # [V, E]
-    for i in range(0, V, chunk_rows):     # a chunk of rows at a time: the dequantizer's temporaries stay small
-        table[i:i + chunk_rows] = (head.embedding(ids[i:i + chunk_rows]).float() * embed_scale).to(head.dtype)
-    net.embed = torch.nn.Parameter(table, requires_grad=False)
-    return successor.tolist()
-
-
 def _decode_floor_bytes(model) -> int:
     """Bytes a B = 1 decode step must read: the weights but the embedding table (one row of it is read)."""
     from verispec.runtime.quant.packed import PackedWeight
@@ -522,11 +493,12 @@ def spec_cells(target, draft, batches, alphas, ks, prompt_tokens: int, new_token
 
 def spec_part(args) -> dict:
     from benchmarks.exact import _pass_ms
+    from verispec.drafters import make_peaked
     from verispec.engine import generate
 
     t0 = time.time()
     target = packed_random_model(args.shape, "Q4_K_M")
-    successor = make_peaked_packed(target)
+    successor = make_peaked(target)      # the head keeps its blocks: a step's bytes are the unpeaked model's
     draft = packed_random_model(args.draft_shape, "Q8_0", seed=1 << 16)
     build_s = time.time() - t0
     print(f"built {args.shape} Q4_K_M ({target.weight_bytes / 1e9:.2f} GB, peaked) and {args.draft_shape} Q8_0 "
@@ -572,8 +544,8 @@ def spec_markdown(res: dict) -> list[str]:
              f"{res['draft']} Q8_0", "", environment_line(res["env"]), "",
              f"Random packed blocks (a target step reads {res['target_bytes'] / 1e9:.2f} GB, a draft step "
              f"{res['draft_bytes'] / 1e9:.2f} GB: every draft step is one pass of the draft model, fed the oracle's "
-             f"tokens), the target's greedy argmax peaked by `make_peaked_packed` (plain greedy followed its successor "
-             f"chain on {res['follows_successor']:.0%} of a probe's steps), "
+             f"tokens), the target's greedy argmax peaked by `make_peaked` (the LM head keeps its blocks; plain greedy "
+             f"followed its successor chain on {res['follows_successor']:.0%} of a probe's steps), "
              f"greedy, prompts of {res['prompt_tokens']} random tokens, {res['new_tokens']} new tokens each. tok/s = "
              "new tokens of the batch / seconds of `generate` after a warm-up call of the same shapes and cache size, "
              "less the call's own warm-up (`benchmarks/trees.py` e2e_cells; `captured` = graphs the timed call "

@@ -8,6 +8,7 @@ import torch
 pytest.importorskip("gguf")
 
 from benchmarks import quant  # noqa: E402
+from verispec.drafters import make_peaked  # noqa: E402
 from verispec.runtime import ModelConfig  # noqa: E402
 from verispec.runtime.quant.packed import packed_weights  # noqa: E402
 
@@ -98,30 +99,13 @@ def _tiny(**kw):
     return ModelConfig(**{**shape, **kw})
 
 
-def test_peaked_packed_model_follows_its_successor_and_keeps_the_head():
-    """make_peaked_packed: the LM head keeps its blocks (the step's bytes), the embedding becomes dense, and plain
-    greedy decoding follows the returned successor chain; a dense or tied head is refused by name."""
-    from verispec import generate
-
-    model = quant.packed_random_model(_tiny(), device="cpu", dtype=torch.float32)
-    head = packed_weights(model.net)["lm_head"]
-    successor = quant.make_peaked_packed(model)
-    assert packed_weights(model.net)["lm_head"] is head and "embed" not in packed_weights(model.net)
-    assert sorted(successor) == list(range(320))
-    out = generate(model, [[5, 6, 7], [300, 1]], max_new_tokens=12)
-    assert all(b == successor[a] for g in out for a, b in zip(g.tokens, g.tokens[1:]))
-    with pytest.raises(ValueError, match="untied, packed LM head"):
-        quant.make_peaked_packed(quant.packed_random_model(_tiny(tie_word_embeddings=True), device="cpu",
-                                                           dtype=torch.float32))
-
-
 def test_spec_cells_on_a_tiny_packed_model():
     """The spec part's logic on the CPU (torch dequantizer): plain + each (alpha, K) per batch size, every output ==
     plain decoding's, the bound from the given pass costs, one best K per (B, alpha), and its report."""
     from verispec.analysis import speedup_from_times
 
     target = quant.packed_random_model(_tiny(), device="cpu", dtype=torch.float32)
-    quant.make_peaked_packed(target)
+    make_peaked(target)
     draft = quant.packed_random_model(_tiny(tie_word_embeddings=True, num_layers=1), "Q8_0", seed=99, device="cpu",
                                       dtype=torch.float32)
     costs = {1: 4.0, 3: 4.1, 4: 4.2}                       # fake pass ms by tokens per sequence; the draft 1.0
@@ -197,7 +181,7 @@ def test_spec_cells_on_the_gpu():
     from verispec import generate
 
     target = quant.packed_random_model(_tiny(vocab_size=512), device="cuda")
-    successor = quant.make_peaked_packed(target)
+    successor = make_peaked(target)
     draft = quant.packed_random_model(_tiny(vocab_size=512, tie_word_embeddings=True, num_layers=1), "Q8_0", seed=99,
                                       device="cuda")
     res = quant.spec_cells(target, draft, [1, 4], [0.8], [2, 4], prompt_tokens=16, new_tokens=24,
