@@ -556,8 +556,8 @@ def spec_markdown(res: dict) -> list[str]:
              "from the pass costs below (one CUDA graph each, median of replays, at the generation's mean context; "
              "a verify pass at the graph width the engine runs it, a draft step of one token a sequence). "
              "`exact` = the output equals plain decoding's token for token (on a peaked model a check of the engine's "
-             "acceptance, rollback and batching; the passes' bit identity is the model part's bit checks). **best** = the fastest K of its "
-             "(B, alpha) measured.", ""]
+             "acceptance, rollback and batching; the passes' bit identity is the model part's bit checks). **best** = "
+             "the fastest K of its (B, alpha) measured.", ""]
     lines += markdown_table(["B", "context", "decode ms", "verify ms (K: ms at its width, / decode)", "draft step ms",
                              "draft / decode"],
                             [(c["B"], c["context"], f"{c['decode_ms']:.2f}",
