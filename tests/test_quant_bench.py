@@ -190,3 +190,18 @@ def test_spec_cells_on_the_gpu():
     assert all(c["decode_ms"] > 0 and c["draft_ms"] > 0 and c["verify_ms"][4] > 0 for c in res["costs"])
     tokens = generate(target, [[1, 2, 3]], max_new_tokens=16)[0].tokens
     assert all(b == successor[a] for a, b in zip(tokens, tokens[1:]))
+
+
+def test_model_timings_at_batch_sizes_on_a_tiny_packed_model(monkeypatch):
+    """model --batches: decode timed at each B over B admitted sequences of CONTEXT tokens (the pass timer faked: it
+    needs CUDA graphs), B = 1 from the passes' 1-token pass, the KV bytes a token holds."""
+    import benchmarks.exact as exact
+
+    calls = []
+    monkeypatch.setattr(exact, "_pass_ms", lambda model, B, T, reps: calls.append((B, T)) or 1.0 + B / 10 + T / 100)
+    monkeypatch.setattr(quant, "CONTEXT", 24)
+    model = quant.packed_random_model(_tiny(), device="cpu", dtype=torch.float32)
+    entry = quant._model_timings(model, "tiny", [1, 5], [], 3, {"v": {}}, [1, 2, 4])
+    assert calls == [(1, 1), (1, 5), (2, 1), (4, 1)] and model.lengths.tolist() == [24] * 4
+    assert entry["decode"] == {"v": {1: 1.11, 2: 1.21, 4: 1.41}} and entry["context"] == 24
+    assert entry["kv_bytes_per_token"] == 2 * 2 * 2 * 64 * 4               # layers x (K, V) x kv heads x dim x fp32
