@@ -1,7 +1,7 @@
 """Quantized weights on the GPU: packed.cu against the bf16 path and the byte floor, a whole 8B Q4_K_M model, its
 prefill, speculation on it, and the embedded SmolLM2 from its packed blocks (issue 24).
 
-Four parts, each writing ``<out>/quant_<part>.json`` and printing its markdown section; ``report`` joins the
+Four parts, each writing ``<out>/quant_<part>.json`` and its markdown section (``quant_<part>.md``, also printed); ``report`` joins the
 sections present into ``<out>/quant.md`` (and, with ``--write``, ``benchmarks/results/quant.md``):
 
     python benchmarks/quant.py kernel --out DIR   the 8B shape classes (q/o, k/v, gate+up, down, LM head) x Q4_K, Q6_K,
@@ -796,6 +796,7 @@ def main(argv=None) -> None:
     res["command"] = "python benchmarks/quant.py " + " ".join(argv if argv is not None else sys.argv[1:])
     res["seconds"] = time.time() - t0
     (out_dir / f"quant_{args.part}.json").write_text(json.dumps(res, indent=1))
+    (out_dir / f"quant_{args.part}.md").write_text("\n".join(md(res)) + "\n")      # the part's section alone
     print("\n".join(md(res)))
     print("wrote", report(out_dir, args.write))
 
