@@ -1,8 +1,8 @@
 """Quantized weights on the GPU: packed.cu against the bf16 path and the byte floor, a whole 8B Q4_K_M model, its
 prefill, speculation on it, and the embedded SmolLM2 from its packed blocks (issue 24).
 
-Four parts, each writing ``<out>/quant_<part>.json`` and its markdown section (``quant_<part>.md``, also printed); ``report`` joins the
-sections present into ``<out>/quant.md`` (and, with ``--write``, ``benchmarks/results/quant.md``):
+Four parts, each writing ``<out>/quant_<part>.json`` and its markdown section (``quant_<part>.md``, also printed);
+``report`` joins the sections present into ``<out>/quant.md`` (and, with ``--write``, ``benchmarks/results/quant.md``):
 
     python benchmarks/quant.py kernel --out DIR   the 8B shape classes (q/o, k/v, gate+up, down, LM head) x Q4_K, Q6_K,
                                                   Q4_0, Q8_0, Q4_1: packed.cu's variants (--variants, default 1,2) us
