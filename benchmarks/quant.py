@@ -1,8 +1,8 @@
 """Quantized weights on the GPU: packed.cu against the bf16 path and the byte floor, a whole 8B Q4_K_M model, its
-prefill, and the embedded SmolLM2 from its packed blocks (issue 24).
+prefill, speculation on it, and the embedded SmolLM2 from its packed blocks (issue 24).
 
-Three parts, each writing ``<out>/quant_<part>.json`` and printing its markdown section; ``report`` joins the
-sections present into ``<out>/quant.md`` (and, with ``--write``, ``benchmarks/results/quant.md``):
+Four parts, each writing ``<out>/quant_<part>.json`` and its markdown section (``quant_<part>.md``, also printed);
+``report`` joins the sections present into ``<out>/quant.md`` (and, with ``--write``, ``benchmarks/results/quant.md``):
 
     python benchmarks/quant.py kernel --out DIR   the 8B shape classes (q/o, k/v, gate+up, down, LM head) x Q4_K, Q6_K,
                                                   Q4_0, Q8_0, Q4_1: packed.cu's variants (--variants, default 1,2) us
@@ -13,7 +13,14 @@ sections present into ``<out>/quant.md`` (and, with ``--write``, ``benchmarks/re
                                                   decode ms/token at B = 1 (--model-variants, default 2,1;
                                                   --dequant-pass), tok/s, % of floor; verify passes of 2..9 tokens vs
                                                   decode; a k-token pass == k decode steps (bits, the first variant);
-                                                  prefill of 128 and 1024 tokens vs bf16
+                                                  decode at B = 1, 8, 32 (--batches: ms/step, tok/s, % of the floor of
+                                                  weights + KV cache); prefill of 128 and 1024 tokens vs bf16
+    python benchmarks/quant.py spec --out DIR     speculation on llama-3.1-8b Q4_K_M (random blocks, make_peaked: the
+                                                  head keeps its blocks) with an OracleDraft (alpha 0.8, 0.9) whose
+                                                  draft steps are passes of a llama-3.2-1b Q8_0, B = 1 and 32 (--batches),
+                                                  chain K = 2, 3, 4, 6 (the fastest marked) vs plain decoding of the
+                                                  same model in the same run; the analytical bound from measured pass
+                                                  costs beside each cell; every output == plain decoding's
     python benchmarks/quant.py smollm --out DIR   the embedded SmolLM2-135M (Q4_1 + Q8_0) packed on the GPU vs its dense
                                                   bf16 load: tok/s, greedy text packed vs dense, speculative greedy ==
                                                   plain greedy on the packed model (prompt lookup, self-speculation, a
@@ -284,25 +291,41 @@ def _prefill_ms(model, T: int, reps: int) -> float:
     return ms
 
 
-def _model_timings(model, label: str, tokens: list[int], prefill: list[int], reps: int, variants: dict) -> dict:
-    """Decode / verify pass ms at B = 1 for each setting in ``variants`` ({name: (ops attribute, value)}), and
-    prefill ms."""
+CONTEXT = 512       # tokens each sequence holds when a decode / verify pass is timed
+
+
+def _kv_bytes_per_token(model) -> int:
+    """Bytes of one token's K and V over every active layer (what a decode step reads per token of context)."""
+    cfg = model.config
+    return model.num_active_layers * 2 * cfg.num_kv_heads * cfg.head_dim * model.cache.k[0].element_size()
+
+
+def _model_timings(model, label: str, tokens: list[int], prefill: list[int], reps: int, variants: dict,
+                   batches: list[int] = (1,)) -> dict:
+    """Decode / verify pass ms at B = 1 for each setting in ``variants`` ({name: (ops attribute, value)}), decode ms
+    at each B of ``batches`` (every sequence at CONTEXT tokens), and prefill ms."""
     from benchmarks.exact import _pass_ms
     from verispec.runtime import ops
 
     entry = dict(model=label, weight_bytes=model.weight_bytes, floor_bytes=_decode_floor_bytes(model), passes={},
-                 prefill={})
-    model.setup_cache(1, max(prefill + [0]) + 600, empty=True)
+                 decode={}, context=CONTEXT, prefill={})
+    model.setup_cache(max(batches), max(prefill + [0]) + 600, empty=True)
     gen = torch.Generator().manual_seed(0)
-    model.admit([torch.randint(0, model.config.vocab_size, (512,), generator=gen).tolist()])
+    model.admit([torch.randint(0, model.config.vocab_size, (CONTEXT,), generator=gen).tolist()
+                 for _ in range(max(batches))])
+    entry["kv_bytes_per_token"] = _kv_bytes_per_token(model)
     for vname, settings in variants.items():
         saved = {k: getattr(ops, k) for k in settings}
         for k, v in settings.items():
             setattr(ops, k, v)
         entry["passes"][vname] = {T: _pass_ms(model, 1, T, reps) for T in tokens}
+        # B = 1 is the passes' 1-token pass when timed there: the same graph at the same context
+        entry["decode"][vname] = {B: entry["passes"][vname][1] if B == 1 and 1 in tokens
+                                  else _pass_ms(model, B, 1, reps) for B in batches}
         for k, v in saved.items():
             setattr(ops, k, v)
-        print("pass", label, vname, json.dumps(entry["passes"][vname]), flush=True)
+        print("pass", label, vname, json.dumps(entry["passes"][vname]), "decode", json.dumps(entry["decode"][vname]),
+              flush=True)
     for T in prefill:
         entry["prefill"][T] = _prefill_ms(model, T, max(5, reps // 4))
         print("prefill", label, T, f"{entry['prefill'][T]:.2f} ms", flush=True)
@@ -326,7 +349,8 @@ def model_part(args) -> dict:
     variants = {f"v{v}": dict(PACKED_VARIANT=v) for v in _variants(args.model_variants)}
     if args.dequant_pass:
         variants["dequantize per pass"] = dict(PACKED_GEMV=False)
-    entry = _model_timings(model, f"{args.shape} Q4_K_M (packed)", tokens, prefill, args.reps, variants)
+    batches = _batches(args.batches or "1,8,32")
+    entry = _model_timings(model, f"{args.shape} Q4_K_M (packed)", tokens, prefill, args.reps, variants, batches)
     out["models"].append(entry)
     _save_partial(args, out)
     first = next(iter(variants))                          # the bit checks run the first variant listed
@@ -339,20 +363,40 @@ def model_part(args) -> dict:
     torch.cuda.empty_cache()
     model = load_model(args.shape, device="cuda", dtype=torch.bfloat16)
     out["models"].append(_model_timings(model, f"{args.shape} bf16", tokens, prefill, args.reps,
-                                        {"invariant": dict(MATMUL="invariant")}))
+                                        {"invariant": dict(MATMUL="invariant")}, batches))
     del model
     torch.cuda.empty_cache()
     return out
 
 
+def decode_batches_markdown(res: dict) -> list[str]:
+    """The decode step at each B timed (``--batches``): ms, tok/s, % of its floor (weights + the batch's KV cache)."""
+    bw = res["bandwidth"]
+    rows = []
+    for m in res["models"]:
+        for vname, per_b in m.get("decode", {}).items():
+            for B, ms in sorted((int(b), ms) for b, ms in per_b.items()):
+                floor_ms = (m["floor_bytes"] + B * m["context"] * m["kv_bytes_per_token"]) / bw * 1e3
+                rows.append((m["model"], vname, B, f"{ms:.2f}", f"{B * 1e3 / ms:.0f}", f"{floor_ms:.2f}",
+                             f"{floor_ms / ms:.0%}"))
+    if not rows:
+        return []
+    context = res["models"][0]["context"]
+    return ["", f"Decode steps at batch B (one token for each of B sequences of {context} tokens; tok/s = B / step). "
+            f"floor = (the weights a step reads + the B sequences' KV cache, {context} tokens each) / copy "
+            "bandwidth.", ""] + markdown_table(["model", "matmuls", "B", "ms / step", "tok/s", "floor ms", "% floor"],
+                                               rows)
+
+
 def model_markdown(res: dict) -> list[str]:
     bw = res["bandwidth"]
-    lines = [f"## The whole model: {res['shape']} in Q4_K_M vs bf16 (random weights, B = 1, context 512)", "",
+    lines = [f"## The whole model: {res['shape']} in Q4_K_M vs bf16 (random weights, context {CONTEXT})", "",
              environment_line(res["env"], bw), "",
-             "ms per `Transformer.append` of T tokens (one CUDA graph, median of replays). Q4_K_M: llama.cpp's type "
-             "mix (Q4_K; Q6_K for the LM head and half the attn_v / ffn_down), random blocks with real scales. floor = "
-             "the bytes a step reads (every weight but the embedding table) / copy bandwidth. `dequantize per pass`: "
-             "VERISPEC_PACKED_GEMV=0 (each matrix dequantized to bf16, then invariant.cu: memory savings only).", ""]
+             "ms per `Transformer.append` of T tokens at B = 1 (one CUDA graph, median of replays). Q4_K_M: "
+             "llama.cpp's type mix (Q4_K; Q6_K for the LM head and half the attn_v / ffn_down), random blocks with "
+             "real scales. floor = the bytes a step reads (every weight but the embedding table) / copy bandwidth. "
+             "`dequantize per pass`: VERISPEC_PACKED_GEMV=0 (each matrix dequantized to bf16, then invariant.cu: "
+             "memory savings only).", ""]
     rows = []
     for m in res["models"]:
         floor_ms = m["floor_bytes"] / bw * 1e3
@@ -364,6 +408,7 @@ def model_markdown(res: dict) -> list[str]:
                          ", ".join(f"{T}: {ms / one:.2f}" for T, ms in sorted(cells.items()) if T > 1)))
     lines += markdown_table(["model", "matmuls", "GB read", "floor ms", "decode ms", "tok/s", "% floor",
                              "T tokens: pass / decode"], rows)
+    lines += decode_batches_markdown(res)
     lines += ["", f"Peers (not this run): {PEERS}.", ""]
     pre = {m["model"]: {int(t): ms for t, ms in m["prefill"].items()} for m in res["models"]}
     names = list(pre)
@@ -381,6 +426,180 @@ def model_markdown(res: dict) -> list[str]:
                       "single-token passes, and the same sequence's rows inside a batch of 3 ragged sequences:", ""]
             lines += bit_check_table(m["bit_checks"])
             lines.append("")
+    return lines
+
+
+# ------------------------------------------------------------------------------------------------ spec
+SPEC_KS = (2, 3, 4, 6)
+SPEC_ALPHAS = (0.8, 0.9)
+
+
+def spec_costs(target, draft, B: int, ks, context: int, max_seq_len: int, pass_ms) -> dict:
+    """ms of the passes the analytical bound needs at batch B, every sequence at ``context`` tokens: the target's
+    decode step (1 token each), its verify pass of k + 1 tokens for each k of ``ks`` at the width the engine runs it
+    (``Model.graph_width``: the smallest graph bucket of >= k + 1 tokens, e.g. 5 for k = 3), and a draft step (1 token
+    each). ``pass_ms(model, B, T)`` times one pass of T tokens for each of the model's first B sequences (``_pass_ms``
+    on a GPU: one CUDA graph, median of replays)."""
+    gen = torch.Generator().manual_seed(B)
+    for model in (target, draft):
+        model.setup_cache(B, max_seq_len, empty=True)
+        model.admit([torch.randint(0, model.config.vocab_size, (context,), generator=gen).tolist() for _ in range(B)])
+    width = {k: target.graph_width(k + 1) or k + 1 for k in ks}
+    return dict(B=B, context=context, decode_ms=pass_ms(target, B, 1), verify_width=width,
+                verify_ms={k: pass_ms(target, B, width[k]) for k in ks}, draft_ms=pass_ms(draft, B, 1))
+
+
+def spec_cells(target, draft, batches, alphas, ks, prompt_tokens: int, new_tokens: int, pass_ms,
+               synchronize=lambda: None, progress=lambda res: None) -> dict:
+    """Speculation on ``target`` with ``OracleDraft`` (acceptance alpha, each draft step paid by ``draft``'s passes)
+    vs plain decoding of the same model, at each batch size: each alpha x chain K, its tok/s and its speedup over
+    plain decoding in the same run (``benchmarks/trees.e2e_cells``: a warm-up call of the same shapes, then the timed
+    call), the analytical bound from the measured pass costs (``spec_costs``) beside it, and whether the output equals
+    plain decoding's. The best K of each (B, alpha) by measured tok/s is marked ``best``. ``progress(res)`` after
+    each (B, alpha): what is measured so far."""
+    from benchmarks.trees import e2e_cells
+    from verispec.analysis import expected_tokens_per_round, speedup_from_times
+    from verispec.runtime.tree import MAX_TREE_TOKENS
+
+    out = dict(batches=list(batches), alphas=list(alphas), ks=list(ks), prompt_tokens=prompt_tokens,
+               new_tokens=new_tokens, costs=[], cells=[])
+    for B in batches:
+        # the costs at the mean context of a generation, in a cache of e2e_cells' size (no re-allocation after)
+        cost = spec_costs(target, draft, B, ks, prompt_tokens + new_tokens // 2,
+                          prompt_tokens + new_tokens + MAX_TREE_TOKENS + 1, pass_ms)
+        out["costs"].append(cost)
+        print("spec costs", json.dumps(cost), flush=True)
+        plain = None
+        for alpha in alphas:
+            configs = ([("plain", None, None)] if plain is None else []) + [(f"chain k={k}", k, None) for k in ks]
+            cells = e2e_cells(target, draft, [B], prompt_tokens, new_tokens, configs, synchronize, rates={1: alpha})
+            for (_, k, _), cell in zip(configs, cells):
+                if k is None:
+                    plain = cell
+                    cell.update(alpha=None, k=0)
+                else:
+                    cell.update(alpha=alpha, k=k, expected_tokens_per_round=expected_tokens_per_round(alpha, k),
+                                bound=speedup_from_times(alpha, k, cost["draft_ms"], cost["verify_ms"][k],
+                                                         cost["decode_ms"]))
+                cell["speedup"] = cell["tok_s"] / plain["tok_s"]
+            chains = [c for c in cells if c["k"]]
+            best = max(chains, key=lambda c: c["tok_s"])
+            for c in chains:
+                c["best"] = c is best
+            out["cells"] += cells
+            progress(out)
+    return out
+
+
+def spec_part(args) -> dict:
+    from benchmarks.exact import _pass_ms
+    from verispec.drafters import make_peaked
+    from verispec.engine import generate
+
+    t0 = time.time()
+    target = packed_random_model(args.shape, "Q4_K_M")
+    successor = make_peaked(target)      # the head keeps its blocks: a step's bytes are the unpeaked model's
+    draft = packed_random_model(args.draft_shape, "Q8_0", seed=1 << 16)
+    build_s = time.time() - t0
+    print(f"built {args.shape} Q4_K_M (a step reads {_decode_floor_bytes(target) / 1e9:.2f} GB, peaked) and "
+          f"{args.draft_shape} Q8_0 ({_decode_floor_bytes(draft) / 1e9:.2f} GB) in {build_s:.1f} s", flush=True)
+    # the peaking holds: plain greedy follows the successor chain. NOTE: its wide margins make the `exact` column a
+    # check of the engine's token bookkeeping (acceptance, rollback, batching), not of the passes' bits: a small
+    # numerical difference between a verify pass and a decode step flips no peaked token. The model part's bit
+    # checks (a k-token pass == k decode steps, torch.equal on the logits) are that check.
+    gen = torch.Generator().manual_seed(7)
+    prompt = torch.randint(0, target.config.vocab_size, (args.prompt_tokens,), generator=gen).tolist()
+    probe = generate(target, [prompt], max_new_tokens=32)[0].tokens
+    follows = sum(b == successor[a] for a, b in zip(probe, probe[1:])) / (len(probe) - 1)
+    print(f"plain greedy follows the successor chain on {follows:.0%} of 32 steps", flush=True)
+    meta = dict(env=environment(), shape=args.shape, draft=args.draft_shape, target_bytes=_decode_floor_bytes(target),
+                draft_bytes=_decode_floor_bytes(draft), build_s=build_s, follows_successor=follows)
+    res = spec_cells(target, draft, _batches(args.batches or "1,32"), [float(a) for a in args.alphas.split(",")],
+                     [int(k) for k in args.ks.split(",")], args.prompt_tokens, args.new_tokens,
+                     lambda model, B, T: _pass_ms(model, B, T, args.reps), torch.cuda.synchronize,
+                     lambda res: _save_partial(args, {**meta, **res}))
+    return {**meta, **res}
+
+
+def _batches(spec: str) -> list[int]:
+    """``--batches`` "1,8,32" -> [1, 8, 32]."""
+    try:
+        out = [int(b) for b in spec.split(",")]
+    except ValueError:
+        out = []
+    if not out or min(out) < 1:
+        raise SystemExit(f"--batches: a comma list of batch sizes >= 1, got {spec!r}")
+    return out
+
+
+def _at(d: dict, k: int):
+    """d[k] for a dict with int keys, or str keys once read back from JSON."""
+    return d[k] if k in d else d[str(k)]
+
+
+def _spec_best(res: dict, B: int, alpha: float) -> dict | None:
+    return next((c for c in res["cells"] if c["B"] == B and c.get("alpha") == alpha and c.get("best")), None)
+
+
+def spec_markdown(res: dict) -> list[str]:
+    lines = [f"## Speculation on the quantized target: {res['shape']} Q4_K_M + OracleDraft paid by a "
+             f"{res['draft']} Q8_0", "", environment_line(res["env"]), "",
+             f"Random packed blocks (a target step reads {res['target_bytes'] / 1e9:.2f} GB, a draft step "
+             f"{res['draft_bytes'] / 1e9:.2f} GB: every draft step is one pass of the draft model, fed the oracle's "
+             f"tokens), the target's greedy argmax peaked by `make_peaked` (the LM head keeps its blocks; plain greedy "
+             f"followed its successor chain on {res['follows_successor']:.0%} of a probe's steps), "
+             f"greedy, prompts of {res['prompt_tokens']} random tokens, {res['new_tokens']} new tokens each. tok/s = "
+             "new tokens of the batch / seconds of `generate` after a warm-up call of the same shapes and cache size, "
+             "less the call's own warm-up (`benchmarks/trees.py` e2e_cells; `captured` = graphs the timed call "
+             "captured); speedup = tok/s / plain decoding's tok/s of the same model in the same run. bound = "
+             "`verispec.analysis.speedup_from_times`: E_SD(alpha, K) x decode / (K x draft step + verify(K + 1)), "
+             "from the pass costs below (one CUDA graph each, median of replays, at the generation's mean context; "
+             "a verify pass at the graph width the engine runs it, a draft step of one token a sequence). "
+             "`exact` = the output equals plain decoding's token for token (on a peaked model a check of the engine's "
+             "acceptance, rollback and batching; the passes' bit identity is the model part's bit checks). **best** = "
+             "the fastest K of its (B, alpha) measured.", ""]
+    lines += markdown_table(["B", "context", "decode ms", "verify ms (K: ms at its width, / decode)", "draft step ms",
+                             "draft / decode"],
+                            [(c["B"], c["context"], f"{c['decode_ms']:.2f}",
+                              ", ".join(f"{k}: {ms:.2f} @ {_at(c['verify_width'], k)} ({ms / c['decode_ms']:.2f})"
+                                        for k, ms in sorted((int(k), ms) for k, ms in c["verify_ms"].items())),
+                              f"{c['draft_ms']:.2f}", f"{c['draft_ms'] / c['decode_ms']:.2f}") for c in res["costs"]])
+    lines.append("")
+    for B in res["batches"]:
+        cells = [c for c in res["cells"] if c["B"] == B]
+        if not cells:
+            continue
+        rows = []
+        for c in cells:
+            if not c["k"]:
+                rows.append(("plain", "-", f"{c['tok_s']:.0f}", "1.00x", "-", f"{c['tokens_per_round']:.2f}", "-",
+                             c["captured"], "yes" if c["exact"] else "NO"))
+                continue
+            mark = "**" if c.get("best") else ""
+            rows.append((c["alpha"], f"{mark}{c['k']}{mark}", f"{c['tok_s']:.0f}", f"{mark}{c['speedup']:.2f}x{mark}",
+                         f"{c['bound']:.2f}x", f"{c['tokens_per_round']:.2f}", f"{c['expected_tokens_per_round']:.2f}",
+                         c["captured"], "yes" if c["exact"] else "NO"))
+        lines += [f"### B = {B}", ""]
+        lines += markdown_table(["alpha", "K", "tok/s", "speedup", "bound", "tokens / round", "E_SD", "captured",
+                                 "exact"], rows) + [""]
+    return lines
+
+
+def spec_summary(res: dict) -> list[str]:
+    """The goal line (>= 1.5x at B = 1, alpha 0.8) and the exactness count, for ``summary_markdown``."""
+    lines = []
+    for B in res["batches"]:
+        for alpha in res["alphas"]:
+            best = _spec_best(res, B, alpha)
+            if best is None:
+                continue
+            goal = " (goal >= 1.5x)" if B == 1 and alpha == 0.8 else ""
+            lines.append(f"- speculation on {res['shape']} Q4_K_M, B = {B}, alpha {alpha}: best K = {best['k']}, "
+                         f"{best['speedup']:.2f}x plain decoding{goal} ({best['tok_s']:.0f} tok/s; bound "
+                         f"{best['bound']:.2f}x).")
+    bad = [c for c in res["cells"] if not c["exact"]]
+    lines.append(f"- speculation on the quantized target: output == plain decoding in "
+                 f"{len(res['cells']) - len(bad)} of {len(res['cells'])} cells (goal: all).")
     return lines
 
 
@@ -473,6 +692,11 @@ def summary_markdown(parts: dict) -> list[str]:
         via = f" ({packed['bit_variant']})" if "bit_variant" in packed else ""
         lines.append(f"- bit identity on the packed model{via}: {ok} of {len(bits)} k values with the k-token pass == k "
                      f"decode steps and == the same rows in a ragged batch of 3 (goal: all).")
+        for B in sorted({int(b) for v in packed.get("decode", {}).values() for b in v} - {1}):
+            p_ms = min(v[str(B)] if str(B) in v else v[B] for v in packed["decode"].values())
+            b_ms = [v.get(str(B), v.get(B)) for v in (bf16 or {}).get("decode", {}).values()]
+            versus = f" vs bf16 {B * 1e3 / b_ms[0]:.0f} tok/s ({b_ms[0] / p_ms:.2f}x)" if b_ms and b_ms[0] else ""
+            lines.append(f"- decode at B = {B}: packed {B * 1e3 / p_ms:.0f} tok/s ({p_ms:.2f} ms a step){versus}.")
         pre = {int(t): ms for t, ms in packed["prefill"].items()}
         pre16 = {int(t): ms for t, ms in bf16["prefill"].items()} if bf16 is not None else {}
         if 1024 in pre and 1024 in pre16:
@@ -488,6 +712,8 @@ def summary_markdown(parts: dict) -> list[str]:
         lines.append(f"- packed.cu: every variant's rows the same bits alone and in every pass width, "
                      f"{', '.join(said + ['the dequantizer == torch'])}, on every shape and type: "
                      f"{'yes' if not bad else 'NO: ' + ', '.join(bad)}.")
+    if "spec" in parts:
+        lines += spec_summary(parts["spec"])
     if "smollm" in parts:
         bad = [c for c in parts["smollm"]["exact"] if c["differ_batch"] or not c["alone_equal"]]
         lines.append(f"- SmolLM2 packed: speculative greedy == plain greedy in {len(parts['smollm']['exact']) - len(bad)}"
@@ -497,7 +723,7 @@ def summary_markdown(parts: dict) -> list[str]:
 
 # ------------------------------------------------------------------------------------------------ main
 PARTS = {"kernel": (kernel_part, kernel_markdown), "model": (model_part, model_markdown),
-         "smollm": (smollm_part, smollm_markdown)}
+         "spec": (spec_part, spec_markdown), "smollm": (smollm_part, smollm_markdown)}
 
 
 def report(src: Path, write: bool) -> Path:
@@ -545,6 +771,13 @@ def main(argv=None) -> None:
     ap.add_argument("--tokens", default="1,2,3,5,9", help="model: tokens per pass (k + 1)")
     ap.add_argument("--prefill", default="128,1024", help="model: prefill lengths")
     ap.add_argument("--dequant-pass", action="store_true", help="model: also time VERISPEC_PACKED_GEMV=0")
+    ap.add_argument("--batches", default=None,
+                    help="model: decode batch sizes (default 1,8,32); spec: batch sizes (default 1,32)")
+    ap.add_argument("--draft-shape", default="llama-3.2-1b", help="spec: the draft cost model's shape (Q8_0)")
+    ap.add_argument("--alphas", default=",".join(map(str, SPEC_ALPHAS)), help="spec: the oracle's acceptance rates")
+    ap.add_argument("--ks", default=",".join(map(str, SPEC_KS)), help="spec: chain draft lengths K")
+    ap.add_argument("--prompt-tokens", type=int, default=128, help="spec: prompt length")
+    ap.add_argument("--new-tokens", type=int, default=128, help="spec: new tokens per sequence")
     ap.add_argument("--prompts", type=int, default=8, help="smollm: held-out prompts")
     ap.add_argument("--max-new", type=int, default=96, help="smollm: new tokens per prompt")
     args = ap.parse_args(argv)
@@ -563,6 +796,7 @@ def main(argv=None) -> None:
     res["command"] = "python benchmarks/quant.py " + " ".join(argv if argv is not None else sys.argv[1:])
     res["seconds"] = time.time() - t0
     (out_dir / f"quant_{args.part}.json").write_text(json.dumps(res, indent=1))
+    (out_dir / f"quant_{args.part}.md").write_text("\n".join(md(res)) + "\n")      # the part's section alone
     print("\n".join(md(res)))
     print("wrote", report(out_dir, args.write))
 

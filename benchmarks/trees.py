@@ -205,8 +205,9 @@ def e2e_configs(trees=TREES, chain_ks=CHAIN_KS) -> list[tuple[str, int | None, t
 
 
 def e2e_cells(target, draft, batch_sizes, prompt_tokens: int, new_tokens: int, configs,
-              synchronize=lambda: None) -> list[dict]:
-    """Each config of ``configs`` (``e2e_configs``) at each batch size: a warm-up call, then the timed call.
+              synchronize=lambda: None, rates: dict[int, float] = TREE_RATES) -> list[dict]:
+    """Each config of ``configs`` (``e2e_configs``) at each batch size: a warm-up call, then the timed call. The
+    oracle's rates: ``rates`` {width: rate}, the chain's alpha at width 1 (``OracleDraft``'s ``tree_rates``).
 
     Every call (the references too) gets one max_seq_len, the longest any config needs (a tree pass holds at most
     MAX_TREE_TOKENS tokens): a call that needs a larger cache than the one before re-allocates it, and with it
@@ -229,7 +230,7 @@ def e2e_cells(target, draft, batch_sizes, prompt_tokens: int, new_tokens: int, c
                                            max_seq_len=max_seq_len)]
         for name, k, tree in configs:
             drafter = None if k is None and tree is None else OracleDraft(
-                refs, TREE_RATES[1], cost_model=draft, seed=0, tree_rates=TREE_RATES)
+                refs, rates[1], cost_model=draft, seed=0, tree_rates=rates)
             dec = SpeculativeDecoder(target, drafter, k=k or 4, tree=tree)
             dec.generate(prompts, max_new_tokens=min(new_tokens, WARM_TOKENS), max_seq_len=max_seq_len)   # warm-up
             captures = sum(m.graph_captures for m in models)

@@ -144,6 +144,7 @@ def test_resume_skips_finished_rows(tmp_path, monkeypatch):
     (["bench", "window"], "--out DIR is required"),
     (["bench", "window", "--draft", "oracle:2", "--out", "{out}"], "oracle:ALPHA needs an acceptance rate"),
     (["bench", "report", "{out}"], "holds no study report"),
+    (["bench", "window", "--packed", "--model", "llama-3.2-1b", "--out", "{out}"], "--packed keeps GGUF blocks"),
 ])
 def test_bad_arguments_fail_with_one_line_before_any_work(tmp_path, monkeypatch, capsys, argv, message):
     import verispec.bench.workbench as workbench
@@ -170,3 +171,21 @@ def test_unwritable_out_dir(tmp_path, capsys):
         pytest.skip("running as a user that can write anywhere (root)")
     assert main(["bench", "window", "--out", str(locked)]) == 2
     assert "cannot write there" in capsys.readouterr().err
+
+
+def test_packed_gguf_target(tmp_path):
+    """--packed: a .gguf target keeps its GGUF blocks through the speedup study (no tokenizer: the oracle's target is
+    peaked, make_peaked keeping the packed head's blocks), and the page says so."""
+    pytest.importorskip("gguf")
+    from verispec.runtime.quant.export import write_quantized_gguf
+    from verispec.runtime.quant.packed import packed_weights
+
+    path = tmp_path / "tiny-Q8_0.gguf"
+    write_quantized_gguf(TINY, path, "Q8_0", device="cpu", seed=1)
+    options = check_options(BenchOptions(studies=("speedup",), out=tmp_path / "out", model=str(path), draft="oracle",
+                                         quick=True, device="cpu", packed=True, command="pytest"))
+    bench = Workbench(options)
+    (page,) = run_studies(options, bench)
+    assert {"lm_head", "layers.0.w13"} <= set(packed_weights(bench.target.net))
+    assert "GGUF weights packed" in page.read_text()
+    assert {r["point"]["method"] for r in _rows(tmp_path / "out", "speedup")} >= {"ar", "sd"}

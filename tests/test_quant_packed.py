@@ -142,8 +142,30 @@ def test_packed_refusals(files):
         to_transformers(model.net)
     from verispec.drafters.oracle import make_peaked
 
-    with pytest.raises(ValueError, match="make_peaked overwrites dense weights"):
+    with pytest.raises(ValueError, match="make_peaked needs an untied LM head"):
         make_peaked(model)
+
+
+def test_make_peaked_on_packed_weights(files):
+    """make_peaked on a packed model: the LM head keeps its blocks (what a step reads), the embedding becomes a dense
+    table, and greedy decoding follows the returned successor; a packed table beside a dense head is made dense and
+    the dense rule applies."""
+    from verispec import generate
+    from verispec.drafters.oracle import make_peaked
+
+    model, _ = load_packed(files["llama-Q4_K_M"])
+    head = model.net.lm_head
+    successor = make_peaked(model, seed=3)
+    assert model.net.lm_head is head and set(packed_weights(model.net)) >= {"lm_head"}
+    assert "embed" not in packed_weights(model.net) and sorted(successor) == list(range(320))
+    for g in generate(model, [[5, 6, 7], [300, 1]], max_new_tokens=12):
+        assert all(b == successor[a] for a, b in zip(g.tokens, g.tokens[1:]))
+    model, _ = load_packed(files["llama-Q4_K_M"])
+    model.net.lm_head = torch.nn.Parameter(model.net.lm_head.dequantize(), requires_grad=False)   # a dense head
+    successor = make_peaked(model, seed=3)
+    assert "embed" not in packed_weights(model.net)
+    tokens = generate(model, [5, 6, 7], max_new_tokens=12).tokens
+    assert all(b == successor[a] for a, b in zip(tokens, tokens[1:]))
 
 
 def test_packed_kernel_arguments_are_checked_before_any_launch():

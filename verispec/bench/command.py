@@ -58,6 +58,8 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:i")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16")
     p.add_argument("--seed", type=int, default=0, help="seed of prompts, oracle and random weights")
+    p.add_argument("--packed", action="store_true", help="keep every .gguf model of the run (the target: a .gguf "
+                   "or the embedded model) as its GGUF blocks: Q4_K_M / Q4_0 / Q8_0 ... decoded by packed.cu on CUDA")
     p.set_defaults(run_command=run_bench_command)
     return p
 
@@ -75,7 +77,8 @@ def options_from_args(args, argv_line: str = "") -> BenchOptions:
         batches=parse_list(args.batches, int, "--batches") if args.batches is not None else None,
         rates=parse_list(args.rates, float, "--rates") if args.rates is not None else None,
         trees=parse_trees(args.trees) if args.trees is not None else None, draft_head=args.draft_head,
-        max_new_tokens=args.max_new_tokens, prompt_len=args.prompt_len, seed=args.seed, command=argv_line)
+        max_new_tokens=args.max_new_tokens, prompt_len=args.prompt_len, seed=args.seed, packed=args.packed,
+        command=argv_line)
     return check_options(o)
 
 

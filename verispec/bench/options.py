@@ -53,6 +53,7 @@ class BenchOptions:
     max_new_tokens: int | None = None
     prompt_len: int = 32              # random-shape prompts (token ids)
     seed: int = 0
+    packed: bool = False              # every .gguf model of the run kept as its GGUF blocks (load_model(packed=True))
     command: str = ""                 # the command line, for the report header
     extra: dict = field(default_factory=dict)
 
@@ -176,8 +177,17 @@ def check_options(o: BenchOptions) -> BenchOptions:
         raise BenchArgumentError(f"--prompt-len must be >= 1, got {o.prompt_len}")
     _check_draft(o.draft)
     _check_device(o)
+    resolved = o.resolved()
+    if o.packed and not is_gguf_source(resolved.model):
+        raise BenchArgumentError(f"--packed keeps GGUF blocks: the target must be a .gguf file (`verispec quantize` "
+                                 f"makes one) or the embedded model, got {resolved.model!r}")
     check_out_dir(o.out)
-    return o.resolved()
+    return resolved
+
+
+def is_gguf_source(source) -> bool:
+    """Whether a model source is a GGUF file: a path ending in .gguf, or None (the embedded SmolLM2's)."""
+    return source is None or (isinstance(source, (str, os.PathLike)) and os.fspath(source).endswith(".gguf"))
 
 
 def _check_draft(draft: str | None) -> None:

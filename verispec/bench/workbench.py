@@ -21,7 +21,7 @@ import torch
 
 from ..drafters import DraftModel, OracleDraft, PromptLookup, SelfSpeculative
 from ..runtime import load_model
-from .options import BenchOptions
+from .options import BenchOptions, is_gguf_source
 from .peaked import make_peaked
 
 # Echo-heavy requests: prompt lookup finds most of the answer in the prompt (its favourable case), and the
@@ -50,7 +50,7 @@ class Workbench:
     def target(self):
         if self._target is None:
             o = self.options
-            self._target = load_model(o.model, device=o.device, dtype=o.dtype, seed=o.seed)
+            self._target = self._load(o.model, o.seed)
             if self.uses_oracle and self._target.tokenizer is None and self._target.net.lm_head is not None:
                 # random weights: without a clear argmax, bf16 noise that differs between a verify pass and a
                 # decode step splits the greedy paths and the oracle's replayed continuation stops matching
@@ -84,7 +84,7 @@ class Workbench:
         else:
             if "draft_model" not in self.memo:
                 o = self.options
-                self.memo["draft_model"] = load_model(d, device=o.device, dtype=o.dtype, seed=o.seed + 1)
+                self.memo["draft_model"] = self._load(d, o.seed + 1)
             drafter = DraftModel(self.memo["draft_model"])
         drafter.attach(self.target)
         return drafter
@@ -95,8 +95,13 @@ class Workbench:
             return None
         if "draft_cost_model" not in self.memo:
             o = self.options
-            self.memo["draft_cost_model"] = load_model(source, device=o.device, dtype=o.dtype, seed=o.seed + 1)
+            self.memo["draft_cost_model"] = self._load(source, o.seed + 1)
         return self.memo["draft_cost_model"]
+
+    def _load(self, source, seed: int):
+        """A model of the run; ``--packed``: a GGUF source keeps its blocks (a random shape or HF dir loads dense)."""
+        o = self.options
+        return load_model(source, device=o.device, dtype=o.dtype, seed=seed, packed=o.packed and is_gguf_source(source))
 
     # ------------------------------------------------------------------------------ prompts
     def prompts(self, n: int) -> list[list[int]]:
@@ -133,7 +138,8 @@ class Workbench:
             draft = "OracleDraft (the target's own greedy output, each draft kept with probability alpha)"
             if o.draft_cost:
                 draft += f", paying the passes of {o.draft_cost}"
-        return f"target {model}; draft {draft}"
+        packed = ", GGUF weights packed (their blocks: packed.cu on CUDA)" if o.packed else ""
+        return f"target {model}; draft {draft}{packed}"
 
 
 def environment(options: BenchOptions) -> dict:

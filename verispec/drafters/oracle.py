@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..runtime.quant.packed import packed_weights
+from ..runtime.quant.packed import PackedWeight
 from .base import Drafter, Proposal, TreeProposal, full_tree
 from .draft_model import DraftModel
 
@@ -171,17 +171,37 @@ def make_peaked(model, embed_scale: float = 1e4, seed: int = 0) -> list[int]:
     and an oracle's replayed continuation becomes useless. Here the residual stream is dominated by
     the (scaled) token embedding and the LM head is a row permutation of the embedding, so the next
     token is perm^-1(current token) by a margin of ~sqrt(hidden) standard deviations.
+
+    A packed LM head (GGUF blocks, ``load_model(..., packed=True)``) keeps its blocks, so a step reads what the
+    unpeaked model's does; the embedding table becomes a dense copy of the head's rows in a random order, scaled
+    (embed[t] = scale * head[successor[t]]: the same relation, built the other way round). A step reads one row of
+    that table, so its dense copy costs memory, not time. A packed table beside a dense head is made dense first.
     """
     net = model.net
-    if packed_weights(net):
-        raise ValueError("make_peaked overwrites dense weights: load the model with packed=False")
     if net.lm_head is None:
         raise ValueError("make_peaked needs an untied LM head (tie_word_embeddings=False, e.g. llama-3.1-8b)")
+    if isinstance(net.lm_head, PackedWeight):
+        return _peak_at_packed_head(net, embed_scale, seed)
+    if isinstance(net.embed, PackedWeight):
+        net.embed = torch.nn.Parameter(net.embed.dequantize(), requires_grad=False)
     perm = torch.randperm(net.cfg.vocab_size, generator=torch.Generator().manual_seed(seed))
     head = net.embed[perm.to(net.embed.device)].clone()
     net.embed.mul_(embed_scale)
     net.lm_head.copy_(head)
     return torch.argsort(perm).tolist()            # logits[j] peaks where perm[j] = t: j = perm^-1[t]
+
+
+def _peak_at_packed_head(net, embed_scale: float, seed: int, chunk_rows: int = 8192) -> list[int]:
+    """``make_peaked`` for a packed LM head: net.embed = scale * head[successor] (dense, the head's compute dtype)."""
+    head = net.lm_head
+    V = head.shape[0]
+    successor = torch.randperm(V, generator=torch.Generator().manual_seed(seed))
+    ids = successor.to(head.device)
+    table = torch.empty(V, head.K, dtype=head.dtype, device=head.device)                            # [V, E]
+    for i in range(0, V, chunk_rows):        # a chunk of rows at a time: the dequantizer's temporaries stay small
+        table[i:i + chunk_rows] = (head.embedding(ids[i:i + chunk_rows]).float() * embed_scale).to(head.dtype)
+    net.embed = torch.nn.Parameter(table, requires_grad=False)
+    return successor.tolist()
 
 
 class SuccessorOracle(OracleDraft):
