@@ -238,3 +238,56 @@ def test_measured_costs_include_each_candidate_trees_pass(target):
     table = measure_costs(target, PromptLookup(), 2, (1, 2), reps=1, trees=((2, 1), (2, 2, 1)))
     assert table.tokens == (1, 2, 3, 5, 11)
     assert all(row[3] == row[2] == row[4] for row in table.overhead_s)
+
+
+def test_serve_tree_auto_assembles_a_tree_choosing_scheduler_and_stays_exact(target, references, shapes, tmp_path,
+                                                                             capsys, monkeypatch):
+    """``verispec serve --tree auto`` (with its default -k auto): the server's scheduler chooses among the trees and
+    the chains of up to --k-max, and its greedy output is plain decoding's; -k N with --tree auto is refused."""
+    import fake_server
+    from fakes import FakeTokenizer
+    from verispec.serve import server
+
+    monkeypatch.setattr(target, "tokenizer", FakeTokenizer(CFG.vocab_size), raising=False)   # the app needs one
+
+    table = tmp_path / "costs.json"
+    table.write_text(flat_table().to_json())
+    args = fake_server.serve_args(["--draft-lookup", "--tree", "auto", "--k-max", "4", "--cost-table", str(table),
+                                   "--max-batch-size", "2", "--max-seq-len", "128"])
+    drafter = PromptLookup(max_ngram=3, min_ngram=1)
+    drafter.attach(target)
+    engine, _ = server.assemble(target, drafter, args)
+    sched = engine.scheduler
+    sched.eos = set()                                   # the references ran without a tokenizer: no EOS
+    assert sched.tree_auto and sched.k_policy.trees == AUTO_TREES and sched.k_max == 4
+    seqs = [sched.submit(Request(p, N_NEW, id=i)) for i, p in enumerate(PROMPTS)]     # 3 requests, 2 rows
+    sched.run()
+    assert [s.generated for s in seqs] == references
+    assert any(isinstance(s, tuple) for s in shapes)
+    server._log_k_auto(sched.k_policy)                  # the stop log names tree rounds by their widths
+    assert "tree=[" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        fake_server.serve_args(["--draft-lookup", "--tree", "auto", "-k", "3"])
+    assert "leave -k at auto" in capsys.readouterr().err
+
+
+def test_benchmark_auto_config_is_exact_captures_nothing_and_reports_its_shapes():
+    """``benchmarks/trees.py e2e --configs auto,...``: the auto cell's timed call (its cost table measured in the
+    warm-up call) captures nothing, equals plain decoding and reports the rounds of each shape it ran."""
+    from benchmarks import trees
+
+    assert [c[0] for c in trees.parse_configs("auto,plain,k2,2-2-1")] == ["auto", "plain", "chain k=2", "tree [2, 2, 1]"]
+    with pytest.raises(ValueError, match="'k0' is none of"):
+        trees.parse_configs("auto,k0")
+    target = load_model(CFG, device="cpu", dtype=torch.float32, seed=0)
+    draft = load_model(CFG.replace(num_layers=1), device="cpu", dtype=torch.float32, seed=1)
+    target.use_graphs = draft.use_graphs = True
+    cells = trees.e2e_cells(target, draft, (1, 3), prompt_tokens=16, new_tokens=20,
+                            configs=trees.parse_configs("auto,k2"))
+    auto = [c for c in cells if c["config"] == "auto"]
+    assert len(auto) == 2 and all(c["captured"] == 0 and c["exact"] and c["shapes"] for c in auto)
+    assert sum(auto[0]["shapes"].values()) == auto[0]["rounds"]
+    from benchmarks.common import environment
+
+    lines = trees.e2e_markdown(dict(env=environment(), model="tiny", draft="tiny", rates=trees.TREE_RATES, cells=cells))
+    assert any(line.startswith("auto: ") and "rounds by shape" in line for line in lines)

@@ -377,6 +377,8 @@ class AutoK:
     # (batch, k_max) -> the round costs of k = 0..k_max: a CostTable is frozen, and a round's choice would otherwise
     # look up 2 (k_max + 1) interpolated costs on the request path
     _round_s: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    # decide's choices so far: shape (a chain's widest k, or a tree's widths) -> rounds (what tree="auto" ran)
+    chosen: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if not 0.0 <= self.prior_alpha <= 1.0 or not self.prior_strength > 0:
@@ -416,7 +418,9 @@ class AutoK:
         greedy: a sampled row's tokens depend on the shape its round drafts, which must not depend on the batch, so
         a batch with sampled rows gets ``__call__``'s chains (each sampled row's k its own)."""
         if not self.trees or not running or any(not seq.request.greedy for seq in running):
-            return self(running, k_max), None
+            ks = self(running, k_max)
+            self.chosen[max(ks, default=0)] = self.chosen.get(max(ks, default=0), 0) + 1
+            return ks, None
         shape = self._choose_greedy_shape(running, k_max, self._measured_rounds(len(running), k_max))
         if isinstance(shape, tuple):
             ks = [min(len(shape), _remaining(seq)) for seq in running]
@@ -425,6 +429,8 @@ class AutoK:
         for seq, k in zip(running, ks):
             self.state(seq).last_k = k
         self.last_k = shape_depth(shape)
+        key = shape if isinstance(shape, tuple) else max(ks, default=0)
+        self.chosen[key] = self.chosen.get(key, 0) + 1
         return ks, shape if isinstance(shape, tuple) else None
 
     def _choose_greedy_shape(self, greedy: list[Sequence], k_max: int, round_s: list[float]):
@@ -461,7 +467,7 @@ class AutoK:
         """Whether the measured average of ``key`` (bucket, shape) exists and was fed within ``round_memory`` rounds."""
         return key in self.measured_s and self._observed - self._seen[key] <= self.round_memory
 
-    def _table_round(self, batch: int, shape) -> float:
+    def table_round(self, batch: int, shape) -> float:
         """The table's cost of a round of ``shape`` (a chain's k, or a tree's widths) at ``batch`` rows. A tree:
         its pass of nodes + 1 tokens per row, one draft step per depth (a draft model drafts each depth in one
         batched pass; a wide depth's pass costs more at a large batch, which the measured rounds then show) and
@@ -482,7 +488,7 @@ class AutoK:
         bucket = self.costs.bucket(batch)
         if self._fresh((bucket, tree)):
             return self.measured_s[bucket, tree]
-        table = self._table_round(batch, tree)
+        table = self.table_round(batch, tree)
         near = [shape for (b, shape) in self.measured_s if b == bucket and shape_depth(shape) > 0
                 and self._fresh((b, shape))]
         if not near:
@@ -493,7 +499,7 @@ class AutoK:
             return tree_nodes(shape) + 1 if isinstance(shape, tuple) else shape + 1
 
         j = min(near, key=lambda shape: (abs(width(shape) - tokens), width(shape), str(shape)))
-        return table * self.measured_s[bucket, j] / self._table_round(batch, j)
+        return table * self.measured_s[bucket, j] / self.table_round(batch, j)
 
     def observe_tree(self, running: list[Sequence], widths: tuple[int, ...], depths: list[int],
                      accepted: list[int]) -> None:

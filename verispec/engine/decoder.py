@@ -58,7 +58,7 @@ class SpeculativeDecoder:
         if costs is not None and not isinstance(costs, CostTable):
             raise TypeError(f"costs must be a CostTable (engine/auto_k.py) or None, got {type(costs).__name__}")
         self.costs = costs
-        self._measured: dict[tuple[int, int], CostTable] = {}    # (batch, k) -> the table measured for tree="auto"
+        self._measured: dict[int, tuple[int, CostTable]] = {}    # batch -> (k, the table measured for tree="auto")
         self.last_policy: AutoK | None = None   # tree="auto": the last generate()'s policy (its measured rounds)
         self.last_stats: Stats | None = None   # the whole batch's counts of the last generate()
         self._debug_round_hook: Callable[["SpeculativeDecoder", list[Sequence]], None] | None = None  # tests
@@ -118,7 +118,7 @@ class SpeculativeDecoder:
         with ModelLease(self.target, getattr(self.drafter, "model", None)):
             policy = None
             if self.tree == "auto":
-                policy = AutoK(self._costs(len(prompts), chain_k), trees=AUTO_TREES)
+                policy = AutoK(self.costs_for(len(prompts), chain_k), trees=AUTO_TREES)
                 self.last_policy = policy
             config = SchedulerConfig(len(prompts), max_seq_len, chain_k if self.tree == "auto" else k, tree=self.tree)
             scheduler = Scheduler(self.target, self.drafter, config, k_policy=policy, verify_backend=self.verify_backend,
@@ -136,16 +136,17 @@ class SpeculativeDecoder:
             raise GenerationError(failed, gens)
         return gens if is_batch else gens[0]
 
-    def _costs(self, batch: int, k: int) -> CostTable:
-        """tree="auto"'s cost table: the one given, else measured here once per (batch, k) (``measure_costs`` at
-        the batch buckets up to ``batch``, with the candidate trees' passes); before the scheduler is built, which
-        sets the target's cache and the drafter up afresh."""
+    def costs_for(self, batch: int, k: int) -> CostTable:
+        """tree="auto"'s cost table for ``batch`` prompts and chains of up to ``k`` drafts: the one given, else
+        measured here (``measure_costs`` at the batch buckets up to ``batch``, with the candidate trees' passes), once
+        per batch size (a table measured for a larger k serves a smaller one: a warm-up call's capped k). Call it
+        before a scheduler is built (``generate`` does): it sets up the target's cache and the drafter its own way."""
         if self.costs is not None:
             return self.costs
-        if (batch, k) not in self._measured:
-            self._measured[batch, k] = measure_costs(self.target, self.drafter, k, default_batch_sizes(batch),
-                                                     trees=AUTO_TREES)
-        return self._measured[batch, k]
+        if batch not in self._measured or self._measured[batch][0] < k:
+            self._measured[batch] = (k, measure_costs(self.target, self.drafter, k, default_batch_sizes(batch),
+                                                      trees=AUTO_TREES))
+        return self._measured[batch][1]
 
     def _run(self, scheduler: Scheduler, requests: list[Request]) -> tuple[list[Generation], list[Sequence]]:
         if self._debug_round_hook is not None:
