@@ -290,7 +290,7 @@ def e2e_part(args) -> dict:
     make_peaked(target)
     draft = load_model(args.draft, device="cuda", dtype=torch.bfloat16)
     out = dict(env=environment(), model=args.model, draft=args.draft, rates=TREE_RATES, prompt_tokens=128,
-               new_tokens=args.new_tokens)
+               new_tokens=args.new_tokens, command="python benchmarks/trees.py " + " ".join(sys.argv[1:]))
     configs = parse_configs(args.configs) if args.configs else e2e_configs()
     out["cells"] = e2e_cells(target, draft, (1, 8), 128, args.new_tokens, configs, torch.cuda.synchronize)
     return out
@@ -304,6 +304,8 @@ def e2e_markdown(res: dict) -> list[str]:
              f"new tokens of the batch / seconds of `generate` after a warm-up call of the same shapes and cache size, "
              f"less the call's own warm-up (`Stats.warmup_s`, which captures nothing then: `captured` = graphs the "
              f"timed call captured); `wall tok/s` includes it. `exact`: the output equals plain decoding's.", ""]
+    if res.get("command"):
+        lines += [f"Command: `{res['command']}`.", ""]
     for B in sorted({c["B"] for c in res["cells"]}):
         cells = [c for c in res["cells"] if c["B"] == B]
         chains = [c for c in cells if c["config"].startswith("chain")]
@@ -370,7 +372,8 @@ def accept_markdown(res: dict) -> list[str]:
 MARKDOWN = dict(zip(PARTS, (pass_markdown, verify_markdown, e2e_markdown, accept_markdown)))
 
 
-def report(folder: Path) -> list[str]:
+def report(folder: Path, missing: bool = True) -> list[str]:
+    """The results page of the parts found in ``folder``; ``missing``: a "not run" line for each absent part."""
     lines = ["# Token trees: the tree pass, tree verification, trees end to end", "",
              "Written by `benchmarks/trees.py report DIR --write` from the parts found in DIR (docs: "
              "docs/engine.md, \"Trees\").", ""]
@@ -378,7 +381,7 @@ def report(folder: Path) -> list[str]:
         f = folder / f"trees_{part}.json"
         if f.exists():
             lines += MARKDOWN[part](json.loads(f.read_text()))
-        else:
+        elif missing:
             lines += [f"## {part}: not run", ""]
     return lines
 
@@ -388,7 +391,9 @@ def main(argv=None) -> None:
     ap.add_argument("part", choices=PARTS + ("report",))
     ap.add_argument("folder", nargs="?", default=None, help="report: the folder the parts wrote to")
     ap.add_argument("--out", default=None, help="folder for trees_<part>.json and .md (default: a temp folder)")
-    ap.add_argument("--write", action="store_true", help="report: also write benchmarks/results/trees.md")
+    ap.add_argument("--write", action="store_true", help="report: also write benchmarks/results/<--results>")
+    ap.add_argument("--results", default="trees.md", help="report --write: the results file's name (e.g. "
+                    "trees_auto.md for an e2e --configs auto,... run; the parts not run are then left out)")
     ap.add_argument("--model", default="llama-3.1-8b", help="pass, e2e: the target shape (random weights)")
     ap.add_argument("--draft", default="llama-3.2-1b", help="e2e: the oracle's cost model (random weights)")
     ap.add_argument("--tokens", default="1,2,4,8,16,24,32,48,64", help="pass: tokens per sequence")
@@ -405,11 +410,13 @@ def main(argv=None) -> None:
     if args.part == "report":
         if args.folder is None:
             ap.error("report needs the folder the parts wrote to")
-        lines = report(Path(args.folder))
+        if Path(args.results).name != args.results or not args.results.endswith(".md"):
+            ap.error(f"--results must be a file name ending in .md, got {args.results!r}")
+        lines = report(Path(args.folder), missing=args.results == "trees.md")
         print("\n".join(lines))
         if args.write:
-            (RESULTS / "trees.md").write_text("\n".join(lines) + "\n")
-            print(f"wrote {RESULTS / 'trees.md'}", file=sys.stderr)
+            (RESULTS / args.results).write_text("\n".join(lines) + "\n")
+            print(f"wrote {RESULTS / args.results}", file=sys.stderr)
         return
     if args.part != "accept" and not torch.cuda.is_available():
         ap.error(f"{args.part} needs a CUDA GPU")
