@@ -276,7 +276,8 @@ def test_benchmark_auto_config_is_exact_captures_nothing_and_reports_its_shapes(
     warm-up call) captures nothing, equals plain decoding and reports the rounds of each shape it ran."""
     from benchmarks import trees
 
-    assert [c[0] for c in trees.parse_configs("auto,plain,k2,2-2-1")] == ["auto", "plain", "chain k=2", "tree [2, 2, 1]"]
+    names = [c[0] for c in trees.parse_configs("auto,plain,k2,2-2-1")]
+    assert names == ["auto", "plain", "chain k=2", "tree [2, 2, 1]"]
     with pytest.raises(ValueError, match="'k0' is none of"):
         trees.parse_configs("auto,k0")
     target = load_model(CFG, device="cpu", dtype=torch.float32, seed=0)

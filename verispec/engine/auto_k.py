@@ -429,10 +429,10 @@ class AutoK:
         return ks
 
     def decide(self, running: list[Sequence], k_max: int) -> tuple[list[int], tuple[int, ...] | None]:
-        """This round's shape (``tree="auto"``, module docstring "Trees"): (each row's k, None) for a chain round (k = 0:
-        plain decoding), or (each row's depth, the tree's widths) for a tree round. A tree only when every row is
-        greedy: a sampled row's tokens depend on the shape its round drafts, which must not depend on the batch, so
-        a batch with sampled rows gets ``__call__``'s chains (each sampled row's k its own)."""
+        """This round's shape (``tree="auto"``, module docstring "Trees"): (each row's k, None) for a chain round
+        (k = 0: plain decoding), or (each row's depth, the tree's widths) for a tree round. A tree only when every
+        row is greedy: a sampled row's tokens depend on the shape its round drafts, which must not depend on the
+        batch, so a batch with sampled rows gets ``__call__``'s chains (each sampled row's k its own)."""
         if not self.trees or not running or any(not seq.request.greedy for seq in running):
             ks = self(running, k_max)
             self.chosen[max(ks, default=0)] = self.chosen.get(max(ks, default=0), 0) + 1

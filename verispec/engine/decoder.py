@@ -121,8 +121,8 @@ class SpeculativeDecoder:
                 policy = AutoK(self.costs_for(len(prompts), chain_k), trees=AUTO_TREES)
                 self.last_policy = policy
             config = SchedulerConfig(len(prompts), max_seq_len, chain_k if self.tree == "auto" else k, tree=self.tree)
-            scheduler = Scheduler(self.target, self.drafter, config, k_policy=policy, verify_backend=self.verify_backend,
-                                  timing=self.timing, isolate_drafter=self.isolate_drafter)
+            scheduler = Scheduler(self.target, self.drafter, config, k_policy=policy,
+                                  verify_backend=self.verify_backend, timing=self.timing, isolate_drafter=self.isolate_drafter)
             if self.warm:
                 settings = sorted({(r.temperature, r.top_k, r.top_p) for r in requests})
                 scheduler.warm_up(settings, longest)

@@ -240,7 +240,8 @@ class _TreeCapable:
 
 def parse_tree_flag(text: str, *, head: bool, has_drafter: bool, chain_drafter: str | None = None) -> list[int] | str:
     """``--tree W1,W2,...`` or ``--tree auto`` of ``verispec generate`` and ``verispec serve`` -> the widths (or
-    "auto": each round's shape chosen by the cost model), checked before any model is loaded. ``head``: --draft-head was given; ``has_drafter``: --draft-lookup, --draft or --draft-self was;
+    "auto": each round's shape chosen by the cost model), checked before any model is loaded. ``head``: --draft-head
+    was given; ``has_drafter``: --draft-lookup, --draft or --draft-self was;
     ``chain_drafter``: the name of the chosen drafter when it drafts chains only (serve's oracle).
     ValueError with the message the CLI prints."""
     auto = text.strip().lower() == "auto"

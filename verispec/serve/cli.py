@@ -159,7 +159,8 @@ def check_args(args) -> None:
         except ValueError as e:
             _die(str(e))
         if args.tree == "auto" and args.k != "auto":
-            _die(f"--tree auto chooses the chain's k too: leave -k at auto (--k-max bounds the chains), got -k {args.k}")
+            _die(f"--tree auto chooses the chain's k too: leave -k at auto (--k-max bounds the chains), "
+                 f"got -k {args.k}")
     for name in ("max_batch_size", "max_seq_len", "max_waiting"):
         if getattr(args, name) < (0 if name == "max_waiting" else 1):
             _die(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
