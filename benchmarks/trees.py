@@ -12,7 +12,11 @@ the sections present; ``--write`` (on ``report``) writes ``benchmarks/results/tr
     python benchmarks/trees.py e2e --out DIR       8B target (random weights, make_peaked) + OracleDraft with a 1B cost
                                                    model: the best chain k vs trees, B = 1 and 8, tok/s and tokens per
                                                    round; greedy output checked against plain decoding; the graphs
-                                                   each timed call captured (0: see ``e2e_cells``)
+                                                   each timed call captured (0: see ``e2e_cells``).
+                                                   ``--configs auto,plain,k2,k4,2-2-1,3-2-2-1``: just those (kN: a
+                                                   chain of N; W-W-...: a tree; auto: ``tree="auto"`` with chains of up
+                                                   to 8, its cost table measured in the warm-up call; the rounds of
+                                                   each shape it ran are reported)
     python benchmarks/trees.py accept --out DIR    the embedded SmolLM2 (bf16 on a GPU, fp32 on a CPU): mean accepted
                                                    tokens per round, chain vs tree of the same depth, SelfSpeculative
                                                    and PromptLookup on a few prompts
@@ -198,10 +202,35 @@ CHAIN_KS = (2, 3, 4, 6, 8)
 WARM_TOKENS = 16
 
 
-def e2e_configs(trees=TREES, chain_ks=CHAIN_KS) -> list[tuple[str, int | None, tuple[int, ...] | None]]:
+# tree="auto"'s longest chain (its trees: verispec.engine.auto_k.AUTO_TREES)
+AUTO_K = 8
+
+
+def e2e_configs(trees=TREES, chain_ks=CHAIN_KS) -> list[tuple[str, int | None, tuple[int, ...] | str | None]]:
     """(name, k, tree) of every e2e run: plain decoding, the chains, the trees."""
     return [("plain", None, None)] + [(f"chain k={k}", k, None) for k in chain_ks] + \
            [(f"tree {list(t)}", None, t) for t in trees]
+
+
+def parse_configs(text: str) -> list[tuple[str, int | None, tuple[int, ...] | str | None]]:
+    """``--configs``: comma-separated plain, kN (a chain of N drafts), W-W-... (a tree, e.g. 2-2-1) or auto ->
+    ``e2e_configs``' (name, k, tree) entries. ValueError naming a bad entry."""
+    out = []
+    for item in (x.strip() for x in text.split(",")):
+        if item == "plain":
+            out.append(("plain", None, None))
+        elif item == "auto":
+            out.append(("auto", AUTO_K, "auto"))
+        elif item.startswith("k") and item[1:].isdigit() and int(item[1:]) >= 1:
+            out.append((f"chain k={int(item[1:])}", int(item[1:]), None))
+        elif item and all(w.isdigit() and int(w) >= 1 for w in item.split("-")):
+            tree = tuple(int(w) for w in item.split("-"))
+            out.append((f"tree {list(tree)}", None, tree))
+        else:
+            raise ValueError(f"--configs: {item!r} is none of plain, kN (e.g. k4), W-W-... (a tree, e.g. 2-2-1), auto")
+    if not out:
+        raise ValueError("--configs names no config")
+    return out
 
 
 def e2e_cells(target, draft, batch_sizes, prompt_tokens: int, new_tokens: int, configs,
@@ -240,11 +269,15 @@ def e2e_cells(target, draft, batch_sizes, prompt_tokens: int, new_tokens: int, c
             synchronize()
             seconds = time.perf_counter() - t0
             stats = dec.last_stats
+            chosen = dec.last_policy.chosen if tree == "auto" else {}
             cell = dict(B=B, config=name, tok_s=B * new_tokens / (seconds - stats.warmup_s),
                         wall_tok_s=B * new_tokens / seconds, warmup_s=stats.warmup_s,
                         captured=sum(m.graph_captures for m in models) - captures, rounds=stats.rounds,
                         tokens_per_round=sum(len(g.tokens) for g in gens) / max(stats.rounds, 1) / B,
                         exact=[g.tokens for g in gens] == refs)
+            if chosen:        # the timed call's rounds of each shape (a tree's widths, or a chain's k; 0 = plain)
+                cell["shapes"] = {(f"tree {list(s)}" if isinstance(s, tuple) else f"k={s}"): n for s, n in
+                                  sorted(chosen.items(), key=lambda item: -item[1])}
             cells.append(cell)
             print("e2e", json.dumps(cell), flush=True)
     return cells
@@ -258,8 +291,9 @@ def e2e_part(args) -> dict:
     make_peaked(target)
     draft = load_model(args.draft, device="cuda", dtype=torch.bfloat16)
     out = dict(env=environment(), model=args.model, draft=args.draft, rates=TREE_RATES, prompt_tokens=128,
-               new_tokens=args.new_tokens)
-    out["cells"] = e2e_cells(target, draft, (1, 8), 128, args.new_tokens, e2e_configs(), torch.cuda.synchronize)
+               new_tokens=args.new_tokens, command="python benchmarks/trees.py " + " ".join(sys.argv[1:]))
+    configs = parse_configs(args.configs) if args.configs else e2e_configs()
+    out["cells"] = e2e_cells(target, draft, (1, 8), 128, args.new_tokens, configs, torch.cuda.synchronize)
     return out
 
 
@@ -271,15 +305,25 @@ def e2e_markdown(res: dict) -> list[str]:
              f"new tokens of the batch / seconds of `generate` after a warm-up call of the same shapes and cache size, "
              f"less the call's own warm-up (`Stats.warmup_s`, which captures nothing then: `captured` = graphs the "
              f"timed call captured); `wall tok/s` includes it. `exact`: the output equals plain decoding's.", ""]
+    if res.get("command"):
+        lines += [f"Command: `{res['command']}`.", ""]
     for B in sorted({c["B"] for c in res["cells"]}):
         cells = [c for c in res["cells"] if c["B"] == B]
-        best_chain = max((c for c in cells if c["config"].startswith("chain")), key=lambda c: c["tok_s"])
+        chains = [c for c in cells if c["config"].startswith("chain")]
+        best_chain = max(chains or cells, key=lambda c: c["tok_s"])
         rows = [(c["config"], f"{c['tok_s']:.1f}", f"{c.get('wall_tok_s', c['tok_s']):.1f}",
                  f"{c['tokens_per_round']:.2f}", f"{c['tok_s'] / best_chain['tok_s']:.2f}", c.get("captured", "?"),
                  "yes" if c["exact"] else "NO") for c in cells]
         lines += [f"### B = {B} (best chain: {best_chain['config']})", ""]
         lines += markdown_table(["config", "tok/s", "wall tok/s", "tokens per round", "vs best chain", "captured",
                                  "exact"], rows) + [""]
+        fixed = [c for c in cells if c["config"] != "auto"]
+        for c in cells:
+            if c["config"] == "auto" and fixed:
+                best = max(fixed, key=lambda f: f["tok_s"])
+                shapes = ", ".join(f"{s}: {n}" for s, n in c.get("shapes", {}).items())
+                lines += [f"auto: {c['tok_s'] / best['tok_s']:.2f}x the best fixed config here ({best['config']}, "
+                          f"{best['tok_s']:.1f} tok/s); rounds by shape: {shapes}", ""]
     return lines
 
 
@@ -329,7 +373,8 @@ def accept_markdown(res: dict) -> list[str]:
 MARKDOWN = dict(zip(PARTS, (pass_markdown, verify_markdown, e2e_markdown, accept_markdown)))
 
 
-def report(folder: Path) -> list[str]:
+def report(folder: Path, missing: bool = True) -> list[str]:
+    """The results page of the parts found in ``folder``; ``missing``: a "not run" line for each absent part."""
     lines = ["# Token trees: the tree pass, tree verification, trees end to end", "",
              "Written by `benchmarks/trees.py report DIR --write` from the parts found in DIR (docs: "
              "docs/engine.md, \"Trees\").", ""]
@@ -337,7 +382,7 @@ def report(folder: Path) -> list[str]:
         f = folder / f"trees_{part}.json"
         if f.exists():
             lines += MARKDOWN[part](json.loads(f.read_text()))
-        else:
+        elif missing:
             lines += [f"## {part}: not run", ""]
     return lines
 
@@ -347,21 +392,32 @@ def main(argv=None) -> None:
     ap.add_argument("part", choices=PARTS + ("report",))
     ap.add_argument("folder", nargs="?", default=None, help="report: the folder the parts wrote to")
     ap.add_argument("--out", default=None, help="folder for trees_<part>.json and .md (default: a temp folder)")
-    ap.add_argument("--write", action="store_true", help="report: also write benchmarks/results/trees.md")
+    ap.add_argument("--write", action="store_true", help="report: also write benchmarks/results/<--results>")
+    ap.add_argument("--results", default="trees.md", help="report --write: the results file's name (e.g. "
+                    "trees_auto.md for an e2e --configs auto,... run; the parts not run are then left out)")
     ap.add_argument("--model", default="llama-3.1-8b", help="pass, e2e: the target shape (random weights)")
     ap.add_argument("--draft", default="llama-3.2-1b", help="e2e: the oracle's cost model (random weights)")
     ap.add_argument("--tokens", default="1,2,4,8,16,24,32,48,64", help="pass: tokens per sequence")
     ap.add_argument("--max-rows", type=int, default=2048, help="pass: skip B * T above this")
     ap.add_argument("--new-tokens", type=int, default=128, help="e2e, accept: tokens generated per sequence")
+    ap.add_argument("--configs", default=None, help="e2e: comma-separated plain, kN, W-W-... (a tree), auto "
+                    "(default: plain, the chains and the trees of the full study)")
     args = ap.parse_args(argv)
+    if args.configs:
+        try:
+            parse_configs(args.configs)
+        except ValueError as e:
+            ap.error(str(e))
     if args.part == "report":
         if args.folder is None:
             ap.error("report needs the folder the parts wrote to")
-        lines = report(Path(args.folder))
+        if Path(args.results).name != args.results or not args.results.endswith(".md"):
+            ap.error(f"--results must be a file name ending in .md, got {args.results!r}")
+        lines = report(Path(args.folder), missing=args.results == "trees.md")
         print("\n".join(lines))
         if args.write:
-            (RESULTS / "trees.md").write_text("\n".join(lines) + "\n")
-            print(f"wrote {RESULTS / 'trees.md'}", file=sys.stderr)
+            (RESULTS / args.results).write_text("\n".join(lines) + "\n")
+            print(f"wrote {RESULTS / args.results}", file=sys.stderr)
         return
     if args.part != "accept" and not torch.cuda.is_available():
         ap.error(f"{args.part} needs a CUDA GPU")

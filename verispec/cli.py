@@ -1,7 +1,7 @@
 """The ``verispec`` command line: the front end only (all the work is in engine / drafters / runtime).
 
     verispec demo                                   prompt lookup on an echo-heavy prompt, vs plain decoding
-    verispec generate "PROMPT" [--draft-lookup | --draft MODEL | --draft-self L] [-k K | --tree 4,2,2,1] [--compare] ...
+    verispec generate "PROMPT" [--draft-lookup | --draft MODEL | --draft-self L] [-k K | --tree 4,2,2,1 | --tree auto] [--compare] ...
     verispec generate - < prompt.txt                (the prompt from stdin)
     verispec verify-demo [--batch-size B --num-draft K --vocab-size V --acceptance-rate A]
     verispec serve [--model M] [--draft-lookup | --draft D | --draft-self L] [-k N|auto] [--port P] ...
@@ -153,14 +153,15 @@ def _validate_generate(args) -> None:
     if args.tree is not None:
         from .engine.guards import parse_tree_flag
 
-        if args.k is not None:
-            _die("-k and --tree exclude each other: a tree's depth is its number of widths")
         try:
             args.tree = parse_tree_flag(
                 args.tree, head=getattr(args, "draft_head", None) is not None,
                 has_drafter=bool(args.draft_lookup or args.draft or args.draft_self is not None))
         except ValueError as e:
             _die(str(e))
+        if args.k is not None and args.tree != "auto":
+            _die("-k and --tree exclude each other: a tree's depth is its number of widths (with --tree auto, -k is "
+                 "the longest chain it considers)")
     if args.threads is not None and args.threads < 1:
         _die(f"--threads must be >= 1, got {args.threads}")
     if args.max_new_tokens < 1:
@@ -265,7 +266,7 @@ def _run_generate(args, *, banner: str | None = None) -> int:
     drafter = None
     try:
         drafter = _make_drafter(args, target)
-        if drafter is not None and args.tree is None:
+        if drafter is not None and args.tree in (None, "auto"):
             k, note = check_k(k, args.max_new_tokens, max(len(p) for p in prompts),
                               getattr(target.config, "max_position_embeddings", None))
             if note:
@@ -280,6 +281,10 @@ def _run_generate(args, *, banner: str | None = None) -> int:
     runs = [("speculative" if drafter is not None else "target-only", spec)]
     if args.compare and drafter is not None:
         runs.append(("target-only", plain))
+    if args.tree == "auto" and drafter is not None:
+        # the cost table --tree auto chooses by, measured once here (seconds) and outside the timings below
+        _note("--tree auto: measuring target passes, draft steps and rounds on this machine ...")
+        spec.costs_for(len(prompts), k)
     if target.device.type == "cuda":
         # warm-up on a two-token prompt, never the user's: compiles kernels and captures CUDA graphs for
         # this batch size so that the timings below measure decoding only
@@ -657,9 +662,10 @@ def _generate_args(p: argparse.ArgumentParser) -> None:
                         "the head shipped for the embedded SmolLM2")
     p.add_argument("-k", type=int, default=None, help="draft tokens per round, >= 1; None = 8 for --draft-lookup, "
                    "else 4; capped at --max-new-tokens - 1 and the model's positions")
-    p.add_argument("--tree", default=None, metavar="W1,W2,...",
+    p.add_argument("--tree", default=None, metavar="W1,W2,...|auto",
                    help="draft trees instead of chains: children per node at each depth, e.g. 4,2,2,1 (at most 63 "
-                        "nodes); excludes -k")
+                        "nodes; excludes -k); or auto: each round plain decoding, a chain of up to -k drafts or one "
+                        "of a few trees, by a cost table measured at startup (trees for greedy batches only)")
     p.add_argument("--ngram-max", type=int, default=3, help="--draft-lookup: longest n-gram matched")
     p.add_argument("--ngram-min", type=int, default=2, help="--draft-lookup: shortest n-gram matched")
     p.add_argument("--temperature", type=float, default=0.0,
@@ -754,7 +760,7 @@ def _main(argv) -> int:
               "then the same request with plain decoding")
         _note(f"prompt: {DEMO_PROMPT[:90]!r}...")
         return _run_generate(demo)
-    if args.k is None and args.tree is None:
+    if args.k is None and (args.tree is None or args.tree.strip().lower() == "auto"):
         args.k = 8 if args.draft_lookup else 4
     return _run_generate(args)
 

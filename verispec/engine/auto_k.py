@@ -67,6 +67,22 @@ admissions, would otherwise keep that price for good. When the greedy rows' hold
 drafting rounds are dropped with their evidence, so the probe prices drafting afresh. The sampled rows' choices keep the table alone: their k must not
 depend on the load.
 
+Trees (``tree="auto"``, ``AutoK(trees=AUTO_TREES)``, ``decide``). The greedy rows' one choice extends to a shape:
+plain decoding, a chain of k drafts, or one tree of ``trees`` (w_d children per node at depth d), whichever has the
+most expected tokens per second of the round at the running batch. A tree of widths w_1..w_D emits in expectation
+    E(tree) = 1 + c_0(w_1) + c_0(w_1) c_1(w_2) + ... + c_0(w_1) ... c_{D-1}(w_D)
+tokens per row (within its room), c_d(w) the row's estimate that w children of the path's node cover the target's
+token at depth d (``RowState.coverage``: its tree rounds of that width over a prior of 1 - (1 - alpha_d)^w, never
+below alpha_d, the chain's estimate; c_d(1) = alpha_d). A tree round is evidence on the widths it ran alone
+(``observe_tree``): its success with 2 children says nothing about the first child alone, and read as a chain's
+round it would inflate the chain's estimates. The round costs T_target(B, nodes + 1) + D T_draft(B) +
+T_overhead(B, nodes + 1) by the table, or its measured rounds at that (bucket, tree) (``observe_round`` keyed by the
+widths), or the table's scaled as the nearest measured drafting shape's measured / table. A tree is chosen only
+where its rate beats the best chain's, with the chains' hold and slow start (a tree counts as a round of its
+depth), and only when every row is greedy: a sampled row's tokens depend on the shape its round drafts, and one
+tree for the batch would make them depend on the other rows, so a batch with a sampled row runs ``__call__``'s
+chains.
+
 The costs come from a ``CostTable``: measured on this machine at startup (``measure_costs``: target passes and a
 draft step timed alone, then whole ``Scheduler`` rounds with every row's k forced, whose excess over those passes
 is T_overhead) or given (synthetic tables in tests, a saved JSON table between runs; one saved before the
@@ -81,7 +97,15 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..drafters.base import full_tree
 from .request import Request, Sequence
+from .scheduler import tree_nodes
+
+# The tree shapes ``tree="auto"`` chooses among (besides plain decoding and the chains of 1..K drafts): children per
+# node at each depth. Narrow and deep to wide and deep: on an H100 at B = 1 a tree pass is flat up to 32 nodes and
+# [2, 2, 1] beat every chain, while at B = 8 its cost grows with the nodes and chains or plain decoding win
+# (benchmarks/results/trees.md).
+AUTO_TREES = ((2, 1), (2, 2, 1), (2, 2, 2, 1), (3, 2, 2, 1), (4, 2, 2, 1))
 
 
 @dataclass(frozen=True)
@@ -198,6 +222,12 @@ def expected_tokens(alphas: list[float], k: int) -> float:
 def _best_joint(rows: list[tuple[list[float], int]], fixed: float, floor: int, round_s: list[float]) -> int:
     """argmax over k in [0, len(round_s) - 1] of (fixed + sum over rows of E_row(min(k, room_row))) /
     round_s[max(k, floor)]; ``rows``: (per-position alphas, room) of each row; the smallest k on ties."""
+    return _best_joint_rate(rows, fixed, floor, round_s)[0]
+
+
+def _best_joint_rate(rows: list[tuple[list[float], int]], fixed: float, floor: int,
+                     round_s: list[float]) -> tuple[int, float]:
+    """``_best_joint``'s k and its rate (expected tokens of the round per second)."""
     reach = [1.0] * len(rows)
     tokens = fixed + len(rows)
     best, best_rate = 0, tokens / round_s[floor]
@@ -209,7 +239,18 @@ def _best_joint(rows: list[tuple[list[float], int]], fixed: float, floor: int, r
         rate = tokens / round_s[max(k, floor)]
         if rate > best_rate:
             best, best_rate = k, rate
-    return best
+    return best, best_rate
+
+
+def tree_tokens(coverage: list[float]) -> float:
+    """Expected tokens of a tree round whose path is covered at depth d with probability coverage[d]:
+    1 + c_0 + c_0 c_1 + ... (a chain's E(k) with the chain's alphas)."""
+    return expected_tokens(coverage, len(coverage))
+
+
+def shape_depth(shape) -> int:
+    """The positions a round of ``shape`` tests: k for a chain of k drafts (an int), the depth of a tree (widths)."""
+    return len(shape) if isinstance(shape, tuple) else shape
 
 
 @dataclass
@@ -228,6 +269,10 @@ class RowState:
     hold: int = 0                    # rounds left at k = 0
     next_hold: int = 0               # the length of its next hold (0: min_hold)
     drafting: int = 0                # rounds in a row it has drafted since its last hold
+    # tree rounds (``tree="auto"``): w -> [d] decayed rounds that tested / covered depth d with w children per node
+    # (w >= 2; w = 1 is the chain's ``accepted`` / ``tested``)
+    wide_accepted: dict = field(default_factory=dict)
+    wide_tested: dict = field(default_factory=dict)
 
     def observe(self, stats, decay: float) -> None:
         """Fold in the rounds ``stats`` counted since the last call: each round first multiplies the evidence by
@@ -239,8 +284,7 @@ class RowState:
             return
         if decay != 1.0:
             factor = decay ** new_rounds
-            self.accepted = [factor * x for x in self.accepted]
-            self.tested = [factor * x for x in self.tested]
+            self._decay(factor)
         n, a = stats.num_draft_last, stats.accepted - self.seen_accepted_total
         if stats.proposed - self.seen_proposed_total == n:      # one round's drafts: n proposed, a accepted
             self._grow(n)
@@ -256,6 +300,48 @@ class RowState:
         self.rounds, self.seen_proposed_total, self.seen_accepted_total = stats.rounds, stats.proposed, stats.accepted
         self.seen_accepted, self.seen_tested = list(stats.accepted_per_position), list(stats.tested_per_position)
 
+    def _decay(self, factor: float) -> None:
+        self.accepted = [factor * x for x in self.accepted]
+        self.tested = [factor * x for x in self.tested]
+        for table in (self.wide_accepted, self.wide_tested):
+            for w, row in table.items():
+                table[w] = [factor * x for x in row]
+
+    def observe_tree(self, stats, decay: float, widths: tuple[int, ...], depth: int, accepted: int) -> None:
+        """Fold in one tree round of ``widths`` that ``stats`` has just counted (``Stats.add_round(depth, accepted)``:
+        its tree was ``depth`` deep for this row, ``accepted`` nodes were accepted). Depth d < accepted was covered by
+        the widths[d] children of the path's node, depth ``accepted`` (if < depth) was not; the depths after it were
+        never tested. The evidence goes to width widths[d] alone: the round says nothing about other widths (a
+        success at w = 2 does not say whether the first child alone would have been accepted). Rounds ``stats``
+        counted before this one that were not folded in yet are skipped (their evidence is lost, never misread)."""
+        self._decay(decay)
+        for d in range(min(accepted + 1, depth)):
+            w = widths[d]
+            if w == 1:
+                self._grow(d + 1)
+                acc, tst = self.accepted, self.tested
+            else:
+                acc, tst = self.wide_accepted.setdefault(w, []), self.wide_tested.setdefault(w, [])
+                acc += [0.0] * (d + 1 - len(acc))
+                tst += [0.0] * (d + 1 - len(tst))
+            tst[d] += 1.0
+            acc[d] += d < accepted
+        self.rounds, self.seen_proposed_total, self.seen_accepted_total = stats.rounds, stats.proposed, stats.accepted
+        self.seen_accepted, self.seen_tested = list(stats.accepted_per_position), list(stats.tested_per_position)
+
+    def coverage(self, depth: int, width: int, alpha: float, prior_strength: float) -> float:
+        """The estimate that one of ``width`` children per node covers the target's token at ``depth`` (0-based),
+        given ``alpha``, this row's chain (width 1) estimate there: the evidence of tree rounds of that width on a
+        prior of 1 - (1 - alpha)^width (as if the children were independent tries; optimistic, so a width is tried),
+        and never below ``alpha`` (more children cover at least what the first one does)."""
+        if width == 1:
+            return alpha
+        acc, tst = self.wide_accepted.get(width, ()), self.wide_tested.get(width, ())
+        a = acc[depth] if depth < len(acc) else 0.0
+        t = tst[depth] if depth < len(tst) else 0.0
+        prior = 1.0 - (1.0 - alpha) ** width
+        return max((a + prior * prior_strength) / (t + prior_strength), alpha)
+
     def _grow(self, width: int) -> None:
         if len(self.tested) < width:
             self.accepted += [0.0] * (width - len(self.accepted))
@@ -264,6 +350,7 @@ class RowState:
     def forget(self) -> None:
         """Drop the evidence (the counts seen so far stay the baseline of the next ``observe``)."""
         self.accepted, self.tested = [], []
+        self.wide_accepted, self.wide_tested = {}, {}
 
     def alphas(self, k_max: int, prior_alpha: float, prior_strength: float) -> list[float]:
         """The acceptance estimate of positions 0..k_max-1 (the prior alone where there is no evidence)."""
@@ -278,6 +365,7 @@ class AutoK:
     own state (module docstring). Each request's state lives on its ``Sequence`` (``k_state``).
 
     reference_batch: the batch size whose costs sampled rows are chosen for (None: the table's largest).
+    trees: the tree shapes ``decide`` may choose for an all-greedy batch (``tree="auto"``; () = chains only).
     prior_alpha / prior_strength: the optimistic Beta prior of each position's acceptance, worth
     ``prior_strength`` tested rounds. decay: evidence kept per round (memory ~ 1 / (1 - decay) rounds).
     min_hold / max_hold / settle: the exploration back-off. ``last_k`` is the latest round's widest k (each
@@ -295,6 +383,7 @@ class AutoK:
     round_decay: float = 0.9
     round_memory: int = 64
     last_k: int = 0
+    trees: tuple = ()
     greedy_state: RowState = field(default_factory=RowState)   # the greedy rows' shared exploration (its hold fields)
     # (bucket, k) -> the moving average of measured round seconds (``observe_round``; the greedy rows' costs), and
     # the round count when it was last fed (``_seen``): an average not fed for ``round_memory`` rounds is ignored
@@ -304,6 +393,8 @@ class AutoK:
     # (batch, k_max) -> the round costs of k = 0..k_max: a CostTable is frozen, and a round's choice would otherwise
     # look up 2 (k_max + 1) interpolated costs on the request path
     _round_s: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    # decide's choices so far: shape (a chain's widest k, or a tree's widths) -> rounds (what tree="auto" ran)
+    chosen: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if not 0.0 <= self.prior_alpha <= 1.0 or not self.prior_strength > 0:
@@ -315,6 +406,9 @@ class AutoK:
         if not 1 <= self.min_hold <= self.max_hold or self.settle < 1:
             raise ValueError(f"AutoK: need 1 <= min_hold <= max_hold and settle >= 1, got {self.min_hold}, "
                              f"{self.max_hold}, {self.settle}")
+        self.trees = tuple(tuple(t) for t in self.trees)
+        if any(not t or any(not isinstance(w, int) or w < 1 for w in t) for t in self.trees):
+            raise ValueError(f"AutoK: trees must be non-empty widths >= 1, e.g. (2, 2, 1), got {self.trees}")
         if self.reference_batch is None:
             self.reference_batch = self.costs.batch_sizes[-1]
         elif self.reference_batch < 1:
@@ -334,6 +428,105 @@ class AutoK:
         self.last_k = max(ks, default=0)
         return ks
 
+    def decide(self, running: list[Sequence], k_max: int) -> tuple[list[int], tuple[int, ...] | None]:
+        """This round's shape (``tree="auto"``, module docstring "Trees"): (each row's k, None) for a chain round
+        (k = 0: plain decoding), or (each row's depth, the tree's widths) for a tree round. A tree only when every
+        row is greedy: a sampled row's tokens depend on the shape its round drafts, which must not depend on the
+        batch, so a batch with sampled rows gets ``__call__``'s chains (each sampled row's k its own)."""
+        if not self.trees or not running or any(not seq.request.greedy for seq in running):
+            ks = self(running, k_max)
+            self.chosen[max(ks, default=0)] = self.chosen.get(max(ks, default=0), 0) + 1
+            return ks, None
+        shape = self._choose_greedy_shape(running, k_max, self._measured_rounds(len(running), k_max))
+        if isinstance(shape, tuple):
+            ks = [min(len(shape), _remaining(seq)) for seq in running]
+        else:
+            ks = [min(shape, _room(seq, k_max)) for seq in running]
+        for seq, k in zip(running, ks):
+            self.state(seq).last_k = k
+        self.last_k = shape_depth(shape)
+        key = shape if isinstance(shape, tuple) else max(ks, default=0)
+        self.chosen[key] = self.chosen.get(key, 0) + 1
+        return ks, shape if isinstance(shape, tuple) else None
+
+    def _choose_greedy_shape(self, greedy: list[Sequence], k_max: int, round_s: list[float]):
+        """The all-greedy batch's shape: a chain k (an int, 0 = plain) or a tree of ``self.trees``, the most expected
+        tokens per second of the round at the running batch, with the chains' hold and slow start (a tree is a
+        round of its depth: after a plain round the next is at most k = 1, then the depth at most doubles). A tree
+        only where its rate beats the best chain's (ties: the chain)."""
+        batch, deepest = len(greedy), max(len(t) for t in self.trees)
+
+        def best(cap: int):
+            chain_cap = min(cap, k_max)
+            alphas = [self.alphas(seq, max(chain_cap, deepest)) for seq in greedy]
+            shape, rate = _best_joint_rate([(a, _room(seq, k_max)) for a, seq in zip(alphas, greedy)], 0.0, 0,
+                                           round_s[:chain_cap + 1])
+            for tree in self.trees:
+                if len(tree) > cap:
+                    continue
+                tokens = 0.0
+                for seq, a in zip(greedy, alphas):
+                    st = self.state(seq)
+                    depth = min(len(tree), _remaining(seq))
+                    tokens += tree_tokens([st.coverage(d, tree[d], a[d], self.prior_strength) for d in range(depth)])
+                tree_rate = tokens / self._tree_round(batch, tree)
+                if tree_rate > rate:
+                    shape, rate = tree, tree_rate
+            return shape
+
+        cap = max(min(max(k_max, deepest), _remaining(seq)) for seq in greedy)
+        shape = self._explore(self.greedy_state, cap, greedy, best, self._forget_drafting_rounds)
+        self.greedy_state.last_k = shape_depth(shape)
+        return shape
+
+    def _fresh(self, key) -> bool:
+        """Whether the measured average of ``key`` (bucket, shape) exists and was fed within ``round_memory`` rounds."""
+        return key in self.measured_s and self._observed - self._seen[key] <= self.round_memory
+
+    def table_round(self, batch: int, shape) -> float:
+        """The table's cost of a round of ``shape`` (a chain's k, or a tree's widths) at ``batch`` rows. A tree:
+        its pass of nodes + 1 tokens per row, one draft step per depth (a draft model drafts each depth in one
+        batched pass; a wide depth's pass costs more at a large batch, which the measured rounds then show) and
+        the round's overhead at that width."""
+        if not isinstance(shape, tuple):
+            return self.costs.round(batch, shape)
+        key = (batch, shape)
+        if key not in self._round_s:
+            tokens = tree_nodes(shape) + 1
+            self._round_s[key] = (self.costs.target(batch, tokens) + len(shape) * self.costs.draft(batch)
+                                  + self.costs.overhead(batch, tokens))
+        return self._round_s[key]
+
+    def _tree_round(self, batch: int, tree: tuple[int, ...]) -> float:
+        """The cost of a round of ``tree`` at ``batch`` rows: measured where one ran at that bucket (``observe_round``);
+        else the table's, scaled as the measured / table of the drafting shape (chain or tree) nearest in tokens
+        per row at that bucket, if one ran (as ``_measured_rounds`` prices an unmeasured k)."""
+        bucket = self.costs.bucket(batch)
+        if self._fresh((bucket, tree)):
+            return self.measured_s[bucket, tree]
+        table = self.table_round(batch, tree)
+        near = [shape for (b, shape) in self.measured_s if b == bucket and shape_depth(shape) > 0
+                and self._fresh((b, shape))]
+        if not near:
+            return table
+        tokens = tree_nodes(tree) + 1
+
+        def width(shape) -> int:
+            return tree_nodes(shape) + 1 if isinstance(shape, tuple) else shape + 1
+
+        j = min(near, key=lambda shape: (abs(width(shape) - tokens), width(shape), str(shape)))
+        return table * self.measured_s[bucket, j] / self.table_round(batch, j)
+
+    def observe_tree(self, running: list[Sequence], widths: tuple[int, ...], depths: list[int],
+                     accepted: list[int]) -> None:
+        """A tree round of ``widths`` ran over ``running`` (row b: a tree ``depths[b]`` deep, ``accepted[b]`` nodes
+        accepted) and each row's Stats counted it: fold its evidence into each row's coverage of those widths
+        (``RowState.observe_tree``) instead of the chain estimates, which a tree's acceptance would inflate."""
+        for seq, n, a in zip(running, depths, accepted):
+            if not isinstance(seq.k_state, RowState):
+                seq.k_state = RowState(rounds=seq.stats.rounds - 1)
+            seq.k_state.observe_tree(seq.stats, self.decay, widths, n, a)
+
     def _rounds(self, batch: int, k_max: int) -> list[float]:
         key = (batch, k_max)
         if key not in self._round_s:
@@ -347,8 +540,7 @@ class AutoK:
         try too; the table's alone where nothing ran at that bucket."""
         bucket = self.costs.bucket(batch)
         table = self._rounds(batch, k_max)
-        measured = {k: self.measured_s[bucket, k] for k in range(k_max + 1)
-                    if (bucket, k) in self.measured_s and self._observed - self._seen[bucket, k] <= self.round_memory}
+        measured = {k: self.measured_s[bucket, k] for k in range(k_max + 1) if self._fresh((bucket, k))}
         if not measured:
             return table
         out = []
@@ -364,9 +556,9 @@ class AutoK:
             out.append(t * measured[j] / table[j])
         return out
 
-    def observe_round(self, batch: int, k: int, seconds: float) -> None:
-        """A round of ``batch`` rows whose widest row drafted ``k`` took ``seconds`` (the scheduler's wall time of
-        the round: drafting, the target pass, verification, commit)."""
+    def observe_round(self, batch: int, k, seconds: float) -> None:
+        """A round of ``batch`` rows whose widest row drafted ``k`` (or a tree round of widths ``k``, a tuple) took
+        ``seconds`` (the scheduler's wall time of the round: drafting, the target pass, verification, commit)."""
         if not seconds > 0 or seconds == float("inf"):
             return
         self._observed += 1
@@ -435,7 +627,7 @@ class AutoK:
         if st.last_k is not None:
             cap = min(cap, max(1, 2 * st.last_k))                       # slow start
         k = best(cap)
-        if k > 0:
+        if shape_depth(k) > 0:
             st.drafting += 1
             return k
         if st.drafting >= self.settle or st.next_hold == 0:              # a fall after a run of drafting: start over
@@ -446,7 +638,12 @@ class AutoK:
 
 def _room(seq: Sequence, k_max: int) -> int:
     """The most drafts ``seq`` can use this round: K, and no more than the tokens it may still emit - 1."""
-    return min(k_max, seq.request.max_new_tokens - len(seq.generated) - 1)
+    return min(k_max, _remaining(seq))
+
+
+def _remaining(seq: Sequence) -> int:
+    """The tokens ``seq`` may still emit - 1: the most positions a round of it can use."""
+    return seq.request.max_new_tokens - len(seq.generated) - 1
 
 
 # ---------------------------------------------------------------------------------- measurement
@@ -473,20 +670,26 @@ def _timed(fn, reps: int, sync) -> float:
 
 @torch.no_grad()
 def measure_costs(target, drafter, k_max: int, batch_sizes: tuple[int, ...], *, prompt_len: int = 32,
-                  reps: int = 3) -> CostTable:
+                  reps: int = 3, trees: tuple = ()) -> CostTable:
     """Time target passes of 1..k_max+1 tokens, one draft step and whole rounds at each batch size on this machine.
 
     Uses (and leaves in an undefined state) the target's cache and the drafter: call it before the
     ``Scheduler`` is built, which sets both up afresh. Token counts measured: 1, 2, k_max + 1 and a few
     between (linear interpolation fills the rest). With a drafter, ``_round_overheads`` then times whole
     scheduler rounds for the overhead column (``CostTable.overhead_s``); without one it stays zero.
+    ``trees`` (``tree="auto"``'s candidates): also the pass of each tree's nodes + 1 tokens, timed as that tree's
+    pass (``append_tree``, where the target has one), so that a tree is priced by a measured pass of its width
+    and not by extending the chains' slope past a cliff; their overhead is the widest chain round's (the chain
+    rounds are the ones timed whole).
     """
     from ..drafters.base import SamplingParams
 
     device = target.device
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    tokens = tuple(sorted({1, 2, max(1, (k_max + 2) // 2), k_max + 1}))
-    max_seq_len = prompt_len + (reps + 2) * (k_max + 2) + 8
+    chain_tokens = tuple(sorted({1, 2, max(1, (k_max + 2) // 2), k_max + 1}))
+    tree_of = {tree_nodes(tuple(t)) + 1: tuple(t) for t in trees}
+    tokens = tuple(sorted(set(chain_tokens) | set(tree_of)))
+    max_seq_len = prompt_len + (reps + 2) * (max(tokens) + 1) + 8
     vocab = target.config.vocab_size
     gen = torch.Generator().manual_seed(0)
     target_rows, draft_row, overhead_rows = [], [], []
@@ -497,7 +700,12 @@ def measure_costs(target, drafter, k_max: int, batch_sizes: tuple[int, ...], *, 
         base = target.lengths.clone()
 
         def one_pass(t):
-            target.append(torch.randint(0, vocab, (batch, t), generator=gen))
+            fed = torch.randint(0, vocab, (batch, t), generator=gen)
+            if t in tree_of and t not in chain_tokens and hasattr(target, "append_tree"):
+                parents = (-1,) + tuple(p + 1 for p in full_tree(tree_of[t]))
+                target.append_tree(fed, [parents] * batch)
+            else:
+                target.append(fed)
             target.rollback(base)
 
         target_rows.append(tuple(_timed(lambda t=t: one_pass(t), reps, sync) for t in tokens))
@@ -516,7 +724,7 @@ def measure_costs(target, drafter, k_max: int, batch_sizes: tuple[int, ...], *, 
         draft_row.append(_timed(one_step, reps, sync))
         parts = CostTable((batch,), tokens, (target_rows[-1],), (draft_row[-1],))
         overhead_rows.append(_round_overheads(target, drafter, k_max, prompts, parts, reps, sync,
-                                              warm=device.type == "cuda"))
+                                              warm=device.type == "cuda", forced_tokens=chain_tokens))
     return CostTable(tuple(batch_sizes), tokens, tuple(target_rows), tuple(draft_row), tuple(overhead_rows))
 
 
@@ -528,7 +736,7 @@ def _repeating_prompts(batch: int, prompt_len: int, vocab: int, gen: torch.Gener
 
 
 def _round_overheads(target, drafter, k_max: int, prompts: list[list[int]], parts: CostTable, reps: int,
-                     sync, warm: bool) -> tuple[float, ...]:
+                     sync, warm: bool, forced_tokens: tuple[int, ...] | None = None) -> tuple[float, ...]:
     """overhead_s of one batch size: whole ``Scheduler.step`` rounds, every row's k forced to tokens[j] - 1, the
     best of ``reps`` each, less the round's passes as ``parts`` (this batch's target_s and draft_s) predict them.
     ``warm``: one untimed round first for each k (on a GPU its first round captures the draft loop's graph and
@@ -537,12 +745,14 @@ def _round_overheads(target, drafter, k_max: int, prompts: list[list[int]], part
     A round is charged for the drafts it ran (its widest row's), which a drafter may cut below the k asked
     (prompt lookup finding no match, its adaptive cap); a token count whose width no timed round ran is
     interpolated between those that ran (constant beyond them). A round measured below its parts (noise, or
-    host work that overlapped the device's) counts as no overhead."""
+    host work that overlapped the device's) counts as no overhead. ``forced_tokens``: the token counts whose
+    rounds are timed (default: every one of the table; a tree's wider count is not a chain round to force)."""
     from .scheduler import Scheduler, SchedulerConfig
 
     batch, tokens = parts.batch_sizes[0], parts.tokens
+    timed = forced_tokens if forced_tokens is not None else tokens
     forced = [0]
-    max_new = 3 + (reps + 1) * sum(tokens)        # more than the rounds below emit (k + 1 per row at most): none ends
+    max_new = 3 + (reps + 1) * sum(timed)        # more than the rounds below emit (k + 1 per row at most): none ends
     scheduler = Scheduler(target, drafter, SchedulerConfig(batch, len(prompts[0]) + max_new + k_max + 1, k_max),
                           k_policy=lambda running, k: [forced[0]] * len(running))
     scheduler.eos = set()                         # a row that met EOS would leave and shrink the measured batch
@@ -550,7 +760,7 @@ def _round_overheads(target, drafter, k_max: int, prompts: list[list[int]], part
         scheduler.submit(Request(prompt, max_new, id=b))
     scheduler.step()                              # admission and a first round
     best: dict[int, float] = {}                   # drafts the round ran -> its least seconds beyond its passes
-    for t in tokens:
+    for t in timed:
         forced[0] = t - 1
         if warm:
             scheduler.step()

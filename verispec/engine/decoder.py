@@ -8,6 +8,7 @@ import time
 from typing import Callable, Sequence as Seq
 
 from ..drafters.base import Drafter
+from .auto_k import AUTO_TREES, AutoK, CostTable, default_batch_sizes, measure_costs
 from .guards import (ModelLease, check_drafter, check_k, check_max_new_tokens, check_prompts, check_same_model,
                      check_sampling, check_stop, check_tree)
 from .request import Request, Sequence
@@ -26,13 +27,17 @@ class SpeculativeDecoder:
     ``warm=True``: before the run, capture every CUDA graph it can replay (``Scheduler.warm_up``; once per model
     and shape), so that no request captures; its time is ``Stats.warmup_s``, outside the timed run.
     ``tree=[w1, ..., wd]``: each round drafts a tree of w_i children per node at depth i and verifies it in one
-    tree pass (engine/tree_round.py); ``k`` is then unused. None: chains of k drafts.
+    tree pass (engine/tree_round.py); ``k`` is then unused. None: chains of k drafts. ``tree="auto"``: each round
+    plain decoding, a chain of up to k drafts or one of ``auto_k.AUTO_TREES``, whichever the cost model predicts
+    the most tokens per second for (``AutoK.decide``; trees only for greedy batches), priced by ``costs`` (a
+    ``CostTable``; None: measured on this machine at the first ``generate`` of each batch size, outside its timing).
     A sequence that fails (e.g. NaN logits) makes ``generate`` raise ``GenerationError`` (which holds every
     ``Generation``, the failed ones with their ``error``): a failure is never returned as a short output.
     """
 
     def __init__(self, target, drafter: Drafter | None = None, *, k: int = 4, timing: bool = False,
-                 verify_backend: str | None = None, warm: bool = True, tree=None, isolate_drafter: bool = False):
+                 verify_backend: str | None = None, warm: bool = True, tree=None, isolate_drafter: bool = False,
+                 costs: CostTable | None = None):
         check_drafter(drafter)
         self.tree = check_tree(tree, drafter)
         if self.tree is not None and not hasattr(target, "append_tree"):
@@ -50,6 +55,11 @@ class SpeculativeDecoder:
         self.verify_backend = verify_backend
         self.warm = warm
         self.isolate_drafter = isolate_drafter
+        if costs is not None and not isinstance(costs, CostTable):
+            raise TypeError(f"costs must be a CostTable (engine/auto_k.py) or None, got {type(costs).__name__}")
+        self.costs = costs
+        self._measured: dict[int, tuple[int, CostTable]] = {}    # batch -> (k, the table measured for tree="auto")
+        self.last_policy: AutoK | None = None   # tree="auto": the last generate()'s policy (its measured rounds)
         self.last_stats: Stats | None = None   # the whole batch's counts of the last generate()
         self._debug_round_hook: Callable[["SpeculativeDecoder", list[Sequence]], None] | None = None  # tests
 
@@ -85,11 +95,15 @@ class SpeculativeDecoder:
             r.submitted_at = t_start
         longest = max(len(p) for p in prompts)
         limit = getattr(self.target.config, "max_position_embeddings", None)
-        k = self.k
-        if self.tree is not None:
+        k = chain_k = self.k
+        if self.tree == "auto":
+            chain_k, _ = check_k(k, max_new_tokens, longest, limit)
+            k = max([chain_k] + [tree_nodes(t) for t in AUTO_TREES])     # the lookahead of the largest shape
+        elif self.tree is not None:
             k = tree_nodes(self.tree)             # the lookahead: every node of a tree goes through the pass
         elif k:
             k, _ = check_k(k, max_new_tokens, longest, limit)
+            chain_k = k
         # room for the prompt, the new tokens and one round of lookahead (certain token + K drafts)
         needed = longest + max_new_tokens + k + 1
         if max_seq_len is None:
@@ -102,9 +116,13 @@ class SpeculativeDecoder:
                              f"= {needed} exceeds the model's max_position_embeddings {limit}: shorten the prompt "
                              f"or max_new_tokens")
         with ModelLease(self.target, getattr(self.drafter, "model", None)):
-            config = SchedulerConfig(len(prompts), max_seq_len, k, tree=self.tree)
-            scheduler = Scheduler(self.target, self.drafter, config, verify_backend=self.verify_backend,
-                                  timing=self.timing, isolate_drafter=self.isolate_drafter)
+            policy = None
+            if self.tree == "auto":
+                policy = AutoK(self.costs_for(len(prompts), chain_k), trees=AUTO_TREES)
+                self.last_policy = policy
+            config = SchedulerConfig(len(prompts), max_seq_len, chain_k if self.tree == "auto" else k, tree=self.tree)
+            scheduler = Scheduler(self.target, self.drafter, config, k_policy=policy,
+                                  verify_backend=self.verify_backend, timing=self.timing, isolate_drafter=self.isolate_drafter)
             if self.warm:
                 settings = sorted({(r.temperature, r.top_k, r.top_p) for r in requests})
                 scheduler.warm_up(settings, longest)
@@ -117,6 +135,18 @@ class SpeculativeDecoder:
         if failed:
             raise GenerationError(failed, gens)
         return gens if is_batch else gens[0]
+
+    def costs_for(self, batch: int, k: int) -> CostTable:
+        """tree="auto"'s cost table for ``batch`` prompts and chains of up to ``k`` drafts: the one given, else
+        measured here (``measure_costs`` at the batch buckets up to ``batch``, with the candidate trees' passes), once
+        per batch size (a table measured for a larger k serves a smaller one: a warm-up call's capped k). Call it
+        before a scheduler is built (``generate`` does): it sets up the target's cache and the drafter its own way."""
+        if self.costs is not None:
+            return self.costs
+        if batch not in self._measured or self._measured[batch][0] < k:
+            self._measured[batch] = (k, measure_costs(self.target, self.drafter, k, default_batch_sizes(batch),
+                                                      trees=AUTO_TREES))
+        return self._measured[batch][1]
 
     def _run(self, scheduler: Scheduler, requests: list[Request]) -> tuple[list[Generation], list[Sequence]]:
         if self._debug_round_hook is not None:
@@ -149,8 +179,9 @@ class GenerationError(RuntimeError):
 def generate(target, prompt, *, drafter: Drafter | None = None, k: int = 4, max_new_tokens: int = 128,
              temperature=0.0, top_k=None, top_p=None, seed: int | None = None, stop=None, chat: bool = False,
              max_seq_len: int | None = None, on_tokens=None, timing: bool = False, verify_backend: str | None = None,
-             warm: bool = True, tree=None):
-    """One-call speculative generation; see ``SpeculativeDecoder.generate`` (``tree=[w1, ..., wd]``: draft trees).
+             warm: bool = True, tree=None, costs: CostTable | None = None):
+    """One-call speculative generation; see ``SpeculativeDecoder.generate`` (``tree=[w1, ..., wd]``: draft trees;
+    ``tree="auto"``: plain, chain or tree per round by the cost model, ``costs`` its table or None to measure it).
 
     Example (the embedded SmolLM2; greedy output equals plain decoding's token for token)::
 
@@ -161,7 +192,7 @@ def generate(target, prompt, *, drafter: Drafter | None = None, k: int = 4, max_
         print(out.text, out.stats.summary())
     """
     decoder = SpeculativeDecoder(target, drafter, k=k, timing=timing, verify_backend=verify_backend, warm=warm,
-                                 tree=tree)
+                                 tree=tree, costs=costs)
     return decoder.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                             top_p=top_p, seed=seed, stop=stop, chat=chat, max_seq_len=max_seq_len,
                             on_tokens=on_tokens)

@@ -192,15 +192,19 @@ def check_drafter(drafter) -> None:
     raise TypeError(f"drafter must be None or one of {DRAFTER_CLASSES}, got {type(drafter).__name__}")
 
 
-def check_tree(tree, drafter) -> tuple[int, ...] | None:
-    """``tree``: None (chains of k drafts) or the children per node at each depth, e.g. [4, 2, 2, 1] (4 children
-    of the root, 2 of each of those, ...): integers >= 1, at most MAX_TREE_TOKENS - 1 nodes in all (the tree pass
-    holds the certain token too). The drafter must draft trees: one that cannot is refused, never run as a chain."""
+def check_tree(tree, drafter) -> tuple[int, ...] | str | None:
+    """``tree``: None (chains of k drafts), "auto" (each round plain decoding, a chain or a tree, by the cost model:
+    engine/auto_k.py) or the children per node at each depth, e.g. [4, 2, 2, 1] (4 children of the root, 2 of each
+    of those, ...): integers >= 1, at most MAX_TREE_TOKENS - 1 nodes in all (the tree pass holds the certain token
+    too). The drafter must draft trees: one that cannot is refused, never run as a chain."""
     if tree is None:
         return None
+    if isinstance(tree, str) and tree == "auto":
+        _check_tree_drafter(drafter)
+        return "auto"
     if isinstance(tree, (str, bytes, Integral)) or not hasattr(tree, "__iter__"):
-        raise TypeError(f"tree must be a list of children per node at each depth, e.g. [4, 2, 2, 1], or None, "
-                        f"got {tree!r}")
+        raise TypeError(f"tree must be a list of children per node at each depth, e.g. [4, 2, 2, 1], \"auto\" or "
+                        f"None, got {tree!r}")
     widths = tuple(tree)
     if not widths:
         raise ValueError("tree must name at least one depth, e.g. [4] (4 alternatives for the next token)")
@@ -216,12 +220,16 @@ def check_tree(tree, drafter) -> tuple[int, ...] | None:
     if nodes > MAX_TREE_TOKENS - 1:
         raise ValueError(f"tree {list(widths)} has {nodes} nodes; a tree pass holds at most {MAX_TREE_TOKENS - 1} "
                          f"(plus the certain token): use fewer or narrower depths")
+    _check_tree_drafter(drafter)
+    return tuple(int(w) for w in widths)
+
+
+def _check_tree_drafter(drafter) -> None:
     if drafter is None:
         raise ValueError("tree= needs a drafter (drafter=None is plain decoding: there is nothing to draft)")
     if not getattr(drafter, "drafts_trees", False):
         raise TreeDraftUnsupported(f"{type(drafter).__name__} does not draft trees: use tree=None (a chain), or "
                                    f"DraftModel, SelfSpeculative, PromptLookup or OracleDraft")
-    return tuple(int(w) for w in widths)
 
 
 class _TreeCapable:
@@ -230,16 +238,18 @@ class _TreeCapable:
     drafts_trees = True
 
 
-def parse_tree_flag(text: str, *, head: bool, has_drafter: bool, chain_drafter: str | None = None) -> list[int]:
-    """``--tree W1,W2,...`` of ``verispec generate`` and ``verispec serve`` -> the widths, checked before any model
-    is loaded. ``head``: --draft-head was given; ``has_drafter``: --draft-lookup, --draft or --draft-self was;
+def parse_tree_flag(text: str, *, head: bool, has_drafter: bool, chain_drafter: str | None = None) -> list[int] | str:
+    """``--tree W1,W2,...`` or ``--tree auto`` of ``verispec generate`` and ``verispec serve`` -> the widths (or
+    "auto": each round's shape chosen by the cost model), checked before any model is loaded. ``head``: --draft-head
+    was given; ``has_drafter``: --draft-lookup, --draft or --draft-self was;
     ``chain_drafter``: the name of the chosen drafter when it drafts chains only (serve's oracle).
     ValueError with the message the CLI prints."""
+    auto = text.strip().lower() == "auto"
     try:
-        widths = [int(w) for w in text.split(",")]
+        widths = "auto" if auto else [int(w) for w in text.split(",")]
     except ValueError:
         raise ValueError(f"--tree must be comma-separated integers (children per node at each depth), e.g. 4,2,2,1, "
-                         f"got {text!r}") from None
+                         f"or auto, got {text!r}") from None
     if head:
         raise ValueError("--tree: the feature head (--draft-head) drafts chains only; use -k")
     if not has_drafter:

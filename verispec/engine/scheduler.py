@@ -51,7 +51,9 @@ class SchedulerConfig:
     max_seq_len: int               # tokens a sequence may hold: prompt + new tokens + one round's lookahead
     k: int = 4                     # drafts per round (the most any row gets; 0 = plain decoding)
     max_waiting: int | None = None # queued requests beyond which submit() refuses (None = unbounded)
-    tree: tuple[int, ...] | None = None   # draft trees: children per node at each depth (None = chains of k)
+    # draft trees: children per node at each depth (None = chains of k); "auto": the k_policy (an AutoK with trees)
+    # picks plain decoding, a chain of up to k drafts or one of its trees each round
+    tree: tuple[int, ...] | str | None = None
 
 
 def tree_nodes(widths) -> int:
@@ -82,10 +84,21 @@ class Scheduler:
             raise ValueError(f"max_batch_size must be >= 1 and max_seq_len >= 2, got {config}")
         self.target, self.drafter, self.config = target, drafter, config
         self.k = config.k if drafter is not None else 0
+        # tree="auto": the policy's trees and chains of up to k_max drafts, shape by shape (``AutoK.decide``)
+        self.tree_auto = config.tree == "auto" and drafter is not None
+        self.auto_trees: tuple[tuple[int, ...], ...] = ()
+        if self.tree_auto:
+            self.auto_trees = tuple(getattr(k_policy, "trees", ()))
+            if not hasattr(k_policy, "decide") or not self.auto_trees:
+                raise ValueError("tree='auto' needs a k_policy that chooses trees: AutoK(costs, trees=AUTO_TREES)")
         # a tree round appends the certain token and every node of the tree: its lookahead is the tree's size
-        self.tree = tuple(config.tree) if config.tree is not None and drafter is not None else None
+        self.tree = (tuple(config.tree) if config.tree is not None and config.tree != "auto" and drafter is not None
+                     else None)
+        self.k_max = self.k                  # the chains' K (the policy's k_max)
         if self.tree is not None:
             self.k = tree_nodes(self.tree)
+        elif self.tree_auto:
+            self.k = max([self.k_max] + [tree_nodes(t) for t in self.auto_trees])
         self.k_policy = k_policy or (lambda running, k: [k] * len(running))
         self.verify_backend = verify_backend
         self.isolate_drafter = isolate_drafter
@@ -153,40 +166,54 @@ class Scheduler:
         setting in ``settings``: (temperature, top_k, top_p) tuples). Without it the first round of each new shape
         captures inside a request. Time and count go to ``totals`` (warmup_s, graphs_captured)."""
         t0 = time.perf_counter()
-        n = 0
-        if self.tree is not None:
-            # the target's tree passes of every node bucket up to the full tree (a prompt-lookup trie may be
-            # smaller) and of the full tree's exact width (a draft model's trees are always full), the drafter's
-            # tree passes, both prefill graphs, the tree verification's kernels
-            B = self.config.max_batch_size
-            if hasattr(self.target, "warm_up_tree"):
-                n += self.target.warm_up(B, 1, prompt_tokens)
-                for w in TREE_WIDTHS:
-                    if w <= tree_width(self.k + 1):
-                        n += self.target.warm_up_tree(B, (-1,) + (0,) * (w - 1), w)
-                n += self.target.warm_up_tree(B, (-1,) + (0,) * self.k, self.k + 1, exact=True)
-            if self.drafting:
-                n += self.drafter.warm_up_tree(B, self.tree, prompt_tokens)
-            if self.target.device.type == "cuda":
-                warm_tree_verification(self.target.device, self.target.dtype, self.target.config.vocab_size, B,
-                                       self.tree, list(settings), self.verify_backend)
-            self.totals.warmup_s += time.perf_counter() - t0
-            self.totals.graphs_captured += n
-            return n
-        if hasattr(self.target, "warm_up"):
-            n += self.target.warm_up(self.config.max_batch_size, self.k + 1, prompt_tokens)
-        if self.drafter is not None and self.k:
-            n += self.drafter.warm_up(self.config.max_batch_size, self.k, list(settings), prompt_tokens)
-        self._warm_verification(list(settings))
+        if self.tree_auto:       # a round may be any of them: every chain k and every tree
+            n = self._warm_up_chains(list(settings), prompt_tokens) + self._warm_up_trees(
+                self.auto_trees, list(settings), prompt_tokens)
+        elif self.tree is not None:
+            n = self._warm_up_trees((self.tree,), list(settings), prompt_tokens)
+        else:
+            n = self._warm_up_chains(list(settings), prompt_tokens)
         self.totals.warmup_s += time.perf_counter() - t0
         self.totals.graphs_captured += n
+        return n
+
+    def _warm_up_chains(self, settings: list[tuple[float, int, float]], prompt_tokens: int) -> int:
+        """The chain rounds' graphs (target passes of 1..k_max + 1 tokens, the drafter's loops) and verification."""
+        n = 0
+        if hasattr(self.target, "warm_up"):
+            n += self.target.warm_up(self.config.max_batch_size, self.k_max + 1, prompt_tokens)
+        if self.drafter is not None and self.k_max:
+            n += self.drafter.warm_up(self.config.max_batch_size, self.k_max, settings, prompt_tokens)
+        self._warm_verification(settings)
+        return n
+
+    def _warm_up_trees(self, trees, settings: list[tuple[float, int, float]], prompt_tokens: int) -> int:
+        """The tree rounds' graphs of every shape in ``trees``: the target's tree passes of every node bucket up to
+        the largest tree (a prompt-lookup trie may be smaller) and of each full tree's exact width (a draft model's
+        trees are always full), the drafter's tree passes, both prefill graphs; the tree verification's kernels."""
+        B, n = self.config.max_batch_size, 0
+        largest = max(tree_nodes(t) for t in trees)
+        if hasattr(self.target, "warm_up_tree"):
+            n += self.target.warm_up(B, 1, prompt_tokens)
+            for w in TREE_WIDTHS:
+                if w <= tree_width(largest + 1):
+                    n += self.target.warm_up_tree(B, (-1,) + (0,) * (w - 1), w)
+            for tree in trees:
+                nodes = tree_nodes(tree)
+                n += self.target.warm_up_tree(B, (-1,) + (0,) * nodes, nodes + 1, exact=True)
+        for tree in trees:
+            if self.drafting:
+                n += self.drafter.warm_up_tree(B, tree, prompt_tokens)
+            if self.target.device.type == "cuda":
+                warm_tree_verification(self.target.device, self.target.dtype, self.target.config.vocab_size, B,
+                                       tree, settings, self.verify_backend)
         return n
 
     def _warm_verification(self, settings: list[tuple[float, int, float]]) -> None:
         """On a GPU: ``warm_verification`` for every batch size and draft count this scheduler will see."""
         if self.target.device.type == "cuda":
             warm_verification(self.target.device, self.target.dtype, self.target.config.vocab_size,
-                              self.config.max_batch_size, self.k, settings, self.verify_backend)
+                              self.config.max_batch_size, self.k_max, settings, self.verify_backend)
 
     @property
     def idle(self) -> bool:
@@ -291,10 +318,15 @@ class Scheduler:
     def _round(self) -> None:
         drafter = self.drafter if self.drafting else None
         t0 = time.perf_counter()
-        caps = self.k_policy(self.running, self.k) if self.k and drafter is not None else [0] * len(self.running)
+        tree = self.tree
+        if self.tree_auto and drafter is not None:
+            caps, tree = self.k_policy.decide(self.running, self.k_max)
+        else:
+            caps = (self.k_policy(self.running, self.k_max) if self.k_max and drafter is not None
+                    else [0] * len(self.running))
         try:
-            if self.tree is not None and drafter is not None:
-                result = run_tree_round(self.target, drafter, self.batch, self.tree, self.clock, self.verify_backend,
+            if tree is not None and drafter is not None:
+                result = run_tree_round(self.target, drafter, self.batch, tree, self.clock, self.verify_backend,
                                         self.launched_hook)
             else:
                 result = run_round(self.target, drafter, self.batch, caps, self.clock, self.verify_backend,
@@ -305,12 +337,15 @@ class Scheduler:
         if result.draft_error is not None:
             self._drafter_failed(*result.draft_error)
         observe = getattr(self.k_policy, "observe_round", None)
-        if observe is not None and self.tree is None:       # the policy prices k by the rounds it ran (AutoK)
-            observe(len(self.running), max(result.num_draft, default=0), time.perf_counter() - t0)
+        if observe is not None and (self.tree is None or self.tree_auto):   # the policy prices k by the rounds it ran
+            shape = tree if tree is not None else max(result.num_draft, default=0)
+            observe(len(self.running), shape, time.perf_counter() - t0)
         self._account(result)
-        for b, (seq, chunk, n, a) in enumerate(zip(self.running, result.emitted, result.num_draft,
-                                                   result.num_accepted)):
+        for seq, n, a in zip(self.running, result.num_draft, result.num_accepted):
             seq.stats.add_round(n, a)
+        if self.tree_auto and tree is not None:      # a tree's acceptance is evidence on its widths, not the chain's
+            self.k_policy.observe_tree(self.running, tree, result.num_draft, result.num_accepted)
+        for b, (seq, chunk) in enumerate(zip(self.running, result.emitted)):
             if seq.finish_reason is not None:
                 continue
             if b in result.failed:

@@ -37,8 +37,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-k", default="auto", help="drafts per round: an integer >= 1, or auto: each round, each "
                    "request's k in [0, --k-max] with the most expected tokens/s for its own acceptance")
     p.add_argument("--k-max", type=int, default=8, help="the largest k that -k auto considers")
-    p.add_argument("--tree", default=None, metavar="W1,W2,...", help="draft trees instead of chains: children per "
-                   "node at each depth, e.g. 4,2,2,1 (at most 63 nodes); replaces -k (no auto for trees yet)")
+    p.add_argument("--tree", default=None, metavar="W1,W2,...|auto", help="draft trees instead of chains: children "
+                   "per node at each depth, e.g. 4,2,2,1 (at most 63 nodes), replacing -k; or auto (with -k auto): "
+                   "each round plain decoding, a chain of up to --k-max drafts or one of a few trees, whichever the "
+                   "cost table predicts the most tokens/s for (trees for all-greedy batches only)")
     p.add_argument("--cost-table", default=None, help="-k auto: JSON cost table to load, or to write after "
                    "measuring at startup when the file does not exist; None = measure, keep in memory")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (loopback unless --allow-remote)")
@@ -156,6 +158,9 @@ def check_args(args) -> None:
                 chain_drafter="the oracle drafter of the server (SuccessorOracle)" if oracle else None)
         except ValueError as e:
             _die(str(e))
+        if args.tree == "auto" and args.k != "auto":
+            _die(f"--tree auto chooses the chain's k too: leave -k at auto (--k-max bounds the chains), "
+                 f"got -k {args.k}")
     for name in ("max_batch_size", "max_seq_len", "max_waiting"):
         if getattr(args, name) < (0 if name == "max_waiting" else 1):
             _die(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")

@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from ..engine import Scheduler, SchedulerConfig
 from ..engine.guards import check_tree
 from ..engine.scheduler import tree_nodes
-from ..engine.auto_k import AutoK, CostTable, default_batch_sizes, measure_costs
+from ..engine.auto_k import AUTO_TREES, AutoK, CostTable, default_batch_sizes, measure_costs
 from .app import ServedModel, build_app
 from .cli import served_name
 from .engine import EngineLoop
@@ -78,8 +78,9 @@ def load_target_and_drafter(args, ssd_drafter=None):
     return target, drafter
 
 
-def cost_table(args, target, drafter, k_max: int) -> CostTable:
-    """Load ``--cost-table`` if it exists; else measure here (and save it when a path was given)."""
+def cost_table(args, target, drafter, k_max: int, trees: tuple = ()) -> CostTable:
+    """Load ``--cost-table`` if it exists; else measure here (and save it when a path was given). ``trees``
+    (``--tree auto``): their passes are measured too (a table saved without them extends the chains' slope)."""
     if args.cost_table and os.path.exists(args.cost_table):
         with open(args.cost_table, encoding="utf-8") as f:
             table = CostTable.from_json(f.read())
@@ -87,7 +88,7 @@ def cost_table(args, target, drafter, k_max: int) -> CostTable:
         return table
     _log("k=auto: measuring target passes, draft steps and whole rounds on this machine ...")
     t0 = time.perf_counter()
-    table = measure_costs(target, drafter, k_max, default_batch_sizes(args.max_batch_size))
+    table = measure_costs(target, drafter, k_max, default_batch_sizes(args.max_batch_size), trees=trees)
     _log(f"k=auto: cost table measured in {time.perf_counter() - t0:.1f} s")
     if args.cost_table:
         with open(args.cost_table, "w", encoding="utf-8") as f:
@@ -102,15 +103,22 @@ def assemble(target, drafter, args) -> tuple[EngineLoop, FastAPI]:
     if limit is not None and args.max_seq_len > limit:
         raise ValueError(f"--max-seq-len {args.max_seq_len} exceeds the model's max_position_embeddings {limit}")
     tree = getattr(args, "tree", None) if drafter is not None else None
-    auto = args.k == "auto" and tree is None
+    tree_auto = tree == "auto"
+    auto = args.k == "auto" and (tree is None or tree_auto)
     k = 0 if drafter is None else (args.k_max if auto else args.k)
+    trees = AUTO_TREES if tree_auto else ()
     if tree is not None:
         check_tree(tree, drafter)
-        k = tree_nodes(tree)      # a tree round's lookahead: the certain token and every node
     # sampled requests are given the k that pays at --max-batch-size, whatever the load: their tokens depend on k
-    policy = (AutoK(cost_table(args, target, drafter, k), reference_batch=args.max_batch_size)
+    policy = (AutoK(cost_table(args, target, drafter, k, trees), reference_batch=args.max_batch_size, trees=trees)
               if auto and drafter is not None else None)
-    config = SchedulerConfig(args.max_batch_size, args.max_seq_len, k, args.max_waiting, tree=tree)
+    if tree_auto:
+        chain_k, k = k, max([k] + [tree_nodes(t) for t in trees])     # the chains' K; the largest shape's lookahead
+    elif tree is not None:
+        chain_k = k = tree_nodes(tree)      # a tree round's lookahead: the certain token and every node
+    else:
+        chain_k = k
+    config = SchedulerConfig(args.max_batch_size, args.max_seq_len, chain_k, args.max_waiting, tree=tree)
     name = served_name(args)
     metrics = Metrics(name)
     def make_scheduler() -> Scheduler:
@@ -128,7 +136,7 @@ def assemble(target, drafter, args) -> tuple[EngineLoop, FastAPI]:
     engine = EngineLoop(make_scheduler, metrics)
     served = ServedModel(name, target.tokenizer, target.config.vocab_size, args.max_seq_len, k + 1)
     _log(f"{name}: drafter {type(drafter).__name__ if drafter else 'none'}, "
-         f"{f'tree={list(tree)}' if tree else 'k=' + ('auto' if policy else str(k))}, "
+         f"{'tree=auto' if tree_auto else f'tree={list(tree)}' if tree else 'k=' + ('auto' if policy else str(k))}, "
          f"max batch {args.max_batch_size}, max_seq_len {args.max_seq_len}")
     if os.environ.get(STEP_TRACE_ENV):
         engine.trace = []
@@ -264,6 +272,8 @@ def _log_k_auto(policy) -> None:
     if not isinstance(policy, AutoK) or not policy.measured_s:
         return
     costs = policy.costs
-    cells = [f"B<={costs.batch_sizes[b]} k={k}: {1e3 * s:.2f} ms (table {1e3 * costs.round(costs.batch_sizes[b], k):.2f})"
-             for (b, k), s in sorted(policy.measured_s.items())]
+    # keys: (bucket, k) of a chain round, (bucket, widths) of a tree round (--tree auto)
+    items = sorted(policy.measured_s.items(), key=lambda item: (item[0][0], isinstance(item[0][1], tuple), item[0][1]))
+    cells = [f"B<={costs.batch_sizes[b]} {f'tree={list(k)}' if isinstance(k, tuple) else f'k={k}'}: {1e3 * s:.2f} ms "
+             f"(table {1e3 * policy.table_round(costs.batch_sizes[b], k):.2f})" for (b, k), s in items]
     _log("k=auto rounds measured vs table: " + "; ".join(cells))

@@ -1,0 +1,294 @@
+"""``tree="auto"``: each round plain decoding, a chain k or one tree shape, by expected tokens per second
+(``AutoK.decide``, engine/auto_k.py "Trees"). The choice on synthetic cost tables (wide passes free at B = 1: a
+tree; dear at a large batch: a chain or plain), the evidence a tree round leaves (its widths' coverage, not the
+chain's acceptance), greedy output equal to plain decoding while the shape changes between rounds, seeded sampling
+reproducible (sampled batches keep per-row chains), warm-up covering every candidate shape, and the errors."""
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+
+from verispec.drafters import DraftModel, OracleDraft, PromptLookup
+from verispec.engine import Request, Scheduler, SchedulerConfig, Sequence, SpeculativeDecoder, Stats, generate
+from verispec.engine.auto_k import AUTO_TREES, AutoK, CostTable, RowState
+from verispec.engine.guards import parse_tree_flag
+from verispec.runtime import ModelConfig, load_model
+
+CFG = ModelConfig(vocab_size=97, num_layers=2, hidden_size=32, num_heads=2, num_kv_heads=1, head_dim=16,
+                  intermediate_size=48)
+PROMPTS = [[1, 2, 3, 4, 1, 2, 3], [5, 6], [7, 8, 9, 10, 11, 7, 8, 9, 12, 3, 1]]   # ragged
+N_NEW = 24
+# a draft whose top-w covers the target's token with these rates at every depth (OracleDraft's tree_rates)
+RATES = {1: 0.6, 2: 0.75, 3: 0.82, 4: 0.87}
+BATCHES = (1, 2, 4, 8)
+
+
+def flat_table() -> CostTable:
+    """Wide passes cost what a 1-token pass costs (a weight-bound pass: an H100 at B = 1), draft steps little."""
+    return CostTable(BATCHES, (1, 2, 64), ((1.0, 1.0, 1.0),) * len(BATCHES), (0.05,) * len(BATCHES))
+
+
+def dear_table() -> CostTable:
+    """The pass grows with the tokens per row, the faster the larger the batch (compute-bound at B = 8)."""
+    return CostTable(BATCHES, (1, 2, 64), tuple((1.0, 1.0 + 0.2 * b, 1.0 + 12.6 * b) for b in BATCHES),
+                     (0.05,) * len(BATCHES))
+
+
+def seasoned(rates=RATES, rounds: float = 200.0, depth: int = 8) -> RowState:
+    """A row whose evidence says: the draft's top-w covers the target's token with probability rates[w] at every
+    depth (``rounds`` tested rounds of each width)."""
+    return RowState(accepted=[rates[1] * rounds] * depth, tested=[rounds] * depth,
+                    wide_accepted={w: [r * rounds] * depth for w, r in rates.items() if w > 1},
+                    wide_tested={w: [rounds] * depth for w in rates if w > 1})
+
+
+def sequences(n: int, *, temperature: float = 0.0, state=seasoned) -> list[Sequence]:
+    out = []
+    for i in range(n):
+        seq = Sequence(Request([1, 2], 100, temperature=temperature, seed=i, id=i), Stats())
+        seq.k_state = state()
+        out.append(seq)
+    return out
+
+
+def test_auto_picks_a_tree_where_wide_passes_are_free():
+    ks, tree = AutoK(flat_table(), trees=AUTO_TREES).decide(sequences(1), 8)
+    assert tree in AUTO_TREES
+    assert ks == [len(tree)]
+
+
+@pytest.mark.parametrize("batch", [8, 4])
+def test_auto_picks_a_chain_or_plain_where_wide_passes_are_dear(batch):
+    ks, tree = AutoK(dear_table(), trees=AUTO_TREES).decide(sequences(batch), 8)
+    assert tree is None
+    assert len(set(ks)) == 1 and ks[0] <= 2
+
+
+def test_the_same_policy_picks_a_tree_at_batch_1_and_a_chain_at_batch_8_on_one_table():
+    """One table shaped like the H100's (benchmarks/results/trees.md): flat in the tokens at B = 1, steep at B = 8."""
+    table = CostTable(BATCHES, (1, 2, 64), ((1.0, 1.0, 1.1), (1.0, 1.0, 1.5), (1.0, 1.05, 3.0), (1.0, 1.3, 20.0)),
+                      (0.05,) * len(BATCHES))
+    assert AutoK(table, trees=AUTO_TREES).decide(sequences(1), 8)[1] in AUTO_TREES
+    assert AutoK(table, trees=AUTO_TREES).decide(sequences(8), 8)[1] is None
+
+
+def test_a_batch_with_a_sampled_row_gets_chains_and_trees_off_without_candidates():
+    """A sampled row's tokens depend on the shape its round drafts, which must not depend on its neighbours."""
+    mixed = sequences(1) + sequences(1, temperature=0.8)
+    assert AutoK(flat_table(), trees=AUTO_TREES).decide(mixed, 8)[1] is None
+    assert AutoK(flat_table()).decide(sequences(1), 8)[1] is None           # trees=(): k=auto's chains
+
+
+def test_a_tree_round_is_evidence_on_its_widths_and_not_on_the_chain():
+    """[2, 2, 1] accepting 2 nodes: depths 0 and 1 covered by 2 children, depth 2 (width 1) tested and rejected.
+    The chain's positions 0 and 1 get nothing (a success with 2 children says nothing about the first one alone)."""
+    policy = AutoK(flat_table(), trees=AUTO_TREES, decay=1.0)
+    seq = sequences(1, state=RowState)[0]
+    policy.state(seq)
+    seq.stats.add_round(3, 2)
+    policy.observe_tree([seq], (2, 2, 1), [3], [2])
+    st = seq.k_state
+    assert st.wide_tested[2] == [1.0, 1.0] and st.wide_accepted[2] == [1.0, 1.0]
+    assert st.tested == [0.0, 0.0, 1.0] and st.accepted == [0.0, 0.0, 0.0]
+    assert policy.state(seq) is st and st.tested == [0.0, 0.0, 1.0]         # the next observe does not re-read it
+    seq.stats.add_round(2, 2)                                               # then a chain round of k = 2, all taken
+    assert policy.state(seq).tested == [1.0, 1.0, 1.0] and st.accepted == [1.0, 1.0, 0.0]
+    # coverage: width 2's evidence over its prior, never below the chain's estimate
+    alpha = st.alphas(1, policy.prior_alpha, policy.prior_strength)[0]
+    assert st.coverage(0, 2, alpha, policy.prior_strength) >= alpha
+    assert st.coverage(0, 1, alpha, policy.prior_strength) == alpha
+
+
+def test_measured_tree_rounds_price_the_tree():
+    """A tree round measured ten times slower than the table says is priced so: the policy leaves the tree."""
+    policy = AutoK(flat_table(), trees=((2, 2, 1),))
+    assert policy.decide(sequences(1), 4)[1] == (2, 2, 1)
+    for _ in range(5):
+        policy.observe_round(1, (2, 2, 1), 12.0)
+    assert policy.decide(sequences(1), 4)[1] is None
+
+
+# ------------------------------------------------------------------------------------------------ end to end
+@pytest.fixture(scope="module")
+def target():
+    return load_model(CFG, device="cpu", dtype=torch.float32, seed=0)
+
+
+@pytest.fixture(scope="module")
+def references(target):
+    return [g.tokens for g in generate(target, PROMPTS, drafter=None, max_new_tokens=N_NEW)]
+
+
+@pytest.fixture
+def shapes(monkeypatch):
+    """The shape of every round AutoK.decide chose: a tree's widths, or a chain's widest k."""
+    seen: list = []
+    decide = AutoK.decide
+
+    def recorded(self, running, k_max):
+        ks, tree = decide(self, running, k_max)
+        seen.append(tree if tree is not None else max(ks))
+        return ks, tree
+
+    monkeypatch.setattr(AutoK, "decide", recorded)
+    return seen
+
+
+DRAFTERS = {
+    "oracle": lambda refs: OracleDraft(refs, RATES[1], seed=1, tree_rates=RATES),
+    "draft-model": lambda refs: DraftModel(load_model(CFG.replace(num_layers=1), device="cpu", dtype=torch.float32,
+                                                      seed=5)),
+    "prompt-lookup": lambda refs: PromptLookup(max_ngram=3, min_ngram=1),
+}
+
+
+@pytest.mark.parametrize("name", DRAFTERS)
+def test_greedy_auto_equals_plain_decoding_while_the_shape_changes(target, references, shapes, name):
+    out = generate(target, PROMPTS, drafter=DRAFTERS[name](references), k=4, tree="auto", costs=flat_table(),
+                   max_new_tokens=N_NEW)
+    assert [g.tokens for g in out] == references
+    if name != "prompt-lookup":             # a lookup's trie depends on the text: it may settle on trees alone
+        assert any(isinstance(s, tuple) for s in shapes) and any(not isinstance(s, tuple) for s in shapes), shapes
+
+
+def test_greedy_auto_on_a_dear_table_runs_no_tree_and_stays_exact(target, references, shapes):
+    out = generate(target, PROMPTS, drafter=DRAFTERS["oracle"](references), k=4, tree="auto", costs=dear_table(),
+                   max_new_tokens=N_NEW)
+    assert [g.tokens for g in out] == references
+    assert shapes and not any(isinstance(s, tuple) for s in shapes)
+
+
+def test_seeded_sampling_with_auto_is_reproducible_and_batch_independent(target, references, shapes):
+    kw = dict(k=4, tree="auto", costs=flat_table(), max_new_tokens=16, temperature=0.9, top_p=0.95)
+    make = DRAFTERS["draft-model"]
+    batch = generate(target, PROMPTS, drafter=make(references), seed=11, **kw)
+    again = generate(target, PROMPTS, drafter=make(references), seed=11, **kw)
+    assert [g.tokens for g in batch] == [g.tokens for g in again]
+    alone = generate(target, PROMPTS[2], drafter=make(references), seed=13, **kw)        # row 2: seed + 2
+    assert alone.tokens == batch[2].tokens
+    assert not any(isinstance(s, tuple) for s in shapes)       # sampled rows: each its own chain k
+
+
+class _Cycle(AutoK):
+    """Every shape in turn: plain, each chain k, each tree (warm-up must have covered them all)."""
+
+    def decide(self, running, k_max):
+        shapes = [0] + list(range(1, k_max + 1)) + list(self.trees)
+        shape = shapes[self._turn % len(shapes)]
+        self._turn += 1
+        if isinstance(shape, tuple):
+            return [len(shape)] * len(running), shape
+        return [shape] * len(running), None
+
+
+@pytest.mark.parametrize("B", [1, 3])
+def test_warm_up_captures_every_candidate_shape(B):
+    """With the graph path on (run eagerly on the CPU, on the same keys) a round of any chain k or any candidate
+    tree after ``warm_up`` adds no graph: on a GPU none would be captured inside a request."""
+    target = load_model(CFG, device="cpu", dtype=torch.float32, seed=0)
+    draft = load_model(CFG.replace(num_layers=1), device="cpu", dtype=torch.float32, seed=1)
+    target.use_graphs = draft.use_graphs = True
+    policy = _Cycle(flat_table(), trees=AUTO_TREES)
+    policy._turn = 0
+    k = 3
+    sched = Scheduler(target, DraftModel(draft), SchedulerConfig(B, 9 + 40 + 45, k, tree="auto"), k_policy=policy)
+    sched.warm_up(prompt_tokens=9)
+    for i in range(B):
+        sched.submit(Request(list(range(1 + i, 10 + i)), 40, id=i))
+    sched.step()                                        # admission and a first round
+    captured = target.graph_captures + draft.graph_captures
+    for _ in range(k + 1 + len(AUTO_TREES)):
+        sched._round()
+    assert all(s.finish_reason is None for s in sched.running)
+    assert target.graph_captures + draft.graph_captures == captured
+
+
+# ------------------------------------------------------------------------------------------------ errors
+def test_the_flag_parser_accepts_auto_and_names_bad_values():
+    assert parse_tree_flag("auto", head=False, has_drafter=True) == "auto"
+    assert parse_tree_flag("AUTO", head=False, has_drafter=True) == "auto"
+    with pytest.raises(ValueError, match="or auto"):
+        parse_tree_flag("auto,2", head=False, has_drafter=True)
+    with pytest.raises(ValueError, match="needs a drafter"):
+        parse_tree_flag("auto", head=False, has_drafter=False)
+    with pytest.raises(ValueError, match="drafts chains only"):
+        parse_tree_flag("auto", head=True, has_drafter=True)
+
+
+def test_bad_auto_settings_are_refused_naming_the_problem(target):
+    with pytest.raises(TypeError, match='"auto"'):
+        generate(target, PROMPTS[0], drafter=PromptLookup(), tree="automatic")
+    with pytest.raises(ValueError, match="needs a drafter"):
+        generate(target, PROMPTS[0], drafter=None, tree="auto")
+    with pytest.raises(TypeError, match="costs must be a CostTable"):
+        SpeculativeDecoder(target, PromptLookup(), tree="auto", costs={"B": 1})
+    with pytest.raises(ValueError, match="needs a k_policy that chooses trees"):
+        Scheduler(target, PromptLookup(), SchedulerConfig(1, 64, 4, tree="auto"))
+    with pytest.raises(ValueError, match="trees must be non-empty widths"):
+        AutoK(flat_table(), trees=((2, 0),))
+
+
+def test_measured_costs_include_each_candidate_trees_pass(target):
+    """``measure_costs(..., trees=)`` times each candidate's pass at its own width (nodes + 1 tokens per row); the
+    overhead of those widths is the widest chain round's (no chain round of 45 drafts is forced)."""
+    from verispec.engine.auto_k import measure_costs
+
+    table = measure_costs(target, PromptLookup(), 2, (1, 2), reps=1, trees=((2, 1), (2, 2, 1)))
+    assert table.tokens == (1, 2, 3, 5, 11)
+    assert all(row[3] == row[2] == row[4] for row in table.overhead_s)
+
+
+def test_serve_tree_auto_assembles_a_tree_choosing_scheduler_and_stays_exact(target, references, shapes, tmp_path,
+                                                                             capsys, monkeypatch):
+    """``verispec serve --tree auto`` (with its default -k auto): the server's scheduler chooses among the trees and
+    the chains of up to --k-max, and its greedy output is plain decoding's; -k N with --tree auto is refused."""
+    import fake_server
+    from fakes import FakeTokenizer
+    from verispec.serve import server
+
+    monkeypatch.setattr(target, "tokenizer", FakeTokenizer(CFG.vocab_size), raising=False)   # the app needs one
+
+    table = tmp_path / "costs.json"
+    table.write_text(flat_table().to_json())
+    args = fake_server.serve_args(["--draft-lookup", "--tree", "auto", "--k-max", "4", "--cost-table", str(table),
+                                   "--max-batch-size", "2", "--max-seq-len", "128"])
+    drafter = PromptLookup(max_ngram=3, min_ngram=1)
+    drafter.attach(target)
+    engine, _ = server.assemble(target, drafter, args)
+    sched = engine.scheduler
+    sched.eos = set()                                   # the references ran without a tokenizer: no EOS
+    assert sched.tree_auto and sched.k_policy.trees == AUTO_TREES and sched.k_max == 4
+    seqs = [sched.submit(Request(p, N_NEW, id=i)) for i, p in enumerate(PROMPTS)]     # 3 requests, 2 rows
+    sched.run()
+    assert [s.generated for s in seqs] == references
+    assert any(isinstance(s, tuple) for s in shapes)
+    server._log_k_auto(sched.k_policy)                  # the stop log names tree rounds by their widths
+    assert "tree=[" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        fake_server.serve_args(["--draft-lookup", "--tree", "auto", "-k", "3"])
+    assert "leave -k at auto" in capsys.readouterr().err
+
+
+def test_benchmark_auto_config_is_exact_captures_nothing_and_reports_its_shapes():
+    """``benchmarks/trees.py e2e --configs auto,...``: the auto cell's timed call (its cost table measured in the
+    warm-up call) captures nothing, equals plain decoding and reports the rounds of each shape it ran."""
+    from benchmarks import trees
+
+    names = [c[0] for c in trees.parse_configs("auto,plain,k2,2-2-1")]
+    assert names == ["auto", "plain", "chain k=2", "tree [2, 2, 1]"]
+    with pytest.raises(ValueError, match="'k0' is none of"):
+        trees.parse_configs("auto,k0")
+    target = load_model(CFG, device="cpu", dtype=torch.float32, seed=0)
+    draft = load_model(CFG.replace(num_layers=1), device="cpu", dtype=torch.float32, seed=1)
+    target.use_graphs = draft.use_graphs = True
+    cells = trees.e2e_cells(target, draft, (1, 3), prompt_tokens=16, new_tokens=20,
+                            configs=trees.parse_configs("auto,k2"))
+    auto = [c for c in cells if c["config"] == "auto"]
+    assert len(auto) == 2 and all(c["captured"] == 0 and c["exact"] and c["shapes"] for c in auto)
+    assert sum(auto[0]["shapes"].values()) == auto[0]["rounds"]
+    from benchmarks.common import environment
+
+    lines = trees.e2e_markdown(dict(env=environment(), model="tiny", draft="tiny", rates=trees.TREE_RATES, cells=cells))
+    assert any(line.startswith("auto: ") and "rounds by shape" in line for line in lines)
