@@ -102,26 +102,24 @@ def _tree_runs(bench, batch: int, tree, alpha: float | None):
         make, counters = _counted_factory(bench, batch, alpha, tree_rates(alpha))
         k = max(o.ks)
         phase, fast = timed_runs(bench.target, make, bench.prompts(batch), k=k, max_new_tokens=o.max_new_tokens,
-                                 tree=tree)
+                                 tree=tree, policy_factory=_tree_auto_policy(bench, batch, alpha, make)
+                                 if tree == "auto" else None)
         # the last drafter made drafted the throughput run (the only run on a CPU)
         bench.memo[key] = (phase, fast, counters[-1].nodes / max(_rounds(fast), 1))
     return bench.memo[key]
 
 
-def tree_auto_refused(bench) -> str | None:
-    """None when this engine's Scheduler takes ``tree="auto"``, else why the point is skipped."""
-    if "tree-auto" not in bench.memo:
-        from ...drafters import PromptLookup
+def _tree_auto_policy(bench, batch: int, alpha: float | None, make):
+    """A factory of fresh ``AutoK(costs, trees=AUTO_TREES)``: its cost table (chains up to the largest K and
+    every candidate tree's pass) measured once per (batch, alpha), outside the timed runs."""
+    from ...engine import auto_k
 
-        probe = PromptLookup()
-        probe.attach(bench.target)
-        try:
-            run_engine(bench.target, probe, [[1, 2, 3]], k=max(bench.options.ks), max_new_tokens=2, tree="auto")
-            bench.memo["tree-auto"] = None
-        except (TypeError, ValueError) as e:
-            bench.memo["tree-auto"] = (f'this engine refuses tree="auto" (a Scheduler with SchedulerConfig(tree='
-                                       f'"auto") raised {type(e).__name__}: {str(e)[:100]})')
-    return bench.memo["tree-auto"]
+    key = ("tree-auto-costs", batch, alpha)
+    if key not in bench.memo:
+        bench.memo[key] = auto_k.measure_costs(bench.target, make(), max(bench.options.ks),
+                                               auto_k.default_batch_sizes(batch), trees=auto_k.AUTO_TREES)
+    costs = bench.memo[key]
+    return lambda: auto_k.AutoK(costs, trees=auto_k.AUTO_TREES)
 
 
 def _row(phase, fast, plain: list[list[int]], nodes: float) -> dict:
@@ -143,9 +141,6 @@ def measure(bench, point: dict) -> list[dict]:
         return [{"k": point["k"], **_row(phase, fast, plain, sum(s.proposed for s in fast.stats) /
                                          max(_rounds(fast), 1))}]
     if method == "tree-auto":
-        refused = tree_auto_refused(bench)
-        if refused:
-            return [{"skipped": True, "reason": refused}]
         phase, fast, nodes = _tree_runs(bench, batch, "auto", alpha)
         return [{"k": point["k"], **_row(phase, fast, plain, nodes)}]
     tree = tuple(point["tree"])
