@@ -14,6 +14,7 @@ import torch
 
 from verispec.distributed.draft_rank import DraftServer, ScoringDraftModel, likely_outcomes
 from verispec.distributed.group import DistributedError, run_local
+from verispec.distributed.simulator import PassTime, SSDCosts
 from verispec.distributed.ssd import SSDConfig, SSDDrafter
 from verispec.drafters import DraftModel
 from verispec.drafters.base import Sampling, SamplingParams
@@ -56,7 +57,15 @@ class Dies(DraftServer):
         return super()._propose(max_num_draft)
 
 
-SERVERS = {"ok": DraftServer, "forced_misses": ForcedMisses, "dies": Dies}
+class CyclingBudget(DraftServer):
+    """budget_mode "auto" whose pick cycles through F = 4, 0, 2, 1, 3 round by round: the branch rows move every
+    round (up, down, to none and back), which must change no token."""
+
+    def _pick_width(self):
+        self._set_width((4, 0, 2, 1, 3)[self.stats.rounds % 5])
+
+
+SERVERS = {"ok": DraftServer, "forced_misses": ForcedMisses, "dies": Dies, "cycling_budget": CyclingBudget}
 
 
 def generate_kwargs(case: dict) -> dict:
@@ -131,12 +140,13 @@ def engine_sd(case: dict, drafter: bool = True):
 
 CACHE = SSDConfig(k=K, budget=4, recv_timeout_s=20)
 NO_CACHE = replace(CACHE, budget=0)
+AUTO = replace(CACHE, budget_mode="auto", costs=SSDCosts(((1, PassTime.constant(6e-3)),), PassTime.constant(1e-3)))
 # the tiny random target's logits spread ~0.1: at T = 0.05 its distributions are peaked enough for the draft's top
 # candidates to cover the outcome often (hits)
 SAMPLED = dict(temperature=0.05, top_p=0.9, seed=11)
 
 
-def test_ssd_equals_engine_sd_greedy_sampled_cache_on_off_forced_misses_eos_stop_joins_leaves_and_a_dying_draft_rank():
+def test_ssd_equals_engine_sd_greedy_sampled_cache_on_off_forced_misses_eos_stop_joins_leaves_auto_budget_and_a_dying_draft_rank():
     plain = engine_sd({}, drafter=False)
     text = models()[0].tokenizer.decode(plain[0][0])
     eos = plain[0][1][4]                                     # sequences end early (at different rounds)
@@ -144,7 +154,7 @@ def test_ssd_equals_engine_sd_greedy_sampled_cache_on_off_forced_misses_eos_stop
     cases = [dict(config=CACHE), dict(config=NO_CACHE), dict(config=CACHE, **SAMPLED),
              dict(config=NO_CACHE, **SAMPLED), dict(config=CACHE, server="forced_misses", **SAMPLED),
              dict(config=CACHE, eos=eos), dict(config=CACHE, stop=[stop], max_new_tokens=30),
-             dict(config=CACHE, schedule=True),
+             dict(config=CACHE, schedule=True), dict(config=AUTO, server="cycling_budget", **SAMPLED),
              dict(config=replace(CACHE, recv_timeout_s=5), server="dies", max_new_tokens=40)]
     results, draft_hits = run_local(ssd_cases, 2, cases, timeout_s=150, collective_timeout_s=30)
     assert len(draft_hits) == len(cases) - 1                 # every server but the dying one closed cleanly
@@ -161,6 +171,7 @@ def test_ssd_equals_engine_sd_greedy_sampled_cache_on_off_forced_misses_eos_stop
             assert stats.hits == 0 and stats.misses > 0
     assert results[0][0] == plain[0]                         # greedy SSD = plain greedy decoding
     assert results[5][1][1] == "eos" and results[6][1][0] == "stop"
+    assert results[7][2].budget_changes > 5                  # "auto" moved F (and the branch rows) every round
     tokens, finish, stats, error = results[-1]
     assert "draft rank" in error and stats.rounds == 3       # a clear error; then plain decoding, exact
     assert tokens == engine_sd(dict(max_new_tokens=40), drafter=False)[0]

@@ -50,7 +50,7 @@ from ..runtime.model import Model
 from ..verify.sampling import is_greedy
 from .channel import Channel
 from .group import DistributedError
-from .simulator import fanout_for_budget
+from .simulator import best_budget, fanout_for_budget
 from .ssd import SSDConfig, SSDStats
 
 
@@ -161,6 +161,7 @@ class _Seq:
     ready: "Drafted | None" = None      # next round's drafts, from a branch (a hit) or drafted on the spot
     branches: dict = field(default_factory=dict)        # (j, t) -> Drafted: the pre-speculated outcomes
     proposed: bool = False              # has drafted before (its first drafts are never pre-speculated)
+    prompt_len: int = 0                 # h[:prompt_len] is its prompt, whose K/V its spot row always holds
     slot: int | None = None             # where this round's drafts were drafted (``Drafted.slot``): that row's
                                         # cache holds the history and the drafts every branch starts from
 
@@ -181,6 +182,7 @@ class DraftServer:
     closes the run; returns its ``SSDStats``. ``targets``: the target ranks (the first one is the leader)."""
 
     def __init__(self, draft_model: Model, targets: list[int], config: SSDConfig):
+        # width: the branch rows per sequence now (F; row b*F + f), config.budget at most ("auto" moves it)
         self.config, self.k, self.width = config, config.k, config.budget
         self.model = draft_model
         top_n = min(config.budget + 1, draft_model.config.vocab_size)   # F outcomes at one position + the draft
@@ -193,7 +195,8 @@ class DraftServer:
         self.seqs: list[_Seq] = []
         self.error: str | None = None        # a failure here: reported to the targets at the next propose
         self.outcomes = OutcomeStats(config.k, config.alpha_hint)
-        self._fanouts: dict[int, tuple[int, ...]] = {}     # k -> fan-out, for this round's acceptance estimates
+        self._fanouts: dict[tuple[int, int], tuple[int, ...]] = {}  # (k, F) -> fan-out, for this round's acceptance
+        self._picked: tuple[int, int] | None = None        # "auto": (batch size, round) of the last pick of F
 
     @property
     def leader(self) -> Channel:
@@ -245,13 +248,13 @@ class DraftServer:
         # a branch history runs up to K + 1 tokens past its sequence's, and its drafts K + 1 further
         room = max_seq_len + 2 * self.k + 4
         self.spot.reserve(None, max_batch_size, room)
-        self.branches.reserve(None, max(1, max_batch_size * self.width), room)
-        self.seqs = []
+        self.branches.reserve(None, max(1, max_batch_size * self.config.budget), room)   # "auto": F at most
+        self.seqs, self.width, self._picked = [], self.config.budget, None
 
     def _warm_up(self, max_batch_size: int, k: int, settings, prompt_tokens: int) -> None:
         self.spot.warm_up(max_batch_size, k + 1, settings, prompt_tokens)
-        if self.width:
-            self.branches.warm_up(max_batch_size * self.width, k + 1, settings, 0)   # never prefills: admit_from
+        if self.config.budget:   # every bucket up to the most rows: also those of a smaller F ("auto")
+            self.branches.warm_up(max_batch_size * self.config.budget, k + 1, settings, 0)  # never prefills
 
     def _admit(self, seq_ids, prompts, first_tokens, sampling) -> None:
         rows = SamplingParams(tuple(Sampling(*s) for s in sampling))
@@ -261,7 +264,7 @@ class DraftServer:
             each = [b for b in range(len(prompts)) for _ in range(self.width)]             # branch row -> prompt
             self.branches.admit_from(self.spot, [first + b for b in each], [prompts[b] for b in each],
                                      [first_tokens[b] for b in each], rows.select(each))
-        self.seqs += [_Seq(list(p) + [t], s) for p, t, s in zip(prompts, first_tokens, rows.rows)]
+        self.seqs += [_Seq(list(p) + [t], s, prompt_len=len(p)) for p, t, s in zip(prompts, first_tokens, rows.rows)]
 
     def _keep(self, order) -> None:
         self.seqs = [self.seqs[i] for i in order]
@@ -292,7 +295,7 @@ class DraftServer:
             channel.send_object(reply, wait=False)
             if q is not None:
                 channel.send_tensor(q, wait=False)
-        if self.width:
+        if self.config.budget:
             t0 = time.perf_counter()
             try:
                 self._prespeculate()
@@ -353,8 +356,13 @@ class DraftServer:
     def _prespeculate(self) -> None:
         """Draft every sequence's F likeliest outcomes of this round, all B*F branch rows in one draft. The outcomes
         are ranked by host ids that came with the drafts (no device read before the draft); the draft's own
-        drafts and ids come back in one read."""
-        F = self.width
+        drafts and ids come back in one read. With budget_mode "auto" F is picked first (0: nothing is
+        pre-speculated, every sequence is drafted on the spot next round)."""
+        if self.config.budget_mode == "auto":
+            self._pick_width()
+        F = self.stats.budget = self.width
+        if not F or not self.seqs:
+            return
         histories, steps, keys = [], [], []
         # The row that drafted sequence b's drafts this round (the spot row b, or its hit branch's row) holds K/V
         # for h + d_1..d_K, where every branch of b starts: (b, that row, its tokens and valid count), taken
@@ -384,11 +392,53 @@ class DraftServer:
 
     def _fanout(self, k: int) -> tuple[int, ...]:
         """F split over the k + 1 outcome positions by the policy, for the acceptance measured so far."""
-        if k not in self._fanouts:
-            c = self.config       # a row that drafted nothing has one outcome position: its next token
-            self._fanouts[k] = (fanout_for_budget(self.outcomes.alphas()[:k], c.budget, c.fanout_policy) if k
-                                else (c.budget,))
-        return self._fanouts[k]
+        F = self.width
+        if (k, F) not in self._fanouts:
+            # a row that drafted nothing has one outcome position: its next token
+            self._fanouts[k, F] = (fanout_for_budget(self.outcomes.alphas()[:k], F, self.config.fanout_policy) if k
+                                   else (F,))
+        return self._fanouts[k, F]
+
+    REPICK_ROUNDS = 16      # "auto" picks F again after this many rounds (or when the batch size changes): the
+                            # acceptance moves slowly, and a pick costs ~(F + 1) (B + 1) simulated rounds on the host
+
+    def _pick_width(self) -> None:
+        """budget_mode "auto": F = ``simulator.best_budget`` for this batch size, the configuration's costs and
+        the acceptance measured so far; the branch rows follow it (``_set_width``)."""
+        B = len(self.seqs)
+        if not B or (self._picked is not None and self._picked[0] == B
+                     and self.stats.rounds - self._picked[1] < self.REPICK_ROUNDS):
+            return
+        self._picked = (B, self.stats.rounds)
+        c = self.config
+        self._set_width(best_budget(c.costs, B, self.outcomes.alphas(), c.budget, c.fanout_policy))
+
+    def _set_width(self, F: int) -> None:
+        """Make the branch model hold F rows per sequence (row b*F + f). Each sequence keeps the branch row that
+        drafted its drafts of this round (``_Seq.slot``, moved to slot 0 when F shrinks below it: its K/V are the
+        next branches' source); a new row joins with its sequence's prompt K/V copied from the spot row. Rows
+        change places (whole-row copies), so this runs only when F changes. Exactness does not depend on it: a
+        branch row keeps only the K/V its ``redirect`` finds valid, and copies or computes the rest."""
+        old, B = self.width, len(self.seqs)
+        if F == old:
+            return
+        slots = [[b * old + f for f in range(old)] for b in range(B)]
+        if F > old:
+            joining = [b for b in range(B) for _ in range(F - old)]
+            seqs = [self.seqs[b] for b in joining]
+            self.branches.admit_from(self.spot, joining, [s.history[:s.prompt_len] for s in seqs],
+                                     [s.history[s.prompt_len] for s in seqs],
+                                     SamplingParams(tuple(s.sampling for s in seqs)))
+            for i, b in enumerate(joining):
+                slots[b].append(B * old + i)
+        for b, seq in enumerate(self.seqs):
+            if seq.slot is not None and seq.slot >= F:
+                held = slots[b].pop(seq.slot)
+                slots[b].insert(0, held)
+                seq.slot = 0
+        self.branches.keep([r for b in range(B) for r in slots[b][:F]])
+        self.width = F
+        self.stats.budget_changes += 1
 
 
 class OutcomeStats:
