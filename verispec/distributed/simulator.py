@@ -143,6 +143,14 @@ class HostCost:
         return self.per_call_s + self.per_row_s * rows if rows > 0 else 0.0
 
     @classmethod
+    def from_gpu_check(cls, measured: dict) -> "HostCost":
+        """``fit`` to the host times before the pre-speculation's passes that ``benchmarks/ssd_gpu_check.py``
+        measured ({"per_round": [{"rows", "host_before_loop_ms": [after a miss, after a hit]}]}), by rows."""
+        if "per_round" not in measured:
+            raise ValueError("not an ssd_gpu_check.py result: no 'per_round' section")
+        return cls.fit([(r["rows"], ms * 1e-3) for r in measured["per_round"] for ms in r["host_before_loop_ms"]])
+
+    @classmethod
     def fit(cls, points: Sequence[tuple[float, float]]) -> "HostCost":
         """Least squares over (rows, seconds) points, both terms kept >= 0 (a negative slope fits the mean
         as a constant; one point, or one row count, is a constant too).
@@ -544,12 +552,7 @@ class SSDCosts:
         targets = tuple(sorted((int(b), PassTime(tuple((int(n), s) for n, s in row.items())))
                                for b, row in calibration["target"].items()))
         draft = PassTime(tuple((int(r), s) for r, s in calibration["draft"].items()))
-        host = HostCost()
-        if measured is not None:
-            if "per_round" not in measured:
-                raise ValueError("not an ssd_gpu_check.py result: no 'per_round' section")
-            host = HostCost.fit([(r["rows"], ms * 1e-3) for r in measured["per_round"]
-                                 for ms in r["host_before_loop_ms"]])
+        host = HostCost() if measured is None else HostCost.from_gpu_check(measured)
         return cls(targets, draft, host, link_latency_s=link_latency_s, overhead_s=overhead_s)
 
 
