@@ -264,16 +264,25 @@ def _run(command: list[str]) -> str:
 
 @pytest.mark.parametrize("launcher", ["python -m", "torchrun"])
 def test_the_launch_runs_and_reports(tmp_path, launcher):
-    """Spawned ranks with one target rank; torchrun with a tensor-parallel target (2 target ranks + the draft
-    rank: SSD through the sharded engine, its tokens those of plain decoding on the same target)."""
+    """Spawned ranks with one target rank and --budget auto (the draft rank picks F from a cost table); torchrun
+    with a tensor-parallel target (2 target ranks + the draft rank: SSD through the sharded engine, its tokens
+    those of plain decoding on the same target)."""
+    import json
+
     model = _checkpoint(tmp_path)
     args = ["-m", "verispec.distributed", "--target", model, *LAUNCH]
     if launcher == "torchrun":
         args = ["-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-port", str(_free_port()), *args,
                 "--tp", "2"]
+    else:       # rows cost almost nothing against the target's pass here: the pick is the most branches, 3
+        (tmp_path / "costs.json").write_text(json.dumps({"target": {"1": {"1": 6e-3, "4": 6e-3}},
+                                                         "draft": {"1": 1e-4, "64": 1.1e-4}}))
+        args += ["--budget", "auto", "--max-budget", "3", "--costs", str(tmp_path / "costs.json")]
     out = _run([sys.executable, *args])
     assert "identical to plain decoding: yes" in out, out
     assert "tokens/s" in out and "hit rate" in out and "plain decoding:" in out, out
+    if launcher != "torchrun":
+        assert "budget picked per round (auto): last F = 3" in out, out
 
 
 def _free_port() -> int:
@@ -301,6 +310,13 @@ def test_the_launch_refuses_bad_arguments_before_loading(tmp_path, monkeypatch, 
     assert "--draft-layers 5: need 1 <= N < the target's 2 layers" in capsys.readouterr().err
     assert main(["--target", model, "--draft", "llama-3.2-1b", "--prompt-ids", "1"]) == 2
     assert "draft vocab 128256 != target vocab 64" in capsys.readouterr().err
+    assert main(["--target", model, "--draft-layers", "1", "--prompt-ids", "1", "--budget", "auto"]) == 2
+    assert "--budget auto needs --costs" in capsys.readouterr().err
+    assert main(["--target", model, "--draft-layers", "1", "--prompt-ids", "1", "--budget", "many"]) == 2
+    assert "--budget must be an integer >= 0 or auto, got 'many'" in capsys.readouterr().err
+    assert main(["--target", model, "--draft-layers", "1", "--prompt-ids", "1", "--budget", "auto", "--costs",
+                 str(tmp_path / "missing.json")]) == 2
+    assert "cannot read" in capsys.readouterr().err
     monkeypatch.setenv("WORLD_SIZE", "3")
     assert main(["--target", model, "--draft-layers", "1", "--prompt-ids", "1"]) == 2
     assert "WORLD_SIZE is 3 but --tp 1 needs 2 processes" in capsys.readouterr().err
@@ -364,3 +380,23 @@ def test_outcome_stats_measure_acceptance_per_position():
     stats.add([3, 3, 2], [1, 3, 0], [[5, 6], [1, 2, 3, 4], []])          # the third row failed: no outcome
     assert stats.tested == [2, 2, 1] and stats.accepted == [2, 1, 1]
     assert stats.alphas() == (1.0, 0.5, 1.0)
+
+
+def test_the_launch_reads_budget_auto_costs(tmp_path):
+    import argparse
+    import json
+
+    from verispec.launch import budget_settings
+
+    (tmp_path / "cal.json").write_text(json.dumps({"target": {"1": {"1": 5e-3, "5": 6e-3}}, "draft": {"1": 1e-3}}))
+    (tmp_path / "gpu.json").write_text(json.dumps({"per_round": [{"rows": 2, "host_before_loop_ms": [0.5, 0.5]}]}))
+    args = argparse.Namespace(budget="auto", max_budget=6, costs=str(tmp_path / "cal.json"),
+                              costs_host=str(tmp_path / "gpu.json"))
+    settings = budget_settings(args)
+    assert settings["budget"] == 6 and settings["budget_mode"] == "auto"
+    assert settings["costs"].draft_host.per_call_s == pytest.approx(0.5e-3)
+    config = SSDConfig(k=K, **settings)                          # what the ranks agree on at connection
+    assert config.costs.target(1)(5) == pytest.approx(6e-3)
+    assert budget_settings(argparse.Namespace(budget="3", max_budget=8, costs=None, costs_host=None)) == dict(budget=3)
+    with pytest.raises(ValueError, match="only with --budget auto"):
+        budget_settings(argparse.Namespace(budget="3", max_budget=8, costs="x", costs_host=None))
