@@ -260,8 +260,8 @@ def measured_table(raw: dict, targets: dict[int, PassTime], draft: PassTime, hos
     stale = [(B, r["target_ms"], targets[B](B * (k + 1)) / MS) for B, r in
              {r["B"]: r for r in raw["per_round"]}.items() if B in targets]
     lines += ["The target pass [B, K + 1], this run vs the calibration (ms): " + ", ".join(
-        f"B = {B}: {now:.2f} vs {then:.2f}" for B, now, then in stale) + " (where this run's pass is longer, pre-speculation "
-        "had a wider window to hide in than the simulator gives it)." if stale else "", ""]
+        f"B = {B}: {now:.2f} vs {then:.2f}" for B, now, then in stale) +
+        " (where this run's pass is longer, pre-speculation had a wider window to hide in than the simulator gives it)." if stale else "", ""]
     return lines
 
 
@@ -277,7 +277,8 @@ def budget_table(setups: dict, targets: dict[int, PassTime], draft: PassTime, ho
              "K = 4)", "", "What the draft rank picks with these costs and a measured per-position acceptance α "
              "(`simulator.best_budget`: the F whose predicted SSD round has the most tokens/s, the fan-out split "
              "by the profile policy), and the predicted tokens/s at that F, at a fixed F = 4 and at F = 0.", "",
-             "| B | α | picked F | hit rate | tok/s at picked F | tok/s at F = 4 | tok/s at F = 0 | SD tok/s (one GPU) |",
+             "| B | α | picked F | hit rate | tok/s at picked F | tok/s at F = 4 | tok/s at F = 0 | "
+             "SD tok/s (one GPU) |",
              "|---|---|---|---|---|---|---|---|"]
     for B in sorted(per_row):
         for a in (0.6, 0.8, 0.9):

@@ -62,7 +62,7 @@ class CyclingBudget(DraftServer):
     round (up, down, to none and back), which must change no token."""
 
     def _pick_width(self):
-        self._set_width((4, 0, 2, 1, 3)[self.stats.rounds % 5])
+        return (4, 0, 2, 1, 3)[self.stats.rounds % 5]
 
 
 SERVERS = {"ok": DraftServer, "forced_misses": ForcedMisses, "dies": Dies, "cycling_budget": CyclingBudget}

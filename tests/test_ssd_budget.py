@@ -64,8 +64,8 @@ def test_auto_picks_the_most_branches_when_rows_are_free_and_none_when_they_are_
 
 def test_branch_rows_follow_f_up_and_down_and_every_branch_stays_exact(monkeypatch):
     srv = server(costs(0.0))
-    widths = iter([3, 1, 0, 2, 2, 3, 1, 3])
-    monkeypatch.setattr(srv, "_pick_width", lambda: srv._set_width(next(widths)))
+    widths = [3, 1, 0, 2, 2, 3, 1, 3]                 # round r (stats.rounds = r + 1 once it drafted) runs widths[r]
+    monkeypatch.setattr(srv, "_pick_width", lambda: widths[srv.stats.rounds - 1])
     reference = DraftModel(Model(srv.model.net, srv.model.tokenizer, use_graphs=False))
     reference.reserve(None, len(PROMPTS) * MAX_F, 128)
     seen = []

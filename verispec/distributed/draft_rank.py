@@ -196,7 +196,7 @@ class DraftServer:
         self.error: str | None = None        # a failure here: reported to the targets at the next propose
         self.outcomes = OutcomeStats(config.k, config.alpha_hint)
         self._fanouts: dict[tuple[int, int], tuple[int, ...]] = {}  # (k, F) -> fan-out, for this round's acceptance
-        self._picked: tuple[int, int] | None = None        # "auto": (batch size, round) of the last pick of F
+        self._picked: tuple[int, int, int] | None = None   # "auto": (batch size, round, F) of the last pick
 
     @property
     def leader(self) -> Channel:
@@ -302,6 +302,8 @@ class DraftServer:
             except Exception:  # noqa: BLE001 - reported to the targets with the next drafts
                 self.error = f"pre-speculation: {traceback.format_exc(limit=3)}"
             self.stats.prespec_s += time.perf_counter() - t0
+            if self.config.budget_mode == "auto" and self.error is None:
+                self._pick_width()       # a due pick now, while the target verifies, not before the next passes
         for channel in self.channels:
             channel.flush()
 
@@ -359,7 +361,7 @@ class DraftServer:
         drafts and ids come back in one read. With budget_mode "auto" F is picked first (0: nothing is
         pre-speculated, every sequence is drafted on the spot next round)."""
         if self.config.budget_mode == "auto":
-            self._pick_width()
+            self._set_width(self._pick_width())
         F = self.stats.budget = self.width
         if not F or not self.seqs:
             return
@@ -402,16 +404,17 @@ class DraftServer:
     REPICK_ROUNDS = 16      # "auto" picks F again after this many rounds (or when the batch size changes): the
                             # acceptance moves slowly, and a pick costs ~(F + 1) (B + 1) simulated rounds on the host
 
-    def _pick_width(self) -> None:
+    def _pick_width(self) -> int:
         """budget_mode "auto": F = ``simulator.best_budget`` for this batch size, the configuration's costs and
-        the acceptance measured so far; the branch rows follow it (``_set_width``)."""
+        the acceptance measured so far; the last pick while it is recent and for this batch size."""
         B = len(self.seqs)
-        if not B or (self._picked is not None and self._picked[0] == B
-                     and self.stats.rounds - self._picked[1] < self.REPICK_ROUNDS):
-            return
-        self._picked = (B, self.stats.rounds)
-        c = self.config
-        self._set_width(best_budget(c.costs, B, self.outcomes.alphas(), c.budget, c.fanout_policy))
+        if not B:
+            return self.width
+        if self._picked is None or self._picked[0] != B or self.stats.rounds - self._picked[1] >= self.REPICK_ROUNDS:
+            c = self.config
+            self._picked = (B, self.stats.rounds,
+                            best_budget(c.costs, B, self.outcomes.alphas(), c.budget, c.fanout_policy))
+        return self._picked[2]
 
     def _set_width(self, F: int) -> None:
         """Make the branch model hold F rows per sequence (row b*F + f). Each sequence keeps the branch row that
