@@ -201,3 +201,10 @@ def test_ssd_costs_from_the_results_json():
         SSDCosts.from_results({"target": {}})
     with pytest.raises(ValueError, match="ascending"):
         SSDCosts((), table.draft)
+
+
+def test_best_budget_follows_the_measured_rank_accept():
+    # beta: how often the next candidate is the round's token. At a low beta each branch buys little hit rate
+    table = costs(0.02e-3)
+    alphas = (0.9,) * 3
+    assert sim.best_budget(table, 8, alphas, 8, rank_accept=0.05) < sim.best_budget(table, 8, alphas, 8)

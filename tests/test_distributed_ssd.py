@@ -380,6 +380,10 @@ def test_outcome_stats_measure_acceptance_per_position():
     stats.add([3, 3, 2], [1, 3, 0], [[5, 6], [1, 2, 3, 4], []])          # the third row failed: no outcome
     assert stats.tested == [2, 2, 1] and stats.accepted == [2, 1, 1]
     assert stats.alphas() == (1.0, 0.5, 1.0)
+    stats.rank_trials, stats.rank_found = 0.0, 0.0                       # no prior: add_rank's example
+    stats.add_rank([4, 8, 6], 8)
+    stats.add_rank([4, 8, 6], 5)
+    assert (stats.rank_trials, stats.rank_found) == (5, 1) and stats.rank_accept() == pytest.approx(0.2)
 
 
 def test_the_launch_reads_budget_auto_costs(tmp_path):

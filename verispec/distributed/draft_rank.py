@@ -170,11 +170,14 @@ def likely_outcomes(drafts: list[int], top: list[list[int]], fanouts: tuple[int,
     """The (j accepted, token t) outcomes to pre-speculate: fanouts[j] tokens at each position j <= k, in the
     order of ``top[j]`` (the draft's best tokens there), skipping the rejected draft d_{j+1} at j < k.
     e.g. drafts [5, 7], top [[5, 2, 9], [3, 7, 1], [4, 8, 6]], fanouts (1, 1, 2) -> [(0, 2), (1, 3), (2, 4), (2, 8)]"""
-    out = []
-    for j, f in enumerate(fanouts):
-        skip = drafts[j] if j < len(drafts) else None
-        out += [(j, t) for t in [t for t in top[j] if t != skip][:f]]
-    return out
+    return [(j, t) for j, f in enumerate(fanouts) for t in candidates(drafts, top, j)[:f]]
+
+
+def candidates(drafts: list[int], top: list[list[int]], j: int) -> list[int]:
+    """The tokens that could end a round at position j (j drafts accepted), best first: ``top[j]`` without the
+    rejected draft d_{j+1} (j < k), or all of it (j = k: the bonus)."""
+    skip = drafts[j] if j < len(drafts) else None
+    return [t for t in top[j] if t != skip]
 
 
 class DraftServer:
@@ -276,6 +279,8 @@ class DraftServer:
         self.outcomes.add([len(seq.drafts) for seq in self.seqs], num_accepted, emitted)
         self._fanouts = {}
         for seq, a, chunk in zip(self.seqs, num_accepted, emitted, strict=True):
+            if chunk and a < len(seq.tops):   # where the round's token stood among the draft's candidates there
+                self.outcomes.add_rank(candidates(seq.drafts, seq.tops, a), chunk[-1])
             seq.history += chunk
             # a failed row (no tokens) or an outcome not pre-speculated: drafted on the spot at the next propose
             seq.ready = seq.branches.get((a, chunk[-1])) if chunk else None
@@ -397,23 +402,24 @@ class DraftServer:
         F = self.width
         if (k, F) not in self._fanouts:
             # a row that drafted nothing has one outcome position: its next token
-            self._fanouts[k, F] = (fanout_for_budget(self.outcomes.alphas()[:k], F, self.config.fanout_policy) if k
-                                   else (F,))
+            self._fanouts[k, F] = (fanout_for_budget(self.outcomes.alphas()[:k], F, self.config.fanout_policy,
+                                                     self.outcomes.rank_accept()) if k else (F,))
         return self._fanouts[k, F]
 
     REPICK_ROUNDS = 16      # "auto" picks F again after this many rounds (or when the batch size changes): the
                             # acceptance moves slowly, and a pick costs ~(F + 1) (B + 1) simulated rounds on the host
 
     def _pick_width(self) -> int:
-        """budget_mode "auto": F = ``simulator.best_budget`` for this batch size, the configuration's costs and
-        the acceptance measured so far; the last pick while it is recent and for this batch size."""
+        """budget_mode "auto": F = ``simulator.best_budget`` for this batch size, the configuration's costs, the
+        acceptance and the draft's candidate ranking (beta) measured so far; the last pick while it is recent and
+        for this batch size."""
         B = len(self.seqs)
         if not B:
             return self.width
         if self._picked is None or self._picked[0] != B or self.stats.rounds - self._picked[1] >= self.REPICK_ROUNDS:
             c = self.config
-            self._picked = (B, self.stats.rounds,
-                            best_budget(c.costs, B, self.outcomes.alphas(), c.budget, c.fanout_policy))
+            self._picked = (B, self.stats.rounds, best_budget(c.costs, B, self.outcomes.alphas(), c.budget,
+                                                              c.fanout_policy, self.outcomes.rank_accept()))
         return self._picked[2]
 
     def _set_width(self, F: int) -> None:
@@ -448,13 +454,32 @@ class OutcomeStats:
     """Live acceptance per draft position, from every committed outcome: alpha_i = P(draft i accepted | drafts
     before it accepted), starting from ``prior`` (``SSDConfig.alpha_hint``) worth ``PRIOR_ROUNDS`` tests. It steers
     only which outcomes are pre-speculated (the hit rate), never a token.
-    e.g. drafts [3, 3], accepted [1, 3]: position 0 tested 2, accepted 2; 1: tested 2, accepted 1; 2: tested 1, 1."""
+    e.g. drafts [3, 3], accepted [1, 3]: position 0 tested 2, accepted 2; 1: tested 2, accepted 1; 2: tested 1, 1.
+
+    It also measures the hit model's beta (``rank_accept``): how often the round's token is the draft's next
+    candidate at its position given it is none of the earlier ones (``add_rank``), from the same prior. The
+    simulator's default beta = alpha is an assumption (the GPU check's greedy run hit 17 % of its rounds at F = 4),
+    so the fan-out split and the "auto" pick of F use this measured beta."""
 
     PRIOR_ROUNDS = 8
 
     def __init__(self, k: int, prior: float):
         self.tested = [float(self.PRIOR_ROUNDS)] * k
         self.accepted = [self.PRIOR_ROUNDS * prior] * k
+        self.rank_trials, self.rank_found = float(self.PRIOR_ROUNDS), self.PRIOR_ROUNDS * prior
+
+    def add_rank(self, candidates: list[int], token: int) -> None:
+        """One outcome against the draft's candidates at its position (best first): found at index i is i + 1
+        trials and one success (the geometric model's likelihood), not found len(candidates) trials.
+        e.g. candidates [4, 8, 6]: token 8 -> 2 trials, 1 found; token 5 -> 3 trials, 0 found."""
+        if token in candidates:
+            self.rank_trials += candidates.index(token) + 1
+            self.rank_found += 1
+        else:
+            self.rank_trials += len(candidates)
+
+    def rank_accept(self) -> float:
+        return self.rank_found / self.rank_trials
 
     def add(self, num_draft: list[int], num_accepted: list[int], emitted: list[list[int]]) -> None:
         for n, a, chunk in zip(num_draft, num_accepted, emitted):

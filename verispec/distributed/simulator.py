@@ -534,11 +534,13 @@ class SSDCosts:
         per_row = self.targets[min(bisect.bisect_left(sizes, batch_size), len(sizes) - 1)][1]
         return PassTime(tuple((batch_size * n, s) for n, s in per_row.points))
 
-    def sim_config(self, batch_size: int, alphas: Sequence[float], fanout: int | tuple[int, ...]) -> SimConfig:
+    def sim_config(self, batch_size: int, alphas: Sequence[float], fanout: int | tuple[int, ...],
+                   rank_accept: float | None = None) -> SimConfig:
         """The simulator's SSD regime for these costs: K = len(alphas) drafts per round."""
         return SimConfig(self.target(batch_size), self.draft, alpha=tuple(alphas), k=len(alphas),
-                         batch_size=batch_size, fanout=fanout, link_latency_s=self.link_latency_s,
-                         overhead_s=self.overhead_s, fallback_s=self.fallback_s, draft_host=self.draft_host)
+                         batch_size=batch_size, fanout=fanout, rank_accept=rank_accept,
+                         link_latency_s=self.link_latency_s, overhead_s=self.overhead_s, fallback_s=self.fallback_s,
+                         draft_host=self.draft_host)
 
     @classmethod
     def from_results(cls, calibration: dict, measured: dict | None = None, *, link_latency_s: float = 0.0,
@@ -557,17 +559,18 @@ class SSDCosts:
 
 
 def best_budget(costs: SSDCosts, batch_size: int, alphas: Sequence[float], max_budget: int,
-                policy: str = "profile") -> int:
+                policy: str = "profile", rank_accept: float | None = None) -> int:
     """The budget F in 0..max_budget (branches per sequence) whose SSD round has the most expected tokens per
-    second under this module's round model at ``costs``, the per-position acceptance ``alphas`` (K values) and
-    the fan-out ``policy``; the smallest F on ties (a branch that buys nothing costs rows). F = 0 (nothing
-    pre-speculated: every round drafts on the spot) wins when no pre-speculation pays for the time it adds."""
+    second under this module's round model at ``costs``, the per-position acceptance ``alphas`` (K values), the
+    hit model's ``rank_accept`` (beta; None: the mean of alphas) and the fan-out ``policy``; the smallest F on
+    ties (a branch that buys nothing costs rows). F = 0 (nothing pre-speculated: every round drafts on the spot)
+    wins when no pre-speculation pays for the time it adds."""
     if max_budget < 0:
         raise ValueError(f"max_budget must be >= 0, got {max_budget}")
     best, best_rate = 0, -1.0
     for f in range(max_budget + 1):
-        rate = predict(costs.sim_config(batch_size, alphas, fanout_for_budget(alphas, f, policy)),
-                       "ssd")["tokens_per_s"]
+        fanout = fanout_for_budget(alphas, f, policy, rank_accept)
+        rate = predict(costs.sim_config(batch_size, alphas, fanout, rank_accept), "ssd")["tokens_per_s"]
         if rate > best_rate * (1 + 1e-12):
             best, best_rate = f, rate
     return best
