@@ -326,15 +326,16 @@ def test_the_launch_refuses_bad_arguments_before_loading(tmp_path, monkeypatch, 
 
 
 # ----------------------------------------------------------------------------------------- verispec serve --ssd
-def serve_ssd_child(results):
-    """In a fresh process (it joins a process group): ``verispec serve --ssd``'s launch of the draft rank, then the
-    server's scheduler path (generate) against the engine with DraftModel."""
+def serve_ssd_child(results, costs: str):
+    """In a fresh process (it joins a process group): ``verispec serve --ssd --ssd-budget auto``'s launch of the draft
+    rank (F picked from ``costs``), then the server's scheduler path (generate) against the engine with DraftModel."""
     import argparse
 
     from verispec.launch import ssd_drafter
 
     target = load_model(TARGET, device="cpu", dtype=torch.float32)       # seed 0: the draft rank loads the same
-    args = argparse.Namespace(k=K, ssd_budget=3, draft=None, draft_self=1, model=TARGET, dtype="float32")
+    args = argparse.Namespace(k=K, ssd_budget="auto", ssd_max_budget=3, ssd_costs=costs, ssd_costs_host=None,
+                              draft=None, draft_self=1, model=TARGET, dtype="float32")
     drafter = ssd_drafter(args, target)
     decoder = SpeculativeDecoder(target, drafter, k=K, isolate_drafter=True)
     ssd = [g.tokens for g in decoder.generate(PROMPTS, max_new_tokens=12, **dict(temperature=0.05, seed=3))]
@@ -344,12 +345,15 @@ def serve_ssd_child(results):
     results.put((ssd, [g.tokens for g in sd], drafter.stats.hits, drafter.error))
 
 
-def test_serve_ssd_starts_a_draft_rank_that_drafts_like_the_engine():
+def test_serve_ssd_starts_a_draft_rank_that_drafts_like_the_engine(tmp_path):
+    import json
     import multiprocessing
 
+    costs = tmp_path / "costs.json"      # rows nearly free against the target's pass: F = the most, 3 (hits)
+    costs.write_text(json.dumps({"target": {"1": {"1": 6e-3, "4": 6e-3}}, "draft": {"1": 1e-4, "64": 1.1e-4}}))
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
-    child = ctx.Process(target=serve_ssd_child, args=(results,))
+    child = ctx.Process(target=serve_ssd_child, args=(results, str(costs)))
     child.start()
     try:
         ssd, sd, hits, error = results.get(timeout=90)
@@ -366,7 +370,11 @@ def test_serve_ssd_refuses_bad_settings_before_loading(capsys):
     for argv, message in [(["serve", "--ssd", "--draft-lookup", "-k", "3"], "--ssd needs a draft model"),
                           (["serve", "--ssd", "--draft-self", "4"], "--ssd needs -k N"),
                           (["serve", "--ssd", "--draft-self", "4", "-k", "3", "--ssd-budget", "-1"],
-                           "--ssd-budget must be >= 0")]:
+                           "--ssd-budget must be an integer >= 0 or auto, got '-1'"),
+                          (["serve", "--ssd", "--draft-self", "4", "-k", "3", "--ssd-budget", "auto"],
+                           "--ssd-budget auto needs --ssd-costs FILE"),
+                          (["serve", "--ssd", "--draft-self", "4", "-k", "3", "--ssd-budget", "auto", "--ssd-costs",
+                            "/nonexistent.json"], "/nonexistent.json is not a file")]:
         with pytest.raises(SystemExit) as e:
             main(argv)
         assert e.value.code == 2 and message in capsys.readouterr().err

@@ -326,7 +326,9 @@ def ssd_drafter(args, target) -> SSDDrafter:
     if device.type == "cuda" and torch.cuda.device_count() > 1:
         device = torch.device("cuda", (device.index or 0) + 1 if (device.index or 0) + 1 < torch.cuda.device_count()
                               else 0)
-    config = SSDConfig(k=args.k, budget=args.ssd_budget, recv_timeout_s=120.0)
+    budget = argparse.Namespace(budget=str(args.ssd_budget), max_budget=getattr(args, "ssd_max_budget", 8),
+                                costs=getattr(args, "ssd_costs", None), costs_host=getattr(args, "ssd_costs_host", None))
+    config = SSDConfig(k=args.k, recv_timeout_s=120.0, **budget_settings(budget))
     source = args.draft if args.draft_self is None else args.model
     spec = DraftRankSpec(source, args.draft_self, str(device), args.dtype, config)
     init_method = f"tcp://127.0.0.1:{free_port()}"
