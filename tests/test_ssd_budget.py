@@ -96,3 +96,12 @@ def test_auto_without_costs_or_costs_without_auto_is_refused():
         SSDConfig(costs=costs(0.0))
     with pytest.raises(ValueError, match="budget_mode must be one of"):
         SSDConfig(budget_mode="adaptive")
+
+
+def test_an_empty_batch_changes_f_without_rows_and_later_admissions_get_the_new_f():
+    srv = server(costs(0.0))
+    srv._keep([])                                       # every sequence left
+    srv._set_width(1)
+    assert srv.width == 1 and srv.branches.model.batch_size == 0
+    srv._admit([2], [[4, 5, 6]], [7], [(0.0, 0, 1.0, 42)])
+    assert srv.branches.model.batch_size == 1

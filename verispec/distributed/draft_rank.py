@@ -429,7 +429,8 @@ class DraftServer:
         change places (whole-row copies), so this runs only when F changes. Exactness does not depend on it: a
         branch row keeps only the K/V its ``redirect`` finds valid, and copies or computes the rest."""
         old, B = self.width, len(self.seqs)
-        if F == old:
+        if F == old or not B:         # no rows to move: the next admissions get F rows each
+            self.width = F
             return
         slots = [[b * old + f for f in range(old)] for b in range(B)]
         if F > old:
