@@ -6,7 +6,11 @@ ranks share one GPU.
    travel over gloo as CPU tensors, the models run on the GPU in bf16 with CUDA graphs, the captured draft
    loop and the Triton race kernel). The embedded SmolLM2-135M as the target, its first ``--draft-layers``
    layers as the draft, a ragged batch of 4 chat prompts. Per case, SSD's tokens against the engine's SD with
-   ``DraftModel`` (same draft, same seeds; run on the target rank) and against plain decoding (greedy).
+   ``DraftModel`` (same draft, same seeds; run on the target rank) and against plain decoding (greedy). Two cases
+   run ``budget_mode="auto"``: one picking F from the committed calibration (``results/ssd_calibration.json``, host
+   term from ``results/ssd_gpu_check.json``; the 8B/1B costs, so the pick is that pair's, not this small model's),
+   one whose pick cycles F = 4, 0, 2, 1, 3 round by round (the branch rows move every round: admit_from, keep,
+   smaller graph buckets, all on the GPU).
 2. Per-round time, one process, nothing else on the GPU (random bf16 weights at the 8B / 1B shapes, K = 4,
    128-token contexts): the target pass of [B, K + 1] tokens, the draft rank's on-the-spot draft of B rows and
    its pre-speculation of B * F branch rows (``DraftServer._prespeculate``: the host's choice of outcomes, the
@@ -17,6 +21,7 @@ ranks share one GPU.
 
     python benchmarks/ssd_gpu_check.py --out DIR [--write]     # GPU, ~3 minutes; --write: results/ssd_gpu_check.md
     python benchmarks/ssd_gpu_check.py --quick --out DIR       # CPU: tiny random models, checks the script
+    python benchmarks/ssd_gpu_check.py --correctness-only --out DIR   # GPU, ~1 minute: part 1 only (no --write)
 """
 from __future__ import annotations
 
@@ -35,6 +40,7 @@ from benchmarks.common import environment, environment_line, markdown_table  # n
 from verispec.distributed.channel import NullChannel  # noqa: E402
 from verispec.distributed.draft_rank import DraftServer  # noqa: E402
 from verispec.distributed.group import run_local  # noqa: E402
+from verispec.distributed.simulator import SSDCosts  # noqa: E402
 from verispec.distributed.ssd import SSDConfig, SSDDrafter  # noqa: E402
 from verispec.drafters import DraftModel  # noqa: E402
 from verispec.engine.decoder import SpeculativeDecoder  # noqa: E402
@@ -47,6 +53,15 @@ QUICK_TARGET = ModelConfig(vocab_size=64, num_layers=2, hidden_size=32, num_head
                            intermediate_size=48, max_position_embeddings=256)
 QUICK_PROMPTS = [[3, 14, 15, 9, 26, 5], [2, 7], [31, 41, 59, 26], [1]]
 K = 4
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+class CyclingBudget(DraftServer):
+    """``budget_mode="auto"`` whose pick cycles through F = 4, 0, 2, 1, 3 round by round: the branch rows move every
+    round (a stress of ``DraftServer._set_width`` on the CUDA path; no token may change)."""
+
+    def _pick_width(self) -> int:
+        return (4, 0, 2, 1, 3)[self.stats.rounds % 5]
 
 
 def _models(args, rank: int):
@@ -65,7 +80,8 @@ def check_rank(rank: int, world_size: int, cases: list[dict], args) -> list:
     for case in cases:
         cfg = case["config"]
         if rank == 1:
-            out.append(DraftServer(draft, [0], cfg).serve().hits)
+            server = CyclingBudget if case.get("server") == "cycling" else DraftServer
+            out.append(server(draft, [0], cfg).serve().hits)
             continue
         kw = dict(max_new_tokens=args.max_new_tokens, temperature=case["temperature"], top_p=case.get("top_p"),
                   seed=7, chat=not args.quick)
@@ -87,16 +103,24 @@ def correctness(args, log) -> list[dict]:
     cases = [dict(name="greedy, cache on", config=base, temperature=0.0),
              dict(name="greedy, cache off", config=replace(base, budget=0), temperature=0.0),
              dict(name="sampled T=0.7 top-p 0.9, cache on", config=base, temperature=0.7, top_p=0.9)]
+    costs = SSDCosts.from_results(json.loads((RESULTS / "ssd_calibration.json").read_text()),
+                                  json.loads((RESULTS / "ssd_gpu_check.json").read_text()), link_latency_s=20e-6)
+    auto = replace(base, budget=8, budget_mode="auto", costs=costs)
+    cases += [dict(name="greedy, budget auto (calibrated 8B/1B costs)", config=auto, temperature=0.0),
+              dict(name="sampled T=0.7 top-p 0.9, budget moved every round (F = 4, 0, 2, 1, 3)",
+                   config=replace(auto, budget=4), temperature=0.7, top_p=0.9, server="cycling")]
     backend = "gloo" if args.quick else "nccl"
     results, _ = run_local(check_rank, 2, cases, args, backend=backend, timeout_s=480, collective_timeout_s=120)
     rows = []
     for r, case in zip(results, cases):
         row = dict(case=r["name"], ssd_equals_sd=r["ssd"] == r["sd"],
                    ssd_equals_plain=(r["ssd"] == r["plain"]) if case["temperature"] == 0 else None,
-                   hits=r["stats"]["hits"], misses=r["stats"]["misses"], error=r["error"], text=r["text"])
+                   hits=r["stats"]["hits"], misses=r["stats"]["misses"], error=r["error"], text=r["text"],
+                   budget=r["stats"]["budget"], budget_changes=r["stats"]["budget_changes"])
         rows.append(row)
         log(f"{row['case']}: SSD == engine SD {row['ssd_equals_sd']}, == plain {row['ssd_equals_plain']}, "
-            f"hits {row['hits']} misses {row['misses']}, error {row['error']}")
+            f"hits {row['hits']} misses {row['misses']}, last F {row['budget']} (changed {row['budget_changes']} "
+            f"times), error {row['error']}")
     return rows
 
 
@@ -224,22 +248,26 @@ def write_markdown(path: Path, res: dict) -> None:
              environment_line(res["env"]), f"Command: `{res['command']}`.", "",
              "## Correctness: two processes on one GPU (SSD messages over gloo, models in bf16 with CUDA graphs)", "",
              f"Target: the embedded SmolLM2-135M-Instruct; draft: its first {res['args']['draft_layers']} layers; "
-             f"4 chat prompts, {res['args']['max_new_tokens']} new tokens, K = {K}, budget 4 branches per sequence. "
-             "The engine's SD (`DraftModel`, same seeds) and plain decoding ran on the target rank.", ""]
-    lines += markdown_table(["case", "SSD == engine SD", "SSD == plain (greedy)", "hits", "misses", "error"],
+             f"4 chat prompts, {res['args']['max_new_tokens']} new tokens, K = {K}, budget 4 branches per sequence "
+             "(the auto cases: F picked per round, `last F` the one its last pre-speculation ran). The engine's SD "
+             "(`DraftModel`, same seeds) and plain decoding ran on the target rank.", ""]
+    lines += markdown_table(["case", "SSD == engine SD", "SSD == plain (greedy)", "hits", "misses", "last F",
+                             "F changes", "error"],
                             [[r["case"], r["ssd_equals_sd"], "–" if r["ssd_equals_plain"] is None else
-                              r["ssd_equals_plain"], r["hits"], r["misses"], r["error"] or "none"]
+                              r["ssd_equals_plain"], r["hits"], r["misses"], r.get("budget", "–"),
+                              r.get("budget_changes", "–"), r["error"] or "none"]
                              for r in res["correctness"]])
     lines += ["", "## The draft rank's work per round vs the target pass (one process, medians)", "",
               f"Target {res['args']['target']}, draft {res['args']['draft']} (random weights), K = {K}: the target "
               "pass verifies [B, K + 1] tokens; on a miss the draft rank drafts B rows on the spot (K + 1 passes); "
               "after answering it pre-speculates F branches per sequence, B * F rows drafted together. Pre-speculation "
               "is hidden when it takes no longer than the target pass; it is timed after a miss (the branches copy "
-              "their K/V from the spot rows) and after a hit (from the hit branch's row). `simulator: K bare steps` is "
-              "what `simulator.ssd_round` charges for it (K one-token draft steps of B * F rows, timed like the "
-              "calibration); the draft rank runs K + 1 passes (the last ranks the bonus outcomes), copies K/V and "
-              "chooses the outcomes on the host (`host ms before the passes`: from the start until its draft's passes "
-              "are called, after a miss / a hit). `catch-up passes` and `graphs after warm-up` count what the timed "
+              "their K/V from the spot rows) and after a hit (from the hit branch's row). The draft rank runs K + 1 "
+              "passes (the last ranks the bonus outcomes), copies K/V and chooses the outcomes on the host (`host ms "
+              "before the passes`: from the start until its draft's passes are called, after a miss / a hit); "
+              "`simulator.ssd_round` charges K + 1 one-token draft steps of B * F rows (`K + 1 bare steps`, timed like "
+              "the calibration) plus that host time, fitted over rows (`benchmarks/ssd_sim.py --measured`); `K bare "
+              "steps` is what it charged before. `catch-up passes` and `graphs after warm-up` count what the timed "
               "rounds ran beyond that (0 expected).", ""]
     lines += markdown_table(["B", "F", "branch rows", "target pass ms", "spot draft ms", "pre-speculation ms (miss)",
                              "pre-speculation ms (hit)", "host ms before the passes", "simulator: K bare steps ms",
@@ -263,11 +291,14 @@ def main(argv=None) -> dict:
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--out", default=None, help="folder for ssd_gpu_check.md + .json (default: write nothing)")
     p.add_argument("--write", action="store_true", help="also replace the committed results/ssd_gpu_check.md")
+    p.add_argument("--correctness-only", action="store_true", help="part 1 only (the per-round timing is skipped)")
     args = p.parse_args(argv)
     if not args.quick and not torch.cuda.is_available():
         p.error("needs a CUDA GPU; use --quick on the CPU")
     if args.write and args.quick:
         p.error("--write keeps a GPU run; --quick runs tiny CPU models")
+    if args.write and args.correctness_only:
+        p.error("--write keeps a whole run; --correctness-only skips the per-round timing")
     if args.quick:
         args.max_new_tokens, args.iters = 16, 3
         args.target, args.draft, args.draft_layers = "tiny random (--quick)", "its first layer (--quick)", 1
@@ -275,7 +306,7 @@ def main(argv=None) -> dict:
     res = {"env": environment(), "command": "python " + " ".join([sys.argv[0], *(argv or sys.argv[1:])]),
            "args": {k: v for k, v in vars(args).items() if k not in ("out", "write")}}
     res["correctness"] = correctness(args, log)
-    res["per_round"] = per_round(args, log)
+    res["per_round"] = [] if args.correctness_only else per_round(args, log)
     outs = [Path(args.out)] if args.out else []
     if args.write:
         outs.append(Path(__file__).resolve().parent / "results")

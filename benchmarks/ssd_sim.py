@@ -4,7 +4,10 @@ Step times: by default the H100 measurements quoted from benchmarks/results/deco
 run A, B = 32); with ``--calibration PATH`` the ones ``benchmarks/ssd_calibrate.py`` measured (its JSON), for
 every batch size it measured. Every number this script writes is a PREDICTION of
 verispec.distributed.simulator, not a measurement; the one check against reality is the table that puts the
-predicted SD speedup beside each cell ``e2e.md`` measured (single-GPU SD, the draft on the target's GPU).
+predicted SD speedup beside each cell ``e2e.md`` measured (single-GPU SD, the draft on the target's GPU), and with
+``--measured`` the draft rank's pre-speculation and spot draft beside what the simulator charges for them (host work
+before the passes, fitted from that file, plus K + 1 passes). It also tabulates the budget F that
+``SSDConfig(budget_mode="auto")`` would pick from these costs (``simulator.best_budget``).
 
     python benchmarks/ssd_sim.py --out DIR [--write] [--calibration benchmarks/results/ssd_calibration.json]
                                  [--measured benchmarks/results/ssd_gpu_check.json]
@@ -26,7 +29,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from verispec.distributed import simulator as sim  # noqa: E402
-from verispec.distributed.simulator import PassTime, SimConfig, TensorParallel  # noqa: E402
+from verispec.distributed.simulator import HostCost, PassTime, SimConfig, SSDCosts, TensorParallel  # noqa: E402
 
 MS = 1e-3
 # decode.md run D, llama-3.1-8b, B = 1: verify pass time (ms) by tokens per pass (k = 1, 2, 4, 8)
@@ -41,14 +44,15 @@ LINK_S = 20e-6              # assumed: one small NCCL send/recv between two GPUs
 E2E_MD = Path(__file__).parent / "results" / "e2e.md"
 
 
-def make_setups(target_8b: PassTime, draft_1b: PassTime) -> dict[str, SimConfig]:
-    """The two regimes of the issue; the 70B pass scales the 8B one by the weights it reads."""
+def make_setups(target_8b: PassTime, draft_1b: PassTime, draft_host: HostCost = HostCost()) -> dict[str, SimConfig]:
+    """The two regimes of the issue; the 70B pass scales the 8B one by the weights it reads. ``draft_host``: the
+    draft rank's host work before a pre-speculation's passes (fitted from ``--measured``; 0 without it)."""
     target_70b = PassTime(tuple((n, t * 70.6 / 8.03) for n, t in target_8b.points))
     return {
         "2 GPUs: 8B TP1 + 1B": SimConfig(target_8b, draft_1b, alpha=0.8, k=4, fanout=1, link_latency_s=LINK_S,
-                                        overhead_s=OVERHEAD_S),
+                                        overhead_s=OVERHEAD_S, draft_host=draft_host),
         "5 GPUs: 70B TP4 + 1B": SimConfig(target_70b, draft_1b, alpha=0.8, k=4, fanout=1, link_latency_s=LINK_S,
-                                         overhead_s=OVERHEAD_S,
+                                         overhead_s=OVERHEAD_S, draft_host=draft_host,
                                          tp=TensorParallel(ranks=4, num_layers=80, hidden_size=8192,
                                                            allreduce_latency_s=10e-6, bandwidth_bytes_s=300e9)),
     }
@@ -63,13 +67,11 @@ def load_calibration(path: Path) -> tuple[dict[int, PassTime], PassTime, dict]:
     rows, the raw JSON). A target PassTime per batch size: passes of equal token counts but different B
     (32 x 1 vs 8 x 4) do not cost the same, so each batch size interpolates over its own points."""
     raw = json.loads(Path(path).read_text())
-    for key in ("target", "draft"):
-        if key not in raw:
-            raise ValueError(f"{path}: not an ssd_calibrate.py result (no {key!r} section)")
-    targets = {int(B): PassTime(tuple((int(B) * int(n), s) for n, s in row.items()))
-               for B, row in raw["target"].items()}
-    draft = PassTime(tuple((int(r), s) for r, s in raw["draft"].items()))
-    return targets, draft, raw
+    try:
+        costs = SSDCosts.from_results(raw)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+    return {B: costs.target(B) for B, _ in costs.targets}, costs.draft, raw
 
 
 def measured_sd_cells(path: Path = E2E_MD) -> list[dict]:
@@ -211,28 +213,93 @@ def plot_breakdown(path: Path, setups: dict) -> dict:
     return out
 
 
-def measured_table(raw: dict, targets: dict[int, PassTime], draft: PassTime, path: str) -> list[str]:
-    """Predicted vs measured for every cell ``ssd_gpu_check.py`` measured: the target pass of [B, K + 1] and the
-    draft rank's pre-speculation of B * F rows, against what the simulator charges (``simulator.ssd_round``: K
-    draft steps of B * F rows) with this run's step times."""
+def measured_table(raw: dict, targets: dict[int, PassTime], draft: PassTime, host: HostCost, path: str) -> list[str]:
+    """Predicted vs measured for every cell ``ssd_gpu_check.py`` measured: the target pass of [B, K + 1], the draft
+    rank's pre-speculation of B * F rows and its spot draft of B rows, against what ``simulator.ssd_round`` charges
+    for them with the calibration's pass times (pre-speculation: ``host`` + K + 1 passes of B * F rows; spot: K + 1
+    passes of B rows)."""
     k = 4   # ssd_gpu_check.K
-    lines = ["", f"## Predicted vs measured: the draft rank's pre-speculation ({path})", "",
+    lines = ["", f"## Predicted vs measured: the draft rank's work per round ({path})", "",
              f"Measured on {raw['env'].get('device', '?')} ({raw['env'].get('date', '?')}), one process, random weights "
-             f"(target {raw['args']['target']}, draft {raw['args']['draft']}), K = {k}. The simulator charges K draft "
-             "steps of B * F rows for pre-speculation; the draft rank runs a (K + 1)-th pass that ranks the bonus "
-             "outcomes, copies K/V from the row that drafted the round's drafts (a JSON without `catch_up_passes` "
-             "comes from a draft rank that ran a catch-up pass instead) and works on the host: where `measured / "
-             "predicted` is above 1 the simulator is optimistic about SSD by that much (pre-speculation measured "
-             "after a miss; `prespec_hit_ms` in the JSON after a hit).", "",
-             "| B | F | target pass measured ms | predicted ms | pre-speculation measured ms | predicted ms | "
-             "measured / predicted |", "|---|---|---|---|---|---|---|"]
+             f"(target {raw['args']['target']}, draft {raw['args']['draft']}), K = {k}; predicted by the simulator "
+             "with the calibration's pass times (the inputs above). It charges what the draft rank runs: a "
+             "pre-speculation is the host work before its passes (the fit above) plus K + 1 passes of B * F rows (the "
+             "last ranks the next bonus outcomes), a spot draft K + 1 passes of B rows. `measured / predicted` above 1: "
+             "the simulator is optimistic about SSD by that much. The last two columns split that gap: `same-run "
+             "passes` charges the K + 1 bare passes timed in the same run as the measurement (not the calibration's) "
+             "plus the fitted host work, and what is still left is work after the passes (the device read of the "
+             "drafts and ranked ids, building the branches) and what the draft loop costs beyond bare passes.", "",
+             "| B | F | rows | target pass ms: measured | predicted | pre-speculation ms: measured (miss / hit) | "
+             "predicted | measured / predicted | same-run passes + host ms | measured / that | spot draft ms: measured "
+             "| predicted | measured / predicted |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in raw["per_round"]:
-        B, F = r["B"], r["F"]
+        B, F, rows = r["B"], r["F"], r["rows"]
         target = targets.get(B)
         t_pred = "–" if target is None else f"{target(B * (k + 1)) / MS:.2f}"
-        p_pred = k * draft(B * F)
-        lines.append(f"| {B} | {F} | {r['target_ms']:.2f} | {t_pred} | {r['prespec_ms']:.2f} | {p_pred / MS:.2f} | "
-                     f"{r['prespec_ms'] / (p_pred / MS):.2f}x |")
+        p_pred = (host(rows) + (k + 1) * draft(rows)) / MS
+        same_run = host(rows) / MS + r["steps_k1_ms"]
+        s_pred = (k + 1) * draft(B) / MS
+        lines.append(f"| {B} | {F} | {rows} | {r['target_ms']:.2f} | {t_pred} | {r['prespec_ms']:.2f} / "
+                     f"{r['prespec_hit_ms']:.2f} | {p_pred:.2f} | {r['prespec_ms'] / p_pred:.2f}x | {same_run:.2f} | "
+                     f"{r['prespec_ms'] / same_run:.2f}x | {r['spot_ms']:.2f} | {s_pred:.2f} | "
+                     f"{r['spot_ms'] / s_pred:.2f}x |")
+    cal_rows = {rows: s for rows, s in draft.points}
+    gaps = [(r["rows"], r["step_ms"], cal_rows[r["rows"]] / MS) for r in raw["per_round"] if r["rows"] in cal_rows]
+    pre = [r["prespec_ms"] / ((host(r["rows"]) + (k + 1) * draft(r["rows"])) / MS) for r in raw["per_round"]]
+    spot = [r["spot_ms"] / ((k + 1) * draft(r["B"]) / MS) for r in raw["per_round"]]
+    worst = max(raw["per_round"], key=lambda r: r["prespec_ms"] / ((host(r["rows"]) + (k + 1) * draft(r["rows"])) / MS))
+    lines += ["", f"Where the simulator is still optimistic: pre-speculation measured {min(pre):.2f}-{max(pre):.2f}x "
+              f"what it charges (worst at B = {worst['B']}, F = {worst['F']}: {worst['rows']} rows); the spot draft "
+              f"{min(spot):.2f}-{max(spot):.2f}x (its host work, the redirect and K/V copy before its passes and the "
+              "read after them, is not charged)."]
+    if gaps:
+        lines += ["One bare draft pass, this run vs the calibration (ms): " + ", ".join(
+            f"{rows} rows {now:.2f} vs {then:.2f}" for rows, now, then in gaps) + ": wider passes ran slower in "
+            "this run than in the calibration, so part of the gap is stale calibration, the rest the work the "
+            "simulator does not see (`measured / that`)."]
+    stale = [(B, r["target_ms"], targets[B](B * (k + 1)) / MS) for B, r in
+             {r["B"]: r for r in raw["per_round"]}.items() if B in targets]
+    lines += ["The target pass [B, K + 1], this run vs the calibration (ms): " + ", ".join(
+        f"B = {B}: {now:.2f} vs {then:.2f}" for B, now, then in stale) +
+        " (where this run's pass is longer, pre-speculation had a wider window to hide in than the simulator gives it)." if stale else "", ""]
+    return lines
+
+
+LOW_BETA = 0.2     # a poorly ranking draft, for the budget table
+
+
+def budget_table(setups: dict, targets: dict[int, PassTime], draft: PassTime, host: HostCost,
+                 max_budget: int = 8) -> list[str]:
+    """The budget F ``simulator.best_budget`` picks (``SSDConfig(budget_mode="auto")``) per batch size and α, and
+    the predicted tokens/s at that F beside a fixed F = 4 and F = 0 (every round drafted on the spot)."""
+    base = setups["2 GPUs: 8B TP1 + 1B"]
+    per_row = {B: PassTime(tuple((n // B, s) for n, s in t.points)) for B, t in targets.items()}
+    costs = SSDCosts(tuple(sorted(per_row.items())), draft, host, link_latency_s=base.link_latency_s,
+                     overhead_s=base.overhead_s)
+    lines = ["", f"## The budget F picked from these costs (`budget_mode=\"auto\"`, F in 0..{max_budget}; 8B + 1B, "
+             "K = 4)", "", "What the draft rank picks with these costs and a measured per-position acceptance α "
+             "(`simulator.best_budget`: the F whose predicted SSD round has the most tokens/s, the fan-out split "
+             "by the profile policy), and the predicted tokens/s at that F, at a fixed F = 4 and at F = 0; with the "
+             f"hit model's β = α, and with β = {LOW_BETA} (the draft rank measures β as it runs: how often the round's "
+             "token is its next candidate; the GPU check's greedy run hit 17 % of rounds at F = 4). F = 0 is SD with "
+             "the draft on its own GPU, one more draft pass (K + 1) and two link messages per round: slower than SD "
+             "on the target's GPU (the last column but three), so where the pick is 0 SD is the better run.", "",
+             "| B | α | picked F | hit rate | tok/s at picked F | tok/s at F = 4 | tok/s at F = 0 | "
+             f"SD tok/s (one GPU) | picked F at β = {LOW_BETA} | its hit rate | its tok/s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for B in sorted(per_row):
+        for a in (0.6, 0.8, 0.9):
+            alphas = (a,) * 4
+            f = sim.best_budget(costs, B, alphas, max_budget)
+            rate = {x: sim.predict(costs.sim_config(B, alphas, sim.fanout_for_budget(alphas, x)), "ssd")
+                    for x in (f, 4, 0)}
+            sd = sim.predict(sd_colocated(costs.sim_config(B, alphas, 0)), "sd")
+            f_low = sim.best_budget(costs, B, alphas, max_budget, rank_accept=LOW_BETA)
+            low = sim.predict(costs.sim_config(B, alphas, sim.fanout_for_budget(alphas, f_low, "profile", LOW_BETA),
+                                               LOW_BETA), "ssd")
+            lines.append(f"| {B} | {a} | {f} | {rate[f]['hit_rate']:.2f} | {rate[f]['tokens_per_s']:.0f} | "
+                         f"{rate[4]['tokens_per_s']:.0f} | {rate[0]['tokens_per_s']:.0f} | {sd['tokens_per_s']:.0f} | "
+                         f"{f_low} | {low['hit_rate']:.2f} | {low['tokens_per_s']:.0f} |")
     return lines
 
 
@@ -258,15 +325,23 @@ def main(argv=None) -> None:
     else:
         out = outs[0]
         out.mkdir(parents=True, exist_ok=True)
+    measured = json.loads(Path(args.measured).read_text()) if args.measured else None
+    host = HostCost.from_gpu_check(measured) if measured else HostCost()
     if args.calibration:
         targets, draft, raw = load_calibration(Path(args.calibration))
         if 1 not in targets:
             raise SystemExit(f"{args.calibration}: no B = 1 target times (the 2- and 5-GPU setups are B = 1)")
-        setups = make_setups(targets[1], draft)
+        setups = make_setups(targets[1], draft, host)
         inputs = CALIBRATED_INPUTS.format(path=args.calibration, device=raw["env"].get("device", "?"),
                                           date=raw["env"].get("date", "?"))
     else:
-        targets, draft, setups, inputs = {1: TARGET_8B}, DRAFT_1B, SETUPS, QUOTED_INPUTS
+        targets, draft, inputs = {1: TARGET_8B}, DRAFT_1B, QUOTED_INPUTS
+        setups = make_setups(TARGET_8B, DRAFT_1B, host)
+    if measured:
+        inputs += HOST_FITTED.format(path=args.measured, date=measured["env"].get("date", "?"),
+                                     call=host.per_call_s / MS, row=host.per_row_s / MS * 1e3)
+    else:
+        inputs += HOST_ZERO
     plot_alpha_k(out / "ssd_alpha_k.png", setups)
     plot_hit_rate(out / "ssd_hit_rate.png", setups)
     fan = plot_fanout(out / "ssd_fanout.png", setups)
@@ -299,13 +374,14 @@ def main(argv=None) -> None:
         if r["budget"] in (2, 4, 8, 16, 32):
             lines.append(f"| {r['budget']} | {r['policy']} | {r['fanout']} | {r['hit_rate']:.3f} | "
                          f"{r['tokens_per_s']:.0f} |")
+    lines += budget_table(setups, targets, draft, host)
     lines += ["", "## Check: predicted SD speedup beside every SD cell measured on one GPU (`e2e.md`)", "",
               "SD with the draft on the target's GPU (no link), host work 0.2 ms per round. `predicted (α)` uses the "
               "acceptance model at the cell's nominal α; `predicted (measured tok/round)` uses the tokens per round "
               "the run actually got, so it tests the timing model alone.", ""]
     lines += sd_check_table(targets, draft)
-    if args.measured:
-        lines += measured_table(json.loads(Path(args.measured).read_text()), targets, draft, args.measured)
+    if measured:
+        lines += measured_table(measured, targets, draft, host, args.measured)
     lines += ["", "![throughput vs alpha and K](ssd_alpha_k.png)", "![hit-rate sweep](ssd_hit_rate.png)",
               "![fan-out sweep](ssd_fanout.png)", "![per-round breakdown](ssd_breakdown.png)", ""]
     print("\n".join(lines))
@@ -329,6 +405,9 @@ Inputs (cited):
 - 70B target: the 8B times × 70.6 / 8.03 (a bandwidth-bound pass reads all weights), split over 4 ranks,
   plus 2 all-reduces per layer × 80 layers at 10 µs + size / 300 GB/s each (**assumed**, not measured).
 - Host work per round: 0.2 ms for every method (`e2e.md`: "in untimed runs it is ~0.2 ms").
+- The draft rank is charged what it runs (`simulator.ssd_round`): a pre-speculation is its host work before the
+  passes plus K + 1 draft passes of B × F rows (K drafts, and one more whose ranking orders the next bonus
+  outcomes); a spot draft on a miss is K + 1 passes of the batch's rows.
 - Draft <-> target link: 20 µs per message (**assumed**). SD runs the draft on a target GPU (no link), as
   measured in `e2e.md`; SSD puts it on its own GPU.
 - Hit rate: derived from α and the fan-out (`docs/distributed.md`): with F = 1, p_hit = α. This assumes
@@ -344,6 +423,16 @@ QUOTED_INPUTS = """- 8B target pass vs tokens per pass: `decode.md` run D, llama
   7.403 ms at 1 / 2 / 4 / 8 tokens (9 tokens, K = 8: extrapolated from the last slope).
 - 1B draft step vs batch rows (sequences or pre-speculated branches): `decode.md` run D 1.121 ms (B = 1),
   1.413 ms (B = 8); run A 1.572 ms (B = 32)."""
+
+HOST_FITTED = """
+- The draft rank's host work before a pre-speculation's passes: {call:.3f} ms + {row:.2f} µs per branch row, a least-
+  squares fit to the host times `{path}` measured ({date}; after a miss and after a hit, 2 to 64 rows). The
+  predicted-vs-measured table at the end compares against that same run, so the host term there is fitted
+  in-sample; the pass times are the calibration's."""
+
+HOST_ZERO = """
+- The draft rank's host work before a pre-speculation's passes: **0** (no `--measured` run to fit it from:
+  optimistic; `ssd_gpu_check.json` measured 0.45-1.6 ms)."""
 
 CALIBRATED_INPUTS = """- 8B target pass (B = 1: decode and K + 1 = 3..9 tokens) and 1B draft step vs rows (B x F for B in 1, 8, 32 and
   F in 1, 2, 4, 8): measured by `benchmarks/ssd_calibrate.py` on {device}, {date} (`{path}`, summarized in

@@ -14,6 +14,7 @@ import torch
 
 from verispec.distributed.draft_rank import DraftServer, ScoringDraftModel, likely_outcomes
 from verispec.distributed.group import DistributedError, run_local
+from verispec.distributed.simulator import PassTime, SSDCosts
 from verispec.distributed.ssd import SSDConfig, SSDDrafter
 from verispec.drafters import DraftModel
 from verispec.drafters.base import Sampling, SamplingParams
@@ -56,7 +57,15 @@ class Dies(DraftServer):
         return super()._propose(max_num_draft)
 
 
-SERVERS = {"ok": DraftServer, "forced_misses": ForcedMisses, "dies": Dies}
+class CyclingBudget(DraftServer):
+    """budget_mode "auto" whose pick cycles through F = 4, 0, 2, 1, 3 round by round: the branch rows move every
+    round (up, down, to none and back), which must change no token."""
+
+    def _pick_width(self):
+        return (4, 0, 2, 1, 3)[self.stats.rounds % 5]
+
+
+SERVERS = {"ok": DraftServer, "forced_misses": ForcedMisses, "dies": Dies, "cycling_budget": CyclingBudget}
 
 
 def generate_kwargs(case: dict) -> dict:
@@ -131,12 +140,13 @@ def engine_sd(case: dict, drafter: bool = True):
 
 CACHE = SSDConfig(k=K, budget=4, recv_timeout_s=20)
 NO_CACHE = replace(CACHE, budget=0)
+AUTO = replace(CACHE, budget_mode="auto", costs=SSDCosts(((1, PassTime.constant(6e-3)),), PassTime.constant(1e-3)))
 # the tiny random target's logits spread ~0.1: at T = 0.05 its distributions are peaked enough for the draft's top
 # candidates to cover the outcome often (hits)
 SAMPLED = dict(temperature=0.05, top_p=0.9, seed=11)
 
 
-def test_ssd_equals_engine_sd_greedy_sampled_cache_on_off_forced_misses_eos_stop_joins_leaves_and_a_dying_draft_rank():
+def test_ssd_equals_engine_sd_greedy_sampled_cache_on_off_forced_misses_eos_stop_joins_leaves_auto_budget_and_a_dying_draft_rank():
     plain = engine_sd({}, drafter=False)
     text = models()[0].tokenizer.decode(plain[0][0])
     eos = plain[0][1][4]                                     # sequences end early (at different rounds)
@@ -144,7 +154,7 @@ def test_ssd_equals_engine_sd_greedy_sampled_cache_on_off_forced_misses_eos_stop
     cases = [dict(config=CACHE), dict(config=NO_CACHE), dict(config=CACHE, **SAMPLED),
              dict(config=NO_CACHE, **SAMPLED), dict(config=CACHE, server="forced_misses", **SAMPLED),
              dict(config=CACHE, eos=eos), dict(config=CACHE, stop=[stop], max_new_tokens=30),
-             dict(config=CACHE, schedule=True),
+             dict(config=CACHE, schedule=True), dict(config=AUTO, server="cycling_budget", **SAMPLED),
              dict(config=replace(CACHE, recv_timeout_s=5), server="dies", max_new_tokens=40)]
     results, draft_hits = run_local(ssd_cases, 2, cases, timeout_s=150, collective_timeout_s=30)
     assert len(draft_hits) == len(cases) - 1                 # every server but the dying one closed cleanly
@@ -161,6 +171,7 @@ def test_ssd_equals_engine_sd_greedy_sampled_cache_on_off_forced_misses_eos_stop
             assert stats.hits == 0 and stats.misses > 0
     assert results[0][0] == plain[0]                         # greedy SSD = plain greedy decoding
     assert results[5][1][1] == "eos" and results[6][1][0] == "stop"
+    assert results[7][2].budget_changes > 5                  # "auto" moved F (and the branch rows) every round
     tokens, finish, stats, error = results[-1]
     assert "draft rank" in error and stats.rounds == 3       # a clear error; then plain decoding, exact
     assert tokens == engine_sd(dict(max_new_tokens=40), drafter=False)[0]
@@ -253,16 +264,25 @@ def _run(command: list[str]) -> str:
 
 @pytest.mark.parametrize("launcher", ["python -m", "torchrun"])
 def test_the_launch_runs_and_reports(tmp_path, launcher):
-    """Spawned ranks with one target rank; torchrun with a tensor-parallel target (2 target ranks + the draft
-    rank: SSD through the sharded engine, its tokens those of plain decoding on the same target)."""
+    """Spawned ranks with one target rank and --budget auto (the draft rank picks F from a cost table); torchrun
+    with a tensor-parallel target (2 target ranks + the draft rank: SSD through the sharded engine, its tokens
+    those of plain decoding on the same target)."""
+    import json
+
     model = _checkpoint(tmp_path)
     args = ["-m", "verispec.distributed", "--target", model, *LAUNCH]
     if launcher == "torchrun":
         args = ["-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-port", str(_free_port()), *args,
                 "--tp", "2"]
+    else:       # rows cost almost nothing against the target's pass here: the pick is the most branches, 3
+        (tmp_path / "costs.json").write_text(json.dumps({"target": {"1": {"1": 6e-3, "4": 6e-3}},
+                                                         "draft": {"1": 1e-4, "64": 1.1e-4}}))
+        args += ["--budget", "auto", "--max-budget", "3", "--costs", str(tmp_path / "costs.json")]
     out = _run([sys.executable, *args])
     assert "identical to plain decoding: yes" in out, out
     assert "tokens/s" in out and "hit rate" in out and "plain decoding:" in out, out
+    if launcher != "torchrun":
+        assert "budget picked per round (auto): last F = 3" in out, out
 
 
 def _free_port() -> int:
@@ -290,6 +310,13 @@ def test_the_launch_refuses_bad_arguments_before_loading(tmp_path, monkeypatch, 
     assert "--draft-layers 5: need 1 <= N < the target's 2 layers" in capsys.readouterr().err
     assert main(["--target", model, "--draft", "llama-3.2-1b", "--prompt-ids", "1"]) == 2
     assert "draft vocab 128256 != target vocab 64" in capsys.readouterr().err
+    assert main(["--target", model, "--draft-layers", "1", "--prompt-ids", "1", "--budget", "auto"]) == 2
+    assert "--budget auto needs --costs" in capsys.readouterr().err
+    assert main(["--target", model, "--draft-layers", "1", "--prompt-ids", "1", "--budget", "many"]) == 2
+    assert "--budget must be an integer >= 0 or auto, got 'many'" in capsys.readouterr().err
+    assert main(["--target", model, "--draft-layers", "1", "--prompt-ids", "1", "--budget", "auto", "--costs",
+                 str(tmp_path / "missing.json")]) == 2
+    assert "cannot read" in capsys.readouterr().err
     monkeypatch.setenv("WORLD_SIZE", "3")
     assert main(["--target", model, "--draft-layers", "1", "--prompt-ids", "1"]) == 2
     assert "WORLD_SIZE is 3 but --tp 1 needs 2 processes" in capsys.readouterr().err
@@ -299,15 +326,16 @@ def test_the_launch_refuses_bad_arguments_before_loading(tmp_path, monkeypatch, 
 
 
 # ----------------------------------------------------------------------------------------- verispec serve --ssd
-def serve_ssd_child(results):
-    """In a fresh process (it joins a process group): ``verispec serve --ssd``'s launch of the draft rank, then the
-    server's scheduler path (generate) against the engine with DraftModel."""
+def serve_ssd_child(results, costs: str):
+    """In a fresh process (it joins a process group): ``verispec serve --ssd --ssd-budget auto``'s launch of the draft
+    rank (F picked from ``costs``), then the server's scheduler path (generate) against the engine with DraftModel."""
     import argparse
 
     from verispec.launch import ssd_drafter
 
     target = load_model(TARGET, device="cpu", dtype=torch.float32)       # seed 0: the draft rank loads the same
-    args = argparse.Namespace(k=K, ssd_budget=3, draft=None, draft_self=1, model=TARGET, dtype="float32")
+    args = argparse.Namespace(k=K, ssd_budget="auto", ssd_max_budget=3, ssd_costs=costs, ssd_costs_host=None,
+                              draft=None, draft_self=1, model=TARGET, dtype="float32")
     drafter = ssd_drafter(args, target)
     decoder = SpeculativeDecoder(target, drafter, k=K, isolate_drafter=True)
     ssd = [g.tokens for g in decoder.generate(PROMPTS, max_new_tokens=12, **dict(temperature=0.05, seed=3))]
@@ -317,12 +345,15 @@ def serve_ssd_child(results):
     results.put((ssd, [g.tokens for g in sd], drafter.stats.hits, drafter.error))
 
 
-def test_serve_ssd_starts_a_draft_rank_that_drafts_like_the_engine():
+def test_serve_ssd_starts_a_draft_rank_that_drafts_like_the_engine(tmp_path):
+    import json
     import multiprocessing
 
+    costs = tmp_path / "costs.json"      # rows nearly free against the target's pass: F = the most, 3 (hits)
+    costs.write_text(json.dumps({"target": {"1": {"1": 6e-3, "4": 6e-3}}, "draft": {"1": 1e-4, "64": 1.1e-4}}))
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
-    child = ctx.Process(target=serve_ssd_child, args=(results,))
+    child = ctx.Process(target=serve_ssd_child, args=(results, str(costs)))
     child.start()
     try:
         ssd, sd, hits, error = results.get(timeout=90)
@@ -339,7 +370,11 @@ def test_serve_ssd_refuses_bad_settings_before_loading(capsys):
     for argv, message in [(["serve", "--ssd", "--draft-lookup", "-k", "3"], "--ssd needs a draft model"),
                           (["serve", "--ssd", "--draft-self", "4"], "--ssd needs -k N"),
                           (["serve", "--ssd", "--draft-self", "4", "-k", "3", "--ssd-budget", "-1"],
-                           "--ssd-budget must be >= 0")]:
+                           "--ssd-budget must be an integer >= 0 or auto, got '-1'"),
+                          (["serve", "--ssd", "--draft-self", "4", "-k", "3", "--ssd-budget", "auto"],
+                           "--ssd-budget auto needs --ssd-costs FILE"),
+                          (["serve", "--ssd", "--draft-self", "4", "-k", "3", "--ssd-budget", "auto", "--ssd-costs",
+                            "/nonexistent.json"], "/nonexistent.json is not a file")]:
         with pytest.raises(SystemExit) as e:
             main(argv)
         assert e.value.code == 2 and message in capsys.readouterr().err
@@ -353,3 +388,27 @@ def test_outcome_stats_measure_acceptance_per_position():
     stats.add([3, 3, 2], [1, 3, 0], [[5, 6], [1, 2, 3, 4], []])          # the third row failed: no outcome
     assert stats.tested == [2, 2, 1] and stats.accepted == [2, 1, 1]
     assert stats.alphas() == (1.0, 0.5, 1.0)
+    stats.rank_trials, stats.rank_found = 0.0, 0.0                       # no prior: add_rank's example
+    stats.add_rank([4, 8, 6], 8)
+    stats.add_rank([4, 8, 6], 5)
+    assert (stats.rank_trials, stats.rank_found) == (5, 1) and stats.rank_accept() == pytest.approx(0.2)
+
+
+def test_the_launch_reads_budget_auto_costs(tmp_path):
+    import argparse
+    import json
+
+    from verispec.launch import budget_settings
+
+    (tmp_path / "cal.json").write_text(json.dumps({"target": {"1": {"1": 5e-3, "5": 6e-3}}, "draft": {"1": 1e-3}}))
+    (tmp_path / "gpu.json").write_text(json.dumps({"per_round": [{"rows": 2, "host_before_loop_ms": [0.5, 0.5]}]}))
+    args = argparse.Namespace(budget="auto", max_budget=6, costs=str(tmp_path / "cal.json"),
+                              costs_host=str(tmp_path / "gpu.json"))
+    settings = budget_settings(args)
+    assert settings["budget"] == 6 and settings["budget_mode"] == "auto"
+    assert settings["costs"].draft_host.per_call_s == pytest.approx(0.5e-3)
+    config = SSDConfig(k=K, **settings)                          # what the ranks agree on at connection
+    assert config.costs.target(1)(5) == pytest.approx(6e-3)
+    assert budget_settings(argparse.Namespace(budget="3", max_budget=8, costs=None, costs_host=None)) == dict(budget=3)
+    with pytest.raises(ValueError, match="only with --budget auto"):
+        budget_settings(argparse.Namespace(budget="3", max_budget=8, costs="x", costs_host=None))

@@ -119,8 +119,10 @@ def report(result: dict, spec: LaunchSpec) -> list[str]:
     lines.append(f"SSD: {result['new_tokens']} tokens in {result['total_s']:.2f} s = {speed(result):.1f} tokens/s; "
                  f"hit rate {s['hits'] / max(1, s['hits'] + s['misses']):.2f} ({s['hits']} hits, {s['misses']} "
                  f"misses, {s['rounds']} rounds); target waited for drafts {s['wait_s']:.2f} s")
+    budget = (f"budget picked per round (auto): last F = {s['budget']}, changed {s['budget_changes']} times"
+              if spec.ssd.budget_mode == "auto" else f"budget F = {spec.ssd.budget}")
     lines.append(f"draft rank: pre-speculating {s['prespec_s']:.2f} s (beside the target's passes), drafting on the "
-                 f"spot {s['spot_s']:.2f} s")
+                 f"spot {s['spot_s']:.2f} s; {budget}")
     if result.get("draft_error"):
         lines.append(f"the draft rank failed ({result['draft_error'].splitlines()[0]}); the rest ran as plain decoding")
     plain = result.get("plain")
@@ -149,7 +151,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tp", type=int, default=1, help="target ranks (tensor-parallel degree); world size = tp + 1")
     p.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
     p.add_argument("-k", "--k", type=int, default=4, help="drafts per round")
-    p.add_argument("--budget", type=int, default=4, help="pre-speculated branches per sequence (0 = plain SD)")
+    p.add_argument("--budget", default="4", help="pre-speculated branches per sequence (0 = plain SD), or auto: the "
+                   "draft rank picks 0..--max-budget each round from --costs and the acceptance it measures")
+    p.add_argument("--max-budget", type=int, default=8, help="--budget auto: the most branches per sequence")
+    p.add_argument("--costs", default=None, help="--budget auto: benchmarks/ssd_calibrate.py's JSON (pass times of "
+                   "this target and draft on this machine)")
+    p.add_argument("--costs-host", default=None, help="--budget auto: benchmarks/ssd_gpu_check.py's JSON, for the "
+                   "draft rank's host work per pre-speculation (without it: 0, optimistic)")
     p.add_argument("--fanout-policy", default="profile", choices=FANOUT_POLICIES)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--temperature", type=float, default=0.0)
@@ -161,6 +169,40 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--recv-timeout-s", type=float, default=120.0, help="the longest wait for the other side")
     p.add_argument("--timeout-s", type=float, default=900.0, help="wall-clock limit of a spawned run")
     return p.parse_args(argv)
+
+
+def budget_settings(args: argparse.Namespace) -> dict:
+    """SSDConfig's budget fields from --budget N|auto, --max-budget, --costs, --costs-host (ValueError naming the
+    problem)."""
+    import json
+
+    from .distributed.simulator import SSDCosts
+
+    if args.budget != "auto":
+        try:
+            budget = int(args.budget)
+        except ValueError:
+            raise ValueError(f"--budget must be an integer >= 0 or auto, got {args.budget!r}") from None
+        if budget < 0:
+            raise ValueError(f"--budget must be an integer >= 0 or auto, got {budget}")
+        if args.costs or args.costs_host:
+            raise ValueError("--costs and --costs-host are read only with --budget auto")
+        return dict(budget=budget)
+    if args.max_budget < 1:
+        raise ValueError(f"--max-budget must be >= 1 with --budget auto, got {args.max_budget}")
+    if not args.costs:
+        raise ValueError("--budget auto needs --costs (benchmarks/ssd_calibrate.py's JSON: the pass times it picks "
+                         "the budget from)")
+
+    def read(path):
+        try:
+            with open(path) as f:
+                return json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"cannot read {path}: {e}") from None
+
+    costs = SSDCosts.from_results(read(args.costs), read(args.costs_host) if args.costs_host else None)
+    return dict(budget=args.max_budget, budget_mode="auto", costs=costs)
 
 
 def parse_prompt_ids(text: str) -> list[list[int]]:
@@ -201,8 +243,8 @@ def check_spec(args: argparse.Namespace) -> LaunchSpec:
     if args.prompts and load_tokenizer(args.target) is None:
         raise ValueError(f"{args.target} has no tokenizer: give the prompts as --prompt-ids")  # (a loader may say so)
     prompts = tuple(args.prompts) if args.prompts else tuple(parse_prompt_ids(args.prompt_ids))
-    ssd = SSDConfig(k=args.k, budget=args.budget, fanout_policy=args.fanout_policy,
-                    recv_timeout_s=args.recv_timeout_s)
+    ssd = SSDConfig(k=args.k, fanout_policy=args.fanout_policy, recv_timeout_s=args.recv_timeout_s,
+                    **budget_settings(args))
     return LaunchSpec(args.target, args.draft, args.draft_layers, args.tp, args.backend, prompts, ssd,
                       chat=args.chat, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                       top_p=args.top_p, seed=args.seed, stop=tuple(args.stop), baseline=not args.no_baseline,
@@ -284,7 +326,9 @@ def ssd_drafter(args, target) -> SSDDrafter:
     if device.type == "cuda" and torch.cuda.device_count() > 1:
         device = torch.device("cuda", (device.index or 0) + 1 if (device.index or 0) + 1 < torch.cuda.device_count()
                               else 0)
-    config = SSDConfig(k=args.k, budget=args.ssd_budget, recv_timeout_s=120.0)
+    budget = argparse.Namespace(budget=str(args.ssd_budget), max_budget=getattr(args, "ssd_max_budget", 8),
+                                costs=getattr(args, "ssd_costs", None), costs_host=getattr(args, "ssd_costs_host", None))
+    config = SSDConfig(k=args.k, recv_timeout_s=120.0, **budget_settings(budget))
     source = args.draft if args.draft_self is None else args.model
     spec = DraftRankSpec(source, args.draft_self, str(device), args.dtype, config)
     init_method = f"tcp://127.0.0.1:{free_port()}"

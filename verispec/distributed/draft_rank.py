@@ -50,7 +50,7 @@ from ..runtime.model import Model
 from ..verify.sampling import is_greedy
 from .channel import Channel
 from .group import DistributedError
-from .simulator import fanout_for_budget
+from .simulator import best_budget, fanout_for_budget
 from .ssd import SSDConfig, SSDStats
 
 
@@ -161,6 +161,7 @@ class _Seq:
     ready: "Drafted | None" = None      # next round's drafts, from a branch (a hit) or drafted on the spot
     branches: dict = field(default_factory=dict)        # (j, t) -> Drafted: the pre-speculated outcomes
     proposed: bool = False              # has drafted before (its first drafts are never pre-speculated)
+    prompt_len: int = 0                 # h[:prompt_len] is its prompt, whose K/V its spot row always holds
     slot: int | None = None             # where this round's drafts were drafted (``Drafted.slot``): that row's
                                         # cache holds the history and the drafts every branch starts from
 
@@ -169,11 +170,14 @@ def likely_outcomes(drafts: list[int], top: list[list[int]], fanouts: tuple[int,
     """The (j accepted, token t) outcomes to pre-speculate: fanouts[j] tokens at each position j <= k, in the
     order of ``top[j]`` (the draft's best tokens there), skipping the rejected draft d_{j+1} at j < k.
     e.g. drafts [5, 7], top [[5, 2, 9], [3, 7, 1], [4, 8, 6]], fanouts (1, 1, 2) -> [(0, 2), (1, 3), (2, 4), (2, 8)]"""
-    out = []
-    for j, f in enumerate(fanouts):
-        skip = drafts[j] if j < len(drafts) else None
-        out += [(j, t) for t in [t for t in top[j] if t != skip][:f]]
-    return out
+    return [(j, t) for j, f in enumerate(fanouts) for t in candidates(drafts, top, j)[:f]]
+
+
+def candidates(drafts: list[int], top: list[list[int]], j: int) -> list[int]:
+    """The tokens that could end a round at position j (j drafts accepted), best first: ``top[j]`` without the
+    rejected draft d_{j+1} (j < k), or all of it (j = k: the bonus)."""
+    skip = drafts[j] if j < len(drafts) else None
+    return [t for t in top[j] if t != skip]
 
 
 class DraftServer:
@@ -181,6 +185,7 @@ class DraftServer:
     closes the run; returns its ``SSDStats``. ``targets``: the target ranks (the first one is the leader)."""
 
     def __init__(self, draft_model: Model, targets: list[int], config: SSDConfig):
+        # width: the branch rows per sequence now (F; row b*F + f), config.budget at most ("auto" moves it)
         self.config, self.k, self.width = config, config.k, config.budget
         self.model = draft_model
         top_n = min(config.budget + 1, draft_model.config.vocab_size)   # F outcomes at one position + the draft
@@ -193,7 +198,8 @@ class DraftServer:
         self.seqs: list[_Seq] = []
         self.error: str | None = None        # a failure here: reported to the targets at the next propose
         self.outcomes = OutcomeStats(config.k, config.alpha_hint)
-        self._fanouts: dict[int, tuple[int, ...]] = {}     # k -> fan-out, for this round's acceptance estimates
+        self._fanouts: dict[tuple[int, int], tuple[int, ...]] = {}  # (k, F) -> fan-out, for this round's acceptance
+        self._picked: tuple[int, int, int] | None = None   # "auto": (batch size, round, F) of the last pick
 
     @property
     def leader(self) -> Channel:
@@ -245,13 +251,13 @@ class DraftServer:
         # a branch history runs up to K + 1 tokens past its sequence's, and its drafts K + 1 further
         room = max_seq_len + 2 * self.k + 4
         self.spot.reserve(None, max_batch_size, room)
-        self.branches.reserve(None, max(1, max_batch_size * self.width), room)
-        self.seqs = []
+        self.branches.reserve(None, max(1, max_batch_size * self.config.budget), room)   # "auto": F at most
+        self.seqs, self.width, self._picked = [], self.config.budget, None
 
     def _warm_up(self, max_batch_size: int, k: int, settings, prompt_tokens: int) -> None:
         self.spot.warm_up(max_batch_size, k + 1, settings, prompt_tokens)
-        if self.width:
-            self.branches.warm_up(max_batch_size * self.width, k + 1, settings, 0)   # never prefills: admit_from
+        if self.config.budget:   # every bucket up to the most rows: also those of a smaller F ("auto")
+            self.branches.warm_up(max_batch_size * self.config.budget, k + 1, settings, 0)  # never prefills
 
     def _admit(self, seq_ids, prompts, first_tokens, sampling) -> None:
         rows = SamplingParams(tuple(Sampling(*s) for s in sampling))
@@ -261,7 +267,7 @@ class DraftServer:
             each = [b for b in range(len(prompts)) for _ in range(self.width)]             # branch row -> prompt
             self.branches.admit_from(self.spot, [first + b for b in each], [prompts[b] for b in each],
                                      [first_tokens[b] for b in each], rows.select(each))
-        self.seqs += [_Seq(list(p) + [t], s) for p, t, s in zip(prompts, first_tokens, rows.rows)]
+        self.seqs += [_Seq(list(p) + [t], s, prompt_len=len(p)) for p, t, s in zip(prompts, first_tokens, rows.rows)]
 
     def _keep(self, order) -> None:
         self.seqs = [self.seqs[i] for i in order]
@@ -273,6 +279,8 @@ class DraftServer:
         self.outcomes.add([len(seq.drafts) for seq in self.seqs], num_accepted, emitted)
         self._fanouts = {}
         for seq, a, chunk in zip(self.seqs, num_accepted, emitted, strict=True):
+            if chunk and a < len(seq.tops):   # where the round's token stood among the draft's candidates there
+                self.outcomes.add_rank(candidates(seq.drafts, seq.tops, a), chunk[-1])
             seq.history += chunk
             # a failed row (no tokens) or an outcome not pre-speculated: drafted on the spot at the next propose
             seq.ready = seq.branches.get((a, chunk[-1])) if chunk else None
@@ -292,13 +300,15 @@ class DraftServer:
             channel.send_object(reply, wait=False)
             if q is not None:
                 channel.send_tensor(q, wait=False)
-        if self.width:
+        if self.config.budget:
             t0 = time.perf_counter()
             try:
                 self._prespeculate()
             except Exception:  # noqa: BLE001 - reported to the targets with the next drafts
                 self.error = f"pre-speculation: {traceback.format_exc(limit=3)}"
             self.stats.prespec_s += time.perf_counter() - t0
+            if self.config.budget_mode == "auto" and self.error is None:
+                self._pick_width()       # a due pick now, while the target verifies, not before the next passes
         for channel in self.channels:
             channel.flush()
 
@@ -353,8 +363,13 @@ class DraftServer:
     def _prespeculate(self) -> None:
         """Draft every sequence's F likeliest outcomes of this round, all B*F branch rows in one draft. The outcomes
         are ranked by host ids that came with the drafts (no device read before the draft); the draft's own
-        drafts and ids come back in one read."""
-        F = self.width
+        drafts and ids come back in one read. With budget_mode "auto" F is picked first (0: nothing is
+        pre-speculated, every sequence is drafted on the spot next round)."""
+        if self.config.budget_mode == "auto":
+            self._set_width(self._pick_width())
+        F = self.stats.budget = self.width
+        if not F or not self.seqs:
+            return
         histories, steps, keys = [], [], []
         # The row that drafted sequence b's drafts this round (the spot row b, or its hit branch's row) holds K/V
         # for h + d_1..d_K, where every branch of b starts: (b, that row, its tokens and valid count), taken
@@ -384,24 +399,88 @@ class DraftServer:
 
     def _fanout(self, k: int) -> tuple[int, ...]:
         """F split over the k + 1 outcome positions by the policy, for the acceptance measured so far."""
-        if k not in self._fanouts:
-            c = self.config       # a row that drafted nothing has one outcome position: its next token
-            self._fanouts[k] = (fanout_for_budget(self.outcomes.alphas()[:k], c.budget, c.fanout_policy) if k
-                                else (c.budget,))
-        return self._fanouts[k]
+        F = self.width
+        if (k, F) not in self._fanouts:
+            # a row that drafted nothing has one outcome position: its next token
+            self._fanouts[k, F] = (fanout_for_budget(self.outcomes.alphas()[:k], F, self.config.fanout_policy,
+                                                     self.outcomes.rank_accept()) if k else (F,))
+        return self._fanouts[k, F]
+
+    REPICK_ROUNDS = 16      # "auto" picks F again after this many rounds (or when the batch size changes): the
+                            # acceptance moves slowly, and a pick costs ~(F + 1) (B + 1) simulated rounds on the host
+
+    def _pick_width(self) -> int:
+        """budget_mode "auto": F = ``simulator.best_budget`` for this batch size, the configuration's costs, the
+        acceptance and the draft's candidate ranking (beta) measured so far; the last pick while it is recent and
+        for this batch size."""
+        B = len(self.seqs)
+        if not B:
+            return self.width
+        if self._picked is None or self._picked[0] != B or self.stats.rounds - self._picked[1] >= self.REPICK_ROUNDS:
+            c = self.config
+            self._picked = (B, self.stats.rounds, best_budget(c.costs, B, self.outcomes.alphas(), c.budget,
+                                                              c.fanout_policy, self.outcomes.rank_accept()))
+        return self._picked[2]
+
+    def _set_width(self, F: int) -> None:
+        """Make the branch model hold F rows per sequence (row b*F + f). Each sequence keeps the branch row that
+        drafted its drafts of this round (``_Seq.slot``, moved to slot 0 when F shrinks below it: its K/V are the
+        next branches' source); a new row joins with its sequence's prompt K/V copied from the spot row. Rows
+        change places (whole-row copies), so this runs only when F changes. Exactness does not depend on it: a
+        branch row keeps only the K/V its ``redirect`` finds valid, and copies or computes the rest."""
+        old, B = self.width, len(self.seqs)
+        if F == old or not B:         # no rows to move: the next admissions get F rows each
+            self.width = F
+            return
+        slots = [[b * old + f for f in range(old)] for b in range(B)]
+        if F > old:
+            joining = [b for b in range(B) for _ in range(F - old)]
+            seqs = [self.seqs[b] for b in joining]
+            self.branches.admit_from(self.spot, joining, [s.history[:s.prompt_len] for s in seqs],
+                                     [s.history[s.prompt_len] for s in seqs],
+                                     SamplingParams(tuple(s.sampling for s in seqs)))
+            for i, b in enumerate(joining):
+                slots[b].append(B * old + i)
+        for b, seq in enumerate(self.seqs):
+            if seq.slot is not None and seq.slot >= F:
+                held = slots[b].pop(seq.slot)
+                slots[b].insert(0, held)
+                seq.slot = 0
+        self.branches.keep([r for b in range(B) for r in slots[b][:F]])
+        self.width = F
+        self.stats.budget_changes += 1
 
 
 class OutcomeStats:
     """Live acceptance per draft position, from every committed outcome: alpha_i = P(draft i accepted | drafts
     before it accepted), starting from ``prior`` (``SSDConfig.alpha_hint``) worth ``PRIOR_ROUNDS`` tests. It steers
     only which outcomes are pre-speculated (the hit rate), never a token.
-    e.g. drafts [3, 3], accepted [1, 3]: position 0 tested 2, accepted 2; 1: tested 2, accepted 1; 2: tested 1, 1."""
+    e.g. drafts [3, 3], accepted [1, 3]: position 0 tested 2, accepted 2; 1: tested 2, accepted 1; 2: tested 1, 1.
+
+    It also measures the hit model's beta (``rank_accept``): how often the round's token is the draft's next
+    candidate at its position given it is none of the earlier ones (``add_rank``), from the same prior. The
+    simulator's default beta = alpha is an assumption (the GPU check's greedy run hit 17 % of its rounds at F = 4),
+    so the fan-out split and the "auto" pick of F use this measured beta."""
 
     PRIOR_ROUNDS = 8
 
     def __init__(self, k: int, prior: float):
         self.tested = [float(self.PRIOR_ROUNDS)] * k
         self.accepted = [self.PRIOR_ROUNDS * prior] * k
+        self.rank_trials, self.rank_found = float(self.PRIOR_ROUNDS), self.PRIOR_ROUNDS * prior
+
+    def add_rank(self, candidates: list[int], token: int) -> None:
+        """One outcome against the draft's candidates at its position (best first): found at index i is i + 1
+        trials and one success (the geometric model's likelihood), not found len(candidates) trials.
+        e.g. candidates [4, 8, 6]: token 8 -> 2 trials, 1 found; token 5 -> 3 trials, 0 found."""
+        if token in candidates:
+            self.rank_trials += candidates.index(token) + 1
+            self.rank_found += 1
+        else:
+            self.rank_trials += len(candidates)
+
+    def rank_accept(self) -> float:
+        return self.rank_found / self.rank_trials
 
     def add(self, num_draft: list[int], num_accepted: list[int], emitted: list[list[int]]) -> None:
         for n, a, chunk in zip(num_draft, num_accepted, emitted):

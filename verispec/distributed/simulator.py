@@ -13,6 +13,10 @@ One steady-state round of each method (time 0 = the target starts its pass):
                 started one link latency before the target, right after it sent this round's drafts),
                 then looks the outcome up: on a hit it answers at once, on a miss it drafts on the spot.
         The next round starts when the drafts reach the target (link).
+        What the draft rank runs (verispec/distributed/draft_rank.py), and so what is charged: a
+        pre-speculation is its host work (``draft_host``: choosing the outcomes, pointing the rows, the K/V
+        copy; a per-call constant plus a per-row term) and K + 1 draft passes of B*F rows (the K drafts, and
+        one more whose ranking orders the next bonus outcomes); a spot draft is K + 1 passes too.
 
 Acceptance model: position j of a round is accepted with probability alpha_j given every earlier one was
 (``alpha`` a float: alpha_j = alpha for all j). P(num_accepted = j) = alpha_0...alpha_{j-1} (1 - alpha_j) for
@@ -124,6 +128,44 @@ class TensorParallel:
         return compute, 2 * self.num_layers * self.allreduce_s(tokens)
 
 
+@dataclass(frozen=True)
+class HostCost:
+    """Host seconds of one draft call of the draft rank before its passes: per_call_s + per_row_s * rows (0 for no
+    rows). ``fit`` takes it from measured (rows, seconds) points."""
+    per_call_s: float = 0.0
+    per_row_s: float = 0.0
+
+    def __post_init__(self):
+        if not (0 <= self.per_call_s < math.inf and 0 <= self.per_row_s < math.inf):
+            raise ValueError(f"HostCost needs finite seconds >= 0, got {self.per_call_s}, {self.per_row_s}")
+
+    def __call__(self, rows: float) -> float:
+        return self.per_call_s + self.per_row_s * rows if rows > 0 else 0.0
+
+    @classmethod
+    def from_gpu_check(cls, measured: dict) -> "HostCost":
+        """``fit`` to the host times before the pre-speculation's passes that ``benchmarks/ssd_gpu_check.py``
+        measured ({"per_round": [{"rows", "host_before_loop_ms": [after a miss, after a hit]}]}), by rows."""
+        if "per_round" not in measured:
+            raise ValueError("not an ssd_gpu_check.py result: no 'per_round' section")
+        return cls.fit([(r["rows"], ms * 1e-3) for r in measured["per_round"] for ms in r["host_before_loop_ms"]])
+
+    @classmethod
+    def fit(cls, points: Sequence[tuple[float, float]]) -> "HostCost":
+        """Least squares over (rows, seconds) points, both terms kept >= 0 (a negative slope fits the mean
+        as a constant; one point, or one row count, is a constant too).
+        e.g. ((2, 0.5e-3), (64, 1.5e-3)) -> HostCost(0.4677e-3, 1.613e-5)."""
+        if not points:
+            raise ValueError("HostCost.fit needs at least one (rows, seconds) point")
+        xs, ys = [float(x) for x, _ in points], [float(y) for _, y in points]
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        sxx = sum((x - mx) ** 2 for x in xs)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
+        if slope <= 0:
+            return cls(max(0.0, my), 0.0)
+        return cls(max(0.0, my - slope * mx), slope)
+
+
 # ----------------------------------------------------------------------------------------- configuration
 @dataclass(frozen=True)
 class SimConfig:
@@ -137,6 +179,7 @@ class SimConfig:
     rank_accept: beta of the hit model (None: the mean of alpha).
     link_latency_s: one message between the draft GPU and the target (0 when SD shares the target's GPU).
     fallback_s: extra cost of a miss before drafting on the spot (cache lookup, discarding branches).
+    draft_host: the draft rank's host work before a pre-speculation's passes (``HostCost`` of its B*F rows).
     overhead_s: per-round host work outside the passes (acceptance, bookkeeping), on the critical path of
         every method (AR included).
     miss_policy: "batch" or "sequences" (module docstring).
@@ -154,6 +197,7 @@ class SimConfig:
     overhead_s: float = 0.0
     miss_policy: str = "sequences"
     tp: TensorParallel = field(default_factory=TensorParallel)
+    draft_host: HostCost = field(default_factory=HostCost)
 
     def __post_init__(self):
         if self.k < 1 or int(self.k) != self.k:
@@ -323,14 +367,22 @@ def sd_round(cfg: SimConfig) -> Timeline:
     return tl
 
 
+def prespeculation_s(cfg: SimConfig) -> float:
+    """Seconds of one pre-speculation: the draft rank's host work, then K + 1 draft passes of B*F rows (0 when
+    nothing is pre-speculated)."""
+    rows = cfg.batch_size * cfg.branches
+    return cfg.draft_host(rows) + (cfg.k + 1) * cfg.draft(rows) if rows else 0.0
+
+
 def ssd_round(cfg: SimConfig, num_missed: int) -> Timeline:
     """One SSD round in which ``num_missed`` of the B sequences missed the speculation cache.
 
     The draft began pre-speculating this round's successors one link latency before the target pass started
-    (right after it sent this round's drafts). Time 0 = the target pass starts."""
+    (right after it sent this round's drafts). Time 0 = the target pass starts. Charged as the draft rank runs
+    (module docstring): pre-speculation = host work + K + 1 passes of B*F rows, a spot draft K + 1 passes."""
     tl = Timeline()
     B, K, L = cfg.batch_size, cfg.k, cfg.link_latency_s
-    prespec = K * cfg.draft(B * cfg.branches) if cfg.branches else 0.0
+    prespec = prespeculation_s(cfg)
     tl.add("draft", "pre-speculation", -L, prespec)
     compute, comm = target_pass(cfg, B * (K + 1))
     t = tl.add("target", "target pass", 0.0, compute)
@@ -341,7 +393,7 @@ def ssd_round(cfg: SimConfig, num_missed: int) -> Timeline:
     if num_missed:
         redraft = B if cfg.miss_policy == "batch" else num_missed
         ready = tl.add("draft", "miss fallback", ready, cfg.fallback_s)
-        for _ in range(K):
+        for _ in range(K + 1):
             ready = tl.add("draft", "draft on the spot", ready, cfg.draft(redraft))
     tl.end = tl.add("link", "drafts to target", ready, L)
     return tl
@@ -448,3 +500,77 @@ def sweep(base: SimConfig, **axes) -> list[dict]:
 
     rec(0, {})
     return rows
+
+
+# ----------------------------------------------------------------------------------------- the budget F
+@dataclass(frozen=True)
+class SSDCosts:
+    """The measured costs of an SSD round, from which the draft rank picks its budget F (``best_budget``).
+
+    targets: ((batch size, PassTime over tokens per sequence), ...), ascending batch sizes: the target's verify
+        pass of [B, n] tokens. A batch between two measured sizes costs as the next larger one (the graph bucket
+        it runs in), a batch beyond the largest as the largest (an underestimate: measure the batches you run).
+    draft: one draft pass vs its rows. draft_host: the draft rank's host work before a pre-speculation's passes.
+    link_latency_s, overhead_s, fallback_s: as in ``SimConfig``.
+    ``from_results`` builds one from ``benchmarks/ssd_calibrate.py``'s JSON (passes) and, for the host term,
+    ``benchmarks/ssd_gpu_check.py``'s (the draft rank's host time before its passes, by rows)."""
+    targets: tuple[tuple[int, PassTime], ...]
+    draft: PassTime
+    draft_host: HostCost = field(default_factory=HostCost)
+    link_latency_s: float = 0.0
+    overhead_s: float = 0.0
+    fallback_s: float = 0.0
+
+    def __post_init__(self):
+        sizes = [b for b, _ in self.targets]
+        if not sizes or sizes != sorted(set(sizes)) or sizes[0] < 1:
+            raise ValueError(f"SSDCosts.targets needs ascending distinct batch sizes >= 1, got {sizes}")
+        if min(self.link_latency_s, self.overhead_s, self.fallback_s) < 0:
+            raise ValueError("SSDCosts: link_latency_s, overhead_s and fallback_s must be >= 0")
+
+    def target(self, batch_size: int) -> PassTime:
+        """The target's pass time over the tokens of a whole [batch_size, n] pass."""
+        sizes = [b for b, _ in self.targets]
+        per_row = self.targets[min(bisect.bisect_left(sizes, batch_size), len(sizes) - 1)][1]
+        return PassTime(tuple((batch_size * n, s) for n, s in per_row.points))
+
+    def sim_config(self, batch_size: int, alphas: Sequence[float], fanout: int | tuple[int, ...],
+                   rank_accept: float | None = None) -> SimConfig:
+        """The simulator's SSD regime for these costs: K = len(alphas) drafts per round."""
+        return SimConfig(self.target(batch_size), self.draft, alpha=tuple(alphas), k=len(alphas),
+                         batch_size=batch_size, fanout=fanout, rank_accept=rank_accept,
+                         link_latency_s=self.link_latency_s, overhead_s=self.overhead_s, fallback_s=self.fallback_s,
+                         draft_host=self.draft_host)
+
+    @classmethod
+    def from_results(cls, calibration: dict, measured: dict | None = None, *, link_latency_s: float = 0.0,
+                     overhead_s: float = 0.0) -> "SSDCosts":
+        """calibration: ``ssd_calibrate.py``'s JSON ({"target": {B: {n: s}}, "draft": {rows: s}}); measured:
+        ``ssd_gpu_check.py``'s ({"per_round": [{"rows", "host_before_loop_ms": [after a miss, after a hit]}]}),
+        whose host times fit ``draft_host`` (without it the host work is 0: optimistic)."""
+        for key in ("target", "draft"):
+            if key not in calibration:
+                raise ValueError(f"not an ssd_calibrate.py result: no {key!r} section")
+        targets = tuple(sorted((int(b), PassTime(tuple((int(n), s) for n, s in row.items())))
+                               for b, row in calibration["target"].items()))
+        draft = PassTime(tuple((int(r), s) for r, s in calibration["draft"].items()))
+        host = HostCost() if measured is None else HostCost.from_gpu_check(measured)
+        return cls(targets, draft, host, link_latency_s=link_latency_s, overhead_s=overhead_s)
+
+
+def best_budget(costs: SSDCosts, batch_size: int, alphas: Sequence[float], max_budget: int,
+                policy: str = "profile", rank_accept: float | None = None) -> int:
+    """The budget F in 0..max_budget (branches per sequence) whose SSD round has the most expected tokens per
+    second under this module's round model at ``costs``, the per-position acceptance ``alphas`` (K values), the
+    hit model's ``rank_accept`` (beta; None: the mean of alphas) and the fan-out ``policy``; the smallest F on
+    ties (a branch that buys nothing costs rows). F = 0 (nothing pre-speculated: every round drafts on the spot)
+    wins when no pre-speculation pays for the time it adds."""
+    if max_budget < 0:
+        raise ValueError(f"max_budget must be >= 0, got {max_budget}")
+    best, best_rate = 0, -1.0
+    for f in range(max_budget + 1):
+        fanout = fanout_for_budget(alphas, f, policy, rank_accept)
+        rate = predict(costs.sim_config(batch_size, alphas, fanout, rank_accept), "ssd")["tokens_per_s"]
+        if rate > best_rate * (1 + 1e-12):
+            best, best_rate = f, rate
+    return best

@@ -35,7 +35,9 @@ import torch
 from ..drafters.base import Drafter, Proposal, SamplingParams
 from .channel import Channel
 from .group import DistributedError
-from .simulator import FANOUT_POLICIES
+from .simulator import FANOUT_POLICIES, SSDCosts
+
+BUDGET_MODES = ("fixed", "auto")
 
 
 @dataclass(frozen=True)
@@ -43,10 +45,15 @@ class SSDConfig:
     """What the target ranks and the draft rank agree on (checked when they connect)."""
 
     k: int = 4                      # drafts per round at most (the engine's k)
-    budget: int = 4                 # pre-speculated branches per sequence and round (0: no cache, plain SD)
+    budget: int = 4                 # pre-speculated branches per sequence and round (0: no cache, plain SD);
+                                    # with budget_mode "auto" the most (the rows the draft rank reserves)
     fanout_policy: str = "profile"  # how the budget is split over the K+1 outcome positions (simulator)
     alpha_hint: float = 0.7         # the acceptance rate assumed before any outcome is seen (then: measured)
     recv_timeout_s: float = 60.0    # the longest wait for drafts, or for the draft rank's next message in a run
+    budget_mode: str = "fixed"      # "fixed": F = budget every round; "auto": the draft rank picks F in
+                                    # 0..budget from ``costs`` and the acceptance measured so far
+                                    # (``simulator.best_budget``)
+    costs: SSDCosts | None = None   # the measured costs "auto" picks F from (``SSDCosts.from_results``)
 
     def __post_init__(self):
         if not isinstance(self.k, int) or self.k < 1:
@@ -59,6 +66,13 @@ class SSDConfig:
             raise ValueError(f"alpha_hint must be in [0, 1], got {self.alpha_hint}")
         if self.recv_timeout_s <= 0:
             raise ValueError(f"recv_timeout_s must be > 0, got {self.recv_timeout_s}")
+        if self.budget_mode not in BUDGET_MODES:
+            raise ValueError(f"budget_mode must be one of {BUDGET_MODES}, got {self.budget_mode!r}")
+        if self.budget_mode == "auto" and not isinstance(self.costs, SSDCosts):
+            raise ValueError("budget_mode 'auto' needs costs (an SSDCosts: the measured pass times it picks F from, "
+                             "e.g. SSDCosts.from_results of ssd_calibration.json)")
+        if self.budget_mode == "fixed" and self.costs is not None:
+            raise ValueError("costs are read only with budget_mode 'auto' (budget_mode 'fixed' uses F = budget)")
 
 
 @dataclass
@@ -71,6 +85,8 @@ class SSDStats:
     prespec_s: float = 0.0          # draft rank: pre-speculating (hidden behind the target's pass)
     spot_s: float = 0.0             # draft rank: drafting on the spot (on the critical path)
     wait_s: float = 0.0             # this target rank: from asking for drafts to having them
+    budget: int = 0                 # draft rank: branches per sequence of its last pre-speculation (the F it runs)
+    budget_changes: int = 0         # draft rank: how often "auto" changed F (each moves its branch rows)
 
     @property
     def hit_rate(self) -> float:
@@ -163,7 +179,7 @@ class SSDDrafter(Drafter):
             draft_probs = self.channel.recv_tensor((sum(max_num_draft), self.vocab_size), torch.float32,
                                                    f"draft rank {self.channel.peer}: the drafts' q")
         self.channel.flush()
-        for name in ("rounds", "hits", "misses", "prespec_s", "spot_s"):
+        for name in ("rounds", "hits", "misses", "prespec_s", "spot_s", "budget", "budget_changes"):
             setattr(self.stats, name, reply["stats"][name])
         self.stats.wait_s += time.perf_counter() - t0
         tokens = torch.tensor(reply["drafts"], dtype=torch.long).reshape(len(max_num_draft), max(max_num_draft))

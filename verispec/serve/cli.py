@@ -33,7 +33,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ssd", action="store_true", help="asynchronous speculation: the --draft / --draft-self model "
                    "drafts in a second process (the draft rank), pre-speculating each round's likely outcomes while "
                    "the target verifies; needs -k N (docs/distributed.md)")
-    p.add_argument("--ssd-budget", type=int, default=4, help="--ssd: pre-speculated branches per request and round")
+    p.add_argument("--ssd-budget", default="4", help="--ssd: pre-speculated branches per request and round, or auto: "
+                   "the draft rank picks 0..--ssd-max-budget each round from --ssd-costs and the acceptance it sees")
+    p.add_argument("--ssd-max-budget", type=int, default=8, help="--ssd-budget auto: the most branches per request")
+    p.add_argument("--ssd-costs", default=None, metavar="FILE", help="--ssd-budget auto: benchmarks/ssd_calibrate.py's "
+                   "JSON (this target's and draft's pass times on this machine)")
+    p.add_argument("--ssd-costs-host", default=None, metavar="FILE", help="--ssd-budget auto: benchmarks/"
+                   "ssd_gpu_check.py's JSON (the draft rank's host work per pre-speculation; without it: 0)")
     p.add_argument("-k", default="auto", help="drafts per round: an integer >= 1, or auto: each round, each "
                    "request's k in [0, --k-max] with the most expected tokens/s for its own acceptance")
     p.add_argument("--k-max", type=int, default=8, help="the largest k that -k auto considers")
@@ -174,8 +180,16 @@ def check_args(args) -> None:
             _die("--ssd needs a draft model: --draft MODEL or --draft-self L")
         if args.k == "auto":
             _die("--ssd needs -k N (k=auto measures the draft's costs in this process, not on the draft rank)")
-        if args.ssd_budget < 0:
-            _die(f"--ssd-budget must be >= 0, got {args.ssd_budget}")
+        if args.ssd_budget == "auto":
+            if not args.ssd_costs:
+                _die("--ssd-budget auto needs --ssd-costs FILE (benchmarks/ssd_calibrate.py's JSON)")
+            if args.ssd_max_budget < 1:
+                _die(f"--ssd-max-budget must be >= 1, got {args.ssd_max_budget}")
+            for path in (args.ssd_costs, args.ssd_costs_host):
+                if path and not os.path.isfile(path):
+                    _die(f"--ssd-costs / --ssd-costs-host: {path} is not a file")
+        elif not args.ssd_budget.isdigit():
+            _die(f"--ssd-budget must be an integer >= 0 or auto, got {args.ssd_budget!r}")
     _check_port(args.host, args.port)
     _check_sources(args)
 

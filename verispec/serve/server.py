@@ -53,7 +53,8 @@ def load_target_and_drafter(args, ssd_drafter=None):
     if getattr(args, "ssd", False):
         drafter = ssd_drafter(args, target)
         _log(f"--ssd: the draft rank drafts with {args.draft or f'the first {args.draft_self} layers'}, "
-             f"{args.ssd_budget} branches per request and round")
+             + (f"branches per request picked each round (auto, at most {args.ssd_max_budget})"
+                if args.ssd_budget == "auto" else f"{args.ssd_budget} branches per request and round"))
     elif getattr(args, "draft_head", None) is not None:
         drafter = FeatureHead.from_pretrained(args.draft_head, target) if args.draft_head else FeatureHead()
     elif args.draft_lookup:
