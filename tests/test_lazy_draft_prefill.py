@@ -160,3 +160,36 @@ def test_scheduler_tokens_match_the_eager_prefill_and_plain_decoding(weights):
     plain, seqs = scheduler(target, None, itertools.repeat(0))
     plain.run()
     assert [outs[0][0], outs[0][2]] == [seqs[0].generated, seqs[2].generated]
+
+
+class Observer:
+    """A k policy from a script that records what the scheduler reports to ``observe_round``."""
+
+    def __init__(self, script):
+        self.script, self.observed = iter(script), []
+
+    def __call__(self, running, k):
+        return [next(self.script)] * len(running)
+
+    def observe_round(self, batch: int, k: int, seconds: float) -> None:
+        self.observed.append(k)
+
+
+def test_k_auto_does_not_price_a_round_by_an_admission_or_a_first_prefill(weights):
+    # k=auto's measured round costs (``AutoK.observe_round``) take no round of a step that admitted (on a GPU the
+    # drafter's admission work finishes inside it) and no round that prefilled rows drafting for the first time
+    target, draft = weights
+    policy = Observer(itertools.chain([0, 0, 0, 2, 2, 0, 3], itertools.repeat(0)))
+    sched = Scheduler(target, DraftModel(draft), SchedulerConfig(4, 128, K), k_policy=policy)
+    sched.eos = set()
+    sched.submit(Request(PROMPTS[0], 12, id=0))
+    sched.step()                                          # admission + a plain round: not observed
+    sched.submit(Request(PROMPTS[1], 12, id=1))
+    sched.step()                                          # another admission
+    sched.step()                                          # plain: observed
+    sched.step()                                          # k = 2: both rows prefill now: not observed
+    sched.step()                                          # k = 2: observed
+    assert policy.observed == [0, 2]
+    sched.step()
+    sched.step()
+    assert policy.observed == [0, 2, 0, 3]

@@ -136,6 +136,10 @@ class OracleDraft(Drafter):
     def graph_captures(self) -> int:
         return 0 if self._runner is None else self._runner.graph_captures
 
+    @property
+    def prefill_tokens(self) -> int:
+        return 0 if self._runner is None else self._runner.prefill_tokens
+
     def tree_accepted(self, path, num_accepted) -> None:
         if self._runner is not None:
             self._runner.tree_accepted(path, num_accepted)
