@@ -118,7 +118,8 @@ def one_run(kind: str, lazy: bool, num_requests: int = 12, max_new: int = 30) ->
 
 def counts_section() -> list[str]:
     lines = ["## Draft passes per step (tiny models on the CPU)", "",
-             f"Scheduler of 4 rows, {K} drafts at most, 12 requests of 30 tokens arriving every 6 steps, each round's k "
+             f"Scheduler of 4 rows, {K} drafts at most, 12 requests of 30 tokens arriving every 6 steps, each "
+             f"round's k "
              f"from a script of 9 plain rounds then k = 1, 2, 4 (k=auto's hold and slow start); per kind of step the "
              f"draft model's passes (prefill, steps, draft loops) and prefill tokens, summed over the run.", ""]
     rows = []

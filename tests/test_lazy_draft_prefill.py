@@ -193,3 +193,27 @@ def test_k_auto_does_not_price_a_round_by_an_admission_or_a_first_prefill(weight
     sched.step()
     sched.step()
     assert policy.observed == [0, 2, 0, 3]
+
+
+def test_prefill_rows_writes_what_admit_writes_and_refuses_bad_rows(weights):
+    _, draft = weights
+    a, b = draft.truncated(CFG.num_layers), draft.truncated(CFG.num_layers)
+    for m in (a, b):
+        m.setup_cache(4, 64, empty=True)
+    a.admit([PROMPTS[0], PROMPTS[2]])
+    b.admit_empty(2)
+    assert b.lengths.tolist() == [0, 0]
+    b.prefill_rows([1, 0], [PROMPTS[2], PROMPTS[0]])
+    assert b.lengths.tolist() == a.lengths.tolist() == [5, 9]
+    for layer in range(CFG.num_layers):
+        for r, n in ((0, 5), (1, 9)):
+            assert torch.equal(a.cache.k[layer][r, :, :n], b.cache.k[layer][r, :, :n])
+            assert torch.equal(a.cache.v[layer][r, :, :n], b.cache.v[layer][r, :, :n])
+    with pytest.raises(ValueError, match="row 2 is not in the batch of 2"):
+        b.prefill_rows([2], [[1, 2]])
+    with pytest.raises(ValueError, match="row 0's prompt has 0 tokens"):
+        b.prefill_rows([0], [[]])
+    with pytest.raises(ValueError, match="one prompt per distinct row"):
+        b.prefill_rows([0, 0], [[1], [2]])
+    with pytest.raises(ValueError, match="num_rows must be >= 1"):
+        b.admit_empty(0)

@@ -30,8 +30,8 @@ its prompt; the first round in which it drafts (k_b > 0) prefills that prompt in
 (``Model.prefill_rows``: the same pass, K/V and graphs as an admission's), for every row drafting for the first
 time at once, before the catch-up. A row that never drafts (k=auto holding k = 0, a short request) never pays a
 draft pass; and a plain round (k = 0 for every row) runs no draft pass at all, so the draft model's work is never
-charged to a plain round (on a GPU an admission's draft prefill, launched after the target's admission sync, used
-to run inside the next round). Rows that owe their prefill and draft 0 in a round where others draft stay owed:
+charged to a plain round (on a GPU a prefill launched at admission, after the target's admission sync, would run
+inside the next round, whatever its k). Rows that owe their prefill and draft 0 in a round where others draft stay owed:
 the batch's passes write into their cache row too, but only into slots the prefill overwrites (V_b stays 0).
 The drafts are the same as with the prefill at admission: the prompt's K/V are bit for bit an admission's, the
 tokens after it come through the same catch-up, and the DRAFT-stream counter moves only with drafts drawn.
@@ -135,7 +135,8 @@ class DraftModel(Drafter):
     def admit(self, seq_ids, prompts, first_tokens, sampling) -> None:
         # a model without the deferred prefill (``admit_empty`` / ``prefill_rows``: the runtime's ``Model`` has both)
         # is prefilled here
-        if self.prefill_at_admission or not (hasattr(self.model, "admit_empty") and hasattr(self.model, "prefill_rows")):
+        deferred = hasattr(self.model, "admit_empty") and hasattr(self.model, "prefill_rows")
+        if self.prefill_at_admission or not deferred:
             self.model.admit(prompts)
             self.prefill_tokens += sum(len(p) for p in prompts)
             self._add_rows(prompts, first_tokens, sampling)
@@ -146,7 +147,8 @@ class DraftModel(Drafter):
     def _add_rows(self, prompts, first_tokens, sampling: SamplingParams, owed: bool = False) -> None:
         """The host state of rows just admitted to the cache: their prompts valid there, the first token not
         (``owed``: the prompts are not there yet; ``_prefill_owed`` writes them when the row first drafts)."""
-        self._set_rows(self._rows + [_Row(list(p) + [t], 0, s, owed=len(p)) if owed else _Row(list(p) + [t], len(p), s)
+        self._set_rows(self._rows + [_Row(list(p) + [t], 0, s, owed=len(p)) if owed else
+                                     _Row(list(p) + [t], len(p), s)
                                      for p, t, s in zip(prompts, first_tokens, sampling.rows, strict=True)])
 
     def _prefill_owed(self, drawing: list[bool]) -> None:

@@ -266,7 +266,8 @@ class Model:
             if not 0 <= r < cache.batch_size:
                 raise ValueError(f"prefill_rows: row {r} is not in the batch of {cache.batch_size}")
             if not 1 <= len(prompt) <= cache.max_seq_len:
-                raise ValueError(f"prefill_rows: row {r}'s prompt has {len(prompt)} tokens, need 1..{cache.max_seq_len}")
+                raise ValueError(f"prefill_rows: row {r}'s prompt has {len(prompt)} tokens, need 1.."
+                                 f"{cache.max_seq_len}")
         if not rows:
             return
         for r, prompt in zip(rows, prompts):
