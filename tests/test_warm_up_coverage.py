@@ -76,3 +76,28 @@ def test_without_warm_up_the_run_captures():
     # the check above can fail: the same run without warm-up adds keys
     _, before, after = run(use_graphs=True, warm=False)
     assert after[1] - before[1]
+
+
+GPU_CFG = ModelConfig(vocab_size=97, num_layers=2, hidden_size=32, num_heads=2, num_kv_heads=1, head_dim=16,
+                      intermediate_size=64)      # head_dim 16: the kernels' path (prefill graphs included)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="counts CUDA graph captures: needs a CUDA GPU")
+def test_lazy_draft_prefills_replay_warmed_prefill_graphs_only():
+    # the draft model prefills a row's prompt in the first round it drafts (DraftModel's lazy prefill), into a row
+    # already in the batch: the prefill graphs of the warm-up serve it (the row is a device value), as they served
+    # the admission's; plain stretches, catch-ups and every k capture nothing either
+    target = load_model(GPU_CFG, device="cuda", dtype=torch.float32, seed=0)
+    draft = load_model(GPU_CFG, device="cuda", dtype=torch.float32, seed=5)
+    script = itertools.chain(SCRIPT, itertools.repeat(K))
+    d = DraftModel(draft)
+    scheduler = Scheduler(target, d, SchedulerConfig(4, 128, K),
+                          k_policy=lambda running, k: [next(script)] * len(running))
+    scheduler.eos = set()
+    scheduler.warm_up(prompt_tokens=16)
+    captures = (target.graph_captures, draft.graph_captures)
+    seqs = [scheduler.submit(Request(p, 48, id=i)) for i, p in enumerate(PROMPTS)]
+    scheduler.run()
+    assert d.prefill_tokens == sum(len(p) for p in PROMPTS)
+    assert (target.graph_captures, draft.graph_captures) == captures
+    assert all(len(s.generated) == 48 for s in seqs)

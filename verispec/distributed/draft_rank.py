@@ -65,6 +65,9 @@ class ScoringDraftModel(DraftModel):
     first k - 1 drafts, so a ``redirect`` to a history that runs through them (the round accepted them) keeps
     them valid instead of feeding them again in a catch-up pass."""
 
+    # the branch rows copy a spot row's prompt K/V at admission (``admit_from``): the prompt must be there by then
+    prefill_at_admission = True
+
     def __init__(self, model, top_n: int):
         super().__init__(model)
         if top_n < 1:

@@ -189,6 +189,11 @@ def each_row(fn, num_rows: int) -> tuple[list, dict[int, str]]:
 class Drafter:
     """Base class of the drafter interface (see the module docstring). Subclasses override all five."""
 
+    # prompt tokens this drafter has run through a model's prefill so far (``DraftModel`` prefills a row's prompt in
+    # the first round it drafts): a round in which the count grew paid a one-time prefill, which the scheduler keeps
+    # out of k=auto's measured round costs
+    prefill_tokens: int = 0
+
     def attach(self, target) -> None:
         """Check that this drafter can serve ``target``; raise ValueError otherwise."""
 

@@ -25,7 +25,19 @@ the chain slots after the root, so V_b = L_b + min(a, D - 1) holds for the next 
 e.g. widths (2, 2), L = 10: feed h[8], h[9] -> d1 in {x, y}; one pass over [x, y] (slots 10, 11, position 10)
      -> children {x1, x2, y1, y2}; the tree's nodes 1..6; accepted [y, y2]: y moves from slot 11 to slot 10.
 
-Per row, everything on the host lives in one ``_Row`` (history, V_b, settings and seed, draft-stream counter).
+Lazy prefill: ``admit`` runs no pass. The row joins the draft cache empty (``Model.admit_empty``, V_b = 0) and owes
+its prompt; the first round in which it drafts (k_b > 0) prefills that prompt in one prefill pass per row
+(``Model.prefill_rows``: the same pass, K/V and graphs as an admission's), for every row drafting for the first
+time at once, before the catch-up. A row that never drafts (k=auto holding k = 0, a short request) never pays a
+draft pass; and a plain round (k = 0 for every row) runs no draft pass at all, so the draft model's work is never
+charged to a plain round (on a GPU a prefill launched at admission, after the target's admission sync, would run
+inside the next round, whatever its k). Rows that owe their prefill and draft 0 in a round where others draft stay owed:
+the batch's passes write into their cache row too, but only into slots the prefill overwrites (V_b stays 0).
+The drafts are the same as with the prefill at admission: the prompt's K/V are bit for bit an admission's, the
+tokens after it come through the same catch-up, and the DRAFT-stream counter moves only with drafts drawn.
+
+Per row, everything on the host lives in one ``_Row`` (history, V_b, the prompt it owes, settings and seed,
+draft-stream counter).
 A round runs k = max_b k_b draft passes for every row; row b proposes its first k_b drafts and its counter
 advances by k_b, so its next draws start where its own drafts ended whatever the others asked for (the draws
 of its drafts past k_b were never shown to verification: they are still fresh, and sampling stays exact).
@@ -58,6 +70,7 @@ class _Row:
     valid: int                  # V_b: leading tokens of h_b with valid K/V in the draft cache
     sampling: Sampling          # its settings and seed
     step: int = 0               # DRAFT-stream counter: its next draw uses step, step + 1, ...
+    owed: int = 0               # its prompt h_b[:owed] is not in the draft cache yet (lazy prefill); 0: nothing owed
 
 
 class DraftModel(Drafter):
@@ -67,6 +80,10 @@ class DraftModel(Drafter):
     the target's device by the engine. It must not be the target object itself (they would share one
     KV cache): use ``target.truncated(n)`` (``SelfSpeculative``) or a second ``load_model``.
     """
+
+    # True: ``admit`` prefills every prompt at once (SSD's draft rank copies a spot row's prompt K/V into its branch
+    # rows at admission); False: a row's prompt is prefilled when it first drafts (module docstring)
+    prefill_at_admission = False
 
     def __init__(self, model):
         if isinstance(model, (str, bytes)) or isinstance(model, os.PathLike):
@@ -78,6 +95,7 @@ class DraftModel(Drafter):
         self.model = model
         self._rows: list[_Row] = []             # batch order
         self._sampling = SamplingParams.empty() # the rows' settings as a batch (derived: ``_set_rows``)
+        self.prefill_tokens = 0                 # prompt tokens prefilled so far (the lazy prefill's bill)
 
     def _set_rows(self, rows: list[_Row]) -> None:
         self._rows = rows
@@ -115,22 +133,47 @@ class DraftModel(Drafter):
         return n + self.model.warm_up(max_batch_size, CATCH_UP_TOKENS, prompt_tokens=prompt_tokens)
 
     def admit(self, seq_ids, prompts, first_tokens, sampling) -> None:
-        self.model.admit(prompts)
-        self._add_rows(prompts, first_tokens, sampling)
+        # a model without the deferred prefill (``admit_empty`` / ``prefill_rows``: the runtime's ``Model`` has both)
+        # is prefilled here
+        deferred = hasattr(self.model, "admit_empty") and hasattr(self.model, "prefill_rows")
+        if self.prefill_at_admission or not deferred:
+            self.model.admit(prompts)
+            self.prefill_tokens += sum(len(p) for p in prompts)
+            self._add_rows(prompts, first_tokens, sampling)
+            return
+        self.model.admit_empty(len(prompts))
+        self._add_rows(prompts, first_tokens, sampling, owed=True)
 
-    def _add_rows(self, prompts, first_tokens, sampling: SamplingParams) -> None:
-        """The host state of rows just admitted to the cache: their prompts valid there, the first token not."""
-        self._set_rows(self._rows + [_Row(list(p) + [t], len(p), s)
+    def _add_rows(self, prompts, first_tokens, sampling: SamplingParams, owed: bool = False) -> None:
+        """The host state of rows just admitted to the cache: their prompts valid there, the first token not
+        (``owed``: the prompts are not there yet; ``_prefill_owed`` writes them when the row first drafts)."""
+        self._set_rows(self._rows + [_Row(list(p) + [t], 0, s, owed=len(p)) if owed else
+                                     _Row(list(p) + [t], len(p), s)
                                      for p, t, s in zip(prompts, first_tokens, sampling.rows, strict=True)])
 
+    def _prefill_owed(self, drawing: list[bool]) -> None:
+        """The lazy prefill: every row that drafts this round (``drawing[b]``) and still owes its prompt gets it, one
+        prefill pass per row (``Model.prefill_rows``), all before the round's catch-up. Rows drawing nothing keep
+        owing it."""
+        due = [b for b, (row, d) in enumerate(zip(self._rows, drawing, strict=True)) if d and row.owed]
+        if not due:
+            return
+        self.model.prefill_rows(due, [self._rows[b].history[:self._rows[b].owed] for b in due])
+        for b in due:
+            row = self._rows[b]
+            self.prefill_tokens += row.owed
+            row.valid, row.owed = row.owed, 0
+
     def _catch_up(self, lengths: list[int]) -> None:
-        """Make the draft cache valid for at least h_b[:L_b - 2] in every row, in one pass of width
-        gap = max_b(L_b - 2 - V_b) (needed only after rounds without drafting). Row b feeds
+        """Make the draft cache valid for at least h_b[:L_b - 2] in every row that owes no prefill (``_prefill_owed``
+        ran first for the rows that draft), in one pass of width gap = max_b(L_b - 2 - V_b) over those rows (needed
+        only after rounds without drafting; a row still owing its prompt is fed too, into slots its prefill will
+        overwrite, and stays invalid). Row b feeds
         h_b[s_b : s_b + gap] from s_b = max(0, L_b - 2 - gap) (re-writing valid entries is idempotent), padded
         with token 0 where its history is shorter: pad entries land past its valid length and are never read
         before being overwritten. e.g. L = [20, 6], V = [10, 5]: gap = 8, row 0 feeds h[10:18], row 1 feeds
         h[0:6] + [0, 0]; afterwards V = [18, 6]."""
-        gap = max(L - 2 - row.valid for L, row in zip(lengths, self._rows))
+        gap = max((L - 2 - row.valid for L, row in zip(lengths, self._rows) if not row.owed), default=0)
         if gap <= 0:
             return
         starts = [max(0, L - 2 - gap) for L in lengths]
@@ -140,7 +183,8 @@ class DraftModel(Drafter):
         for j in range(0, gap, CATCH_UP_TOKENS):  # passes a warm-up captured; the same K/V as one pass (invariant)
             self.model.append(feed[:, j:j + CATCH_UP_TOKENS])
         for row, s, L in zip(self._rows, starts, lengths):
-            row.valid = min(s + gap, L)
+            if not row.owed:
+                row.valid = min(s + gap, L)
 
     def _run(self, k: int, forced: Tensor | None = None,
              drawn: list[int] | None = None) -> tuple[Tensor, Tensor | None]:
@@ -150,14 +194,17 @@ class DraftModel(Drafter):
         DRAFT-stream counter advances by that many, so its next round draws from where its own drafts ended,
         whatever the other rows asked for (the draws past drawn[b] were never shown to anyone: fresh)."""
         lengths = [len(row.history) for row in self._rows]
+        drawn = drawn or [k] * len(self._rows)
+        self._prefill_owed([n > 0 for n in drawn])
         self._catch_up(lengths)
         key = self._loop_key(forced is not None)
         if key is None:
             drafts, q = self._run_eager(k, lengths, forced)
         else:
             drafts, q = self._run_captured(k, lengths, key, forced)
-        for row, L, n in zip(self._rows, lengths, drawn or [k] * len(self._rows)):
-            row.valid = L + k - 1
+        for row, L, n in zip(self._rows, lengths, drawn):
+            if not row.owed:
+                row.valid = L + k - 1
             row.step += n
         return drafts, q
 
@@ -225,6 +272,8 @@ class DraftModel(Drafter):
         the longest common prefix of its old history and the new one (``_catch_up`` feeds the rest). SSD's draft
         rank moves its rows between the outcomes it pre-speculates this way."""
         for row, history, step in zip(self._rows, histories, steps, strict=True):
+            if row.owed and row.history[:row.owed] != history[:row.owed]:
+                row.owed = 0                  # the prompt it owed is not the new history's: the catch-up feeds it all
             old, m = row.history, min(row.valid, len(row.history), len(history))
             # SSD's rows part from their new histories within the last few tokens: one C-speed compare of the rest,
             # then a short scan; a prefix that differs earlier is searched by halving
@@ -268,6 +317,7 @@ class DraftModel(Drafter):
         of the top-w (``OracleDraft``'s cost model runs the same passes)."""
         model = self.model
         lengths = [len(row.history) for row in self._rows]
+        self._prefill_owed([True] * len(self._rows))                 # every row proposes the full tree
         self._catch_up(lengths)
         model.rollback([L - 2 for L in lengths])
         feed = to_device([row.history[-2:] for row in self._rows], model.device, torch.long)   # [B, 2]

@@ -94,7 +94,7 @@ class OracleDraft(Drafter):
         drafts = torch.tensor([self._oracle(b, k) for b in range(len(self._rows))], dtype=torch.long)  # [B, K]
         drafts = drafts.reshape(len(self._rows), k)
         if self._runner is not None and k:
-            self._runner._run(k, forced=drafts)
+            self._runner._run(k, forced=drafts, drawn=list(max_num_draft))   # a row asking for 0 owes no prefill
         return Proposal(drafts, list(max_num_draft), None)
 
     drafts_trees = True
@@ -135,6 +135,10 @@ class OracleDraft(Drafter):
     @property
     def graph_captures(self) -> int:
         return 0 if self._runner is None else self._runner.graph_captures
+
+    @property
+    def prefill_tokens(self) -> int:
+        return 0 if self._runner is None else self._runner.prefill_tokens
 
     def tree_accepted(self, path, num_accepted) -> None:
         if self._runner is not None:

@@ -59,7 +59,8 @@ every round up to what its estimate supports (``tests/test_auto_k.py`` checks bo
 Measured rounds. The table is a prediction made at startup, alone on the machine; a server's rounds also pay what
 it cannot see (the event loop's share of the GIL, the draft model's catch-up after rounds at k = 0, a pass that
 runs slower at this context length). So the greedy rows' choice prices each k by the rounds actually run: the
-scheduler reports each round's wall time (``observe_round``), kept per (batch bucket of the table, widest k) as a
+scheduler reports each round's wall time (``observe_round``; not a round that paid one-time work, an admission's or a
+draft model's first prefill of a row: ``Scheduler._round``), kept per (batch bucket of the table, widest k) as a
 moving average over about 1 / (1 - ``round_decay``) rounds; a k without a measured round at that bucket costs the
 table's, scaled as the nearest measured k's measured / table. An average not fed for ``round_memory`` rounds is
 ignored (that k is priced as if never measured): a k chosen rarely, e.g. k = 0 measured once in a burst of

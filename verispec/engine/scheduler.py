@@ -117,6 +117,7 @@ class Scheduler:
         self.drafter_fault: str | None = None          # why the drafter is set aside (None: in use)
         self.drafter_faults = 0                        # drafter exceptions that named no row, so far
         self._fault_rows: set[int] = set()             # ids of the requests running at the last such fault
+        self._admitted = False                         # this step admitted requests (its round is no cost sample)
         target.setup_cache(config.max_batch_size, config.max_seq_len, empty=True)
         if drafter is not None:
             drafter.reserve(target, config.max_batch_size, config.max_seq_len)
@@ -228,6 +229,7 @@ class Scheduler:
     def step(self) -> list[Sequence]:
         """Admit, run one round, retire; returns the sequences that ended in this step."""
         ended = self._retire()                # cancellations since the last step
+        self._admitted = False
         ended += self._admit()                # requests whose admission failed (they never joined the batch)
         ended += self._retire()               # requests done after their first token
         if self.running:
@@ -268,6 +270,7 @@ class Scheduler:
                 self._call_drafter("admit", [s.request.id for s in new], [s.request.prompt for s in new],
                                    first_host, sampling)
             self.batch.extend(certain, new)
+            self._admitted = True
             t1 = self.clock.now()
             for j, (seq, token) in enumerate(zip(new, first_host)):
                 seq.stats.queue_s = t0 - seq.request.submitted_at
@@ -318,6 +321,7 @@ class Scheduler:
     def _round(self) -> None:
         drafter = self.drafter if self.drafting else None
         t0 = time.perf_counter()
+        prefilled = getattr(drafter, "prefill_tokens", 0)
         tree = self.tree
         if self.tree_auto and drafter is not None:
             caps, tree = self.k_policy.decide(self.running, self.k_max)
@@ -337,7 +341,13 @@ class Scheduler:
         if result.draft_error is not None:
             self._drafter_failed(*result.draft_error)
         observe = getattr(self.k_policy, "observe_round", None)
-        if observe is not None and (self.tree is None or self.tree_auto):   # the policy prices k by the rounds it ran
+        # the policy prices k by the rounds it ran (AutoK), and only by rounds that paid no one-time work: on a GPU
+        # the drafter's admission work (a feature head's prompt pass) is still running when the round starts and
+        # the round's one sync waits for it; a round in which the drafter prefilled rows drafting for the first time
+        # (``DraftModel``'s lazy prefill) paid that. Either would price that k by its admissions (a few such rounds
+        # in the moving average double what a plain round seems to cost at 32 rows on the 8B shape).
+        one_time = self._admitted or getattr(drafter, "prefill_tokens", 0) != prefilled
+        if observe is not None and (self.tree is None or self.tree_auto) and not one_time:
             shape = tree if tree is not None else max(result.num_draft, default=0)
             observe(len(self.running), shape, time.perf_counter() - t0)
         self._account(result)

@@ -82,14 +82,16 @@ class StaticKVCache:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
-    def admit(self, lengths: list[int]) -> int:
+    def admit(self, lengths: list[int], *, allow_empty: bool = False) -> int:
         """Append ``len(lengths)`` sequences as rows [B, B + n) with those lengths (their K/V written by the
-        caller's prefill); returns the first new row. Rows below B are untouched."""
+        caller's prefill); returns the first new row. Rows below B are untouched. ``allow_empty``: lengths of 0
+        are accepted (rows whose prefill comes later: ``Model.admit_empty``)."""
         n, first = len(lengths), self.batch_size
         if first + n > self.max_batch_size:
             raise ValueError(f"admit: {first} + {n} sequences exceed the cache's {self.max_batch_size} rows")
-        if any(not 1 <= x <= self.max_seq_len for x in lengths):
-            raise ValueError(f"admit: lengths must be in [1, {self.max_seq_len}], got {lengths}")
+        low = 0 if allow_empty else 1
+        if any(not low <= x <= self.max_seq_len for x in lengths):
+            raise ValueError(f"admit: lengths must be in [{low}, {self.max_seq_len}], got {lengths}")
         device = self._lengths.device
         self._lengths[first:first + n] = to_device(lengths, device, torch.long)
         self.live[first:first + n] = 1

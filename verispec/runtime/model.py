@@ -243,6 +243,39 @@ class Model:
         self._prompt_hidden.update(states)
         return torch.cat(logits)
 
+    def admit_empty(self, num_rows: int) -> None:
+        """Append ``num_rows`` sequences with nothing cached yet (length 0): they hold their rows in the batch
+        (``keep`` moves them like any other) until ``prefill_rows`` writes their prompts. A draft model defers
+        its prefill this way until a row first drafts (``DraftModel``), so a row that never drafts never pays it."""
+        if num_rows < 1:
+            raise ValueError(f"admit_empty: num_rows must be >= 1, got {num_rows}")
+        self._need_cache().admit([0] * num_rows, allow_empty=True)
+
+    @torch.no_grad()
+    def prefill_rows(self, rows: list[int], prompts: list[list[int]]) -> None:
+        """``admit``'s prefill into rows already in the batch: prompt j's K/V into row rows[j], positions
+        [0, len_j), whose length becomes len_j (whatever the row held before is dead). The same pass per prompt
+        as ``admit`` (path and token bucket from the prompt alone: the same K/V bit for bit, and on a GPU the
+        same prefill graphs, which take the row as a device value). No logits; no hidden states."""
+        cache = self._need_cache()
+        if self.hidden_layers:
+            raise RuntimeError("prefill_rows keeps no hidden states: admit the prompts with admit() instead")
+        if len(rows) != len(prompts) or len(set(rows)) != len(rows):
+            raise ValueError(f"prefill_rows: one prompt per distinct row, got rows {rows} and {len(prompts)} prompts")
+        for r, prompt in zip(rows, prompts):
+            if not 0 <= r < cache.batch_size:
+                raise ValueError(f"prefill_rows: row {r} is not in the batch of {cache.batch_size}")
+            if not 1 <= len(prompt) <= cache.max_seq_len:
+                raise ValueError(f"prefill_rows: row {r}'s prompt has {len(prompt)} tokens, need 1.."
+                                 f"{cache.max_seq_len}")
+        if not rows:
+            return
+        for r, prompt in zip(rows, prompts):
+            self._prefill_one(prompt, r)
+        lengths = [len(p) for p in prompts]
+        cache.lengths[to_device(rows, self.device, torch.long)] = to_device(lengths, self.device, torch.long)
+        cache.max_len_bound = max(cache.max_len_bound, max(lengths))
+
     @torch.no_grad()
     def admit_from(self, source: "Model", source_rows: list[int], lengths: list[int]) -> None:
         """``admit`` without a prefill: sequence j joins as row B + j with the K/V of positions [0, lengths[j])
