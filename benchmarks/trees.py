@@ -29,6 +29,7 @@ less the timed call's own warm-up (``e2e_cells``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -283,14 +284,29 @@ def e2e_cells(target, draft, batch_sizes, prompt_tokens: int, new_tokens: int, c
     return cells
 
 
+def draft_shape(name: str, layers: int | None):
+    """The oracle's cost model: the named shape, or its first ``layers`` decoder layers with its full LM head (one
+    layer of the target's own shape is the cost of an EAGLE-style head: a decoder layer and the LM head; the head's
+    fc fusion layer, 3h x h, is not counted)."""
+    if not layers:
+        return name
+    from verispec.runtime import named_shape
+
+    cfg = named_shape(name)
+    if not 1 <= layers <= cfg.num_layers:
+        raise SystemExit(f"--draft-layers must be in 1..{cfg.num_layers} for {name}, got {layers}")
+    return dataclasses.replace(cfg, num_layers=layers)
+
+
 def e2e_part(args) -> dict:
     from verispec import load_model
     from verispec.bench.peaked import make_peaked
 
     target = load_model(args.model, device="cuda", dtype=torch.bfloat16)
     make_peaked(target)
-    draft = load_model(args.draft, device="cuda", dtype=torch.bfloat16)
-    out = dict(env=environment(), model=args.model, draft=args.draft, rates=TREE_RATES, prompt_tokens=128,
+    draft = load_model(draft_shape(args.draft, args.draft_layers), device="cuda", dtype=torch.bfloat16)
+    name = args.draft + (f" cut to {args.draft_layers} layer(s)" if args.draft_layers else "")
+    out = dict(env=environment(), model=args.model, draft=name, rates=TREE_RATES, prompt_tokens=128,
                new_tokens=args.new_tokens, command="python benchmarks/trees.py " + " ".join(sys.argv[1:]))
     configs = parse_configs(args.configs) if args.configs else e2e_configs()
     out["cells"] = e2e_cells(target, draft, (1, 8), 128, args.new_tokens, configs, torch.cuda.synchronize)
@@ -397,6 +413,8 @@ def main(argv=None) -> None:
                     "trees_auto.md for an e2e --configs auto,... run; the parts not run are then left out)")
     ap.add_argument("--model", default="llama-3.1-8b", help="pass, e2e: the target shape (random weights)")
     ap.add_argument("--draft", default="llama-3.2-1b", help="e2e: the oracle's cost model (random weights)")
+    ap.add_argument("--draft-layers", type=int, default=None, help="e2e: cut the cost model to its first N layers "
+                    "(e.g. --draft llama-3.1-8b --draft-layers 1: an EAGLE-style head's cost)")
     ap.add_argument("--tokens", default="1,2,4,8,16,24,32,48,64", help="pass: tokens per sequence")
     ap.add_argument("--max-rows", type=int, default=2048, help="pass: skip B * T above this")
     ap.add_argument("--new-tokens", type=int, default=128, help="e2e, accept: tokens generated per sequence")
