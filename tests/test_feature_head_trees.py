@@ -27,9 +27,14 @@ def _likely_head(plain: list[list[int]], n: int):
     return net
 
 
-@pytest.mark.parametrize("use_graphs", [False, True], ids=["eager", "graph-layout"])
-def test_greedy_tree_generation_with_the_head_equals_plain_decoding(use_graphs):
-    model = target(use_graphs)
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: the head's tree passes and the target's "
+                         "tree pass as real CUDA graphs (kernels writing the states)")
+
+
+@pytest.mark.parametrize("device, use_graphs", [("cpu", False), ("cpu", True), pytest.param("cuda", True, marks=GPU)],
+                         ids=["eager", "graph-layout", "cuda-graphs"])
+def test_greedy_tree_generation_with_the_head_equals_plain_decoding(device, use_graphs):
+    model = target(use_graphs, device=device)
     plain = [g.tokens for g in generate(model, PROMPTS, drafter=None, max_new_tokens=20)]
     head = FeatureHead(random_head())
     for tree in ([2, 2, 1], [3], [1, 1, 1]):
@@ -101,22 +106,33 @@ def test_seeded_tree_sampling_with_the_head_is_reproducible_and_batch_independen
         assert alone.tokens == batch[b].tokens, b
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=GPU)])
 @pytest.mark.parametrize("tree", [(3, 2, 2, 1), (2, 2, 1)])
-def test_tree_rounds_after_warm_up_capture_nothing(tree):
-    """The graph path (run eagerly on the CPU): ``Scheduler.warm_up`` captures the head's tree passes of every
-    batch bucket and its commits of 1..depth + 1 tokens; rounds with batches shrinking through the buckets (requests
-    of different lengths) capture nothing more, on the head or the target."""
-    model = target(use_graphs=True)
+def test_tree_rounds_after_warm_up_capture_nothing(tree, device):
+    """The graph path (on the CPU run eagerly, ``GraphCache``'s capture-free path): ``Scheduler.warm_up`` captures
+    the head's tree passes of every batch bucket and its commits of 1..depth + 1 tokens; rounds with batches
+    shrinking through the buckets (requests of different lengths) capture nothing more, on the head or the target;
+    their drafts are those of the head's eager passes, round by round."""
+    model = target(use_graphs=True, device=device)
     plain = [g.tokens for g in generate(model, PROMPTS, drafter=None, max_new_tokens=16)]
     head = FeatureHead(_likely_head(plain, 3))
     sched = Scheduler(model, head, SchedulerConfig(max_batch_size=4, max_seq_len=80, k=4, tree=tree))
     sched.warm_up(prompt_tokens=16)
     assert head._graphs.count("tree") == 3                      # buckets 1, 2, 4
     before = (head.graph_captures, model.graph_captures)
+    log = _proposals(head, tree)
     seqs = [sched.submit(Request(p, n, id=i)) for i, (p, n) in enumerate(zip(PROMPTS, (16, 5, 10)))]
     sched.run()
     assert (head.graph_captures, model.graph_captures) == before
     assert [s.generated for s in seqs] == [p[:n] for p, n in zip(plain, (16, 5, 10))]
+    eager = FeatureHead(_likely_head(plain, 3))
+    eager.use_graphs = False
+    eager_log = _proposals(eager, tree)
+    sched = Scheduler(model, eager, SchedulerConfig(max_batch_size=4, max_seq_len=80, k=4, tree=tree))
+    for i, (p, n) in enumerate(zip(PROMPTS, (16, 5, 10))):
+        sched.submit(Request(p, n, id=i))
+    sched.run()
+    assert len(log) == len(eager_log) and all(torch.equal(a, b) for a, b in zip(log, eager_log))
 
 
 def test_the_shipped_head_drafts_trees_on_the_embedded_model():

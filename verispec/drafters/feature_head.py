@@ -14,6 +14,12 @@ holds entry L_b - 2's output, which predicts the first draft.
              drafts) with the emitted tokens -> entries L-1 .. L-1+a_b, one pass of width max_b(a_b + 1),
              overwriting the speculative ones; ``last`` = the output of entry L-1+a_b
     keep     rows move whole (host rows, the cache rows, ``last``)
+    trees    ``propose_tree(widths)``: depth 1 = the top-w_1 of ``last``'s logits; each node of depths 1..D-1 is an
+             entry (its parent's output, its token) at its chain position L - 2 + depth, in slot L - 1 + i (i: its
+             index among those nodes, past ``valid``), attending the valid entries and its ancestors' slots only
+             (``_tree_body``: one head pass per depth); ``tree_accepted`` gathers the target's states of the root
+             and the accepted path from the tree pass (``Model.hidden`` [B, T, C, E]), which ``commit`` feeds as a
+             chain round's rows 0..a_b
 
 e.g. prompt of 5 tokens, first token x5: entries 0..4 (states of t0..t4 with tokens t1..x5), ``valid`` = 5;
 k = 3: d1 from out_4, entry 5 = (out_4, d1) -> d2, entry 6 = (out_5, d2) -> d3; 2 accepted, recovered r:
@@ -34,7 +40,8 @@ k > GRAPH_MAX_TOKENS, run the same body eagerly with ``draw``. ``commit``'s pass
 per (bucket, width W)): one host tensor [R, W + 3] (the emitted tokens, L_b - 1, a_b, whether row b emitted) and one
 device copy of the round's states into a buffer of the head's (``_commit_states_buf``: the target's own buffer
 changes layout with the bucket of its pass). On a CPU the graph path runs both bodies eagerly on the padded buffers
-(``GraphCache``'s capture-free path), which the CPU tests exercise.
+(``GraphCache``'s capture-free path), which the CPU tests exercise. A tree's passes are one graph too (one per
+(bucket, widths), the same [R, 3] input; padding rows' slots are clamped to the cache's last, dead).
 """
 from __future__ import annotations
 
@@ -447,7 +454,7 @@ class FeatureHead(Drafter):
             if d == len(widths) - 1:
                 break
             n = new.shape[1]
-            feats = out.repeat_interleave(w, dim=1)                                         # [R, n, E]: parents'
+            feats = out[:, :, None].expand(-1, -1, w, -1).reshape(R, n, -1)                # [R, n, E]: parents'
             slots = (base[:, None] + torch.arange(start, start + n, device=device)).clamp(max=S - 1)   # [R, n]
             pos = (base + d)[:, None].expand(R, n)
             visible = (torch.arange(S, device=device)[None, None, :] < base[:, None, None]).expand(R, n, S).clone()
