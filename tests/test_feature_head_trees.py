@@ -45,6 +45,15 @@ def test_greedy_tree_generation_with_the_head_equals_plain_decoding(device, use_
     assert sum(g.stats.accepted for g in out) >= 8          # deep paths accepted: wide commits of the tree's states
 
 
+def test_tree_auto_with_the_head_equals_plain_decoding():
+    """``tree="auto"``: its cost table is measured with the head (whose admission needs the target's prompt states:
+    the measurement reserves the head before admitting), then rounds of chains and trees stay exact."""
+    model = target()
+    plain = [g.tokens for g in generate(model, PROMPTS, drafter=None, max_new_tokens=16)]
+    out = generate(model, PROMPTS, drafter=FeatureHead(_likely_head(plain, 4)), tree="auto", k=3, max_new_tokens=16)
+    assert [g.tokens for g in out] == plain
+
+
 def _proposals(head, tree) -> list:
     """Wrap ``head``'s proposals (chain or tree): each round's drafts appended to the returned list, on the host."""
     log = []
