@@ -32,8 +32,8 @@ def reference_states(model, tokens: list[int]) -> torch.Tensor:
     is after the final norm, so the last layer's raw output is compared through that norm by the caller)."""
     hf = to_transformers(model.net)
     with torch.no_grad():
-        hs = hf(torch.tensor([tokens]), output_hidden_states=True).hidden_states     # N + 1 x [1, T, E]
-    return torch.stack([hs[layer + 1][0] for layer in LAYERS], dim=1)
+        hs = hf(torch.tensor([tokens], device=model.device), output_hidden_states=True).hidden_states  # N+1 x [1, T, E]
+    return torch.stack([hs[layer + 1][0] for layer in LAYERS], dim=1).cpu()
 
 
 def comparable(states: torch.Tensor, model) -> torch.Tensor:
@@ -139,8 +139,9 @@ def test_a_tree_pass_writes_each_nodes_states_as_its_path_run_as_a_chain(device,
                 path.insert(0, int(tokens[b, node]))
                 node = parents[node]
             ref = reference_states(model, history + path)[-1:]                # [1, C, E]
-            got = comparable(model.hidden[b, n:n + 1].float().cpu(), model)
-            torch.testing.assert_close(got, ref, rtol=1e-4, atol=2e-5 if device == "cpu" else 1e-3)
+            got = comparable(model.hidden[b, n:n + 1], model).cpu()
+            tol = dict(rtol=1e-4, atol=2e-5) if device == "cpu" else dict(rtol=2e-3, atol=2e-3)   # GPU: TF32 matmuls
+            torch.testing.assert_close(got, ref, **tol)
 
 
 def test_off_by_default_and_bad_layers_are_refused():
