@@ -385,6 +385,7 @@ class FeatureHead(Drafter):
     # ------------------------------------------------------------------------------------ trees
     drafts_trees = True
 
+    @torch.no_grad()
     def propose_tree(self, widths: tuple[int, ...]) -> TreeProposal:
         """The full tree of ``widths``: the top-w_d children of each node by the head's logits (deterministic
         proposals, in greedy and sampled rounds alike), one head pass per depth but the last over all of that
