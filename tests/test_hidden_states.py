@@ -32,8 +32,8 @@ def reference_states(model, tokens: list[int]) -> torch.Tensor:
     is after the final norm, so the last layer's raw output is compared through that norm by the caller)."""
     hf = to_transformers(model.net)
     with torch.no_grad():
-        hs = hf(torch.tensor([tokens]), output_hidden_states=True).hidden_states     # N + 1 x [1, T, E]
-    return torch.stack([hs[layer + 1][0] for layer in LAYERS], dim=1)
+        hs = hf(torch.tensor([tokens], device=model.device), output_hidden_states=True).hidden_states  # N+1 x [1, T, E]
+    return torch.stack([hs[layer + 1][0] for layer in LAYERS], dim=1).cpu()
 
 
 def comparable(states: torch.Tensor, model) -> torch.Tensor:
@@ -111,6 +111,37 @@ def test_capture_adds_no_pass_and_changes_no_logits():
         runs[capture] = ([o.tokens for o in out], dict(passes))
     assert runs[True] == runs[False]
     assert runs[True][1]["prefill"] == 2 and runs[True][1]["append"] > 0   # one prefill a prompt, one pass a round
+
+
+@pytest.mark.parametrize("device, use_graphs", [
+    ("cpu", False), ("cpu", True),
+    pytest.param("cuda", True, marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: the "
+                                                        "tree pass's kernels in a CUDA graph writing the states")),
+], ids=["eager", "graph-layout", "cuda-graphs"])
+def test_a_tree_pass_writes_each_nodes_states_as_its_path_run_as_a_chain(device, use_graphs):
+    """``append_tree``'s ``hidden`` [B, T, C, E]: node n's states are those of the plain forward pass over the
+    history and the node's root-to-node path (a feature head reads the accepted path's nodes from it), in a batch of
+    two rows with different histories (the graph path pads the rows to a bucket)."""
+    model = load_model(CFG, device=device, dtype=torch.float32, seed=0)
+    model.use_graphs = use_graphs
+    model.capture_hidden(LAYERS)
+    histories = [[5, 9, 14, 3, 8], [40, 41]]
+    parents = (-1, 0, 0, 1, 3, 2)                      # the root, two children, a chain of two under node 1, ...
+    tokens = torch.tensor([[8, 20, 21, 22, 23, 24], [41, 30, 31, 32, 33, 34]])   # node 0 is the root (certain)
+    model.setup_cache(2, 32, empty=True)
+    model.admit([h[:-1] for h in histories])
+    model.append_tree(tokens.to(device), [parents, parents])
+    assert model.hidden.shape == (2, len(parents), len(LAYERS), CFG.hidden_size)
+    for b, history in enumerate(histories):
+        for n in range(len(parents)):
+            path, node = [], n
+            while node > 0:
+                path.insert(0, int(tokens[b, node]))
+                node = parents[node]
+            ref = reference_states(model, history + path)[-1:]                # [1, C, E]
+            got = comparable(model.hidden[b, n:n + 1], model).cpu()
+            tol = dict(rtol=1e-4, atol=2e-5) if device == "cpu" else dict(rtol=2e-3, atol=2e-3)   # GPU: TF32 matmuls
+            torch.testing.assert_close(got, ref, **tol)
 
 
 def test_off_by_default_and_bad_layers_are_refused():

@@ -213,8 +213,7 @@ def test_the_flag_parser_accepts_auto_and_names_bad_values():
         parse_tree_flag("auto,2", head=False, has_drafter=True)
     with pytest.raises(ValueError, match="needs a drafter"):
         parse_tree_flag("auto", head=False, has_drafter=False)
-    with pytest.raises(ValueError, match="drafts chains only"):
-        parse_tree_flag("auto", head=True, has_drafter=True)
+    assert parse_tree_flag("2,2,1", head=True, has_drafter=False) == [2, 2, 1]   # the feature head drafts trees
 
 
 def test_bad_auto_settings_are_refused_naming_the_problem(target):

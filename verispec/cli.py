@@ -8,7 +8,7 @@
     verispec serve --ssd (--draft D | --draft-self L) -k N ...   (the draft in a second process: verispec/launch.py)
     verispec quantize --model M --type Q4_K_M|Q4_0|Q8_0 --out model.gguf   (an HF dir or a shape name -> GGUF)
     verispec train-head --model M --out DIR [--tokens N] [--steps S] [--device D] [--resume]   (a feature head)
-    verispec generate "PROMPT" --draft-head [DIR]   (a feature head; without DIR the embedded SmolLM2's)
+    verispec generate "PROMPT" --draft-head [DIR] [-k K | --tree 2,2,1]   (a feature head; no DIR: the embedded one)
 """
 from __future__ import annotations
 

@@ -228,7 +228,8 @@ class Drafter:
         """A draft tree per row continuing each h_b: at most widths[d] children per node at depth d (the root,
         the certain token, at depth 0); ``commit`` follows as after ``propose``."""
         raise TreeDraftUnsupported(f"{type(self).__name__} does not draft trees: use tree=None (a chain), or a "
-                                   f"drafter that does (DraftModel, SelfSpeculative, PromptLookup, OracleDraft)")
+                                   f"drafter that does (DraftModel, SelfSpeculative, PromptLookup, OracleDraft, "
+                                   f"FeatureHead)")
 
     def warm_up_tree(self, max_batch_size: int, widths: tuple[int, ...], prompt_tokens: int = 0) -> int:
         """Capture the CUDA graphs ``propose_tree(widths)`` and ``admit`` (prompts of up to ``prompt_tokens``

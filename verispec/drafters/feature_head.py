@@ -14,6 +14,12 @@ holds entry L_b - 2's output, which predicts the first draft.
              drafts) with the emitted tokens -> entries L-1 .. L-1+a_b, one pass of width max_b(a_b + 1),
              overwriting the speculative ones; ``last`` = the output of entry L-1+a_b
     keep     rows move whole (host rows, the cache rows, ``last``)
+    trees    ``propose_tree(widths)``: depth 1 = the top-w_1 of ``last``'s logits; each node of depths 1..D-1 is an
+             entry (its parent's output, its token) at its chain position L - 2 + depth, in slot L - 1 + i (i: its
+             index among those nodes, past ``valid``), attending the valid entries and its ancestors' slots only
+             (``_tree_body``: one head pass per depth); ``tree_accepted`` gathers the target's states of the root
+             and the accepted path from the tree pass (``Model.hidden`` [B, T, C, E]), which ``commit`` feeds as a
+             chain round's rows 0..a_b
 
 e.g. prompt of 5 tokens, first token x5: entries 0..4 (states of t0..t4 with tokens t1..x5), ``valid`` = 5;
 k = 3: d1 from out_4, entry 5 = (out_4, d1) -> d2, entry 6 = (out_5, d2) -> d3; 2 accepted, recovered r:
@@ -34,11 +40,13 @@ k > GRAPH_MAX_TOKENS, run the same body eagerly with ``draw``. ``commit``'s pass
 per (bucket, width W)): one host tensor [R, W + 3] (the emitted tokens, L_b - 1, a_b, whether row b emitted) and one
 device copy of the round's states into a buffer of the head's (``_commit_states_buf``: the target's own buffer
 changes layout with the bucket of its pass). On a CPU the graph path runs both bodies eagerly on the padded buffers
-(``GraphCache``'s capture-free path), which the CPU tests exercise.
+(``GraphCache``'s capture-free path), which the CPU tests exercise. A tree's passes are one graph too (one per
+(bucket, widths), the same [R, 3] input; padding rows' slots are clamped to the cache's last, dead).
 """
 from __future__ import annotations
 
 import itertools
+import math
 import os
 from dataclasses import dataclass
 from importlib import resources
@@ -53,7 +61,7 @@ from ..runtime.graphs import GraphCache
 from ..runtime.model import GRAPH_MAX_TOKENS, MAX_DRAFT_GRAPHS
 from ..runtime.transformer import rope_table
 from ..verify.sampling import is_greedy
-from .base import Drafter, Proposal, Sampling, SamplingParams, draw, one_setting
+from .base import Drafter, Proposal, Sampling, SamplingParams, TreeProposal, draw, full_tree, one_setting
 from .draft_model import _choose
 from .head_net import HeadNet
 
@@ -104,6 +112,8 @@ class FeatureHead(Drafter):
         self.use_graphs: bool | None = None
         self._graphs = GraphCache(_no_step, lambda rows: self.cache.lengths_for(rows))
         self._commit_states: Tensor | None = None   # the captured commits' copy of the target's states
+        self._tree_tables: dict[tuple[int, ...], Tensor] = {}   # widths -> ``_tree_table``'s device table
+        self._tree_states: Tensor | None = None     # [B, D + 1, C, E]: the tree round's accepted path's states
 
     @classmethod
     def from_pretrained(cls, path: "str | os.PathLike", target) -> "FeatureHead":
@@ -161,8 +171,10 @@ class FeatureHead(Drafter):
             self._last_buf = torch.zeros(self.cache.max_batch_size, self.cfg.hidden_size, device=target.device,
                                      dtype=target.dtype)
             self._commit_states = None
+            self._tree_tables = {}
         self.cache.reset(0, max_seq_len)
         self._rows = []
+        self._tree_states = None
 
     @property
     def _last(self) -> Tensor:
@@ -311,8 +323,10 @@ class FeatureHead(Drafter):
     def commit(self, num_accepted: list[int], emitted: list[list[int]]) -> None:
         width = max((len(e) for e in emitted), default=0)
         if width == 0:
+            self._tree_states = None
             return
-        states = self.target.hidden                                                           # [B, K+1, C, E]
+        # a tree round's accepted path (``tree_accepted``), else the chain pass's rows: [B, K+1, C, E]
+        states, self._tree_states = (self.target.hidden if self._tree_states is None else self._tree_states), None
         B = len(self._rows)
         if states is None or states.shape[0] != B or states.shape[1] < width:
             raise RuntimeError("feature head: the target's last pass left no hidden states for this round "
@@ -367,6 +381,124 @@ class FeatureHead(Drafter):
         last = self._last_buf[:R]
         last.copy_(torch.where(has[:, None], fresh, last))
         return (last,)
+
+    # ------------------------------------------------------------------------------------ trees
+    drafts_trees = True
+
+    @torch.no_grad()
+    def propose_tree(self, widths: tuple[int, ...]) -> TreeProposal:
+        """The full tree of ``widths``: the top-w_d children of each node by the head's logits (deterministic
+        proposals, in greedy and sampled rounds alike), one head pass per depth but the last over all of that
+        depth's nodes (``_tree_body``); on a target with graphs ONE replay per round, a graph per (batch bucket,
+        widths). Every row proposes the full tree."""
+        widths = tuple(int(w) for w in widths)
+        if not widths or min(widths) < 1:
+            raise ValueError(f"propose_tree: widths must be >= 1 at every depth, got {list(widths)}")
+        B = len(self._rows)
+        table = self._tree_table(widths)
+        if self._graphs_on():
+            rows = self.target.graph_rows(B)
+            (nodes,) = self._graphs.replay(("tree", rows, widths), self._tree_program(widths, table),
+                                           self._inputs(rows), rows)
+            nodes = nodes[:B].clone()
+        else:
+            nodes = self._tree_body(to_device(self._inputs(B), self.target.device), widths, table)
+        return TreeProposal(nodes.reshape(-1), full_tree(widths) * B, [nodes.shape[1]] * B)
+
+    def _tree_table(self, widths: tuple[int, ...]) -> Tensor:
+        """[M, D - 1] int64 on the target's device, M = the nodes of every depth but the last (the nodes the head
+        feeds, node order): row i = node i's ancestors' indices, root-most first, itself at index depth - 1, padded
+        by repeating itself (a scatter of the row is then harmless). Built once per widths, outside any capture.
+        e.g. (2, 2, 1): nodes 0, 1 (depth 1), 2..5 (depth 2): [[0, 0], [1, 1], [0, 2], [0, 3], [1, 4], [1, 5]]."""
+        table = self._tree_tables.get(widths)
+        if table is None:
+            parents = full_tree(widths)
+            fed = len(parents) - math.prod(widths)                 # every node but the last depth's
+            rows = []
+            for i in range(fed):
+                path = [i]
+                while parents[path[0]] >= 0:
+                    path.insert(0, parents[path[0]])
+                rows.append(path + [i] * (len(widths) - 1 - len(path)))
+            table = to_device(torch.tensor(rows, dtype=torch.long).view(fed, max(len(widths) - 1, 0)),
+                              self.target.device, torch.long)
+            self._tree_tables[widths] = table
+        return table
+
+    def _tree_program(self, widths: tuple[int, ...], table: Tensor):
+        """The captured tree passes of ``widths`` (``_tree_body``) as a graph program."""
+        return lambda static: (self._tree_body(static, widths, table),)
+
+    def _tree_body(self, inputs: Tensor, widths: tuple[int, ...], table: Tensor) -> Tensor:
+        """The tree's passes over the first R = inputs.shape[0] rows (what a graph captures: device ops only).
+        inputs [R, 3] (``_inputs``: column 0 = L_b - 1, the first entry past ``valid``), table ``_tree_table``'s
+        -> nodes [R, N] int64 in node order (``full_tree``).
+
+        Depth d + 1's nodes are the top-w children of each depth-d node's logits (the root's from ``last``). A node
+        of depth d < D is fed as entry (its parent's output -- ``last`` for depth 1 --, its token) at RoPE position
+        L_b - 2 + d, exactly a chain's entry for the same path, in slot L_b - 1 + i (i its index among the fed
+        nodes: slots past ``valid``, dead after the round); it attends to the row's valid entries and to its own
+        ancestors' slots and its own, so each root-to-node path computes what a chain of that path computes. Padding
+        rows (L_b - 1 = ``max_seq_len``) write slots clamped to the cache's last one (dead)."""
+        R = inputs.shape[0]
+        device = inputs.device
+        lm_head = self.target.net.lm_head_weight
+        S = self.cache.capacity
+        base = inputs[:, 0]                                                                 # [R]
+        out = self._last_buf[:R, None]                                                      # [R, 1, E]
+        logits = self.net.logits(out[:, 0], lm_head, invariant=True)                        # [R, V]
+        levels, start = [], 0
+        for d, w in enumerate(widths):
+            # each node's top-w children, in node order (w = 1: the argmax, the chain's choice)
+            new = (logits.argmax(dim=-1, keepdim=True) if w == 1 else logits.topk(w, dim=-1).indices).view(R, -1)
+            levels.append(new)                                                              # [R, n_{d+1}]
+            if d == len(widths) - 1:
+                break
+            n = new.shape[1]
+            feats = out[:, :, None].expand(-1, -1, w, -1).reshape(R, n, -1)                # [R, n, E]: parents'
+            slots = (base[:, None] + torch.arange(start, start + n, device=device)).clamp(max=S - 1)   # [R, n]
+            pos = (base + d)[:, None].expand(R, n)
+            visible = (torch.arange(S, device=device)[None, None, :] < base[:, None, None]).expand(R, n, S).clone()
+            ancestors = (base[:, None, None] + table[start:start + n][None, :, :d + 1]).clamp(max=S - 1)
+            visible.scatter_(2, ancestors, True)                                             # [R, n, S]
+            k = self.cache.k[0][:R]
+            v = self.cache.v[0][:R]
+            out = self.net.cached(feats, new, pos, self.target.net.embed, k, v, self._rope, True, slots, visible)
+            logits = self.net.logits(out.reshape(R * n, -1), lm_head, invariant=True)         # [R * n, V]
+            start += n
+        return torch.cat(levels, dim=1)
+
+    def warm_up_tree(self, max_batch_size: int, widths: tuple[int, ...], prompt_tokens: int = 0) -> int:
+        """The captured tree passes of ``widths`` for every batch bucket up to ``max_batch_size`` and the commits of
+        1..depth + 1 tokens a row (as ``warm_up``: captures only, dead slots, every row's ``last`` kept)."""
+        widths = tuple(int(w) for w in widths)
+        if self.cache is None or not self._graphs_on() or len(widths) + 1 > GRAPH_MAX_TOKENS + 1:
+            return 0
+        before = len(self._graphs)
+        dead = self.cache.max_seq_len
+        table = self._tree_table(widths)
+        for rows in sorted({self.target.graph_rows(b) for b in range(1, min(max_batch_size,
+                                                                                self.cache.max_batch_size) + 1)}):
+            dummy = torch.tensor([[dead, 0, 0]] * rows, dtype=torch.long)
+            self._graphs.ensure(("tree", rows, widths), self._tree_program(widths, table), dummy, rows)
+            for width in range(1, len(widths) + 2):   # the commits of 1..D + 1 emitted tokens
+                dummy = torch.tensor([[0] * width + [dead, 0, 0]] * rows, dtype=torch.long)
+                self._graphs.ensure(("commit", rows, width), self._commit_program(width), dummy, rows)
+        return len(self._graphs) - before
+
+    @torch.no_grad()
+    def tree_accepted(self, path: Tensor, num_accepted: Tensor) -> None:
+        """Keep the target's states of the root and of the accepted path's nodes from the tree pass (``Model.hidden``
+        [B, T, C, E], row j + 1 = node j): [B, D + 1, C, E], rows past num_accepted are the root's (never read:
+        ``commit`` feeds them to dead entries). ``commit`` reads them in place of a chain pass's states."""
+        states = self.target.hidden
+        B = len(self._rows)
+        if states is None or states.shape[0] != B:
+            raise RuntimeError("feature head: the target's tree pass left no hidden states for this round "
+                               f"(got {None if states is None else tuple(states.shape)})")
+        path = to_device(path, states.device, torch.long)                                     # [B, D]
+        index = torch.cat([torch.zeros(B, 1, dtype=torch.long, device=states.device), path], dim=1)
+        self._tree_states = states.gather(1, index[:, :, None, None].expand(-1, -1, *states.shape[2:]))
 
     def keep(self, batch_indices) -> None:
         order = list(batch_indices)

@@ -209,10 +209,14 @@ class HeadNet(nn.Module):
 
     # ------------------------------------------------------------------------------------ forward forms
     def cached(self, feats: Tensor, tokens: Tensor, pos: Tensor, embed, k_cache: Tensor, v_cache: Tensor,
-               rope: Tensor, invariant: bool = True) -> Tensor:
+               rope: Tensor, invariant: bool = True, slots: Tensor | None = None,
+               visible: Tensor | None = None) -> Tensor:
         """Entries over the head's KV cache (drafting): feats [B, T, E], tokens [B, T] (the token of each entry,
-        t_{j+1}), pos [B, T] int64 (entry indices j; K/V written there), k_cache / v_cache [B, KV, S, D] (views of
-        the B rows), rope [S, 2, D] -> out [B, T, E]. Entry (b, i) attends to slots <= pos[b, i] of row b.
+        t_{j+1}), pos [B, T] int64 (entry indices j: the RoPE positions), k_cache / v_cache [B, KV, S, D] (views of
+        the B rows), rope [S, 2, D] -> out [B, T, E]. A chain (the default): K/V written at slot pos, entry (b, i)
+        attends to slots <= pos[b, i] of row b. A tree (``FeatureHead.propose_tree``): K/V written at ``slots``
+        [B, T], entry (b, i) attends to the slots where ``visible`` [B, T, S] (bool) is set: the prefix and its own
+        ancestors' entries, not its siblings'.
         ``invariant`` (drafting and commits): row b's outputs do not depend on B (``_linear``); a prompt's admission,
         a pass of its own, may take cuBLAS (faster over hundreds of tokens)."""
         B, T, E = feats.shape
@@ -223,9 +227,11 @@ class HeadNet(nn.Module):
         x, residual = self._input(feats.reshape(B * T, E), emb, invariant)
         q, k, v = self._qkv(x, rope[pos.reshape(-1)], invariant)
         batch = torch.arange(B, device=feats.device)[:, None]
-        k_cache[batch, :, pos] = k.view(B, T, KV, D)
-        v_cache[batch, :, pos] = v.view(B, T, KV, D)
-        mask = torch.arange(S, device=feats.device)[None, None, :] <= pos[:, :, None]      # [B, T, S]
+        slots = pos if slots is None else slots
+        k_cache[batch, :, slots] = k.view(B, T, KV, D)
+        v_cache[batch, :, slots] = v.view(B, T, KV, D)
+        mask = (torch.arange(S, device=feats.device)[None, None, :] <= pos[:, :, None] if visible is None
+                else visible)                                                              # [B, T, S]
         mask = mask[:, None].expand(B, G, T, S).reshape(B, 1, G * T, S)
         q = q.view(B, T, KV, G, D).permute(0, 2, 3, 1, 4).reshape(B, KV, G * T, D)
         o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask)           # [B, KV, G*T, D]

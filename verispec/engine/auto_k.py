@@ -697,6 +697,8 @@ def measure_costs(target, drafter, k_max: int, batch_sizes: tuple[int, ...], *, 
     for batch in batch_sizes:
         prompts = _repeating_prompts(batch, prompt_len, vocab, gen)
         target.setup_cache(batch, max_seq_len, empty=True)
+        if drafter is not None:   # before the admission: a feature head's reserve turns on the states it admits from
+            drafter.reserve(target, batch, max_seq_len)
         target.admit(prompts)
         base = target.lengths.clone()
 
@@ -714,7 +716,6 @@ def measure_costs(target, drafter, k_max: int, batch_sizes: tuple[int, ...], *, 
             draft_row.append(0.0)
             overhead_rows.append((0.0,) * len(tokens))
             continue
-        drafter.reserve(target, batch, max_seq_len)
         drafter.admit(list(range(batch)), prompts, [p[-1] for p in prompts],
                       SamplingParams.columns((0.0,) * batch, (0,) * batch, (1.0,) * batch, (0,) * batch))
 

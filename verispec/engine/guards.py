@@ -229,7 +229,7 @@ def _check_tree_drafter(drafter) -> None:
         raise ValueError("tree= needs a drafter (drafter=None is plain decoding: there is nothing to draft)")
     if not getattr(drafter, "drafts_trees", False):
         raise TreeDraftUnsupported(f"{type(drafter).__name__} does not draft trees: use tree=None (a chain), or "
-                                   f"DraftModel, SelfSpeculative, PromptLookup or OracleDraft")
+                                   f"DraftModel, SelfSpeculative, PromptLookup, FeatureHead or OracleDraft")
 
 
 class _TreeCapable:
@@ -250,10 +250,8 @@ def parse_tree_flag(text: str, *, head: bool, has_drafter: bool, chain_drafter: 
     except ValueError:
         raise ValueError(f"--tree must be comma-separated integers (children per node at each depth), e.g. 4,2,2,1, "
                          f"or auto, got {text!r}") from None
-    if head:
-        raise ValueError("--tree: the feature head (--draft-head) drafts chains only; use -k")
-    if not has_drafter:
-        raise ValueError("--tree needs a drafter: --draft-lookup, --draft MODEL or --draft-self L")
+    if not (has_drafter or head):
+        raise ValueError("--tree needs a drafter: --draft-lookup, --draft MODEL, --draft-self L or --draft-head [DIR]")
     if chain_drafter is not None:
         raise ValueError(f"--tree: {chain_drafter} does not draft trees")
     try:

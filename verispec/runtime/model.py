@@ -10,8 +10,9 @@ decode / append never read a device value on the host; see ``_check_room`` for t
 Hidden states for feature-level draft heads (off by default, free when off): ``capture_hidden(layers)`` makes
 every pass also write the outputs of those C layers, for every token it scores, into ONE buffer the model owns
 (allocated with the cache, never moved, so the captured graphs write into it too): the same pass, no second
-one, no host read. After ``append`` [B, k], ``hidden`` is a view [B, k, C, E] of it (valid until the next
-pass); after ``admit``, ``take_prompt_hidden(row)`` gives each admitted prompt's states [P, C, E] (a copy).
+one, no host read. After ``append`` [B, k] (or ``append_tree`` [B, T]), ``hidden`` is a view [B, k, C, E] of
+it (valid until the next pass); after ``admit``, ``take_prompt_hidden(row)`` gives each admitted prompt's states
+[P, C, E] (a copy).
 """
 from __future__ import annotations
 
@@ -74,7 +75,7 @@ class Model:
         self.hidden_layers: tuple[int, ...] = ()      # C layers whose outputs every pass writes (empty: off)
         self._hidden_buf: Tensor | None = None        # [rows, C, E]: what every pass writes, allocated with the cache
         self._hidden_wide: Tensor | None = None       # eager passes wider than the buffer (no graph uses it)
-        self.hidden: Tensor | None = None             # [B, k, C, E] view: the last append's states
+        self.hidden: Tensor | None = None             # [B, k, C, E] view: the last append's (or tree pass's) states
         self._prompt_hidden: dict[int, Tensor] = {}   # cache row -> its admitted prompt's states [P, C, E]
 
     @property
@@ -148,13 +149,15 @@ class Model:
         self._alloc_hidden()
 
     def _alloc_hidden(self) -> None:
-        """The hidden-state buffer: rows for the widest graph pass (every bucket row x the widest width bucket)
-        and for a prompt of the cache's whole capacity (a prefill pass writes one row per token, padding
-        included). e.g. SmolLM2 (E = 576), C = 3, capacity 2112, 8 rows: 2112 x 3 x 576 fp32 = 14.6 MB."""
+        """The hidden-state buffer: rows for the widest graph pass (every bucket row x the widest width bucket, or
+        the widest tree pass) and for a prompt of the cache's whole capacity (a prefill pass writes one row per
+        token, padding included). e.g. SmolLM2 (E = 576), C = 3, capacity 2112, 8 rows: 2112 x 3 x 576 fp32 =
+        14.6 MB."""
         if not self.hidden_layers or self.cache is None:
             self._hidden_buf = None
             return
-        rows = max(self.cache.capacity, self.cache.max_batch_size * WIDTH_BUCKETS[-1])
+        widest = max(WIDTH_BUCKETS[-1], trees.MAX_TREE_TOKENS)
+        rows = max(self.cache.capacity, self.cache.max_batch_size * widest)
         buf = self._hidden_buf
         if buf is None or buf.shape[0] < rows:
             self._graphs.clear()   # graphs captured against an older buffer would write there
@@ -528,6 +531,9 @@ class Model:
                 cache.lengths.sub_(width - T)   # the graph advanced every live row by width
         else:
             logits = program(inputs)[0]
+        if self.hidden_layers:   # the tokens' states, in (row, token) order of the pass's [rows, width] layout
+            out = self._hidden_out(rows * width)
+            self.hidden = out.view(rows, width, *out.shape[1:])[:cache.batch_size, :T]
         cache.max_len_bound += T
         return logits
 
@@ -573,7 +579,7 @@ class Model:
         lengths = self.cache.lengths_for(rows)
         root = (lengths - offset).clamp(min=0)
         logits = trees.tree_pass(self.net, tokens, depth, path, root, lengths, self._rope, self.cache,
-                                 self.num_active_layers)
+                                 self.num_active_layers, self._hidden_out(tokens.numel()), self.hidden_layers)
         lengths.add_(self.cache.live[:rows], alpha=width)
         return logits
 

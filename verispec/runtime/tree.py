@@ -32,6 +32,7 @@ from torch import Tensor
 
 from . import ops
 from .quant import packed
+from .transformer import _write_hidden
 
 # Tokens of one tree pass at most (the root and 63 nodes): the kernels' path table and the padding slots of the
 # CUDA graph buckets are sized for it.
@@ -124,17 +125,21 @@ def unpack(buf: Tensor, T: int) -> tuple[Tensor, Tensor, Tensor]:
 
 # --------------------------------------------------------------------------------------------- the pass
 def tree_pass(net, tokens: Tensor, depth: Tensor, path: Tensor, root: Tensor, lengths: Tensor, rope: Tensor,
-              cache, num_layers: int) -> Tensor:
+              cache, num_layers: int, hidden: Tensor | None = None, hidden_layers: tuple[int, ...] = ()) -> Tensor:
     """The tree pass of ``net`` (a ``Transformer``): tokens, depth [B, T], path [B, T, P], root [B] (the root's
     slot), lengths [B] (token i's slot is lengths + i) -> logits [B, T, V]. Does not advance lengths. On CUDA
-    through the kernels (``tree_pass_kernels``), elsewhere in torch (``tree_pass_torch``)."""
+    through the kernels (``tree_pass_kernels``), elsewhere in torch (``tree_pass_torch``). ``hidden`` [B*T, C, E]:
+    the outputs of ``hidden_layers`` for every token, rows in (b, i) order, as a chain pass writes them
+    (transformer.py's module docstring; a feature head reads the accepted nodes' states)."""
     if net.use_kernels and tokens.is_cuda:
-        return tree_pass_kernels(net, tokens, depth, path, root, lengths, rope, cache, num_layers)
-    return tree_pass_torch(net, tokens, depth, path, root, lengths, rope, cache, num_layers)
+        return tree_pass_kernels(net, tokens, depth, path, root, lengths, rope, cache, num_layers, hidden,
+                                 hidden_layers)
+    return tree_pass_torch(net, tokens, depth, path, root, lengths, rope, cache, num_layers, hidden, hidden_layers)
 
 
 def tree_pass_torch(net, tokens: Tensor, depth: Tensor, path: Tensor, root: Tensor, lengths: Tensor, rope: Tensor,
-                    cache, num_layers: int) -> Tensor:
+                    cache, num_layers: int, hidden: Tensor | None = None,
+                    hidden_layers: tuple[int, ...] = ()) -> Tensor:
     """``tree_pass`` in plain torch, as ``Transformer._append_torch`` (the same ``layer_torch`` per layer) with a
     tree mask: SDPA over the whole static cache, slot j allowed for token i when j < root or j = root + path[i, t]."""
     B, T = tokens.shape
@@ -151,11 +156,13 @@ def tree_pass_torch(net, tokens: Tensor, depth: Tensor, path: Tensor, root: Tens
     x = packed.embedding(tokens.reshape(-1), net.embed)                            # [N, E]
     for i in range(num_layers):
         x = net.layer_torch(i, x, rope, cache, batch, slots, mask)
+        _write_hidden(hidden, hidden_layers, i, x)
     return net.logits(x).view(B, T, -1)
 
 
 def tree_pass_kernels(net, tokens: Tensor, depth: Tensor, path: Tensor, root: Tensor, lengths: Tensor,
-                      rope: Tensor, cache, num_layers: int) -> Tensor:
+                      rope: Tensor, cache, num_layers: int, hidden: Tensor | None = None,
+                      hidden_layers: tuple[int, ...] = ()) -> Tensor:
     """``tree_pass`` through the kernels of ``Transformer.append_kernels``, its layers ``Transformer.layer_kernels``
     (batch-invariant matmuls, norms, SwiGLU); RoPE at the tree positions with K/V written at the pass's slots, and
     the tree attention (``tree_attention.tree_attention``). A node's logits are the bits a chain pass of its
@@ -177,8 +184,9 @@ def tree_pass_kernels(net, tokens: Tensor, depth: Tensor, path: Tensor, root: Te
         return tree_attention(q, cache.k[i], cache.v[i], root, depth, path, scale)      # [N, H*D]
 
     for i in range(num_layers):
-        x, delta = net.layer_kernels(i, x, delta, how, attend)
-    _, h = ops.add_rmsnorm(x, delta, net.norm, eps)
+        x, delta = net.layer_kernels(i, x, delta, how, attend, hidden, hidden_layers)
+    x, h = ops.add_rmsnorm(x, delta, net.norm, eps)
+    _write_hidden(hidden, hidden_layers, num_layers - 1, x)
     return ops.linear(h, net.lm_head_weight, None, **how).view(B, T, -1)
 
 

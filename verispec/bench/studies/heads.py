@@ -8,7 +8,7 @@ shipped for the embedded SmolLM2 fits it (the target is that model: the default 
 train-head`` (topics no training prompt mentions, verispec/training/prompts.py; random ids for a model without a
 tokenizer), through the chat template when the model has one, run in static batches of the first swept batch
 size, greedy, --max-new-tokens each. Points: plain decoding, then prompt lookup (n-grams 1..3) and the head at
-every swept K (chains: the head drafts chains only).
+every swept K (chains; the head's trees are measured by benchmarks/feature_head.py --trees-only, not here).
 
 Per row: ``tokens_per_round`` (every request's tokens after its first / its rounds), ``alpha_per_position``
 (accepted / tested at draft position i, all requests), ``tokens_per_s`` (decode tokens / decode seconds, summed
