@@ -223,6 +223,9 @@ class Drafter:
 
     # Token trees (``generate(..., tree=widths)``): a drafter that drafts trees overrides both.
     drafts_trees = False
+    # ``propose_tree`` also takes a ``DynamicTree`` (drafters/dynamic_tree.py: nodes kept by cumulative draft
+    # probability; DraftModel and SelfSpeculative)
+    drafts_dynamic_trees = False
 
     def propose_tree(self, widths: tuple[int, ...]) -> TreeProposal:
         """A draft tree per row continuing each h_b: at most widths[d] children per node at depth d (the root,

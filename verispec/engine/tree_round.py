@@ -23,6 +23,7 @@ import torch
 
 from ..device import to_device
 from ..drafters.base import Drafter, Sampling, SamplingParams, TreeProposal, full_tree
+from ..drafters.dynamic_tree import DynamicTree
 from ..verify import TreeVerifyOutput, verify_tree_greedy, verify_tree_sample
 from ..verify.tree_api import TREE_BACKENDS
 from .round import (PhaseClock, RoundResult, RunningBatch, commit_outcome, failed_rows, proposal_and_faults,
@@ -43,13 +44,14 @@ def tree_verification(target_logits, draft_tokens, parents: tuple[int, ...], num
                               seed=keys[0], offset=keys[1], backend=backend, check_values=False)
 
 
-def warm_tree_verification(device, dtype, vocab: int, max_batch_size: int, widths: tuple[int, ...],
+def warm_tree_verification(device, dtype, vocab: int, max_batch_size: int, widths: tuple[int, ...] | DynamicTree,
                            settings: list[tuple[float, int, float]], backend: str | None) -> None:
     """Run the tree verification once per batch size 1..max_batch_size and (temperature, top_k, top_p) setting over
-    the full tree of ``widths``, on zero logits, its outcome read as a round reads it, so that its kernels are
-    compiled before the first rounds (``Scheduler.warm_up``; Triton specializes a kernel on its integer arguments,
-    such as the row and node counts, so each batch size may compile its own)."""
-    local = full_tree(widths)
+    the full tree of ``widths`` (a ``DynamicTree``: one tree of its counts), on zero logits, its outcome read as a
+    round reads it, so that its kernels are compiled before the first rounds (``Scheduler.warm_up``; Triton
+    specializes a kernel on its integer arguments, such as the row and node counts, so each batch size may compile
+    its own)."""
+    local = widths.example_parents() if isinstance(widths, DynamicTree) else full_tree(widths)
     n = len(local)
     for b in range(1, max_batch_size + 1):
         for temp, top_k, top_p in settings:
@@ -98,10 +100,11 @@ def _pass_inputs(certain, proposal: TreeProposal) -> tuple[torch.Tensor, list[tu
     return tokens, parents, T
 
 
-def run_tree_round(target, drafter: Drafter, batch: RunningBatch, widths: tuple[int, ...], clock: PhaseClock,
-                   backend: str | None = None, launched: Callable[[], None] | None = None) -> RoundResult:
+def run_tree_round(target, drafter: Drafter, batch: RunningBatch, widths: tuple[int, ...] | DynamicTree,
+                   clock: PhaseClock, backend: str | None = None, launched: Callable[[], None] | None = None) -> RoundResult:
     """Advance every row of ``batch`` by one tree round (see the module docstring). ``RoundResult.num_draft`` holds
-    each row's tree depth (the positions its round tested, as k_b for a chain). Exactly one device->host read.
+    each row's tree depth (the positions its round tested, as k_b for a chain). Exactly one device->host read (and
+    the drafter's own read of a dynamic tree's parents: ``DraftModel._dynamic_passes``).
     ``launched()``, if given, is called once the target pass is launched (``Scheduler.launched_hook``)."""
     device = batch.certain.device
     t0 = clock.now()

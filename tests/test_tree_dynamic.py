@@ -1,0 +1,240 @@
+"""Dynamic draft trees (``tree="dyn:D,K,N"``, drafters/dynamic_tree.py) on a tiny real model (fp32, CPU): greedy
+output equals plain decoding; each row's tree has the fixed counts per depth, parents before children, at most K
+children per node, and the rows' shapes differ; the beam keeps exactly the N best cumulative log-probabilities;
+dyn:D,1,1 proposes the chain's drafts; seeded sampling is reproducible, batch-independent and keeps the target's
+distribution; bad specs and drafters that cannot rank nodes are refused naming the problem."""
+import pytest
+import torch
+
+from verispec.drafters import DraftModel, OracleDraft, PromptLookup, SelfSpeculative, TreeDraftUnsupported
+from verispec.drafters.base import SamplingParams
+from verispec.drafters.dynamic_tree import DynamicTree, child_paths, expand
+from verispec.engine import SpeculativeDecoder, generate
+from verispec.engine.guards import check_tree, parse_tree_flag
+from verispec.runtime import ModelConfig, load_model
+
+CFG = ModelConfig(vocab_size=97, num_layers=3, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
+                  intermediate_size=96, rope_theta=10000.0)
+PROMPTS = [[1, 2, 3, 4, 1, 2, 3], [5, 6], [7, 8, 9, 10, 11, 7, 8, 9, 12, 3, 1]]   # ragged
+N_NEW = 20
+
+
+@pytest.fixture(scope="module")
+def target():
+    return load_model(CFG, device="cpu", dtype=torch.float32, seed=0)
+
+
+@pytest.fixture(scope="module")
+def references(target):
+    return [g.tokens for g in generate(target, PROMPTS, drafter=None, max_new_tokens=N_NEW)]
+
+
+def draft_model():
+    return DraftModel(load_model(CFG, device="cpu", dtype=torch.float32, seed=5))
+
+
+class Recording(DraftModel):
+    """A DraftModel that keeps every tree it proposed (the tokens on the host)."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.proposals = []
+
+    def propose_tree(self, widths):
+        p = super().propose_tree(widths)
+        self.proposals.append((p.draft_tokens.tolist(), p.parents, list(p.num_nodes)))
+        return p
+
+
+def test_spec_spelling_and_counts():
+    t = DynamicTree.parse("dyn:4,2,8")
+    assert t == DynamicTree(4, 2, 8) and str(t) == "dyn:4,2,8"
+    assert t.level_sizes == (2, 4, 8, 8) and t.num_nodes == 22
+    assert DynamicTree(3, 5, 3).level_sizes == (3, 3, 3)                  # the root's top-5, 3 kept
+    assert DynamicTree(3, 1, 1).example_parents() == (-1, 0, 1)           # a chain
+    assert DynamicTree(3, 2, 3).example_parents() == (-1, -1, 0, 0, 1, 2, 2, 3)
+    assert check_tree("dyn:4,2,8", draft_model()) == t
+    assert parse_tree_flag("dyn:3,2,4", head=False, has_drafter=True) == DynamicTree(3, 2, 4)
+
+
+@pytest.mark.parametrize("spec", ["dyn:3,2,3", "dyn:4,2,8", "dyn:2,4,4"])
+@pytest.mark.parametrize("make", [draft_model, lambda: SelfSpeculative(layers=2)], ids=["draft-model", "self-spec"])
+def test_greedy_dynamic_tree_generation_equals_plain_decoding(target, references, spec, make):
+    out = generate(target, PROMPTS, drafter=make(), tree=spec, max_new_tokens=N_NEW)
+    assert [g.tokens for g in out] == references
+    assert all(g.finish_reason == "length" for g in out)
+
+
+def test_dynamic_trees_have_fixed_counts_ragged_shapes_and_parents_first(target, references):
+    """Every proposal: each row has the spec's node count, level by level (depth d holds n_d nodes), each node's
+    parent earlier and one depth up, at most K children per node, the node budget N per depth; and the rows' trees
+    are not all one shape (the beam spends nodes per row)."""
+    shape = DynamicTree(4, 3, 5)
+    drafter = Recording(load_model(CFG, device="cpu", dtype=torch.float32, seed=5))
+    out = generate(target, PROMPTS, drafter=drafter, tree=shape, max_new_tokens=N_NEW)
+    assert [g.tokens for g in out] == references
+    assert drafter.proposals
+    row_shapes = set()
+    for tokens, parents, num_nodes in drafter.proposals:
+        assert num_nodes == [shape.num_nodes] * len(num_nodes)
+        assert len(tokens) == len(parents) == sum(num_nodes)
+        for b, n in enumerate(num_nodes):
+            local = parents[b * n:(b + 1) * n]
+            depth = []
+            for j, p in enumerate(local):
+                assert -1 <= p < j                                        # parents come before children
+                depth.append(1 if p < 0 else depth[p] + 1)
+            assert [depth.count(d) for d in range(1, shape.depth + 1)] == list(shape.level_sizes)
+            assert depth == sorted(depth)                                 # depth by depth
+            assert max(local.count(p) for p in set(local)) <= shape.top_k
+            assert all(c <= shape.nodes for c in (depth.count(d) for d in set(depth)))
+            row_shapes.add(tuple(local))
+    assert len(row_shapes) > 1, "every row of every round had the same tree: nothing dynamic"
+
+
+def test_the_beam_keeps_the_best_cumulative_log_probabilities():
+    """``expand`` against brute force: over every (node, child) pair the N best parent score + log q."""
+    g = torch.Generator().manual_seed(0)
+    B, n, V, K, keep = 3, 4, 11, 3, 5
+    logits = torch.randn(B, n, V, generator=g)
+    scores = torch.randn(B, n, generator=g)
+    tokens, parent, best = expand(scores, logits, K, keep)
+    logq = torch.log_softmax(logits, dim=-1)
+    for b in range(B):
+        cands = []
+        for i in range(n):
+            top = logits[b, i].topk(K).indices.tolist()
+            cands += [(float(scores[b, i] + logq[b, i, v]), i, v) for v in top]
+        want = sorted(cands, key=lambda c: -c[0])[:keep]
+        assert [(i, v) for _, i, v in want] == list(zip(parent[b].tolist(), tokens[b].tolist()))
+        torch.testing.assert_close(best[b], torch.tensor([s for s, _, _ in want]))
+    paths = child_paths(torch.tensor([[[0, 1], [0, 2]]]), torch.tensor([[1, 1, 0]]), 3)
+    assert paths.tolist() == [[[0, 2, 3], [0, 2, 4], [0, 1, 5]]]
+
+
+def test_k1_n1_proposes_exactly_the_chains_drafts(target):
+    """dyn:D,1,1 is a chain: the same tokens as ``propose([D] * B)`` of a draft model with the same weights."""
+    D = 4
+    chain, dyn = draft_model(), draft_model()
+    firsts = [11, 12, 13]
+    for d in (chain, dyn):
+        d.attach(target)
+        d.reserve(target, 3, 64)
+        d.admit([0, 1, 2], PROMPTS, firsts, SamplingParams.columns([0.0] * 3, [0] * 3, [1.0] * 3, [0] * 3))
+    drafts = chain.propose([D] * 3).draft_tokens                                      # [B, D]
+    tree = dyn.propose_tree(DynamicTree(D, 1, 1))
+    assert tree.parents == (-1, 0, 1, 2) * 3 and tree.num_nodes == [D] * 3
+    assert tree.draft_tokens.view(3, D).tolist() == drafts.tolist()
+
+
+def test_seeded_dynamic_tree_sampling_is_reproducible_and_batch_independent(target):
+    kw = dict(tree="dyn:3,2,4", max_new_tokens=12, temperature=0.9, top_p=0.95)
+    batch = generate(target, PROMPTS, drafter=draft_model(), seed=11, **kw)
+    again = generate(target, PROMPTS, drafter=draft_model(), seed=11, **kw)
+    assert [g.tokens for g in batch] == [g.tokens for g in again]
+    alone = generate(target, PROMPTS[2], drafter=draft_model(), seed=13, **kw)     # row 2: seed + 2
+    assert alone.tokens == batch[2].tokens
+
+
+def test_sampled_dynamic_tree_generation_keeps_the_target_distribution():
+    """As test_tree_engine's chi-square of the 3rd token (drawn inside a dyn:2,2,3 round), N = 800 rows; the power
+    check: the same test rejects the draft model's own marginal at this N."""
+    from stats import chi2_pvalue
+    from test_tree_engine import _third_token_marginal
+
+    cfg = ModelConfig(vocab_size=16, num_layers=2, hidden_size=32, num_heads=2, num_kv_heads=1, head_dim=16,
+                      intermediate_size=48, rope_theta=10000.0)
+    target = load_model(cfg, device="cpu", dtype=torch.float32, seed=2)
+    draft = load_model(cfg, device="cpu", dtype=torch.float32, seed=2)
+    g = torch.Generator().manual_seed(9)
+    with torch.no_grad():
+        target.net.norm.mul_(8.0)                             # peaked logits: a flat target would test nothing
+        for w in draft.net.parameters():                       # a draft close to the target: deep acceptance
+            w.add_(0.3 * w.std() * torch.randn(w.shape, generator=g))
+        draft.net.norm.copy_(target.net.norm)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    n = 800
+    out = generate(target, [prompt] * n, drafter=DraftModel(draft), tree="dyn:2,2,3", max_new_tokens=3,
+                   temperature=1.0, seed=5)
+    assert sum(g.stats.accepted for g in out) > 0.5 * n                                   # trees were accepted
+    counts = torch.bincount(torch.tensor([g.tokens[2] for g in out]), minlength=16).double()
+    probs = _third_token_marginal(target, prompt, 1.0)
+    assert chi2_pvalue(counts, probs) > 1e-3
+    wrong = torch.multinomial(_third_token_marginal(draft, prompt, 1.0), n, replacement=True, generator=g)
+    assert chi2_pvalue(torch.bincount(wrong, minlength=16).double(), probs) < 1e-3
+
+
+@pytest.mark.parametrize("spec, error, match", [
+    ("dyn:4,2", ValueError, "three integers"),
+    ("dyn:4,x,8", ValueError, "three integers"),
+    ("dyn:0,2,8", ValueError, "depth must be >= 1"),
+    ("dyn:3,0,8", ValueError, "top_k must be >= 1"),
+    ("dyn:8,4,16", ValueError, r"has 116 nodes .*at most 63"),
+    ("dyn4,2,8", TypeError, "dyn:DEPTH,TOP_K,NODES"),
+])
+def test_bad_dynamic_specs_are_refused_naming_the_problem(target, spec, error, match):
+    with pytest.raises(error, match=match):
+        generate(target, PROMPTS[0], drafter=draft_model(), tree=spec)
+
+
+def test_bad_dynamic_values_and_flags_are_refused(target):
+    with pytest.raises(TypeError, match="top_k must be an integer"):
+        DynamicTree(3, 2.0, 4)
+    with pytest.raises(ValueError, match="nodes must be >= 1"):
+        DynamicTree(3, 2, -1)
+    with pytest.raises(ValueError, match="--tree: .*three integers"):
+        parse_tree_flag("dyn:3,2", head=False, has_drafter=True)
+    with pytest.raises(ValueError, match="top_k 200 exceeds the vocabulary"):
+        generate(target, PROMPTS[0], drafter=draft_model(), tree="dyn:2,200,4", max_new_tokens=4)
+
+
+@pytest.mark.parametrize("make", [lambda refs: PromptLookup(), lambda refs: OracleDraft(refs, 0.6)],
+                         ids=["prompt-lookup", "oracle"])
+def test_drafters_that_cannot_rank_nodes_refuse_dynamic_trees_by_name(target, references, make):
+    drafter = make(references)
+    with pytest.raises(TreeDraftUnsupported, match=f"{type(drafter).__name__} does not draft dynamic trees"):
+        SpeculativeDecoder(target, drafter, tree="dyn:3,2,4")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or __import__("os").environ.get("TRITON_INTERPRET") == "1",
+                    reason="needs a CUDA GPU (bf16 batch-invariant kernels, CUDA graphs)")
+@pytest.mark.parametrize("spec", ["dyn:4,2,8", "dyn:3,4,6"])
+def test_gpu_bf16_greedy_dynamic_tree_equals_plain_decoding_and_warm_up_captures_all(spec):
+    """bf16 on the GPU: the draft passes of device-built paths (``Model.append_tree_paths``) keep greedy output
+    token-identical to plain decoding, and the warm-up captured every graph the rounds replay."""
+    cfg = CFG.replace(vocab_size=32000, hidden_size=512, intermediate_size=1024, num_heads=8, num_kv_heads=2,
+                      head_dim=64)
+    target = load_model(cfg, device="cuda", dtype=torch.bfloat16, seed=3)
+    prompts = [p * 3 for p in PROMPTS]
+    refs = [g.tokens for g in generate(target, prompts, drafter=None, max_new_tokens=40)]
+    drafter = DraftModel(load_model(cfg.replace(num_layers=1), device="cuda", dtype=torch.bfloat16, seed=3))
+    decoder = SpeculativeDecoder(target, drafter, tree=spec)
+    counts: list[int] = []
+    decoder._debug_round_hook = lambda dec, running: counts.append(len(target._graphs) + len(drafter.model._graphs))
+    before = target.graph_captures + drafter.model.graph_captures
+    out = decoder.generate(prompts, max_new_tokens=40)
+    assert [g.tokens for g in out] == refs
+    assert len(set(counts)) == 1, f"graphs captured during the run: {counts}"
+    assert target.graph_captures + drafter.model.graph_captures - before == decoder.last_stats.graphs_captured
+
+
+def test_device_paths_pass_equals_the_host_parents_pass():
+    """``Model.append_tree_paths`` (layout on the device) gives ``append_tree``'s logits for the same tree."""
+    from verispec.runtime.tree import tree_layout
+
+    model = load_model(CFG, device="cpu", dtype=torch.float32, seed=1)
+    parents = [(-1, 0, 0, 1, 2, 2), (-1, 0, 0, 2, 2, 1)]          # two rows, two shapes; root + 2 in the cache
+    outs = []
+    for use_paths in (False, True):
+        model.setup_cache(2, 32)
+        model.keep([])                                             # an empty batch (the cache object is reused)
+        model.admit([PROMPTS[0], PROMPTS[2]])
+        model.append_tree(torch.tensor([[4, 5, 6], [7, 8, 9]]), [p[:3] for p in parents])
+        new = torch.tensor([[10, 11, 12], [13, 14, 15]])
+        if use_paths:
+            layout = tree_layout(tuple(parents), 3)
+            outs.append(model.append_tree_paths(new, layout.depth, layout.path, 6))
+        else:
+            outs.append(model.append_tree(new, parents))
+        assert model.lengths.tolist() == [len(PROMPTS[0]) + 6, len(PROMPTS[2]) + 6]
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
