@@ -11,7 +11,9 @@ from verispec.drafters.base import SamplingParams
 from verispec.drafters.dynamic_tree import DynamicTree, child_paths, expand
 from verispec.engine import SpeculativeDecoder, generate
 from verispec.engine.guards import check_tree, parse_tree_flag
+from verispec.engine.tree_round import _pass_layout
 from verispec.runtime import ModelConfig, load_model
+from verispec.runtime.tree import tree_layout
 
 CFG = ModelConfig(vocab_size=97, num_layers=3, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
                   intermediate_size=96, rope_theta=10000.0)
@@ -38,11 +40,12 @@ class Recording(DraftModel):
 
     def __init__(self, model):
         super().__init__(model)
-        self.proposals = []
+        self.proposals, self.layouts = [], []
 
     def propose_tree(self, widths):
         p = super().propose_tree(widths)
         self.proposals.append((p.draft_tokens.tolist(), p.parents, list(p.num_nodes)))
+        self.layouts.append(p.paths)
         return p
 
 
@@ -90,6 +93,13 @@ def test_dynamic_trees_have_fixed_counts_ragged_shapes_and_parents_first(target,
             assert all(c <= shape.nodes for c in (depth.count(d) for d in set(depth)))
             row_shapes.add(tuple(local))
     assert len(row_shapes) > 1, "every row of every round had the same tree: nothing dynamic"
+    # the device paths the target pass takes are the host parents' layout (runtime.tree.tree_layout)
+    for (_, parents, num_nodes), paths in zip(drafter.proposals, drafter.layouts):
+        n = num_nodes[0]
+        rows = tuple((-1,) + tuple(p + 1 for p in parents[b * n:(b + 1) * n]) for b in range(len(num_nodes)))
+        want = tree_layout(rows, n + 1)
+        depth, path = _pass_layout(paths, n + 1, "cpu")
+        assert torch.equal(depth, want.depth) and torch.equal(path, want.path)
 
 
 def test_the_beam_keeps_the_best_cumulative_log_probabilities():
@@ -184,6 +194,10 @@ def test_bad_dynamic_values_and_flags_are_refused(target):
         DynamicTree(3, 2, -1)
     with pytest.raises(ValueError, match="--tree: .*three integers"):
         parse_tree_flag("dyn:3,2", head=False, has_drafter=True)
+    with pytest.raises(ValueError, match="prompt lookup .* does not draft dynamic trees"):
+        parse_tree_flag("dyn:3,2,4", head=False, has_drafter=True, lookup=True)
+    with pytest.raises(ValueError, match="feature head"):
+        parse_tree_flag("dyn:3,2,4", head=True, has_drafter=True)
     with pytest.raises(ValueError, match="top_k 200 exceeds the vocabulary"):
         generate(target, PROMPTS[0], drafter=draft_model(), tree="dyn:2,200,4", max_new_tokens=4)
 
@@ -220,8 +234,6 @@ def test_gpu_bf16_greedy_dynamic_tree_equals_plain_decoding_and_warm_up_captures
 
 def test_device_paths_pass_equals_the_host_parents_pass():
     """``Model.append_tree_paths`` (layout on the device) gives ``append_tree``'s logits for the same tree."""
-    from verispec.runtime.tree import tree_layout
-
     model = load_model(CFG, device="cpu", dtype=torch.float32, seed=1)
     parents = [(-1, 0, 0, 1, 2, 2), (-1, 0, 0, 2, 2, 1)]          # two rows, two shapes; root + 2 in the cache
     outs = []

@@ -351,8 +351,9 @@ class DraftModel(Drafter):
         logits; each depth keeps the n_d best of the previous depth's top-K children (``expand``, on the device) and,
         but for the last, is ONE tree pass of n_d nodes per row (``Model.append_tree_paths``: the rows' paths built
         on the device from the beam's parents, so no depth waits for the host). The parents are read to the host
-        ONCE per round, after the last depth (the target's tree pass and the verification take host parents).
-        Rows share the counts (n_1, ..., n_D) and differ in their parents."""
+        ONCE per round, after the last depth (the verification takes host parents); the proposal also carries the
+        nodes' paths on the device, which the target's tree pass takes as they are (``TreeProposal.paths``). Rows
+        share the counts (n_1, ..., n_D) and differ in their parents."""
         model = self.model
         vocab = model.config.vocab_size
         if shape.top_k > vocab:
@@ -368,10 +369,11 @@ class DraftModel(Drafter):
         scores = torch.zeros(B, 1, device=dev)                                            # [B, n]: the root's 0
         paths = torch.zeros(B, 1, 1, dtype=torch.long, device=dev)                        # [B, n, d]
         sizes = shape.level_sizes
-        levels, parents, first = [], [], 1         # first: the depth's first node offset from the root
+        levels, parents, all_paths, first = [], [], [], 1   # first: the depth's first node offset from the root
         for d, n in enumerate(sizes):
             tokens, parent, scores = expand(scores, logits, shape.top_k, n)              # [B, n] each
             paths = child_paths(paths, parent, first)                                     # [B, n, d + 2]
+            all_paths.append(torch.cat([paths, paths[:, :, -1:].expand(B, n, len(sizes) - d - 1)], dim=2))
             # local parents (-1 = the root): the previous depth starts at offset first - n_{d-1}, local index - 1
             parents.append(parent + (first - sizes[d - 1] - 1) if d else torch.full_like(parent, -1))
             levels.append(tokens)
@@ -386,7 +388,8 @@ class DraftModel(Drafter):
         for row, L in zip(self._rows, lengths):
             row.valid = L + len(sizes) - 1         # commit lowers it to L + min(a, D - 1)
         nodes = torch.cat(levels, dim=1)                                                  # [B, M]
-        return TreeProposal(nodes.reshape(-1), tuple(p for row in local for p in row), [nodes.shape[1]] * B)
+        return TreeProposal(nodes.reshape(-1), tuple(p for row in local for p in row), [nodes.shape[1]] * B,
+                            paths=torch.cat(all_paths, dim=1))                            # [B, M, D + 1]
 
     def warm_up_tree(self, max_batch_size: int, widths: tuple[int, ...] | DynamicTree, prompt_tokens: int = 0) -> int:
         """The graphs of ``_tree_passes``: the [B, 2] feed and one tree pass per depth but the last, each at its

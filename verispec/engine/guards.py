@@ -254,13 +254,14 @@ class _TreeCapable:
     drafts_dynamic_trees = True
 
 
-def parse_tree_flag(text: str, *, head: bool, has_drafter: bool,
-                    chain_drafter: str | None = None) -> list[int] | str | DynamicTree:
+def parse_tree_flag(text: str, *, head: bool, has_drafter: bool, chain_drafter: str | None = None,
+                    lookup: bool = False) -> list[int] | str | DynamicTree:
     """``--tree W1,W2,...``, ``--tree dyn:D,K,N`` or ``--tree auto`` of ``verispec generate`` and ``verispec serve``
     -> the widths, the ``DynamicTree`` (or "auto": each round's shape chosen by the cost model), checked before any
     model is loaded. ``head``: --draft-head
     was given; ``has_drafter``: --draft-lookup, --draft or --draft-self was;
-    ``chain_drafter``: the name of the chosen drafter when it drafts chains only (serve's oracle).
+    ``chain_drafter``: the name of the chosen drafter when it drafts chains only (serve's oracle); ``lookup``: the
+    drafter is prompt lookup (--draft-lookup), which drafts static trees only.
     ValueError with the message the CLI prints."""
     auto = text.strip().lower() == "auto"
     try:
@@ -276,6 +277,10 @@ def parse_tree_flag(text: str, *, head: bool, has_drafter: bool,
         raise ValueError("--tree needs a drafter: --draft-lookup, --draft MODEL or --draft-self L")
     if chain_drafter is not None:
         raise ValueError(f"--tree: {chain_drafter} does not draft trees")
+    if lookup and isinstance(widths, DynamicTree):
+        raise ValueError(f"--tree {widths}: prompt lookup (--draft-lookup) does not draft dynamic trees (they rank "
+                         f"nodes by draft probability): use a static tree such as 4,2,2,1, or --draft MODEL or "
+                         f"--draft-self L")
     try:
         check_tree(widths, _TreeCapable())
     except (TypeError, ValueError) as e:

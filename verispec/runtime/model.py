@@ -528,8 +528,9 @@ class Model:
         [B, T] int64 (each token's depth, the root's 0), path [B, T, P] int64 (each token's root-to-token path as
         node offsets from the root, root first, itself at index depth, entries past it repeating itself;
         ``tree.TreeLayout``'s layout), ``tree_size`` N: the tree's nodes so far, these T included (the first N - T
-        were appended before). No host read: a drafter whose parents are device choices (a dynamic tree's beam,
-        drafters/dynamic_tree.py) feeds them as they are. Graphs as ``append_tree``: the exact width T when
+        were appended before; T = N: the target scores a whole tree). No host read: a drafter whose parents are device
+        choices (a dynamic tree's beam, drafters/dynamic_tree.py) feeds them as they are, and the target pass of
+        its tree takes the same paths (engine/tree_round.py). Graphs as ``append_tree``: the exact width T when
         ``warm_up_tree(..., exact=True)`` captured (rows, T, P, N - T), else the bucket's width with padding nodes
         (children of the root). -> logits [B, T, V]; lengths advance by T."""
         cache = self._need_cache()
@@ -540,9 +541,9 @@ class Model:
         if depth.shape != (B, T) or path.dim() != 3 or path.shape[:2] != (B, T):
             raise ValueError(f"append_tree_paths: depth must be [B, T] = {(B, T)} and path [B, T, P], got "
                              f"{tuple(depth.shape)}, {tuple(path.shape)}")
-        if not 1 <= T < tree_size or tree_size > trees.MAX_TREE_TOKENS:
-            raise ValueError(f"append_tree_paths: a pass appends 1..N - 1 nodes of an N-node tree (N <= "
-                             f"{trees.MAX_TREE_TOKENS}, its root already in the cache), got T = {T}, N = {tree_size}")
+        if not 1 <= T <= tree_size or tree_size > trees.MAX_TREE_TOKENS:
+            raise ValueError(f"append_tree_paths: a pass appends 1..N nodes of an N-node tree (N <= "
+                             f"{trees.MAX_TREE_TOKENS}), got T = {T}, N = {tree_size}")
         rows = self.graph_rows(B) if self.use_graphs else B
         P, offset, width = path.shape[2], tree_size - T, T
         if self.use_graphs and ("tree", rows, T, P, offset) not in self._graphs:
