@@ -250,3 +250,39 @@ def test_device_paths_pass_equals_the_host_parents_pass():
             outs.append(model.append_tree(new, parents))
         assert model.lengths.tolist() == [len(PROMPTS[0]) + 6, len(PROMPTS[2]) + 6]
     torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
+
+
+def test_steady_dynamic_rounds_capture_nothing_run_exact_widths_and_read_twice(monkeypatch):
+    """With the CUDA-graph code path forced on (run eagerly on the CPU, as test_tree_steady.py): after
+    ``Scheduler.warm_up`` a dynamic tree's rounds capture no graph, run no pass outside a graph program, run every
+    tree pass at its exact width (the target's 1 + 22 tokens; the draft's 2, 4 and 8: dyn:4,2,8's counts) and read
+    the device twice per round: the outcome, and the draft's parents (its one read, after the last depth)."""
+    from test_tree_steady import CFG as SMALL, _Watch
+
+    from verispec.engine import Request, Scheduler, SchedulerConfig
+
+    target = load_model(SMALL, device="cpu", dtype=torch.float32, seed=0)
+    draft = load_model(SMALL.replace(num_layers=1), device="cpu", dtype=torch.float32, seed=1)
+    target.use_graphs = draft.use_graphs = True
+    shape, B, new = DynamicTree(4, 2, 8), 3, 40
+    drafter = DraftModel(draft)
+    drafter.attach(target)
+    sched = Scheduler(target, drafter, SchedulerConfig(B, 9 + new + shape.num_nodes + 1, 4, tree="dyn:4,2,8"),
+                      verify_backend="torch")
+    sched.warm_up(prompt_tokens=9)
+    gen = torch.Generator().manual_seed(0)
+    for i in range(B):
+        sched.submit(Request(torch.randint(0, SMALL.vocab_size, (9,), generator=gen).tolist(), new, id=i))
+    sched.step()                                 # admission, the draft's lazy prefill, the first round
+    watch = _Watch(monkeypatch, [target, draft])
+    rounds = 3
+    for _ in range(rounds):
+        sched._round()
+    monkeypatch.undo()
+    assert all(s.finish_reason is None for s in sched.running)
+    assert watch.captured() == 0 and watch.eager == 0
+    sites = {site: n for site, n in watch.sites.items() if not site[0].startswith("verify/")}
+    assert sites == {("engine/round.py", "read_outcome", "cpu"): rounds,
+                     ("engine/round.py", "read_outcome", "tolist"): rounds,
+                     ("drafters/draft_model.py", "_dynamic_passes", "tolist"): rounds}
+    assert watch.widths == {1 + shape.num_nodes: rounds, 2: rounds, 4: rounds, 8: rounds}
