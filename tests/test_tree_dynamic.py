@@ -286,3 +286,23 @@ def test_steady_dynamic_rounds_capture_nothing_run_exact_widths_and_read_twice(m
                      ("engine/round.py", "read_outcome", "tolist"): rounds,
                      ("drafters/draft_model.py", "_dynamic_passes", "tolist"): rounds}
     assert watch.widths == {1 + shape.num_nodes: rounds, 2: rounds, 4: rounds, 8: rounds}
+
+
+def test_benchmark_dynamic_configs_are_exact_capture_nothing_and_are_marked_cost_only():
+    """``benchmarks/trees.py e2e --configs dyn-3-2-3,dm-2-1``: drafted by the draft model (the oracle drafts no
+    dynamic tree), exact, nothing captured in the timed call, their rows marked cost-only."""
+    from benchmarks import trees
+    from benchmarks.common import environment
+    from test_tree_steady import CFG as SMALL
+
+    configs = trees.parse_configs("dyn-3-2-3,dm-2-1")
+    assert [c[0] for c in configs] == ["dyn:3,2,3 (draft model)", "tree [2, 1] (draft model)"]
+    with pytest.raises(ValueError, match="'dyn-3-2' is none of"):
+        trees.parse_configs("dyn-3-2")
+    target = load_model(SMALL, device="cpu", dtype=torch.float32, seed=0)
+    draft = load_model(SMALL.replace(num_layers=1), device="cpu", dtype=torch.float32, seed=1)
+    target.use_graphs = draft.use_graphs = True
+    cells = trees.e2e_cells(target, draft, (2,), prompt_tokens=12, new_tokens=12, configs=configs)
+    assert [c["captured"] for c in cells] == [0, 0] and all(c["exact"] and c["cost_only"] for c in cells)
+    lines = trees.e2e_markdown(dict(env=environment(), model="tiny", draft="tiny", rates=trees.TREE_RATES, cells=cells))
+    assert any(line.startswith("\\* cost only") for line in lines)
