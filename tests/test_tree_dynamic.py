@@ -306,3 +306,30 @@ def test_benchmark_dynamic_configs_are_exact_capture_nothing_and_are_marked_cost
     assert [c["captured"] for c in cells] == [0, 0] and all(c["exact"] and c["cost_only"] for c in cells)
     lines = trees.e2e_markdown(dict(env=environment(), model="tiny", draft="tiny", rates=trees.TREE_RATES, cells=cells))
     assert any(line.startswith("\\* cost only") for line in lines)
+
+
+def test_serve_takes_a_dynamic_tree_and_refuses_it_for_prompt_lookup(target, references, capsys, monkeypatch):
+    """``verispec serve --tree dyn:3,2,4``: the server's scheduler drafts dynamic trees (3 requests through 2 rows,
+    each output plain decoding's) and names the shape in its log; with --draft-lookup the flag is refused."""
+    import fake_server
+    from fakes import FakeTokenizer
+
+    from verispec.engine import Request
+    from verispec.serve import server
+
+    monkeypatch.setattr(target, "tokenizer", FakeTokenizer(CFG.vocab_size), raising=False)   # the app needs one
+    args = fake_server.serve_args(["--draft-self", "2", "--tree", "dyn:3,2,4", "--max-batch-size", "2",
+                                   "--max-seq-len", "64"])
+    assert args.tree == DynamicTree(3, 2, 4)
+    drafter = draft_model()
+    drafter.attach(target)
+    engine, _ = server.assemble(target, drafter, args)
+    sched = engine.scheduler
+    sched.eos = set()                                   # the references ran without a tokenizer: no EOS
+    seqs = [sched.submit(Request(p, N_NEW, id=i)) for i, p in enumerate(PROMPTS)]
+    sched.run()
+    assert [s.generated for s in seqs] == references
+    assert "tree=dyn:3,2,4" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        fake_server.serve_args(["--draft-lookup", "--tree", "dyn:3,2,4"])
+    assert "prompt lookup (--draft-lookup) does not draft dynamic trees" in capsys.readouterr().err

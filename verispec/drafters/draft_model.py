@@ -25,6 +25,11 @@ the chain slots after the root, so V_b = L_b + min(a, D - 1) holds for the next 
 e.g. widths (2, 2), L = 10: feed h[8], h[9] -> d1 in {x, y}; one pass over [x, y] (slots 10, 11, position 10)
      -> children {x1, x2, y1, y2}; the tree's nodes 1..6; accepted [y, y2]: y moves from slot 11 to slot 10.
 
+Dynamic trees (``propose_tree(DynamicTree)``, drafters/dynamic_tree.py): the same feed and one pass per depth, the
+n_d nodes of each depth chosen per row by cumulative draft log-probability on the device and fed with their device
+paths (``Model.append_tree_paths``); the parents are read to the host once, after the last depth
+(``_dynamic_passes``). The cache bookkeeping is the static tree's.
+
 Lazy prefill: ``admit`` runs no pass. The row joins the draft cache empty (``Model.admit_empty``, V_b = 0) and owes
 its prompt; the first round in which it drafts (k_b > 0) prefills that prompt in one prefill pass per row
 (``Model.prefill_rows``: the same pass, K/V and graphs as an admission's), for every row drafting for the first
@@ -380,8 +385,9 @@ class DraftModel(Drafter):
             first += n
             if d < len(sizes) - 1:
                 width = max(d + 2, n)              # tree_layout's path width: its warm-up captured this key
-                P = torch.cat([paths, paths[:, :, -1:].expand(B, n, width - (d + 2))], dim=2)
-                logits = model.append_tree_paths(tokens, torch.full((B, n), d + 1, dtype=torch.long, device=dev), P, first)
+                padded = torch.cat([paths, paths[:, :, -1:].expand(B, n, width - (d + 2))], dim=2)  # [B, n, width]
+                depth = torch.full((B, n), d + 1, dtype=torch.long, device=dev)
+                logits = model.append_tree_paths(tokens, depth, padded, first)           # [B, n, V]
         local = torch.cat(parents, dim=1).tolist()                                        # the round's one read
         self._tree_size = first - sizes[-1]        # the nodes the cache holds: root + all but the last depth
         self._tree_depth = len(sizes)

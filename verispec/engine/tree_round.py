@@ -117,7 +117,8 @@ def _pass_layout(paths: torch.Tensor, T: int, device) -> tuple[torch.Tensor, tor
 
 
 def run_tree_round(target, drafter: Drafter, batch: RunningBatch, widths: tuple[int, ...] | DynamicTree,
-                   clock: PhaseClock, backend: str | None = None, launched: Callable[[], None] | None = None) -> RoundResult:
+                   clock: PhaseClock, backend: str | None = None,
+                   launched: Callable[[], None] | None = None) -> RoundResult:
     """Advance every row of ``batch`` by one tree round (see the module docstring). ``RoundResult.num_draft`` holds
     each row's tree depth (the positions its round tested, as k_b for a chain). Exactly one device->host read (and
     the drafter's own read of a dynamic tree's parents: ``DraftModel._dynamic_passes``).

@@ -142,8 +142,8 @@ def assemble(target, drafter, args) -> tuple[EngineLoop, FastAPI]:
     warmed: dict[str, int] = {}       # what warm-up left captured / compiled: the stop log reports what came after
     engine = EngineLoop(make_scheduler, metrics)
     served = ServedModel(name, target.tokenizer, target.config.vocab_size, args.max_seq_len, k + 1)
-    _log(f"{name}: drafter {type(drafter).__name__ if drafter else 'none'}, "
-         f"{'tree=auto' if tree_auto else f'tree={_tree_name(tree)}' if tree else 'k=' + ('auto' if policy else str(k))}, "
+    shape = 'tree=auto' if tree_auto else f'tree={_tree_name(tree)}' if tree else 'k=' + ('auto' if policy else str(k))
+    _log(f"{name}: drafter {type(drafter).__name__ if drafter else 'none'}, {shape}, "
          f"max batch {args.max_batch_size}, max_seq_len {args.max_seq_len}")
     if os.environ.get(STEP_TRACE_ENV):
         engine.trace = []
