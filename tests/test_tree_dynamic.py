@@ -60,7 +60,7 @@ def test_spec_spelling_and_counts():
     assert parse_tree_flag("dyn:3,2,4", head=False, has_drafter=True) == DynamicTree(3, 2, 4)
 
 
-@pytest.mark.parametrize("spec", ["dyn:3,2,3", "dyn:4,2,8", "dyn:2,4,4"])
+@pytest.mark.parametrize("spec", ["dyn:3,2,3", "dyn:4,2,8", "dyn:2,4,4", "dyn:1,3,2"])
 @pytest.mark.parametrize("make", [draft_model, lambda: SelfSpeculative(layers=2)], ids=["draft-model", "self-spec"])
 def test_greedy_dynamic_tree_generation_equals_plain_decoding(target, references, spec, make):
     out = generate(target, PROMPTS, drafter=make(), tree=spec, max_new_tokens=N_NEW)
@@ -233,23 +233,27 @@ def test_gpu_bf16_greedy_dynamic_tree_equals_plain_decoding_and_warm_up_captures
 
 
 def test_device_paths_pass_equals_the_host_parents_pass():
-    """``Model.append_tree_paths`` (layout on the device) gives ``append_tree``'s logits for the same tree."""
+    """``Model.append_tree_paths`` (layout on the device) gives ``append_tree``'s logits and lengths for the same tree,
+    eagerly and on the graph code path (forced on, run eagerly on the CPU) where 4 tokens run in the 5-token bucket
+    with a padding node (no graph of width 4 was captured)."""
     model = load_model(CFG, device="cpu", dtype=torch.float32, seed=1)
-    parents = [(-1, 0, 0, 1, 2, 2), (-1, 0, 0, 2, 2, 1)]          # two rows, two shapes; root + 2 in the cache
+    parents = [(-1, 0, 0, 1, 2, 2, 3), (-1, 0, 0, 2, 2, 1, 1)]    # two rows, two shapes; root + 2 in the cache first
     outs = []
-    for use_paths in (False, True):
+    for graphs, use_paths in [(False, False), (False, True), (True, False), (True, True)]:
+        model.use_graphs = graphs
         model.setup_cache(2, 32)
         model.keep([])                                             # an empty batch (the cache object is reused)
         model.admit([PROMPTS[0], PROMPTS[2]])
         model.append_tree(torch.tensor([[4, 5, 6], [7, 8, 9]]), [p[:3] for p in parents])
-        new = torch.tensor([[10, 11, 12], [13, 14, 15]])
+        new = torch.tensor([[10, 11, 12, 13], [14, 15, 16, 17]])
         if use_paths:
-            layout = tree_layout(tuple(parents), 3)
-            outs.append(model.append_tree_paths(new, layout.depth, layout.path, 6))
+            layout = tree_layout(tuple(parents), 4)
+            outs.append(model.append_tree_paths(new, layout.depth, layout.path, 7))
         else:
             outs.append(model.append_tree(new, parents))
-        assert model.lengths.tolist() == [len(PROMPTS[0]) + 6, len(PROMPTS[2]) + 6]
-    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
+        assert model.lengths.tolist() == [len(PROMPTS[0]) + 7, len(PROMPTS[2]) + 7]
+    for out in outs[1:]:
+        torch.testing.assert_close(out, outs[0], rtol=0, atol=1e-5)
 
 
 def test_steady_dynamic_rounds_capture_nothing_run_exact_widths_and_read_twice(monkeypatch):
