@@ -12,8 +12,9 @@ row (and round to round). The choice is a deterministic function of the draft's 
 tree verification of deterministic proposals stays exact, greedy and sampled (``verify_tree_sample`` with no
 draft_probs). No final rerank: every kept node is proposed.
 
-    e.g. dyn:3,2,3 (D = 3, K = 2, N = 3): counts 2, 3, 3 (8 nodes). Root's top-2 {a: -0.1, b: -2.5};
-         candidates a->{x: -0.2, y: -1.9}, b->{z: -2.6, w: -4.0}: keep x, y, z (a has 2 children, b has 1).
+    e.g. dyn:3,2,3 (D = 3, K = 2, N = 3): counts 2, 3, 3 (8 nodes). Depth 1: the root's top 2, a and b, at
+         cumulative log q -0.1 and -2.5; depth 2's candidates: a's top 2, x and y, at -0.3 and -2.0 (a's -0.1 plus
+         their own), b's, z and w, at -2.6 and -4.0: keep x, y, z (a gets 2 children, b 1).
 """
 from __future__ import annotations
 
