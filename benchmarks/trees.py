@@ -16,10 +16,14 @@ the sections present; ``--write`` (on ``report``) writes ``benchmarks/results/tr
                                                    ``--configs auto,plain,k2,k4,2-2-1,3-2-2-1``: just those (kN: a
                                                    chain of N; W-W-...: a tree; auto: ``tree="auto"`` with chains of up
                                                    to 8, its cost table measured in the warm-up call; the rounds of
-                                                   each shape it ran are reported)
+                                                   each shape it ran are reported; dyn-D-K-N: a dynamic tree and
+                                                   dm-W-W-...: a static tree, both drafted by the draft model itself
+                                                   (the oracle drafts no dynamic tree): cost only on random weights,
+                                                   ``ms per round`` is their number)
     python benchmarks/trees.py accept --out DIR    the embedded SmolLM2 (bf16 on a GPU, fp32 on a CPU): mean accepted
-                                                   tokens per round, chain vs tree of the same depth, SelfSpeculative
-                                                   and PromptLookup on a few prompts
+                                                   tokens per round, chain vs tree of the same depth (and dynamic
+                                                   trees for SelfSpeculative), SelfSpeculative and PromptLookup on a
+                                                   few prompts
     python benchmarks/trees.py report DIR [--write]
 
 Timings: median over CUDA-graph replays (``benchmarks/common.py``) for passes; CUDA events around eager calls for
@@ -213,9 +217,22 @@ def e2e_configs(trees=TREES, chain_ks=CHAIN_KS) -> list[tuple[str, int | None, t
            [(f"tree {list(t)}", None, t) for t in trees]
 
 
-def parse_configs(text: str) -> list[tuple[str, int | None, tuple[int, ...] | str | None]]:
-    """``--configs``: comma-separated plain, kN (a chain of N drafts), W-W-... (a tree, e.g. 2-2-1) or auto ->
-    ``e2e_configs``' (name, k, tree) entries. ValueError naming a bad entry."""
+# The configs drafted by ``DraftModel(draft)`` instead of the oracle (``e2e_cells``' fourth entry): on random weights
+# the draft's acceptance means nothing, so their cells are cost-only (``cost_only``: the round's cost, not its tokens)
+DRAFT_MODEL = "draft model"
+
+
+def parse_configs(text: str) -> list[tuple]:
+    """``--configs``: comma-separated plain, kN (a chain of N drafts), W-W-... (a tree, e.g. 2-2-1), auto,
+    dyn-D-K-N (a dynamic tree, drafted by the draft model) or dm-W-W-... (a static tree drafted by the draft model: the
+    dynamic tree's cost peer) -> ``e2e_configs``' (name, k, tree) entries, with a fourth, ``DRAFT_MODEL``, for the
+    draft model's. ValueError naming a bad entry."""
+    from verispec.drafters.dynamic_tree import DynamicTree
+
+    def widths(text: str) -> tuple[int, ...] | None:
+        return tuple(int(w) for w in text.split("-")) if text and all(
+            w.isdigit() and int(w) >= 1 for w in text.split("-")) else None
+
     out = []
     for item in (x.strip() for x in text.split(",")):
         if item == "plain":
@@ -224,11 +241,19 @@ def parse_configs(text: str) -> list[tuple[str, int | None, tuple[int, ...] | st
             out.append(("auto", AUTO_K, "auto"))
         elif item.startswith("k") and item[1:].isdigit() and int(item[1:]) >= 1:
             out.append((f"chain k={int(item[1:])}", int(item[1:]), None))
-        elif item and all(w.isdigit() and int(w) >= 1 for w in item.split("-")):
-            tree = tuple(int(w) for w in item.split("-"))
+        elif item.startswith("dyn-") and widths(item[4:]) is not None and len(widths(item[4:])) == 3:
+            tree = DynamicTree(*widths(item[4:]))
+            out.append((f"{tree} ({DRAFT_MODEL})", None, tree, DRAFT_MODEL))
+        elif item.startswith("dm-") and widths(item[3:]) is not None:
+            tree = widths(item[3:])
+            out.append((f"tree {list(tree)} ({DRAFT_MODEL})", None, tree, DRAFT_MODEL))
+        elif widths(item) is not None:
+            tree = widths(item)
             out.append((f"tree {list(tree)}", None, tree))
         else:
-            raise ValueError(f"--configs: {item!r} is none of plain, kN (e.g. k4), W-W-... (a tree, e.g. 2-2-1), auto")
+            raise ValueError(f"--configs: {item!r} is none of plain, kN (e.g. k4), W-W-... (a tree, e.g. 2-2-1), auto, "
+                             f"dyn-D-K-N (a dynamic tree, e.g. dyn-4-2-8), dm-W-W-... (a tree drafted by the draft "
+                             f"model)")
     if not out:
         raise ValueError("--configs names no config")
     return out
@@ -245,7 +270,7 @@ def e2e_cells(target, draft, batch_sizes, prompt_tokens: int, new_tokens: int, c
     (0: its warm-up covered every shape it ran); ``tok_s`` excludes the timed call's own warm-up
     (``Stats.warmup_s``: with nothing to capture, the verification kernels' warm-up runs), ``wall_tok_s`` does not.
     """
-    from verispec.drafters import OracleDraft
+    from verispec.drafters import DraftModel, OracleDraft
     from verispec.engine import SpeculativeDecoder, generate
     from verispec.runtime.tree import MAX_TREE_TOKENS
 
@@ -258,9 +283,12 @@ def e2e_cells(target, draft, batch_sizes, prompt_tokens: int, new_tokens: int, c
         prompts = [torch.randint(0, V, (prompt_tokens,), generator=gen).tolist() for _ in range(B)]
         refs = [g.tokens for g in generate(target, prompts, drafter=None, max_new_tokens=new_tokens,
                                            max_seq_len=max_seq_len)]
-        for name, k, tree in configs:
-            drafter = None if k is None and tree is None else OracleDraft(
-                refs, rates[1], cost_model=draft, seed=0, tree_rates=rates)
+        for name, k, tree, *by in configs:
+            if by == [DRAFT_MODEL]:        # the draft model itself drafts (its passes, its acceptance)
+                drafter = DraftModel(draft)
+            else:
+                drafter = None if k is None and tree is None else OracleDraft(
+                    refs, rates[1], cost_model=draft, seed=0, tree_rates=rates)
             dec = SpeculativeDecoder(target, drafter, k=k or 4, tree=tree)
             dec.generate(prompts, max_new_tokens=min(new_tokens, WARM_TOKENS), max_seq_len=max_seq_len)   # warm-up
             captures = sum(m.graph_captures for m in models)
@@ -275,7 +303,8 @@ def e2e_cells(target, draft, batch_sizes, prompt_tokens: int, new_tokens: int, c
                         wall_tok_s=B * new_tokens / seconds, warmup_s=stats.warmup_s,
                         captured=sum(m.graph_captures for m in models) - captures, rounds=stats.rounds,
                         tokens_per_round=sum(len(g.tokens) for g in gens) / max(stats.rounds, 1) / B,
-                        exact=[g.tokens for g in gens] == refs)
+                        ms_per_round=1e3 * (seconds - stats.warmup_s) / max(stats.rounds, 1),
+                        cost_only=by == [DRAFT_MODEL], exact=[g.tokens for g in gens] == refs)
             if chosen:        # the timed call's rounds of each shape (a tree's widths, or a chain's k; 0 = plain)
                 cell["shapes"] = {(f"tree {list(s)}" if isinstance(s, tuple) else f"k={s}"): n for s, n in
                                   sorted(chosen.items(), key=lambda item: -item[1])}
@@ -327,12 +356,19 @@ def e2e_markdown(res: dict) -> list[str]:
         cells = [c for c in res["cells"] if c["B"] == B]
         chains = [c for c in cells if c["config"].startswith("chain")]
         best_chain = max(chains or cells, key=lambda c: c["tok_s"])
-        rows = [(c["config"], f"{c['tok_s']:.1f}", f"{c.get('wall_tok_s', c['tok_s']):.1f}",
-                 f"{c['tokens_per_round']:.2f}", f"{c['tok_s'] / best_chain['tok_s']:.2f}", c.get("captured", "?"),
+        rows = [(c["config"] + (" *" if c.get("cost_only") else ""), f"{c['tok_s']:.1f}",
+                 f"{c.get('wall_tok_s', c['tok_s']):.1f}", f"{c['tokens_per_round']:.2f}",
+                 f"{c['ms_per_round']:.2f}" if "ms_per_round" in c else "?",
+                 f"{c['tok_s'] / best_chain['tok_s']:.2f}", c.get("captured", "?"),
                  "yes" if c["exact"] else "NO") for c in cells]
         lines += [f"### B = {B} (best chain: {best_chain['config']})", ""]
-        lines += markdown_table(["config", "tok/s", "wall tok/s", "tokens per round", "vs best chain", "captured",
-                                 "exact"], rows) + [""]
+        lines += markdown_table(["config", "tok/s", "wall tok/s", "tokens per round", "ms per round",
+                                 "vs best chain", "captured", "exact"], rows) + [""]
+        if any(c.get("cost_only") for c in cells):
+            lines += [f"\\* cost only: drafted by the {res['draft']} draft model itself, whose random weights accept "
+                      f"next to nothing against this target: its tok/s and tokens per round mean nothing; `ms per "
+                      f"round` is the cost of its round (draft passes + the target's tree pass + verification), "
+                      f"comparable between its dynamic tree and a static tree of its own (`dm-...`).", ""]
         fixed = [c for c in cells if c["config"] != "auto"]
         for c in cells:
             if c["config"] == "auto" and fixed:
@@ -356,19 +392,23 @@ def accept_part(args) -> dict:
     from verispec import load_model
     from verispec.drafters import PromptLookup, SelfSpeculative
     from verispec.engine import generate
+    from verispec.drafters.dynamic_tree import parse_tree_spec
     from verispec.engine.scheduler import tree_nodes
 
     cuda = torch.cuda.is_available()
     model = load_model(device="cuda" if cuda else "cpu", dtype=torch.bfloat16 if cuda else torch.float32)
     out = dict(env=environment(), cells=[])
     configs = [("self-speculative 10 layers", lambda: SelfSpeculative(10)), ("prompt lookup", lambda: PromptLookup())]
-    shapes = [("chain", [1, 1, 1, 1]), ("tree", [3, 2, 1, 1]), ("tree", [4, 2, 2, 1])]
+    shapes = [("chain", [1, 1, 1, 1]), ("tree", [3, 2, 1, 1]), ("tree", [4, 2, 2, 1]), ("dynamic", "dyn:4,2,8"),
+              ("dynamic", "dyn:4,4,11")]
     for dname, make in configs:
         for kind, tree in shapes:
+            if kind == "dynamic" and dname == "prompt lookup":
+                continue                        # it ranks no nodes: no dynamic trees (refused by check_tree)
             gens = generate(model, ACCEPT_PROMPTS, drafter=make(), tree=tree, max_new_tokens=args.new_tokens, chat=True)
             rounds = sum(g.stats.rounds for g in gens)
             accepted = sum(g.stats.accepted for g in gens)
-            nodes = tree_nodes(tree)
+            nodes = tree_nodes(parse_tree_spec(tree) or tree)
             cell = dict(drafter=dname, shape=f"{kind} {tree}", nodes=nodes, rounds=rounds,
                         accepted_per_round=accepted / max(rounds, 1))
             out["cells"].append(cell)
@@ -380,7 +420,9 @@ def accept_markdown(res: dict) -> list[str]:
     lines = ["## Accepted tokens per round on the embedded SmolLM2: chain vs tree of the same depth", "",
              environment_line(res["env"]), "",
              f"Greedy, {len(ACCEPT_PROMPTS)} chat prompts as one batch. A chain is the tree [1, 1, 1, 1]; "
-             "`accepted / round` counts the accepted nodes (the emitted tokens are one more).", ""]
+             "`accepted / round` counts the accepted nodes (the emitted tokens are one more). `dyn:D,K,N`: a dynamic "
+             "tree (D deep, each node's top K children, the N of highest cumulative draft probability kept per depth; "
+             "not for prompt lookup, which ranks no nodes).", ""]
     rows = [(c["drafter"], c["shape"], c["nodes"], c["rounds"], f"{c['accepted_per_round']:.2f}") for c in res["cells"]]
     return lines + markdown_table(["drafter", "shape", "nodes", "rounds", "accepted / round"], rows) + [""]
 
@@ -418,7 +460,8 @@ def main(argv=None) -> None:
     ap.add_argument("--tokens", default="1,2,4,8,16,24,32,48,64", help="pass: tokens per sequence")
     ap.add_argument("--max-rows", type=int, default=2048, help="pass: skip B * T above this")
     ap.add_argument("--new-tokens", type=int, default=128, help="e2e, accept: tokens generated per sequence")
-    ap.add_argument("--configs", default=None, help="e2e: comma-separated plain, kN, W-W-... (a tree), auto "
+    ap.add_argument("--configs", default=None, help="e2e: comma-separated plain, kN, W-W-... (a tree), auto, "
+                    "dyn-D-K-N (a dynamic tree), dm-W-W-... (a tree drafted by the draft model) "
                     "(default: plain, the chains and the trees of the full study)")
     args = ap.parse_args(argv)
     if args.configs:

@@ -156,7 +156,8 @@ def _validate_generate(args) -> None:
         try:
             args.tree = parse_tree_flag(
                 args.tree, head=getattr(args, "draft_head", None) is not None,
-                has_drafter=bool(args.draft_lookup or args.draft or args.draft_self is not None))
+                has_drafter=bool(args.draft_lookup or args.draft or args.draft_self is not None),
+                lookup=bool(args.draft_lookup))
         except ValueError as e:
             _die(str(e))
         if args.k is not None and args.tree != "auto":
@@ -662,9 +663,10 @@ def _generate_args(p: argparse.ArgumentParser) -> None:
                         "the head shipped for the embedded SmolLM2")
     p.add_argument("-k", type=int, default=None, help="draft tokens per round, >= 1; None = 8 for --draft-lookup, "
                    "else 4; capped at --max-new-tokens - 1 and the model's positions")
-    p.add_argument("--tree", default=None, metavar="W1,W2,...|auto",
+    p.add_argument("--tree", default=None, metavar="W1,W2,...|dyn:D,K,N|auto",
                    help="draft trees instead of chains: children per node at each depth, e.g. 4,2,2,1 (at most 63 "
-                        "nodes; excludes -k); or auto: each round plain decoding, a chain of up to -k drafts or one "
+                        "nodes; excludes -k); or dyn:D,K,N (--draft / --draft-self): a dynamic tree D deep, each "
+                        "node's top K children, the N of highest cumulative draft probability kept per depth; or auto: each round plain decoding, a chain of up to -k drafts or one "
                         "of a few trees, by a cost table measured at startup (trees for greedy batches only)")
     p.add_argument("--ngram-max", type=int, default=3, help="--draft-lookup: longest n-gram matched")
     p.add_argument("--ngram-min", type=int, default=2, help="--draft-lookup: shortest n-gram matched")

@@ -129,6 +129,11 @@ class TreeProposal:
     parents:      sum n_b host ints, node j's parent local to its sequence (-1 = the root: the certain token);
                   parents come before their children
     num_nodes:    B host ints n_b (0 allowed: that row's round is a plain decode step)
+    paths:        optional [B, n, D + 1] int64 on the nodes' device, when every row has n nodes: node j's
+                  root-to-node path as node offsets from the root (root 0 first, node j at j + 1, entries past its depth
+                  repeating itself: ``runtime.tree``'s layout). The same tree as ``parents``; given, the target's tree
+                  pass takes it as it is (``Model.append_tree_paths``) instead of building the layout on the host from
+                  parents (a dynamic tree's per-row shapes rarely repeat, so no layout cache would hold them)
     e.g. widths (2, 1) for one row: nodes [a, b, a', b'] with parents [-1, -1, 0, 1].
     Every tree drafter proposes deterministic nodes (no draft_probs): ``verify_tree_sample`` is exact for them.
     """
@@ -136,6 +141,7 @@ class TreeProposal:
     draft_tokens: Tensor
     parents: tuple[int, ...]
     num_nodes: list[int]
+    paths: Tensor | None = None
 
 
 @functools.lru_cache(maxsize=64)
@@ -223,6 +229,9 @@ class Drafter:
 
     # Token trees (``generate(..., tree=widths)``): a drafter that drafts trees overrides both.
     drafts_trees = False
+    # ``propose_tree`` also takes a ``DynamicTree`` (drafters/dynamic_tree.py: nodes kept by cumulative draft
+    # probability; DraftModel and SelfSpeculative)
+    drafts_dynamic_trees = False
 
     def propose_tree(self, widths: tuple[int, ...]) -> TreeProposal:
         """A draft tree per row continuing each h_b: at most widths[d] children per node at depth d (the root,

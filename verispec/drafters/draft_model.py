@@ -25,6 +25,11 @@ the chain slots after the root, so V_b = L_b + min(a, D - 1) holds for the next 
 e.g. widths (2, 2), L = 10: feed h[8], h[9] -> d1 in {x, y}; one pass over [x, y] (slots 10, 11, position 10)
      -> children {x1, x2, y1, y2}; the tree's nodes 1..6; accepted [y, y2]: y moves from slot 11 to slot 10.
 
+Dynamic trees (``propose_tree(DynamicTree)``, drafters/dynamic_tree.py): the same feed and one pass per depth, the
+n_d nodes of each depth chosen per row by cumulative draft log-probability on the device and fed with their device
+paths (``Model.append_tree_paths``); the parents are read to the host once, after the last depth
+(``_dynamic_passes``). The cache bookkeeping is the static tree's.
+
 Lazy prefill: ``admit`` runs no pass. The row joins the draft cache empty (``Model.admit_empty``, V_b = 0) and owes
 its prompt; the first round in which it drafts (k_b > 0) prefills that prompt in one prefill pass per row
 (``Model.prefill_rows``: the same pass, K/V and graphs as an admission's), for every row drafting for the first
@@ -55,6 +60,7 @@ from ..runtime.model import WIDTH_BUCKETS
 from ..verify.sampling import filtered_probs, is_greedy
 from .base import (Drafter, Proposal, Sampling, SamplingParams, TreeProposal, check_same_vocab, draw, one_setting,
                    race)
+from .dynamic_tree import DynamicTree, child_paths, expand
 
 # A catch-up pass (after rounds without drafting) runs in chunks of at most the widest step graph's tokens: a wider
 # pass would run eagerly, and each width below it would capture its own graph inside a request.
@@ -302,10 +308,13 @@ class DraftModel(Drafter):
         return Proposal(draft_tokens, list(max_num_draft), draft_probs)
 
     drafts_trees = True
+    drafts_dynamic_trees = True
 
-    def propose_tree(self, widths: tuple[int, ...]) -> TreeProposal:
+    def propose_tree(self, widths: tuple[int, ...] | DynamicTree) -> TreeProposal:
         """Top-w_d children per node by the draft's logits, one batched pass per depth (see the module docstring);
-        every row proposes the full tree."""
+        every row proposes the full tree. A ``DynamicTree``: the beam of ``_dynamic_passes``."""
+        if isinstance(widths, DynamicTree):
+            return self._dynamic_passes(widths)
         nodes, parents = self._tree_passes(tuple(widths))
         B = len(self._rows)
         local = tuple(p - 1 for p in parents[1:]) * B            # verification's layout: -1 = the root
@@ -342,13 +351,66 @@ class DraftModel(Drafter):
             row.valid = L + len(widths) - 1               # commit lowers it to L + min(a, D - 1)
         return torch.cat(levels, dim=1), parents
 
-    def warm_up_tree(self, max_batch_size: int, widths: tuple[int, ...], prompt_tokens: int = 0) -> int:
+    def _dynamic_passes(self, shape: DynamicTree) -> TreeProposal:
+        """A dynamic tree per row (drafters/dynamic_tree.py): the same rollback and [B, 2] feed give the root's
+        logits; each depth keeps the n_d best of the previous depth's top-K children (``expand``, on the device) and,
+        but for the last, is ONE tree pass of n_d nodes per row (``Model.append_tree_paths``: the rows' paths built
+        on the device from the beam's parents, so no depth waits for the host). The parents are read to the host
+        ONCE per round, after the last depth (the verification takes host parents); the proposal also carries the
+        nodes' paths on the device, which the target's tree pass takes as they are (``TreeProposal.paths``). Rows
+        share the counts (n_1, ..., n_D) and differ in their parents."""
+        model = self.model
+        vocab = model.config.vocab_size
+        if shape.top_k > vocab:
+            raise ValueError(f"dynamic tree {shape}: top_k {shape.top_k} exceeds the vocabulary ({vocab} tokens)")
+        lengths = [len(row.history) for row in self._rows]
+        B = len(lengths)
+        self._prefill_owed([True] * B)
+        self._catch_up(lengths)
+        model.rollback([L - 2 for L in lengths])
+        feed = to_device([row.history[-2:] for row in self._rows], model.device, torch.long)   # [B, 2]
+        logits = model.append(feed)[:, -1:]                                               # [B, 1, V]: the root's
+        dev = logits.device
+        scores = torch.zeros(B, 1, device=dev)                                            # [B, n]: the root's 0
+        paths = torch.zeros(B, 1, 1, dtype=torch.long, device=dev)                        # [B, n, d]
+        sizes = shape.level_sizes
+        levels, parents, all_paths, first = [], [], [], 1   # first: the depth's first node offset from the root
+        for d, n in enumerate(sizes):
+            tokens, parent, scores = expand(scores, logits, shape.top_k, n)              # [B, n] each
+            paths = child_paths(paths, parent, first)                                     # [B, n, d + 2]
+            all_paths.append(torch.cat([paths, paths[:, :, -1:].expand(B, n, len(sizes) - d - 1)], dim=2))
+            # local parents (-1 = the root): the previous depth starts at offset first - n_{d-1}, local index - 1
+            parents.append(parent + (first - sizes[d - 1] - 1) if d else torch.full_like(parent, -1))
+            levels.append(tokens)
+            first += n
+            if d < len(sizes) - 1:
+                width = max(d + 2, n)              # tree_layout's path width: its warm-up captured this key
+                padded = torch.cat([paths, paths[:, :, -1:].expand(B, n, width - (d + 2))], dim=2)  # [B, n, width]
+                depth = torch.full((B, n), d + 1, dtype=torch.long, device=dev)
+                logits = model.append_tree_paths(tokens, depth, padded, first)           # [B, n, V]
+        local = torch.cat(parents, dim=1).tolist()                                        # the round's one read
+        self._tree_size = first - sizes[-1]        # the nodes the cache holds: root + all but the last depth
+        self._tree_depth = len(sizes)
+        for row, L in zip(self._rows, lengths):
+            row.valid = L + len(sizes) - 1         # commit lowers it to L + min(a, D - 1)
+        nodes = torch.cat(levels, dim=1)                                                  # [B, M]
+        return TreeProposal(nodes.reshape(-1), tuple(p for row in local for p in row), [nodes.shape[1]] * B,
+                            paths=torch.cat(all_paths, dim=1))                            # [B, M, D + 1]
+
+    def warm_up_tree(self, max_batch_size: int, widths: tuple[int, ...] | DynamicTree, prompt_tokens: int = 0) -> int:
         """The graphs of ``_tree_passes``: the [B, 2] feed and one tree pass per depth but the last, each at its
-        exact width (every round's tree has this shape: no padding nodes); the prefill graphs of its prompts."""
+        exact width (every round's tree has this shape: no padding nodes); the prefill graphs of its prompts. A
+        ``DynamicTree``'s passes likewise (their widths are its fixed counts per depth)."""
         model = self.model
         if not getattr(model, "use_graphs", False) or not hasattr(model, "warm_up_tree"):
             return 0
         n = model.warm_up(max_batch_size, 2, prompt_tokens=prompt_tokens)
+        if isinstance(widths, DynamicTree):
+            parents, sizes = (-1,) + tuple(p + 1 for p in widths.example_parents()), widths.level_sizes
+            for d in range(len(sizes) - 1):
+                end = 1 + sum(sizes[:d + 1])
+                n += model.warm_up_tree(max_batch_size, parents[:end], sizes[d], exact=True)
+            return n
         parents, level = [-1], [0]
         for w in widths[:-1]:
             start = len(parents)

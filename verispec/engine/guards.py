@@ -10,8 +10,8 @@ kind and ``ValueError`` for a value out of range, with a message that names the 
     check_stop(stop) -> tuple of stop strings
     check_drafter(drafter)                     a Drafter or None, not a name or a bare model
     check_k(k, max_new_tokens, longest_prompt, max_positions) -> (k to use, note or None)
-    check_tree(tree, drafter) -> widths (children per node at each depth) or None
-    parse_tree_flag(text, head=, has_drafter=, chain_drafter=) -> widths of the CLIs' --tree flag
+    check_tree(tree, drafter) -> widths (children per node at each depth), "auto", a DynamicTree or None
+    parse_tree_flag(text, head=, has_drafter=, chain_drafter=) -> the same from the CLIs' --tree flag
     check_same_model(target, drafter)          target and draft must not share one KV cache
     ModelLease(*models)                        one generation per model at a time (threads, re-entry)
 """
@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from ..drafters.base import Drafter, SamplingParams, TreeDraftUnsupported
+from ..drafters.dynamic_tree import DynamicTree, parse_tree_spec
 from ..runtime.tree import MAX_TREE_TOKENS
 from ..verify import rng
 from ..verify.sampling import check_seed, check_temperature, check_top_k, check_top_p
@@ -192,19 +193,33 @@ def check_drafter(drafter) -> None:
     raise TypeError(f"drafter must be None or one of {DRAFTER_CLASSES}, got {type(drafter).__name__}")
 
 
-def check_tree(tree, drafter) -> tuple[int, ...] | str | None:
+def check_tree(tree, drafter) -> tuple[int, ...] | str | DynamicTree | None:
     """``tree``: None (chains of k drafts), "auto" (each round plain decoding, a chain or a tree, by the cost model:
-    engine/auto_k.py) or the children per node at each depth, e.g. [4, 2, 2, 1] (4 children of the root, 2 of each
-    of those, ...): integers >= 1, at most MAX_TREE_TOKENS - 1 nodes in all (the tree pass holds the certain token
-    too). The drafter must draft trees: one that cannot is refused, never run as a chain."""
+    engine/auto_k.py), the children per node at each depth, e.g. [4, 2, 2, 1] (4 children of the root, 2 of each
+    of those, ...): integers >= 1, or a dynamic tree "dyn:D,K,N" / ``DynamicTree`` (drafters/dynamic_tree.py; -> the
+    ``DynamicTree``); at most MAX_TREE_TOKENS - 1 nodes in all (the tree pass holds the certain token too). The
+    drafter must draft trees (dynamic ones: ``drafts_dynamic_trees``): one that cannot is refused, never run as a
+    chain."""
     if tree is None:
         return None
     if isinstance(tree, str) and tree == "auto":
         _check_tree_drafter(drafter)
         return "auto"
+    dynamic = parse_tree_spec(tree)        # "dyn:D,K,N" or a DynamicTree (ValueError naming a bad spelling)
+    if dynamic is not None:
+        if dynamic.num_nodes > MAX_TREE_TOKENS - 1:
+            raise ValueError(f"dynamic tree {dynamic} has {dynamic.num_nodes} nodes (per depth "
+                             f"{list(dynamic.level_sizes)}); a tree pass holds at most {MAX_TREE_TOKENS - 1} (plus the "
+                             f"certain token): use a smaller depth or fewer nodes per depth")
+        _check_tree_drafter(drafter)
+        if not getattr(drafter, "drafts_dynamic_trees", False):
+            raise TreeDraftUnsupported(f"{type(drafter).__name__} does not draft dynamic trees ({dynamic}: they rank "
+                                       f"nodes by draft probability): use a static tree such as [4, 2, 2, 1], or "
+                                       f"DraftModel or SelfSpeculative")
+        return dynamic
     if isinstance(tree, (str, bytes, Integral)) or not hasattr(tree, "__iter__"):
-        raise TypeError(f"tree must be a list of children per node at each depth, e.g. [4, 2, 2, 1], \"auto\" or "
-                        f"None, got {tree!r}")
+        raise TypeError(f"tree must be a list of children per node at each depth, e.g. [4, 2, 2, 1], \"auto\", a "
+                        f"dynamic tree \"dyn:DEPTH,TOP_K,NODES\" (e.g. \"dyn:4,2,8\") or None, got {tree!r}")
     widths = tuple(tree)
     if not widths:
         raise ValueError("tree must name at least one depth, e.g. [4] (4 alternatives for the next token)")
@@ -236,24 +251,37 @@ class _TreeCapable:
     """Stands for the drafter in ``check_tree`` before any is built (the CLIs check --tree before loading)."""
 
     drafts_trees = True
+    drafts_dynamic_trees = True
 
 
-def parse_tree_flag(text: str, *, head: bool, has_drafter: bool, chain_drafter: str | None = None) -> list[int] | str:
-    """``--tree W1,W2,...`` or ``--tree auto`` of ``verispec generate`` and ``verispec serve`` -> the widths (or
-    "auto": each round's shape chosen by the cost model), checked before any model is loaded. ``head``: --draft-head
+def parse_tree_flag(text: str, *, head: bool, has_drafter: bool, chain_drafter: str | None = None,
+                    lookup: bool = False) -> list[int] | str | DynamicTree:
+    """``--tree W1,W2,...``, ``--tree dyn:D,K,N`` or ``--tree auto`` of ``verispec generate`` and ``verispec serve``
+    -> the widths, the ``DynamicTree`` (or "auto": each round's shape chosen by the cost model), checked before any
+    model is loaded. ``head``: --draft-head
     was given; ``has_drafter``: --draft-lookup, --draft or --draft-self was;
-    ``chain_drafter``: the name of the chosen drafter when it drafts chains only (serve's oracle).
+    ``chain_drafter``: the name of the chosen drafter when it drafts chains only (serve's oracle); ``lookup``: the
+    drafter is prompt lookup (--draft-lookup), which drafts static trees only.
     ValueError with the message the CLI prints."""
     auto = text.strip().lower() == "auto"
     try:
-        widths = "auto" if auto else [int(w) for w in text.split(",")]
-    except ValueError:
+        widths = "auto" if auto else parse_tree_spec(text) or [int(w) for w in text.split(",")]
+    except ValueError as e:
+        if text.strip().lower().startswith("dyn:"):
+            raise ValueError(f"--tree: {e}") from None
         raise ValueError(f"--tree must be comma-separated integers (children per node at each depth), e.g. 4,2,2,1, "
-                         f"or auto, got {text!r}") from None
+                         f"dyn:DEPTH,TOP_K,NODES (a dynamic tree, e.g. dyn:4,2,8) or auto, got {text!r}") from None
     if not (has_drafter or head):
         raise ValueError("--tree needs a drafter: --draft-lookup, --draft MODEL, --draft-self L or --draft-head [DIR]")
+    if head and isinstance(widths, DynamicTree):
+        raise ValueError(f"--tree {widths}: the feature head (--draft-head) drafts static trees (e.g. 4,2,2,1) and "
+                         f"chains, not dynamic trees: use --draft MODEL or --draft-self L for dyn:")
     if chain_drafter is not None:
         raise ValueError(f"--tree: {chain_drafter} does not draft trees")
+    if lookup and isinstance(widths, DynamicTree):
+        raise ValueError(f"--tree {widths}: prompt lookup (--draft-lookup) does not draft dynamic trees (they rank "
+                         f"nodes by draft probability): use a static tree such as 4,2,2,1, or --draft MODEL or "
+                         f"--draft-self L")
     try:
         check_tree(widths, _TreeCapable())
     except (TypeError, ValueError) as e:

@@ -32,6 +32,7 @@ from typing import Callable
 import torch
 
 from ..drafters.base import Drafter, SamplingParams
+from ..drafters.dynamic_tree import DynamicTree, parse_tree_spec
 from ..runtime.cache import fill_order
 from ..runtime.tree import TREE_WIDTHS, tree_width
 from .request import Request, Sequence
@@ -51,14 +52,17 @@ class SchedulerConfig:
     max_seq_len: int               # tokens a sequence may hold: prompt + new tokens + one round's lookahead
     k: int = 4                     # drafts per round (the most any row gets; 0 = plain decoding)
     max_waiting: int | None = None # queued requests beyond which submit() refuses (None = unbounded)
-    # draft trees: children per node at each depth (None = chains of k); "auto": the k_policy (an AutoK with trees)
-    # picks plain decoding, a chain of up to k drafts or one of its trees each round
-    tree: tuple[int, ...] | str | None = None
+    # draft trees: children per node at each depth (None = chains of k); a DynamicTree (or "dyn:D,K,N"): the draft
+    # model's beam (drafters/dynamic_tree.py); "auto": the k_policy (an AutoK with trees) picks plain decoding, a chain
+    # of up to k drafts or one of its trees each round
+    tree: tuple[int, ...] | str | DynamicTree | None = None
 
 
 def tree_nodes(widths) -> int:
     """Nodes of the full tree of ``widths`` children per node at each depth: w1 + w1*w2 + ... e.g. (4, 2, 2, 1)
-    -> 4 + 8 + 16 + 16 = 44."""
+    -> 4 + 8 + 16 + 16 = 44; a ``DynamicTree``'s fixed count (dyn:4,2,8 -> 2 + 4 + 8 + 8 = 22)."""
+    if isinstance(widths, DynamicTree):
+        return widths.num_nodes
     total, level = 0, 1
     for w in widths:
         level *= w
@@ -92,8 +96,8 @@ class Scheduler:
             if not hasattr(k_policy, "decide") or not self.auto_trees:
                 raise ValueError("tree='auto' needs a k_policy that chooses trees: AutoK(costs, trees=AUTO_TREES)")
         # a tree round appends the certain token and every node of the tree: its lookahead is the tree's size
-        self.tree = (tuple(config.tree) if config.tree is not None and config.tree != "auto" and drafter is not None
-                     else None)
+        self.tree = (parse_tree_spec(config.tree) or tuple(config.tree)
+                     if config.tree is not None and config.tree != "auto" and drafter is not None else None)
         self.k_max = self.k                  # the chains' K (the policy's k_max)
         if self.tree is not None:
             self.k = tree_nodes(self.tree)
@@ -191,7 +195,8 @@ class Scheduler:
     def _warm_up_trees(self, trees, settings: list[tuple[float, int, float]], prompt_tokens: int) -> int:
         """The tree rounds' graphs of every shape in ``trees``: the target's tree passes of every node bucket up to
         the largest tree (a prompt-lookup trie may be smaller) and of each full tree's exact width (a draft model's
-        trees are always full), the drafter's tree passes, both prefill graphs; the tree verification's kernels."""
+        trees are always full, its dynamic trees always of their fixed count), the drafter's tree passes, both
+        prefill graphs; the tree verification's kernels."""
         B, n = self.config.max_batch_size, 0
         largest = max(tree_nodes(t) for t in trees)
         if hasattr(self.target, "warm_up_tree"):

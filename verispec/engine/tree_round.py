@@ -4,6 +4,7 @@ The chain round (``round.run_round``) with a tree in place of the k drafts. For 
 
     draft         drafter.propose_tree(widths) -> nodes, parents (local, -1 = the root), num_nodes
     target pass   target.append_tree([c, node_0 .. node_{n-1}, padding], parents + 1)   [B, T, V], T = 1 + max n_b
+                  (a proposal with device paths, a dynamic tree's: ``append_tree_paths`` with those, no host layout)
                   row 0 is the root's (the certain token's) logits, row j + 1 node j's: exactly the layout of
                   verify_tree_greedy / verify_tree_sample; padding nodes (children of the root) fill short rows
     verification  the n_b + 1 live rows of each row -> path [B, D] (accepted nodes), num_accepted, tokens
@@ -23,6 +24,7 @@ import torch
 
 from ..device import to_device
 from ..drafters.base import Drafter, Sampling, SamplingParams, TreeProposal, full_tree
+from ..drafters.dynamic_tree import DynamicTree
 from ..verify import TreeVerifyOutput, verify_tree_greedy, verify_tree_sample
 from ..verify.tree_api import TREE_BACKENDS
 from .round import (PhaseClock, RoundResult, RunningBatch, commit_outcome, failed_rows, proposal_and_faults,
@@ -43,13 +45,14 @@ def tree_verification(target_logits, draft_tokens, parents: tuple[int, ...], num
                               seed=keys[0], offset=keys[1], backend=backend, check_values=False)
 
 
-def warm_tree_verification(device, dtype, vocab: int, max_batch_size: int, widths: tuple[int, ...],
+def warm_tree_verification(device, dtype, vocab: int, max_batch_size: int, widths: tuple[int, ...] | DynamicTree,
                            settings: list[tuple[float, int, float]], backend: str | None) -> None:
     """Run the tree verification once per batch size 1..max_batch_size and (temperature, top_k, top_p) setting over
-    the full tree of ``widths``, on zero logits, its outcome read as a round reads it, so that its kernels are
-    compiled before the first rounds (``Scheduler.warm_up``; Triton specializes a kernel on its integer arguments,
-    such as the row and node counts, so each batch size may compile its own)."""
-    local = full_tree(widths)
+    the full tree of ``widths`` (a ``DynamicTree``: one tree of its counts), on zero logits, its outcome read as a
+    round reads it, so that its kernels are compiled before the first rounds (``Scheduler.warm_up``; Triton
+    specializes a kernel on its integer arguments, such as the row and node counts, so each batch size may compile
+    its own)."""
+    local = widths.example_parents() if isinstance(widths, DynamicTree) else full_tree(widths)
     n = len(local)
     for b in range(1, max_batch_size + 1):
         for temp, top_k, top_p in settings:
@@ -98,10 +101,27 @@ def _pass_inputs(certain, proposal: TreeProposal) -> tuple[torch.Tensor, list[tu
     return tokens, parents, T
 
 
-def run_tree_round(target, drafter: Drafter, batch: RunningBatch, widths: tuple[int, ...], clock: PhaseClock,
-                   backend: str | None = None, launched: Callable[[], None] | None = None) -> RoundResult:
+def _pass_layout(paths: torch.Tensor, T: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A proposal's device paths (``TreeProposal.paths`` [B, n, W]: node offsets from the root, entries past a node's
+    depth repeating itself) -> the whole tree's (depth [B, T], path [B, T, P]) for ``Model.append_tree_paths``, the
+    root first (T = n + 1; P = max(W, T): ``tree_layout``'s width, which the warm-up's graphs have). No host work
+    per node: a dynamic tree's rows all differ. e.g. one node under the root: paths [[[0, 1]]] -> depth [[0, 1]],
+    path [[[0, 0], [0, 1]]]."""
+    B, n, W = paths.shape
+    P = max(W, T)
+    paths = to_device(paths, device, torch.long)
+    body = torch.cat([paths, paths[:, :, -1:].expand(B, n, P - W)], dim=2)                  # [B, n, P]
+    path = torch.cat([torch.zeros(B, 1, P, dtype=torch.long, device=device), body], dim=1)  # [B, T, P]
+    depth = (path != path[:, :, -1:]).sum(dim=2)              # the entries before the node itself: its ancestors
+    return depth, path
+
+
+def run_tree_round(target, drafter: Drafter, batch: RunningBatch, widths: tuple[int, ...] | DynamicTree,
+                   clock: PhaseClock, backend: str | None = None,
+                   launched: Callable[[], None] | None = None) -> RoundResult:
     """Advance every row of ``batch`` by one tree round (see the module docstring). ``RoundResult.num_draft`` holds
-    each row's tree depth (the positions its round tested, as k_b for a chain). Exactly one device->host read.
+    each row's tree depth (the positions its round tested, as k_b for a chain). Exactly one device->host read (and
+    the drafter's own read of a dynamic tree's parents: ``DraftModel._dynamic_passes``).
     ``launched()``, if given, is called once the target pass is launched (``Scheduler.launched_hook``)."""
     device = batch.certain.device
     t0 = clock.now()
@@ -112,7 +132,10 @@ def run_tree_round(target, drafter: Drafter, batch: RunningBatch, widths: tuple[
     proposal = _without(proposal, set(failed))
     t1 = clock.now()
     tokens, parents, T = _pass_inputs(batch.certain, proposal)
-    logits = target.append_tree(tokens, parents)                                            # [B, T, V]
+    if proposal.paths is not None and hasattr(target, "append_tree_paths"):
+        logits = target.append_tree_paths(tokens, *_pass_layout(proposal.paths, T, device), T)  # [B, T, V]
+    else:
+        logits = target.append_tree(tokens, parents)                                        # [B, T, V]
     if launched is not None:
         launched()
     t2 = clock.now()

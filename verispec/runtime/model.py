@@ -523,9 +523,55 @@ class Model:
             layout = trees.tree_layout(parents, width)
         self._check_room(cache, T)
         inputs = self._tree_inputs(layout, tokens)                                 # [B, width * (2 + P)]
-        program = lambda static: (self._tree_step(static, width, layout.offset),)  # noqa: E731
+        return self._run_tree(inputs, rows, width, layout.path.shape[2], layout.offset, T)
+
+    @torch.no_grad()
+    def append_tree_paths(self, tokens: Tensor, depth: Tensor, path: Tensor, tree_size: int) -> Tensor:
+        """``append_tree`` with the tree's layout given on the device instead of host parents: tokens [B, T], depth
+        [B, T] int64 (each token's depth, the root's 0), path [B, T, P] int64 (each token's root-to-token path as
+        node offsets from the root, root first, itself at index depth, entries past it repeating itself;
+        ``tree.TreeLayout``'s layout), ``tree_size`` N: the tree's nodes so far, these T included (the first N - T
+        were appended before; T = N: the target scores a whole tree). No host read: a drafter whose parents are device
+        choices (a dynamic tree's beam, drafters/dynamic_tree.py) feeds them as they are, and the target pass of
+        its tree takes the same paths (engine/tree_round.py). Graphs as ``append_tree``: the exact width T when
+        ``warm_up_tree(..., exact=True)`` captured (rows, T, P, N - T), else the bucket's width with padding nodes
+        (children of the root). -> logits [B, T, V]; lengths advance by T."""
+        cache = self._need_cache()
+        if tokens.dim() != 2 or tokens.shape[0] != cache.batch_size:
+            raise ValueError(f"append_tree_paths: tokens must be [B={cache.batch_size}, T], got "
+                             f"{tuple(tokens.shape)}")
+        B, T = tokens.shape
+        if depth.shape != (B, T) or path.dim() != 3 or path.shape[:2] != (B, T):
+            raise ValueError(f"append_tree_paths: depth must be [B, T] = {(B, T)} and path [B, T, P], got "
+                             f"{tuple(depth.shape)}, {tuple(path.shape)}")
+        if not 1 <= T <= tree_size or tree_size > trees.MAX_TREE_TOKENS:
+            raise ValueError(f"append_tree_paths: a pass appends 1..N nodes of an N-node tree (N <= "
+                             f"{trees.MAX_TREE_TOKENS}), got T = {T}, N = {tree_size}")
+        rows = self.graph_rows(B) if self.use_graphs else B
+        P, offset, width = path.shape[2], tree_size - T, T
+        if self.use_graphs and ("tree", rows, T, P, offset) not in self._graphs:
+            width = trees.tree_width(T)
+        dev = tokens.device
+        depth, path = depth.to(dev, torch.long), path.to(dev, torch.long)
+        if width > T:   # padding nodes, as append_tree's: children of the root at node offsets N, N + 1, ...
+            pad, wide = width - T, max(P, width)            # tree_layout's path width at this token count
+            path = torch.cat([path, path[:, :, -1:].expand(B, T, wide - P)], dim=2)
+            own = torch.arange(tree_size, tree_size + pad, device=dev)[None, :, None].expand(B, pad, wide - 1)
+            path = torch.cat([path, torch.cat([torch.zeros(B, pad, 1, dtype=torch.long, device=dev), own], 2)], 1)
+            depth = torch.cat([depth, torch.ones(B, pad, dtype=torch.long, device=dev)], dim=1)
+            tokens = torch.cat([tokens, tokens[:, -1:].expand(B, pad)], dim=1)
+            P = wide
+        self._check_room(cache, T)
+        inputs = torch.cat([tokens.to(torch.long), depth, path.reshape(B, -1)], dim=1)   # [B, width * (2 + P)]
+        return self._run_tree(to_device(inputs, self.device), rows, width, P, offset, T)
+
+    def _run_tree(self, inputs: Tensor, rows: int, width: int, P: int, offset: int, T: int) -> Tensor:
+        """The tree pass of ``inputs`` (``TreeLayout.packed``'s [B, width * (2 + P)], its last width - T tokens
+        padding) through its graph or eagerly -> the T real tokens' logits [B, T, V]; lengths advance by T."""
+        cache = self.cache
+        program = lambda static: (self._tree_step(static, width, offset),)  # noqa: E731
         if self.use_graphs:
-            (logits,) = self._graphs.replay(self._tree_key(rows, layout), program, inputs, rows)
+            (logits,) = self._graphs.replay(("tree", rows, width, P, offset), program, inputs, rows)
             logits = logits[:cache.batch_size, :T].clone()
             if width > T:
                 cache.lengths.sub_(width - T)   # the graph advanced every live row by width

@@ -43,8 +43,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-k", default="auto", help="drafts per round: an integer >= 1, or auto: each round, each "
                    "request's k in [0, --k-max] with the most expected tokens/s for its own acceptance")
     p.add_argument("--k-max", type=int, default=8, help="the largest k that -k auto considers")
-    p.add_argument("--tree", default=None, metavar="W1,W2,...|auto", help="draft trees instead of chains: children "
-                   "per node at each depth, e.g. 4,2,2,1 (at most 63 nodes), replacing -k; or auto (with -k auto): "
+    p.add_argument("--tree", default=None, metavar="W1,W2,...|dyn:D,K,N|auto", help="draft trees instead of chains: "
+                   "children per node at each depth, e.g. 4,2,2,1 (at most 63 nodes), replacing -k; or dyn:D,K,N "
+                   "(--draft / --draft-self): a dynamic tree D deep, each node's top K children, the N of highest "
+                   "cumulative draft probability kept per depth; or auto (with -k auto): "
                    "each round plain decoding, a chain of up to --k-max drafts or one of a few trees, whichever the "
                    "cost table predicts the most tokens/s for (trees for all-greedy batches only)")
     p.add_argument("--cost-table", default=None, help="-k auto: JSON cost table to load, or to write after "
@@ -161,7 +163,8 @@ def check_args(args) -> None:
             args.tree = parse_tree_flag(
                 args.tree, head=getattr(args, "draft_head", None) is not None,
                 has_drafter=bool(args.draft_lookup or args.draft or args.draft_self is not None),
-                chain_drafter="the oracle drafter of the server (SuccessorOracle)" if oracle else None)
+                chain_drafter="the oracle drafter of the server (SuccessorOracle)" if oracle else None,
+                lookup=bool(args.draft_lookup))
         except ValueError as e:
             _die(str(e))
         if args.tree == "auto" and args.k != "auto":

@@ -12,6 +12,7 @@ import time
 from fastapi import FastAPI
 
 from ..engine import Scheduler, SchedulerConfig
+from ..drafters.dynamic_tree import DynamicTree
 from ..engine.guards import check_tree
 from ..engine.scheduler import tree_nodes
 from ..engine.auto_k import AUTO_TREES, AutoK, CostTable, default_batch_sizes, measure_costs
@@ -97,6 +98,11 @@ def cost_table(args, target, drafter, k_max: int, trees: tuple = ()) -> CostTabl
     return table
 
 
+def _tree_name(tree) -> str:
+    """A tree as the log names it: its widths as a list, a dynamic tree as its spelling (dyn:D,K,N)."""
+    return str(tree) if isinstance(tree, DynamicTree) else str(list(tree))
+
+
 def assemble(target, drafter, args) -> tuple[EngineLoop, FastAPI]:
     """The engine thread (not started) and the app over a loaded target and drafter; ``args``: verispec serve's
     settings (``cli.add_arguments``)."""
@@ -136,8 +142,8 @@ def assemble(target, drafter, args) -> tuple[EngineLoop, FastAPI]:
     warmed: dict[str, int] = {}       # what warm-up left captured / compiled: the stop log reports what came after
     engine = EngineLoop(make_scheduler, metrics)
     served = ServedModel(name, target.tokenizer, target.config.vocab_size, args.max_seq_len, k + 1)
-    _log(f"{name}: drafter {type(drafter).__name__ if drafter else 'none'}, "
-         f"{'tree=auto' if tree_auto else f'tree={list(tree)}' if tree else 'k=' + ('auto' if policy else str(k))}, "
+    shape = 'tree=auto' if tree_auto else f'tree={_tree_name(tree)}' if tree else 'k=' + ('auto' if policy else str(k))
+    _log(f"{name}: drafter {type(drafter).__name__ if drafter else 'none'}, {shape}, "
          f"max batch {args.max_batch_size}, max_seq_len {args.max_seq_len}")
     if os.environ.get(STEP_TRACE_ENV):
         engine.trace = []
