@@ -54,12 +54,10 @@ def serve_args(argv: list[str]):
     return args
 
 
-def build(argv: list[str], eos_bias: float = -30.0):
-    """(engine, app, target) of a fake-model server with ``verispec serve`` options ``argv``."""
+def load(args, eos_bias: float = -30.0):
+    """(target, drafter): the fake model and the drafter ``args`` name (``--engine-process``: run in the child)."""
     from verispec.drafters import PromptLookup, SelfSpeculative
-    from verispec.serve.server import assemble
 
-    args = serve_args(argv)
     target = PacedFake(seed=0, eos_bias=eos_bias)
     target.pass_s = args.pass_s
     drafter = None
@@ -69,6 +67,22 @@ def build(argv: list[str], eos_bias: float = -30.0):
         drafter = SelfSpeculative(layers=args.draft_self)      # the fake model's first layers
     if drafter is not None:
         drafter.attach(target)
+    return target, drafter
+
+
+def build(argv: list[str], eos_bias: float = -30.0):
+    """(engine, app, target) of a fake-model server with ``verispec serve`` options ``argv`` (with
+    ``--engine-process``: the engine's proxy, and no target here: the child has it)."""
+    from verispec.serve.server import assemble
+
+    args = serve_args(argv)
+    if args.engine_process:
+        from verispec.serve.engine_process import assemble_process
+
+        assert eos_bias == -30.0, "--engine-process: the child loads the fake with load()'s default eos_bias"
+        engine, app = assemble_process(load, args)
+        return engine, app, None, args
+    target, drafter = load(args, eos_bias)
     engine, app = assemble(target, drafter, args)
     return engine, app, target, args
 
@@ -110,6 +124,7 @@ def main() -> int:
     args = serve_args(sys.argv[1:])
     engine, app, _, _ = build(sys.argv[1:])
     if args.die_at_step is not None:
+        assert not args.engine_process, "--die-at-step injects into an engine thread of this process"
         sched, steps = engine.scheduler, [0]
         step = sched.step
 
