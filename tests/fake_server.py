@@ -49,6 +49,7 @@ def serve_args(argv: list[str]):
     add_arguments(parser)
     parser.add_argument("--pass-s", type=float, default=0.0)
     parser.add_argument("--die-at-step", type=int, default=None)
+    parser.add_argument("--fail-load", default=None, help="load() raises ValueError(this): a failed startup")
     args = parser.parse_args(["--served-model-name", NAME, "--device", "cpu", *argv])
     check_args(args)
     return args
@@ -58,6 +59,8 @@ def load(args, eos_bias: float = -30.0):
     """(target, drafter): the fake model and the drafter ``args`` name (``--engine-process``: run in the child)."""
     from verispec.drafters import PromptLookup, SelfSpeculative
 
+    if args.fail_load:
+        raise ValueError(args.fail_load)
     target = PacedFake(seed=0, eos_bias=eos_bias)
     target.pass_s = args.pass_s
     drafter = None

@@ -103,6 +103,18 @@ def _engine_pid(server_pid: int) -> int:
     raise AssertionError(f"no engine process among the server's children {pids}")
 
 
+@pytest.fixture(scope="module")
+def fake():
+    """One fake-model server for the tests below (starting one costs two interpreters' imports); the last test
+    kills its engine process."""
+    proc, base = _fake_server("-k", "3", "--draft-lookup", "--max-batch-size", "1", "--max-seq-len", "2048",
+                              "--pass-s", "0.005")
+    try:
+        yield proc, base
+    finally:
+        _stop(proc)
+
+
 # ------------------------------------------------------------------------------------------ exactness
 def test_embedded_chat_streamed_and_whole_equals_plain_greedy():
     import torch
@@ -142,75 +154,73 @@ def test_embedded_chat_streamed_and_whole_equals_plain_greedy():
     assert proc.returncode == 0, proc.stdout.read()
 
 
-def test_fake_model_greedy_equals_the_reference():
-    proc, base = _fake_server("-k", "3", "--draft-lookup", "--max-batch-size", "4")
-    try:
-        ref = greedy_reference(FakeModel(seed=0, eos_bias=-30.0), [1, 2, 3, 1, 2], 24)
-        status, out = _call(base, "/v1/completions", _completion([1, 2, 3, 1, 2], 24))
-        assert status == 200 and out["choices"][0]["token_ids"] == ref
-        assert fake_server.metrics(base)['verispec_requests_total{finish_reason="length"}'] == 1
-    finally:
-        _stop(proc)
-    assert proc.returncode == 0, proc.stdout.read()
+def test_fake_model_greedy_equals_the_reference(fake):
+    _, base = fake
+    ref = greedy_reference(FakeModel(seed=0, eos_bias=-30.0), [1, 2, 3, 1, 2], 24)
+    status, out = _call(base, "/v1/completions", _completion([1, 2, 3, 1, 2], 24))
+    assert status == 200 and out["choices"][0]["token_ids"] == ref
+    assert fake_server.metrics(base)['verispec_requests_total{finish_reason="length"}'] == 1
 
 
 # ------------------------------------------------------------------------------------------ cancellation
-def test_a_client_that_disconnects_frees_its_slot():
-    """One slot; a long request holds it (>= 5 ms a pass, 2000 tokens: >= 10 s), a short one waits. The long one's
-    client closes its socket: the engine process cancels it, so the short one starts at once."""
-    proc, base = _fake_server("--max-batch-size", "1", "--max-seq-len", "2048", "--pass-s", "0.005")
-    try:
-        body = json.dumps(_completion([1, 2, 3], 2000)).encode()
-        sock = socket.create_connection(("127.0.0.1", int(base.rsplit(":", 1)[1])), timeout=10)
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n" % len(body) + body)
-        _until(lambda: _running(base) == 1, 10, "the long request runs")
-        answer = {}
-        waiter = threading.Thread(target=lambda: answer.update(r=_call(base, "/v1/completions",
-                                                                       _completion([4, 5, 6], 8))), daemon=True)
-        waiter.start()
-        sock.close()
-        waiter.join(8)
-        assert not waiter.is_alive(), "the short request still waits: the long one kept its slot"
-        status, out = answer["r"]
-        assert status == 200 and len(out["choices"][0]["token_ids"]) == 8
-        _until(lambda: fake_server.metrics(base).get('verispec_requests_total{finish_reason="cancelled"}') == 1, 5,
-               "the long request is counted as cancelled")
-    finally:
-        _stop(proc)
+def test_a_client_that_disconnects_frees_its_slot(fake):
+    """One slot; a long request holds it (>= 5 ms a pass, 2000 tokens: >= 10 s / (k + 1)), a short one waits. The
+    long one's client closes its socket: the engine process cancels it, so the short one starts at once."""
+    _, base = fake
+    body = json.dumps(_completion([1, 2, 3], 2000)).encode()
+    sock = socket.create_connection(("127.0.0.1", int(base.rsplit(":", 1)[1])), timeout=10)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    _until(lambda: _running(base) == 1, 10, "the long request runs")
+    answer = {}
+    waiter = threading.Thread(target=lambda: answer.update(r=_call(base, "/v1/completions",
+                                                                   _completion([4, 5, 6], 8))), daemon=True)
+    waiter.start()
+    sock.close()
+    waiter.join(8)
+    assert not waiter.is_alive(), "the short request still waits: the long one kept its slot"
+    status, out = answer["r"]
+    assert status == 200 and len(out["choices"][0]["token_ids"]) == 8
+    _until(lambda: fake_server.metrics(base).get('verispec_requests_total{finish_reason="cancelled"}') == 1, 5,
+           "the long request is counted as cancelled")
 
 
 # ------------------------------------------------------------------------------------------ faults
-def test_a_killed_engine_process_fails_the_request_and_the_server_exits_1():
-    proc, base = _fake_server("--max-batch-size", "2", "--pass-s", "0.005")
-    try:
-        answer = {}
-        request = threading.Thread(target=lambda: answer.update(r=_call(base, "/v1/completions",
-                                                                        _completion([1, 2, 3], 1500))), daemon=True)
-        request.start()
-        _until(lambda: _running(base) == 1, 10, "the request runs")
-        health: list = []
+def test_a_killed_engine_process_fails_the_request_and_the_server_exits_1(fake):
+    proc, base = fake
+    answer = {}
+    request = threading.Thread(target=lambda: answer.update(r=_call(base, "/v1/completions",
+                                                                    _completion([1, 2, 3], 2000))), daemon=True)
+    request.start()
+    _until(lambda: _running(base) == 1, 10, "the request runs")
+    health: list = []
 
-        def watch_health():
-            while proc.poll() is None:
-                try:
-                    health.append(_call(base, "/health", timeout=2)[0])
-                except OSError:
-                    pass
-                time.sleep(0.02)
+    def watch_health():
+        while proc.poll() is None:
+            try:
+                health.append(_call(base, "/health", timeout=2)[0])
+            except OSError:
+                pass
+            time.sleep(0.02)
 
-        watcher = threading.Thread(target=watch_health, daemon=True)
-        os.kill(_engine_pid(proc.pid), signal.SIGKILL)
-        watcher.start()
-        request.join(10)
-        assert not request.is_alive(), "the request in flight was not failed within 10 s"
-        status, err = answer["r"]
-        assert status == 500 and "killed by SIGKILL" in err["error"]["message"], err
-        assert proc.wait(30) == 1
-        watcher.join(5)
-        assert 503 in health, health
-        assert "the engine died" in proc.stdout.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    watcher = threading.Thread(target=watch_health, daemon=True)
+    os.kill(_engine_pid(proc.pid), signal.SIGKILL)
+    watcher.start()
+    request.join(10)
+    assert not request.is_alive(), "the request in flight was not failed within 10 s"
+    status, err = answer["r"]
+    assert status == 500 and "killed by SIGKILL" in err["error"]["message"], err
+    assert proc.wait(30) == 1
+    watcher.join(5)
+    assert 503 in health, health
+    assert "the engine died" in proc.stdout.read()
+
+
+def test_a_failed_start_is_one_line():
+    """The child's load raises: the HTTP process gets its message as one line, and no child is left behind."""
+    from verispec.serve.engine_process import EngineProcess, EngineStartFailed
+    from verispec.serve.metrics import Metrics
+
+    args = fake_server.serve_args(["--port", str(free_port()), "--fail-load", "injected: no weights at /nowhere"])
+    with pytest.raises(EngineStartFailed, match=r"^injected: no weights at /nowhere$"):
+        EngineProcess(fake_server.load, args, Metrics(NAME))
