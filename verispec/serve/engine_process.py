@@ -383,9 +383,10 @@ class _ChildLoop(EngineLoop):
 def _child_main(load: Callable, args, conn, stall_s: float) -> None:
     """The engine process: load, warm up, report ready, then apply the HTTP process's commands until told to stop
     (exit 0), the engine dies (exit 1) or the pipe closes (the HTTP process is gone: stop, exit 0)."""
-    from .server import _log, build_engine, report_stop
+    from .server import GIL_SWITCH_S, _log, build_engine, report_stop
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.setswitchinterval(GIL_SWITCH_S)     # the command loop's thread must not hold the engine thread back either
     send_lock = threading.Lock()
 
     def send(message: tuple) -> None:
