@@ -6,6 +6,7 @@ in flight, turns /health 503 and makes the server exit 1, each within a bound.""
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import socket
@@ -224,3 +225,4 @@ def test_a_failed_start_is_one_line():
     args = fake_server.serve_args(["--port", str(free_port()), "--fail-load", "injected: no weights at /nowhere"])
     with pytest.raises(EngineStartFailed, match=r"^injected: no weights at /nowhere$"):
         EngineProcess(fake_server.load, args, Metrics(NAME))
+    assert not [p for p in multiprocessing.active_children() if p.name == "verispec-engine"]

@@ -35,7 +35,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from concurrent.futures import Future
 from typing import Callable
 

@@ -152,6 +152,7 @@ def build_engine(target, drafter, args, metrics, loop_class: type[EngineLoop] = 
          f"max batch {args.max_batch_size}, max_seq_len {args.max_seq_len}")
     if os.environ.get(STEP_TRACE_ENV):
         engine.trace = []
+
     def after_warm_up() -> tuple[int, list[str]]:
         return (_graph_captures(target, drafter) - warmed["graphs"],
                 _kernel_names(_triton_kernels() - warmed["kernels"]))
