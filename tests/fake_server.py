@@ -5,7 +5,8 @@ In-process: ``running(...)`` starts uvicorn on a thread and yields a ``Served`` 
 As a process: ``python tests/fake_server.py --port N [verispec serve options] [--pass-s S] [--die-at-step S]``
 (drafters: ``--draft-lookup``, ``--draft-self L``)
 runs ``verispec.serve.server.serve`` as ``verispec serve`` does; ``--die-at-step S``: the S-th step raises and
-no fresh scheduler can be built, so the engine dies (the process must exit 1).
+no fresh scheduler can be built, so the engine dies (the process must exit 1). ``--engine-process``: the fake model
+and its engine in a child process (``load`` runs there); ``--fail-load MESSAGE``: ``load`` raises ValueError(MESSAGE).
 """
 from __future__ import annotations
 

@@ -187,13 +187,26 @@ def test_a_client_that_disconnects_frees_its_slot(fake):
 
 
 # ------------------------------------------------------------------------------------------ faults
-def test_a_killed_engine_process_fails_the_request_and_the_server_exits_1(fake):
+def _stream(base, body) -> str:
+    """A streamed completion's whole SSE body."""
+    req = urllib.request.Request(base + "/v1/completions", data=json.dumps({**body, "stream": True}).encode(),
+                                 method="POST", headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return r.read().decode()
+
+
+def test_a_killed_engine_process_fails_the_requests_and_the_server_exits_1(fake):
+    """One request runs (the one slot), a streamed one waits behind it; the engine process is killed: both end with
+    the reason (500; the stream's error chunk, then [DONE]), /health says 503 while the port drains, exit 1."""
     proc, base = fake
     answer = {}
     request = threading.Thread(target=lambda: answer.update(r=_call(base, "/v1/completions",
                                                                     _completion([1, 2, 3], 2000))), daemon=True)
     request.start()
     _until(lambda: _running(base) == 1, 10, "the request runs")
+    streamed = threading.Thread(target=lambda: answer.update(s=_stream(base, _completion([4, 5, 6], 8))), daemon=True)
+    streamed.start()
+    _until(lambda: fake_server.metrics(base)["verispec_num_requests_waiting"] == 1, 10, "the streamed request waits")
     health: list = []
 
     def watch_health():
@@ -211,6 +224,10 @@ def test_a_killed_engine_process_fails_the_request_and_the_server_exits_1(fake):
     assert not request.is_alive(), "the request in flight was not failed within 10 s"
     status, err = answer["r"]
     assert status == 500 and "killed by SIGKILL" in err["error"]["message"], err
+    streamed.join(10)
+    assert not streamed.is_alive(), "the waiting stream was not ended within 10 s"
+    events = [e[len("data: "):] for e in answer["s"].split("\n\n") if e.startswith("data: ")]
+    assert events[-1] == "[DONE]" and "killed by SIGKILL" in json.loads(events[-2])["error"]["message"], events
     assert proc.wait(30) == 1
     watcher.join(5)
     assert 503 in health, health
