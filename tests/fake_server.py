@@ -6,7 +6,8 @@ As a process: ``python tests/fake_server.py --port N [verispec serve options] [-
 (drafters: ``--draft-lookup``, ``--draft-self L``)
 runs ``verispec.serve.server.serve`` as ``verispec serve`` does; ``--die-at-step S``: the S-th step raises and
 no fresh scheduler can be built, so the engine dies (the process must exit 1). ``--engine-process``: the fake model
-and its engine in a child process (``load`` runs there); ``--fail-load MESSAGE``: ``load`` raises ValueError(MESSAGE).
+and its engine in a child process (``load`` runs there, and injects ``--die-at-step`` there); ``--fail-load
+MESSAGE``: ``load`` raises ValueError(MESSAGE).
 """
 from __future__ import annotations
 
@@ -62,6 +63,8 @@ def load(args, eos_bias: float = -30.0):
 
     if args.fail_load:
         raise ValueError(args.fail_load)
+    if args.engine_process and args.die_at_step is not None:
+        _die_at_step(args.die_at_step)
     target = PacedFake(seed=0, eos_bias=eos_bias)
     target.pass_s = args.pass_s
     drafter = None
@@ -72,6 +75,27 @@ def load(args, eos_bias: float = -30.0):
     if drafter is not None:
         drafter.attach(target)
     return target, drafter
+
+
+def _die_at_step(n: int) -> None:
+    """In this process (the engine process, where ``load`` runs): the n-th step of any Scheduler raises, and no
+    Scheduler can be built after it, so the engine dies (as ``main`` injects it into an engine thread)."""
+    from verispec.engine import Scheduler
+
+    step, init, steps = Scheduler.step, Scheduler.__init__, [0]
+
+    def dying_step(self):
+        steps[0] += 1
+        if steps[0] == n:
+            raise RuntimeError("injected: the device fell off the bus")
+        return step(self)
+
+    def no_scheduler(self, *args, **kwargs):
+        if steps[0] >= n:
+            raise RuntimeError("injected: the device is gone")
+        init(self, *args, **kwargs)
+
+    Scheduler.step, Scheduler.__init__ = dying_step, no_scheduler
 
 
 def build(argv: list[str], eos_bias: float = -30.0):
@@ -127,8 +151,7 @@ def main() -> int:
 
     args = serve_args(sys.argv[1:])
     engine, app, _, _ = build(sys.argv[1:])
-    if args.die_at_step is not None:
-        assert not args.engine_process, "--die-at-step injects into an engine thread of this process"
+    if args.die_at_step is not None and not args.engine_process:    # (with it, load() injects into the child)
         sched, steps = engine.scheduler, [0]
         step = sched.step
 

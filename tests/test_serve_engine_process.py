@@ -234,6 +234,21 @@ def test_a_killed_engine_process_fails_the_requests_and_the_server_exits_1(fake)
     assert "the engine died" in proc.stdout.read()
 
 
+def test_an_engine_that_dies_in_its_process_fails_the_request_and_the_server_exits_1():
+    """The child's own engine dies (a pass raises, then no fresh scheduler can be built): it says why before it
+    exits, and the HTTP process fails the request with that reason and exits 1."""
+    proc, base = _fake_server("--pass-s", "0.002", "--die-at-step", "10")
+    try:
+        status, err = _call(base, "/v1/completions", _completion([1, 2, 3], 500))
+        assert status == 500 and "the device fell off the bus" in err["error"]["message"], err
+        assert proc.wait(30) == 1
+        assert "the engine died" in proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_a_failed_start_is_one_line():
     """The child's load raises: the HTTP process gets its message as one line, and no child is left behind."""
     from verispec.serve.engine_process import EngineProcess, EngineStartFailed
