@@ -29,6 +29,7 @@ waits for the child's warm-up while the child lives; a failure there is one line
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing
 import os
@@ -38,7 +39,7 @@ import threading
 from concurrent.futures import Future
 from typing import Callable
 
-from ..engine import QueueFull, Request, Sequence, Stats
+from ..engine import QueueFull, Sequence, Stats
 from .engine import EngineLoop, EngineUnavailable, Handle, _deliver_soon
 
 log = logging.getLogger(__name__)
@@ -146,12 +147,12 @@ class EngineProcess:
                 fut.set_exception(EngineUnavailable(f"the engine stopped: {self.fatal}"))
                 return fut
             self.pending[request.id] = (handle, fut)
-        wire = Request(request.prompt, request.max_new_tokens, request.temperature, request.top_k, request.top_p,
-                       request.seed, tuple(request.stop), None, request.id, request.submitted_at)
-        if not self._send(("submit", wire)):
-            with self.lock:
-                self.pending.pop(request.id, None)
-            if not fut.done():
+        # the child gets the request without its callback (a callable of this process); its id and arrival time go
+        # with it: the events name the request by id, and the child's queue time counts from the arrival here
+        if not self._send(("submit", dataclasses.replace(request, on_tokens=None))):
+            with self.lock:         # whoever takes it out of ``pending`` answers it (here, or the death's sweep)
+                mine = self.pending.pop(request.id, None) is not None
+            if mine:
                 fut.set_exception(EngineUnavailable("the engine process is gone"))
         return fut
 
