@@ -546,6 +546,7 @@ def sweep(args) -> None:
         os.sched_setaffinity(0, {args.server_cpu})        # the in-process runs share the server's core
     torch.set_num_threads(1)
     t0 = time.perf_counter()
+    load_before = os.getloadavg()
     rows, profiles = [], []
     for i, c in enumerate(args.concurrency):
         engine_rates, engine_overshoot, engine_cpu, engine_wall = in_process_runs(c, args)
@@ -565,7 +566,9 @@ def sweep(args) -> None:
                   else "") + (f" --queued {args.queued}" if args.queued else "")
                + (" --engine-process" if args.engine_process else "") + (f" --compare DIR --compare-label {args.compare_label!r}" if args.compare else ""))
     lines = ["# `verispec serve`'s own cost: HTTP vs in-process on a sleeping model (CPU)", "",
-             environment_line(environment()), f"CPUs: {os.cpu_count()} (shared with other work: a relative measure)",
+             environment_line(environment()), f"CPUs: {os.cpu_count()} (shared with other work: a relative measure); "
+             f"load average (1, 5, 15 min) at the start {', '.join(f'{x:.2f}' for x in load_before)}, at the end "
+             f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}",
              "", f"Command: `{command}` ({time.perf_counter() - t0:.0f} s in all). `SleepingModel`: each pass takes "
              f"{args.pass_s * 1e3:.0f} ms, asynchronously like a GPU's (the round's host read sleeps until it is "
              "done, the GIL released), logits one-hot on a fixed "

@@ -319,7 +319,7 @@ def _exit(process) -> str:
     return f"exit code {code}"
 
 
-def assemble_process(load: Callable, args, loop_class: str | None = None):
+def assemble_process(load: Callable, args):
     """(the ``EngineProcess``, started child and warmed up; the app over it), the ``--engine-process`` form of
     ``server.assemble``. ``load(args) -> (target, drafter)`` runs in the child."""
     from .app import ServedModel, build_app
