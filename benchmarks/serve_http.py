@@ -100,6 +100,8 @@ def in_process(args) -> dict:
     limits = [j.max_tokens for j in jobs]
     rows = {}
     for name, drafter, k in (("plain", None, 0), ("lookup k=4", PromptLookup, 4)):
+        if args.configs and name not in args.configs:
+            continue
         for _ in range(2):   # the second run is the warm one
             run = run_engine(model, drafter() if drafter else None, prompts, k=k, max_new_tokens=limits,
                              arrivals=[0.0] * len(prompts), max_batch=args.concurrency)
@@ -128,6 +130,8 @@ def in_process_oracle(args) -> dict:
     table_path = Path(args.out) / "cost_table.json"
     rows = {}
     for name, k in (("AR", 0), ("K=2", 2), ("K=4", 4), ("k=auto", 8)):
+        if args.configs and name not in args.configs:
+            continue
         policy = None
         if name == "k=auto":
             if not table_path.exists():
@@ -170,24 +174,38 @@ def main(argv=None) -> None:
                     "(the server --concurrency rows): a queue refills a row the moment one ends, as in the in-process "
                     "run (all at once); with 0 each row waits a client turnaround per request")
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--configs", default=None, help="comma-separated configurations to serve (default: all; e.g. AR)")
+    ap.add_argument("--engine-process", action="store_true", help="also serve each configuration with "
+                    "`verispec serve --engine-process` (the engine in its own process), named '<config> engine-process'")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/serve_http"))
     ap.add_argument("--write", action="store_true", help="also write benchmarks/results/serve_http.md")
     args = ap.parse_args(argv)
     args.rates = args.rates.split(",")
+    args.configs = args.configs.split(",") if args.configs else None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     configs = oracle_configs(args) if args.oracle is not None else CONFIGS
+    if args.configs:
+        unknown = sorted(set(args.configs) - set(configs))
+        if unknown:
+            ap.error(f"--configs: no configuration {unknown} (there are {list(configs)})")
+        configs = {name: extra for name, extra in configs.items() if name in args.configs}
+    if args.engine_process:
+        configs = {**configs, **{f"{name} engine-process": extra + ["--engine-process"]
+                                 for name, extra in configs.items()}}
     # the auto server first: it measures the cost table that the in-process k=auto reads
     order = sorted(configs.items(), key=lambda kv: kv[0] != "k=auto")
     results = [r for i, (name, extra) in enumerate(order) for r in run_config(name, extra, args, 8100 + i, out)]
     results.sort(key=lambda r: (list(configs).index(r["config"]), args.rates.index(r["rate"])))
     engine = in_process_oracle(args) if args.oracle is not None else in_process(args)
-    name = "serve_http_8b" if args.oracle is not None else "serve_http"
+    name = ("serve_http_8b" if args.oracle is not None else "serve_http") + ("_engine_process" if args.engine_process else "")
     model = Path(args.model).name if os.path.exists(args.model) else args.model
     command = (f"python benchmarks/serve_http.py --model {model} --num-prompts {args.num_prompts} --concurrency "
                f"{args.concurrency} --max-tokens {args.max_tokens} --input-len {args.input_len} --rates "
-               f"{','.join(args.rates)}" + (f" --queued {args.queued}" if args.queued else "") + (f" --tokenizer {Path(args.tokenizer).name} --oracle {args.oracle} "
+               f"{','.join(args.rates)}" + (f" --queued {args.queued}" if args.queued else "")
+               + (f" --configs {','.join(args.configs)}" if args.configs else "")
+               + (" --engine-process" if args.engine_process else "") + (f" --tokenizer {Path(args.tokenizer).name} --oracle {args.oracle} "
                                             f"--oracle-draft-cost {args.oracle_draft_cost}" if args.oracle is not None
                                             else ""))
     lines = ["# `verispec serve` through HTTP vs in-process", "", environment_line(environment()), "",

@@ -26,7 +26,9 @@ the CPU time of the engine thread and of the event loop's thread (``/proc``), ho
 GIL back after the pass (the wait behind the event loop), and its mean running rows; and a sampled profile of
 each thread (``Sampler``; ``serve --cprofile PREFIX`` writes cProfile tables instead). ``--server-cpu 0
 --client-cpu 1`` pins the server and the in-process runs to one CPU and the client to the other (this machine
-has 2 cores shared with other work: the numbers are a relative measure).
+has 2 cores shared with other work: the numbers are a relative measure). ``--engine-process`` adds a server
+running `verispec serve --engine-process` (the engine in a child process, with a GIL of its own; its child is
+pinned with it under ``--server-cpu``, so leave pinning off to let the two processes use two cores).
 """
 from __future__ import annotations
 
@@ -269,6 +271,8 @@ def serve_main(argv: list[str]) -> int:
     args = parser.parse_args(["--served-model-name", NAME, "--device", "cpu", *argv])
     check_args(args)
     torch.set_num_threads(1)
+    if args.engine_process:
+        return _serve_engine_process(args)
     target = SleepingModel(load_tokenizer(), args.pass_s)
     engine, app = serve_module.assemble(target, None, args)
     sampler_box: list = []
@@ -281,6 +285,63 @@ def serve_main(argv: list[str]) -> int:
             code = serve_module.serve(engine, app, args)
     if args.profile:
         _write_profile(args.profile, engine, target, sampler_box)
+    return code
+
+
+def load_sleeper(args):
+    """(SleepingModel, no drafter) with its device waits installed for good: ``--engine-process``'s loader, run in
+    the engine process. With ``--profile FILE`` the engine process writes FILE.engine.json as it exits: its passes,
+    how late their waits returned, and its CPU seconds (all its threads) after loading."""
+    from multiprocessing.util import Finalize
+
+    from verispec.runtime.loading import load_tokenizer
+
+    torch.set_num_threads(1)
+    target = SleepingModel(load_tokenizer(), args.pass_s)
+    target.waits = device_waits(target)      # held: a collected context manager would undo its patch
+    target.waits.__enter__()
+    if args.profile:
+        base = time.process_time()
+
+        def write() -> None:
+            Path(args.profile + ".engine.json").write_text(json.dumps(
+                {"passes": target.passes, "overshoot_s": target.overshoot_s, "cpu_s": time.process_time() - base}))
+
+        Finalize(None, write, exitpriority=10)     # multiprocessing's children skip atexit
+    return target, None
+
+
+def _serve_engine_process(args) -> int:
+    """``serve --engine-process``: the engine in its own process (``load_sleeper``); the profile samples this
+    process's event loop and its reader thread, and takes the engine's side from FILE.engine.json."""
+    from verispec.serve import server as serve_module
+    from verispec.serve.engine_process import assemble_process
+
+    engine, app = assemble_process(load_sleeper, args)
+    box: list = []
+    if args.profile:
+        def begin() -> None:
+            main = threading.main_thread()
+            sampler = Sampler({"event loop": main.ident, "reader": engine.reader.ident},
+                              {"event loop": main.native_id, "reader": engine.reader.native_id})
+            box.append(sampler)
+            sampler.thread.start()
+
+        engine.start = _started(engine.start, begin)
+    code = serve_module.serve(engine, app, args)
+    if args.profile:
+        sampler = box[0]
+        sampler.stopped.set()
+        samples = sampler.report()
+        child = json.loads(Path(args.profile + ".engine.json").read_text())
+        metrics = engine.metrics
+        report = {"step_s": metrics.rounds._sum.get(), "rounds": metrics.rounds._count.get(),
+                  "tokens": metrics.generation_tokens._value.get(), "passes": child["passes"],
+                  "overshoot_s": child["overshoot_s"],
+                  "cpu_s": {"engine": child["cpu_s"],
+                            "event loop": sampler.cpu_s["event loop"] + sampler.cpu_s["reader"]},
+                  "samples": samples}
+        Path(args.profile).write_text(json.dumps(report, indent=1))
     return code
 
 
@@ -411,16 +472,18 @@ def http_runs(concurrency: int, args, out: Path, port: int) -> dict[str, tuple[l
     """One server per tree (this one: "this tree"; ``--compare DIR``: also DIR's verispec) at ``concurrency`` rows,
     all started first, then driven in turn, ``args.repeats`` times each (interleaved, so that a change in the
     machine's load falls on all alike) -> {server: (output tok/s per run, its profile)}."""
-    trees = {"this tree": None, **({f"{args.compare_label}": args.compare} if args.compare else {})}
+    trees = {"this tree": (None, []),
+             **({f"{args.compare_label}": (args.compare, [])} if args.compare else {}),
+             **({"this tree, --engine-process": (None, ["--engine-process"])} if args.engine_process else {})}
     servers = {}
     try:
-        for j, (label, tree) in enumerate(trees.items()):
+        for j, (label, (tree, extra)) in enumerate(trees.items()):
             env = {**os.environ, **({TREE_ENV: os.path.abspath(tree)} if tree else {})}
             name = f"c{concurrency}_{j}"
             proc = subprocess.Popen([*_pin(args.server_cpu), sys.executable, __file__, "serve", "--port",
                                      str(port + 10 * j), "--max-batch-size", str(concurrency), "--pass-s",
                                      str(args.pass_s), "--max-seq-len", "1024", "--log-level", "warning",
-                                     "--profile", str(out / f"profile_{name}.json")], env=env,
+                                     "--profile", str(out / f"profile_{name}.json"), *extra], env=env,
                                     stdout=subprocess.DEVNULL, stderr=open(out / f"server_{name}.log", "w"))
             servers[label] = (proc, port + 10 * j, out / f"profile_{name}.json", [])
         for label, (_, p, _, _) in servers.items():
@@ -483,6 +546,7 @@ def sweep(args) -> None:
         os.sched_setaffinity(0, {args.server_cpu})        # the in-process runs share the server's core
     torch.set_num_threads(1)
     t0 = time.perf_counter()
+    load_before = os.getloadavg()
     rows, profiles = [], []
     for i, c in enumerate(args.concurrency):
         engine_rates, engine_overshoot, engine_cpu, engine_wall = in_process_runs(c, args)
@@ -499,9 +563,12 @@ def sweep(args) -> None:
                f"--num-prompts {args.num_prompts} --max-tokens {args.max_tokens} --input-len {args.input_len} "
                f"--pass-s {args.pass_s} --repeats {args.repeats}"
                + (f" --server-cpu {args.server_cpu} --client-cpu {args.client_cpu}" if args.server_cpu is not None
-                  else "") + (f" --queued {args.queued}" if args.queued else "") + (f" --compare DIR --compare-label {args.compare_label!r}" if args.compare else ""))
+                  else "") + (f" --queued {args.queued}" if args.queued else "")
+               + (" --engine-process" if args.engine_process else "") + (f" --compare DIR --compare-label {args.compare_label!r}" if args.compare else ""))
     lines = ["# `verispec serve`'s own cost: HTTP vs in-process on a sleeping model (CPU)", "",
-             environment_line(environment()), f"CPUs: {os.cpu_count()} (shared with other work: a relative measure)",
+             environment_line(environment()), f"CPUs: {os.cpu_count()} (shared with other work: a relative measure); "
+             f"load average (1, 5, 15 min) at the start {', '.join(f'{x:.2f}' for x in load_before)}, at the end "
+             f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}",
              "", f"Command: `{command}` ({time.perf_counter() - t0:.0f} s in all). `SleepingModel`: each pass takes "
              f"{args.pass_s * 1e3:.0f} ms, asynchronously like a GPU's (the round's host read sleeps until it is "
              "done, the GIL released), logits one-hot on a fixed "
@@ -513,7 +580,11 @@ def sweep(args) -> None:
              "Per round: wall ms in-process (the run's time / rounds) and of the server's steps that ran a round (the "
              "`verispec_round_seconds` summary); CPU ms of the engine in-process; in the server, of the engine thread and of the event loop's thread; GIL wait: how late the host read's "
              "wait for the pass returned (mean per pass; in-process beside it); tokens/round: the server's mean running "
-             "rows (C at most; in-process nearly C).", ""]
+             "rows (C at most; in-process nearly C)."
+             + (" The --engine-process server (`verispec serve --engine-process`): its engine columns are the "
+                "engine process's (CPU: all its threads, after loading; GIL wait: its host reads' lateness), its "
+                "event loop CPU is the HTTP process's event loop plus the thread that reads the engine's events."
+                if args.engine_process else ""), ""]
     lines += markdown_table(["C", "server", "in-process tok/s", "HTTP tok/s", "HTTP / in-process", "in-process ms/round",
                              "server step ms/round", "in-process CPU ms/round",
                              "server: engine thread CPU ms/round",
@@ -522,7 +593,7 @@ def sweep(args) -> None:
     for c, label, prof in profiles:
         lines += ["", f"Where the busy samples went at C={c}, {label} (share of all samples of that thread, every "
                       f"{prof['samples']['interval_s'] * 1e3:.0f} ms):", ""]
-        for name in ("engine", "event loop"):
+        for name in prof["samples"]["where"]:
             lines.append(f"- {name}: " + _top(prof["samples"]["where"][name], args.top))
             lines.append(f"  - leaf functions: " + _top(prof["samples"]["leaf"][name], args.top))
     text = "\n".join(lines) + "\n"
@@ -552,6 +623,8 @@ def main(argv=None) -> None:
     ap.add_argument("--compare", default=None, metavar="DIR", help="also serve with the verispec package found in "
                     "DIR (e.g. `git worktree add DIR <commit>`), interleaved with this tree's server")
     ap.add_argument("--compare-label", default="compared", help="the --compare server's name in the table")
+    ap.add_argument("--engine-process", action="store_true", help="also serve with `--engine-process` (the engine "
+                    "in its own process), interleaved with the in-thread server")
     ap.add_argument("--client", choices=("raw", "openai"), default="raw",
                     help="raw: a minimal asyncio HTTP client (reads each stream whole: the least client work); "
                          "openai: `verispec bench serve` (the openai client, as benchmarks/serve_http.py)")

@@ -5,7 +5,9 @@ In-process: ``running(...)`` starts uvicorn on a thread and yields a ``Served`` 
 As a process: ``python tests/fake_server.py --port N [verispec serve options] [--pass-s S] [--die-at-step S]``
 (drafters: ``--draft-lookup``, ``--draft-self L``)
 runs ``verispec.serve.server.serve`` as ``verispec serve`` does; ``--die-at-step S``: the S-th step raises and
-no fresh scheduler can be built, so the engine dies (the process must exit 1).
+no fresh scheduler can be built, so the engine dies (the process must exit 1). ``--engine-process``: the fake model
+and its engine in a child process (``load`` runs there, and injects ``--die-at-step`` there); ``--fail-load
+MESSAGE``: ``load`` raises ValueError(MESSAGE).
 """
 from __future__ import annotations
 
@@ -49,17 +51,20 @@ def serve_args(argv: list[str]):
     add_arguments(parser)
     parser.add_argument("--pass-s", type=float, default=0.0)
     parser.add_argument("--die-at-step", type=int, default=None)
+    parser.add_argument("--fail-load", default=None, help="load() raises ValueError(this): a failed startup")
     args = parser.parse_args(["--served-model-name", NAME, "--device", "cpu", *argv])
     check_args(args)
     return args
 
 
-def build(argv: list[str], eos_bias: float = -30.0):
-    """(engine, app, target) of a fake-model server with ``verispec serve`` options ``argv``."""
+def load(args, eos_bias: float = -30.0):
+    """(target, drafter): the fake model and the drafter ``args`` name (``--engine-process``: run in the child)."""
     from verispec.drafters import PromptLookup, SelfSpeculative
-    from verispec.serve.server import assemble
 
-    args = serve_args(argv)
+    if args.fail_load:
+        raise ValueError(args.fail_load)
+    if args.engine_process and args.die_at_step is not None:
+        _die_at_step(args.die_at_step)
     target = PacedFake(seed=0, eos_bias=eos_bias)
     target.pass_s = args.pass_s
     drafter = None
@@ -69,6 +74,43 @@ def build(argv: list[str], eos_bias: float = -30.0):
         drafter = SelfSpeculative(layers=args.draft_self)      # the fake model's first layers
     if drafter is not None:
         drafter.attach(target)
+    return target, drafter
+
+
+def _die_at_step(n: int) -> None:
+    """In this process (the engine process, where ``load`` runs): the n-th step of any Scheduler raises, and no
+    Scheduler can be built after it, so the engine dies (as ``main`` injects it into an engine thread)."""
+    from verispec.engine import Scheduler
+
+    step, init, steps = Scheduler.step, Scheduler.__init__, [0]
+
+    def dying_step(self):
+        steps[0] += 1
+        if steps[0] == n:
+            raise RuntimeError("injected: the device fell off the bus")
+        return step(self)
+
+    def no_scheduler(self, *args, **kwargs):
+        if steps[0] >= n:
+            raise RuntimeError("injected: the device is gone")
+        init(self, *args, **kwargs)
+
+    Scheduler.step, Scheduler.__init__ = dying_step, no_scheduler
+
+
+def build(argv: list[str], eos_bias: float = -30.0):
+    """(engine, app, target) of a fake-model server with ``verispec serve`` options ``argv`` (with
+    ``--engine-process``: the engine's proxy, and no target here: the child has it)."""
+    from verispec.serve.server import assemble
+
+    args = serve_args(argv)
+    if args.engine_process:
+        from verispec.serve.engine_process import assemble_process
+
+        assert eos_bias == -30.0, "--engine-process: the child loads the fake with load()'s default eos_bias"
+        engine, app = assemble_process(load, args)
+        return engine, app, None, args
+    target, drafter = load(args, eos_bias)
     engine, app = assemble(target, drafter, args)
     return engine, app, target, args
 
@@ -109,7 +151,7 @@ def main() -> int:
 
     args = serve_args(sys.argv[1:])
     engine, app, _, _ = build(sys.argv[1:])
-    if args.die_at_step is not None:
+    if args.die_at_step is not None and not args.engine_process:    # (with it, load() injects into the child)
         sched, steps = engine.scheduler, [0]
         step = sched.step
 

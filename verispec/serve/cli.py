@@ -62,6 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16; None = bf16 on cuda, fp32 on cpu")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads; None = the physical cores that "
                    "other processes leave free")
+    p.add_argument("--engine-process", action="store_true", help="run the engine (model, scheduler) in a child "
+                   "process, the HTTP server in this one: the event loop's Python no longer shares a GIL with the "
+                   "engine's launches (docs/serving.md, \"The server's own cost\")")
     p.add_argument("--log-level", default="warning", help="uvicorn's log level")
 
 
@@ -178,6 +181,8 @@ def check_args(args) -> None:
     if args.draft_self is not None and args.draft_self < 1:
         _die(f"--draft-self must be >= 1 (layers), got {args.draft_self}")
     parse_oracle(args.draft)
+    if getattr(args, "engine_process", False) and args.ssd:
+        _die("--engine-process does not combine with --ssd (the draft rank is launched from the engine's process)")
     if args.ssd:
         if args.draft_self is None and (args.draft is None or parse_oracle(args.draft) is not None):
             _die("--ssd needs a draft model: --draft MODEL or --draft-self L")

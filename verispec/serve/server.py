@@ -106,6 +106,17 @@ def _tree_name(tree) -> str:
 def assemble(target, drafter, args) -> tuple[EngineLoop, FastAPI]:
     """The engine thread (not started) and the app over a loaded target and drafter; ``args``: verispec serve's
     settings (``cli.add_arguments``)."""
+    metrics = Metrics(served_name(args))
+    engine, served, after_warm_up = build_engine(target, drafter, args, metrics)
+    app = build_app(engine, served, metrics)
+    app.state.after_warm_up = after_warm_up
+    return engine, app
+
+
+def build_engine(target, drafter, args, metrics, loop_class: type[EngineLoop] = EngineLoop):
+    """The engine loop (a ``loop_class``, not started; its first scheduler built and warmed up) over a loaded target
+    and drafter -> (engine, the ``ServedModel`` its handlers need, ``after_warm_up() -> (graphs, [kernel names])``:
+    what was captured or compiled since the warm-up, for the stop log)."""
     limit = getattr(target.config, "max_position_embeddings", None)
     if limit is not None and args.max_seq_len > limit:
         raise ValueError(f"--max-seq-len {args.max_seq_len} exceeds the model's max_position_embeddings {limit}")
@@ -127,7 +138,7 @@ def assemble(target, drafter, args) -> tuple[EngineLoop, FastAPI]:
         chain_k = k
     config = SchedulerConfig(args.max_batch_size, args.max_seq_len, chain_k, args.max_waiting, tree=tree)
     name = served_name(args)
-    metrics = Metrics(name)
+
     def make_scheduler() -> Scheduler:
         # isolate_drafter: a drafter exception that names no request sets the drafter aside instead of failing
         # requests. warm_up: every graph of every batch bucket and k captured before the first request (a recovery's
@@ -140,20 +151,27 @@ def assemble(target, drafter, args) -> tuple[EngineLoop, FastAPI]:
         return scheduler
 
     warmed: dict[str, int] = {}       # what warm-up left captured / compiled: the stop log reports what came after
-    engine = EngineLoop(make_scheduler, metrics)
+    engine = loop_class(make_scheduler, metrics)
     served = ServedModel(name, target.tokenizer, target.config.vocab_size, args.max_seq_len, k + 1)
     shape = 'tree=auto' if tree_auto else f'tree={_tree_name(tree)}' if tree else 'k=' + ('auto' if policy else str(k))
     _log(f"{name}: drafter {type(drafter).__name__ if drafter else 'none'}, {shape}, "
          f"max batch {args.max_batch_size}, max_seq_len {args.max_seq_len}")
     if os.environ.get(STEP_TRACE_ENV):
         engine.trace = []
-    app = build_app(engine, served, metrics)
-    app.state.after_warm_up = lambda: (_graph_captures(target, drafter) - warmed["graphs"],
-                                       _kernel_names(_triton_kernels() - warmed["kernels"]))
-    return engine, app
+
+    def after_warm_up() -> tuple[int, list[str]]:
+        return (_graph_captures(target, drafter) - warmed["graphs"],
+                _kernel_names(_triton_kernels() - warmed["kernels"]))
+
+    return engine, served, after_warm_up
 
 
 def run_server(args, ssd_drafter=None) -> int:
+    if getattr(args, "engine_process", False):
+        from .engine_process import assemble_process
+
+        engine, app = assemble_process(load_target_and_drafter, args)
+        return serve(engine, app, args)
     target, drafter = load_target_and_drafter(args, ssd_drafter)
     engine, app = assemble(target, drafter, args)
     return serve(engine, app, args)
@@ -214,18 +232,24 @@ def serve(engine: EngineLoop, app: FastAPI, args) -> int:
     finally:
         engine.stop()
         engine.join()
-    _log_k_auto(engine.scheduler.k_policy)
-    _write_trace(engine)
-    after_warm_up = getattr(app.state, "after_warm_up", None)
-    if after_warm_up is not None:
-        graphs, kernels = after_warm_up()
-        _log(f"after warm-up: {graphs} CUDA graphs captured, {len(kernels)} Triton kernels compiled (each one inside "
-             f"a request){': ' + ', '.join(kernels) if kernels else ''}")
+    if isinstance(engine, EngineLoop):     # an engine process reports these itself (engine_process.py)
+        report_stop(engine, getattr(app.state, "after_warm_up", None))
     if engine.fatal is not None:
         _log(f"stopped: the engine died ({engine.fatal})")
         return 1
     _log("stopped")
     return 0
+
+
+def report_stop(engine: EngineLoop, after_warm_up) -> None:
+    """The stop log of a stopped engine loop: k=auto's measured rounds, the step trace, what was captured or compiled
+    after the warm-up (``after_warm_up``: ``build_engine``'s, or None)."""
+    _log_k_auto(engine.scheduler.k_policy)
+    _write_trace(engine)
+    if after_warm_up is not None:
+        graphs, kernels = after_warm_up()
+        _log(f"after warm-up: {graphs} CUDA graphs captured, {len(kernels)} Triton kernels compiled (each one inside "
+             f"a request){': ' + ', '.join(kernels) if kernels else ''}")
 
 
 def _write_trace(engine: EngineLoop) -> None:
