@@ -181,9 +181,13 @@ def test_verification_warm_up_runs_every_shape(monkeypatch):
 
     seen = []
     real = round_mod.verification
-    monkeypatch.setattr(round_mod, "verification", lambda *a: seen.append((len(a[2]), a[3], a[5].all_greedy)) or real(*a))
+    monkeypatch.setattr(round_mod, "verification",
+                        lambda *a: seen.append((tuple(a[2]), a[3], a[5].all_greedy)) or real(*a))
     round_mod.warm_verification(torch.device("cpu"), torch.float32, 40, 3, 2, [(0.0, 0, 1.0), (0.7, 5, 0.9)], None)
-    assert sorted(seen) == sorted((b, k, g) for b in (1, 2, 3) for k in range(3) for g in (True, False))
+    layouts = [tuple(nd) for b in (1, 2, 3) for nd in round_mod.warm_layouts(b, 2)]
+    assert sorted(seen) == sorted((nd, max(nd), g) for nd in layouts for g in (True, False))
+    assert {(k,) * b for b in (1, 2, 3) for k in range(3)} <= set(layouts)                # every uniform count
+    assert (1, 0, 0) in layouts                                                           # and one draft among rows
 
 
 def test_phase_times_cover_every_round_and_fit_in_the_call(target, monkeypatch):

@@ -140,13 +140,25 @@ def warm_verification(device, dtype, vocab: int, max_batch_size: int, k: int,
     top_p) setting, on zero logits and its outcome read as a round reads it, so that its kernels are compiled or
     loaded before the first rounds (``Scheduler.warm_up``)."""
     for b in range(1, max_batch_size + 1):
-        for n in range(k + 1):
+        for num_draft in warm_layouts(b, k):
+            n, total = max(num_draft), sum(num_draft)
             for temp, top_k, top_p in settings:
                 sampling = SamplingParams((Sampling(float(temp), int(top_k), float(top_p), 0),) * b)
-                logits = torch.zeros(b * (n + 1), vocab, device=device, dtype=dtype)                # [b*(n+1), V]
-                drafts = torch.zeros(b * n, dtype=torch.long, device=device)                      # [b*n]
-                probs = None if sampling.all_greedy else torch.full((b * n, vocab), 1.0 / vocab, device=device)
-                read_outcome(verification(logits, drafts, [n] * b, n, probs, sampling, [0] * b, backend))
+                logits = torch.zeros(total + b, vocab, device=device, dtype=dtype)                # [N + b, V]
+                drafts = torch.zeros(total, dtype=torch.long, device=device)                      # [N]
+                probs = None if sampling.all_greedy else torch.full((total, vocab), 1.0 / vocab, device=device)
+                read_outcome(verification(logits, drafts, num_draft, n, probs, sampling, [0] * b, backend))
+
+
+def warm_layouts(b: int, k: int) -> list[list[int]]:
+    """The draft counts per row ``warm_verification`` runs at batch size b (each at most k). Triton compiles a kernel
+    anew for each class of its integer arguments (equal to 1, divisible by 16, neither) and block sizes; the
+    verification's are the rows R = N + b, the drafts N and the widest row's width. Uniform counts alone miss
+    classes a ragged round meets (one draft among 15 or 31 rows: R = 16 or 32 with N = 1), so beside every uniform
+    count this runs every total N that is 1, a multiple of 16, or makes R a multiple of 16, spread over the rows."""
+    totals = {b * n for n in range(k + 1)}
+    totals |= {N for N in range(1, b * k + 1) if N == 1 or N % 16 == 0 or (N + b) % 16 == 0}
+    return [[N // b + (row < N % b) for row in range(b)] for N in sorted(totals)]
 
 
 def read_outcome(out: VerifyOutput) -> list[list[int]]:
