@@ -434,12 +434,13 @@ async def one(prompt, gate, out):
 
 async def main():
     gate, out = asyncio.Semaphore(concurrency), []
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     await asyncio.gather(*(one(p, gate, out) for p in prompts))
     duration = time.perf_counter() - start
     ttfts = sorted(t for t, _, _ in out)
     print(json.dumps({"completed": len(out), "output_throughput": sum(k for _, _, k in out) / duration,
-                      "p50_ttft_ms": 1e3 * ttfts[len(ttfts) // 2], "duration_s": duration}))
+                      "p50_ttft_ms": 1e3 * ttfts[len(ttfts) // 2], "duration_s": duration,
+                      "client_cpu_s": time.process_time() - cpu}))
 
 asyncio.run(main())
 """
@@ -496,7 +497,8 @@ def http_runs(concurrency: int, args, out: Path, port: int) -> dict[str, tuple[l
                 if i:
                     rates.append(summary["output_throughput"])
                 print(f"HTTP C={concurrency} {label} run {i}: {summary['output_throughput']:.0f} tok/s, TTFT p50 "
-                      f"{summary['p50_ttft_ms']:.0f} ms", flush=True)
+                      f"{summary['p50_ttft_ms']:.0f} ms, {summary['duration_s']:.2f} s, client CPU "
+                      f"{summary['client_cpu_s']:.2f} s", flush=True)
     finally:
         for proc, _, _, _ in servers.values():
             proc.terminate()
