@@ -462,7 +462,8 @@ def _client_run(concurrency: int, args, out: Path, base: str, port: int, i: int)
                             "--request-rate", "inf", "--max-concurrency", str(concurrency + args.queued),
                             "--random-input-len", str(args.input_len), "--random-range-ratio", "0",
                             "--random-output-len", str(args.max_tokens), "--temperature", "0",
-                            "--seed", str(i), "--out", str(out), "--label", label],
+                            "--seed", str(i), "--client-processes", str(args.client_processes),
+                            "--out", str(out), "--label", label],
                            capture_output=True, text=True, timeout=600)
     if bench.returncode != 0:
         raise RuntimeError(f"bench serve failed: {bench.stderr[-800:]}")
@@ -630,6 +631,8 @@ def main(argv=None) -> None:
     ap.add_argument("--client", choices=("raw", "openai"), default="raw",
                     help="raw: a minimal asyncio HTTP client (reads each stream whole: the least client work); "
                          "openai: `verispec bench serve` (the openai client, as benchmarks/serve_http.py)")
+    ap.add_argument("--client-processes", type=int, default=1, help="with --client openai: `verispec bench serve "
+                    "--client-processes N` (the requests split over N client processes, all pinned to --client-cpu)")
     ap.add_argument("--top", type=int, default=8, help="entries per profile line")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/serve_overhead"))
     ap.add_argument("--write", action="store_true", help="also write benchmarks/results/serve_overhead.md")
