@@ -46,7 +46,8 @@ def run_config(name: str, extra: list[str], args, port: int, out: Path) -> list[
     base = f"http://127.0.0.1:{port}"
     model = ["--model", args.model] + (["--tokenizer", args.tokenizer] if args.tokenizer else [])
     server = subprocess.Popen([sys.executable, "-m", "verispec.cli", "serve", *model, "--port", str(port),
-                               "--max-batch-size", str(args.concurrency), *extra],
+                               "--max-batch-size", str(args.concurrency), "--stream-interval",
+                               str(args.stream_interval), *extra],
                               stdout=subprocess.DEVNULL, stderr=open(out / f"server_{port}.log", "w"),
                               env=dict(os.environ, VERISPEC_STEP_TRACE=str(out / f"trace_{port}.jsonl")))
     results = []
@@ -175,6 +176,8 @@ def main(argv=None) -> None:
                     "(the server --concurrency rows): a queue refills a row the moment one ends, as in the in-process "
                     "run (all at once); with 0 each row waits a client turnaround per request")
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--stream-interval", type=float, default=0.0, metavar="MS", help="every server's "
+                    "`--stream-interval` (0: a chunk per round)")
     ap.add_argument("--client-processes", type=int, default=4, help="`verispec bench serve --client-processes`: "
                     "one openai client process parses about 4400 chunks/s on the H100 host (16 streams of the "
                     "embedded model produce about 8900): the requests split over this many")

@@ -485,7 +485,8 @@ def http_runs(concurrency: int, args, out: Path, port: int) -> dict[str, tuple[l
             proc = subprocess.Popen([*_pin(args.server_cpu), sys.executable, __file__, "serve", "--port",
                                      str(port + 10 * j), "--max-batch-size", str(concurrency), "--pass-s",
                                      str(args.pass_s), "--max-seq-len", "1024", "--log-level", "warning",
-                                     "--profile", str(out / f"profile_{name}.json"), *extra], env=env,
+                                     "--profile", str(out / f"profile_{name}.json"),
+                                     "--stream-interval", str(args.stream_interval), *extra], env=env,
                                     stdout=subprocess.DEVNULL, stderr=open(out / f"server_{name}.log", "w"))
             servers[label] = (proc, port + 10 * j, out / f"profile_{name}.json", [])
         for label, (_, p, _, _) in servers.items():
@@ -633,6 +634,8 @@ def main(argv=None) -> None:
                          "openai: `verispec bench serve` (the openai client, as benchmarks/serve_http.py)")
     ap.add_argument("--client-processes", type=int, default=1, help="with --client openai: `verispec bench serve "
                     "--client-processes N` (the requests split over N client processes, all pinned to --client-cpu)")
+    ap.add_argument("--stream-interval", type=float, default=0.0, metavar="MS", help="the servers' "
+                    "`--stream-interval` (0: a chunk per round)")
     ap.add_argument("--top", type=int, default=8, help="entries per profile line")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/serve_overhead"))
     ap.add_argument("--write", action="store_true", help="also write benchmarks/results/serve_overhead.md")
