@@ -46,8 +46,7 @@ def run_config(name: str, extra: list[str], args, port: int, out: Path) -> list[
     base = f"http://127.0.0.1:{port}"
     model = ["--model", args.model] + (["--tokenizer", args.tokenizer] if args.tokenizer else [])
     server = subprocess.Popen([sys.executable, "-m", "verispec.cli", "serve", *model, "--port", str(port),
-                               "--max-batch-size", str(args.concurrency), "--stream-interval",
-                               str(args.stream_interval), *extra],
+                               "--max-batch-size", str(args.concurrency), *extra],
                               stdout=subprocess.DEVNULL, stderr=open(out / f"server_{port}.log", "w"),
                               env=dict(os.environ, VERISPEC_STEP_TRACE=str(out / f"trace_{port}.jsonl")))
     results = []
@@ -176,11 +175,13 @@ def main(argv=None) -> None:
                     "(the server --concurrency rows): a queue refills a row the moment one ends, as in the in-process "
                     "run (all at once); with 0 each row waits a client turnaround per request")
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--stream-interval", type=float, default=0.0, metavar="MS", help="every server's "
-                    "`--stream-interval` (0: a chunk per round)")
+    ap.add_argument("--stream-interval", type=float, default=0.0, metavar="MS", help="also serve each "
+                    "configuration with `verispec serve --stream-interval MS` (a stream's chunks at most every MS ms), "
+                    "named '<config> stream-interval MS'")
     ap.add_argument("--client-processes", type=int, default=4, help="`verispec bench serve --client-processes`: "
-                    "one openai client process parses about 4400 chunks/s on the H100 host (16 streams of the "
-                    "embedded model produce about 8900): the requests split over this many")
+                    "the requests split over this many client processes (the openai client costs about 0.4 ms of "
+                    "CPU per chunk on the 2-core dev CPU; 16 streams of the embedded model on an H100 make about "
+                    "8900 chunks/s)")
     ap.add_argument("--configs", default=None, help="comma-separated configurations to serve (default: all; e.g. AR)")
     ap.add_argument("--engine-process", action="store_true", help="also serve each configuration with "
                     "`verispec serve --engine-process` (the engine in its own process), named '<config> engine-process'")
@@ -200,6 +201,10 @@ def main(argv=None) -> None:
         configs = {name: extra for name, extra in configs.items() if name in args.configs}
     if args.engine_process:
         configs = {**configs, **{f"{name} engine-process": extra + ["--engine-process"]
+                                 for name, extra in configs.items()}}
+    if args.stream_interval:
+        configs = {**configs, **{f"{name} stream-interval {args.stream_interval:g}":
+                                 extra + ["--stream-interval", str(args.stream_interval)]
                                  for name, extra in configs.items()}}
     # the auto server first: it measures the cost table that the in-process k=auto reads
     order = sorted(configs.items(), key=lambda kv: kv[0] != "k=auto")

@@ -476,7 +476,9 @@ def http_runs(concurrency: int, args, out: Path, port: int) -> dict[str, tuple[l
     machine's load falls on all alike) -> {server: (output tok/s per run, its profile)}."""
     trees = {"this tree": (None, []),
              **({f"{args.compare_label}": (args.compare, [])} if args.compare else {}),
-             **({"this tree, --engine-process": (None, ["--engine-process"])} if args.engine_process else {})}
+             **({"this tree, --engine-process": (None, ["--engine-process"])} if args.engine_process else {}),
+             **({f"this tree, --stream-interval {args.stream_interval:g}":
+                 (None, ["--stream-interval", str(args.stream_interval)])} if args.stream_interval else {})}
     servers = {}
     try:
         for j, (label, (tree, extra)) in enumerate(trees.items()):
@@ -485,8 +487,7 @@ def http_runs(concurrency: int, args, out: Path, port: int) -> dict[str, tuple[l
             proc = subprocess.Popen([*_pin(args.server_cpu), sys.executable, __file__, "serve", "--port",
                                      str(port + 10 * j), "--max-batch-size", str(concurrency), "--pass-s",
                                      str(args.pass_s), "--max-seq-len", "1024", "--log-level", "warning",
-                                     "--profile", str(out / f"profile_{name}.json"),
-                                     "--stream-interval", str(args.stream_interval), *extra], env=env,
+                                     "--profile", str(out / f"profile_{name}.json"), *extra], env=env,
                                     stdout=subprocess.DEVNULL, stderr=open(out / f"server_{name}.log", "w"))
             servers[label] = (proc, port + 10 * j, out / f"profile_{name}.json", [])
         for label, (_, p, _, _) in servers.items():
@@ -634,8 +635,8 @@ def main(argv=None) -> None:
                          "openai: `verispec bench serve` (the openai client, as benchmarks/serve_http.py)")
     ap.add_argument("--client-processes", type=int, default=1, help="with --client openai: `verispec bench serve "
                     "--client-processes N` (the requests split over N client processes, all pinned to --client-cpu)")
-    ap.add_argument("--stream-interval", type=float, default=0.0, metavar="MS", help="the servers' "
-                    "`--stream-interval` (0: a chunk per round)")
+    ap.add_argument("--stream-interval", type=float, default=0.0, metavar="MS", help="also serve with "
+                    "`--stream-interval MS` (a stream's chunks at most every MS ms), interleaved with the plain server")
     ap.add_argument("--top", type=int, default=8, help="entries per profile line")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/serve_overhead"))
     ap.add_argument("--write", action="store_true", help="also write benchmarks/results/serve_overhead.md")
