@@ -280,6 +280,8 @@ def split(jobs: list[Job], limit: int, n: int) -> list[tuple[list[int], list[Job
 def _client_process(base: str, args, jobs: list[Job], limit: int, barrier, conn) -> None:
     """One client process: its share of the requests -> ("ok", model, outcomes, start, end, CPU s) or
     ("error", message) through ``conn``. A failure breaks the barrier, so that the others stop waiting."""
+    import openai  # noqa: F401 - imported before the CPU count starts, as in a single process (``run``)
+
     cpu = time.process_time()
     try:
         model, outcomes, start, end = asyncio.run(_drive(base, args, jobs, limit, barrier))
