@@ -29,6 +29,9 @@ each thread (``Sampler``; ``serve --cprofile PREFIX`` writes cProfile tables ins
 has 2 cores shared with other work: the numbers are a relative measure). ``--engine-process`` adds a server
 running `verispec serve --engine-process` (the engine in a child process, with a GIL of its own; its child is
 pinned with it under ``--server-cpu``, so leave pinning off to let the two processes use two cores).
+``--stream-interval MS`` adds a server running `verispec serve --stream-interval MS` (a stream's rounds merged into
+one chunk per MS), interleaved likewise; ``--client openai --client-processes N`` splits the client over N
+processes. Each client run prints its CPU seconds (``client_cpu_s``: near its duration, the client set the pace).
 """
 from __future__ import annotations
 
