@@ -59,7 +59,8 @@ def run_config(name: str, extra: list[str], args, port: int, out: Path) -> list[
                                     "--request-rate", rate, "--max-concurrency", str(args.concurrency + args.queued),
                                     "--random-input-len", str(args.input_len),
                                     "--random-output-len", str(args.max_tokens), "--temperature", "0",
-                                    "--client-processes", str(args.client_processes),
+                                    "--client-processes", str(min(args.client_processes, args.num_prompts,
+                                                                  args.concurrency + args.queued)),
                                     "--out", str(out), "--label", label], capture_output=True, text=True, timeout=900)
             if bench.returncode != 0:
                 results.append(dict(config=name, rate=rate, error=bench.stderr[-600:]))
