@@ -59,6 +59,8 @@ def run_config(name: str, extra: list[str], args, port: int, out: Path) -> list[
                                     "--request-rate", rate, "--max-concurrency", str(args.concurrency + args.queued),
                                     "--random-input-len", str(args.input_len),
                                     "--random-output-len", str(args.max_tokens), "--temperature", "0",
+                                    "--client-processes", str(min(args.client_processes, args.num_prompts,
+                                                                  args.concurrency + args.queued)),
                                     "--out", str(out), "--label", label], capture_output=True, text=True, timeout=900)
             if bench.returncode != 0:
                 results.append(dict(config=name, rate=rate, error=bench.stderr[-600:]))
@@ -174,6 +176,13 @@ def main(argv=None) -> None:
                     "(the server --concurrency rows): a queue refills a row the moment one ends, as in the in-process "
                     "run (all at once); with 0 each row waits a client turnaround per request")
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--stream-interval", type=float, default=0.0, metavar="MS", help="also serve each "
+                    "configuration with `verispec serve --stream-interval MS` (a stream's chunks at most every MS ms), "
+                    "named '<config> stream-interval MS'")
+    ap.add_argument("--client-processes", type=int, default=4, help="`verispec bench serve --client-processes`: "
+                    "the requests split over this many client processes (the openai client costs about 0.4 ms of "
+                    "CPU per chunk on the 2-core dev CPU; 16 streams of the embedded model on an H100 make about "
+                    "8900 chunks/s)")
     ap.add_argument("--configs", default=None, help="comma-separated configurations to serve (default: all; e.g. AR)")
     ap.add_argument("--engine-process", action="store_true", help="also serve each configuration with "
                     "`verispec serve --engine-process` (the engine in its own process), named '<config> engine-process'")
@@ -194,6 +203,10 @@ def main(argv=None) -> None:
     if args.engine_process:
         configs = {**configs, **{f"{name} engine-process": extra + ["--engine-process"]
                                  for name, extra in configs.items()}}
+    if args.stream_interval:
+        configs = {**configs, **{f"{name} stream-interval {args.stream_interval:g}":
+                                 extra + ["--stream-interval", str(args.stream_interval)]
+                                 for name, extra in configs.items()}}
     # the auto server first: it measures the cost table that the in-process k=auto reads
     order = sorted(configs.items(), key=lambda kv: kv[0] != "k=auto")
     results = [r for i, (name, extra) in enumerate(order) for r in run_config(name, extra, args, 8100 + i, out)]
@@ -212,7 +225,7 @@ def main(argv=None) -> None:
              f"Command: `{command}` ({time.perf_counter() - t0:.0f} s in all). Chat requests, greedy, "
              f"{args.num_prompts} per rate, Poisson arrivals at each rate (inf: all at once), at most "
              f"{args.concurrency + args.queued} in flight for {args.concurrency} rows (`verispec bench serve`, streaming, "
-             "the openai client); one server "
+             f"the openai client in {args.client_processes} process(es)); one server "
              "process per configuration, its CUDA graphs captured at startup. Each cell is one run (percentiles over "
              "its requests); no peer server is measured here (none is installed on the device): the in-process line "
              "is the bound.", ""]

@@ -29,6 +29,9 @@ each thread (``Sampler``; ``serve --cprofile PREFIX`` writes cProfile tables ins
 has 2 cores shared with other work: the numbers are a relative measure). ``--engine-process`` adds a server
 running `verispec serve --engine-process` (the engine in a child process, with a GIL of its own; its child is
 pinned with it under ``--server-cpu``, so leave pinning off to let the two processes use two cores).
+``--stream-interval MS`` adds a server running `verispec serve --stream-interval MS` (a stream's rounds merged into
+one chunk per MS), interleaved likewise; ``--client openai --client-processes N`` splits the client over N
+processes. Each client run prints its CPU seconds (``client_cpu_s``: near its duration, the client set the pace).
 """
 from __future__ import annotations
 
@@ -434,12 +437,13 @@ async def one(prompt, gate, out):
 
 async def main():
     gate, out = asyncio.Semaphore(concurrency), []
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     await asyncio.gather(*(one(p, gate, out) for p in prompts))
     duration = time.perf_counter() - start
     ttfts = sorted(t for t, _, _ in out)
     print(json.dumps({"completed": len(out), "output_throughput": sum(k for _, _, k in out) / duration,
-                      "p50_ttft_ms": 1e3 * ttfts[len(ttfts) // 2], "duration_s": duration}))
+                      "p50_ttft_ms": 1e3 * ttfts[len(ttfts) // 2], "duration_s": duration,
+                      "client_cpu_s": time.process_time() - cpu}))
 
 asyncio.run(main())
 """
@@ -461,7 +465,8 @@ def _client_run(concurrency: int, args, out: Path, base: str, port: int, i: int)
                             "--request-rate", "inf", "--max-concurrency", str(concurrency + args.queued),
                             "--random-input-len", str(args.input_len), "--random-range-ratio", "0",
                             "--random-output-len", str(args.max_tokens), "--temperature", "0",
-                            "--seed", str(i), "--out", str(out), "--label", label],
+                            "--seed", str(i), "--client-processes", str(args.client_processes),
+                            "--out", str(out), "--label", label],
                            capture_output=True, text=True, timeout=600)
     if bench.returncode != 0:
         raise RuntimeError(f"bench serve failed: {bench.stderr[-800:]}")
@@ -474,7 +479,9 @@ def http_runs(concurrency: int, args, out: Path, port: int) -> dict[str, tuple[l
     machine's load falls on all alike) -> {server: (output tok/s per run, its profile)}."""
     trees = {"this tree": (None, []),
              **({f"{args.compare_label}": (args.compare, [])} if args.compare else {}),
-             **({"this tree, --engine-process": (None, ["--engine-process"])} if args.engine_process else {})}
+             **({"this tree, --engine-process": (None, ["--engine-process"])} if args.engine_process else {}),
+             **({f"this tree, --stream-interval {args.stream_interval:g}":
+                 (None, ["--stream-interval", str(args.stream_interval)])} if args.stream_interval else {})}
     servers = {}
     try:
         for j, (label, (tree, extra)) in enumerate(trees.items()):
@@ -496,7 +503,8 @@ def http_runs(concurrency: int, args, out: Path, port: int) -> dict[str, tuple[l
                 if i:
                     rates.append(summary["output_throughput"])
                 print(f"HTTP C={concurrency} {label} run {i}: {summary['output_throughput']:.0f} tok/s, TTFT p50 "
-                      f"{summary['p50_ttft_ms']:.0f} ms", flush=True)
+                      f"{summary['p50_ttft_ms']:.0f} ms, {summary['duration_s']:.2f} s, client CPU "
+                      f"{summary['client_cpu_s']:.2f} s", flush=True)
     finally:
         for proc, _, _, _ in servers.values():
             proc.terminate()
@@ -628,6 +636,10 @@ def main(argv=None) -> None:
     ap.add_argument("--client", choices=("raw", "openai"), default="raw",
                     help="raw: a minimal asyncio HTTP client (reads each stream whole: the least client work); "
                          "openai: `verispec bench serve` (the openai client, as benchmarks/serve_http.py)")
+    ap.add_argument("--client-processes", type=int, default=1, help="with --client openai: `verispec bench serve "
+                    "--client-processes N` (the requests split over N client processes, all pinned to --client-cpu)")
+    ap.add_argument("--stream-interval", type=float, default=0.0, metavar="MS", help="also serve with "
+                    "`--stream-interval MS` (a stream's chunks at most every MS ms), interleaved with the plain server")
     ap.add_argument("--top", type=int, default=8, help="entries per profile line")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/serve_overhead"))
     ap.add_argument("--write", action="store_true", help="also write benchmarks/results/serve_overhead.md")

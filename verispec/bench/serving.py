@@ -34,6 +34,7 @@ from urllib.parse import urlparse
 from .options import BenchArgumentError, check_out_dir
 
 USAGE, FAILURE = 2, 1
+BARRIER_TIMEOUT_S = 120.0      # client processes wait this long for each other to start (imports, GET /models)
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")
 # common English words: most are one BPE token with their leading space in every mainstream tokenizer
 WORDS = ("the of and to in is was he for it with as his on be at by had are but from or have an they which one "
@@ -72,6 +73,10 @@ def build_parser(parser_class, formatter_class):
                    help="SLOs in milliseconds, NAME in ttft, tpot, e2el (e.g. ttft:500 tpot:50); None = no goodput")
     p.add_argument("--percentiles", default="50,90,99", help="latency percentiles to report, comma-separated")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take, > 0")
+    p.add_argument("--client-processes", type=int, default=1, help="client processes, >= 1, at most --num-prompts "
+                   "and --max-concurrency: the requests (round robin, each at its arrival time) and the concurrency "
+                   "are split over them, each its own event loop; one summary over all. More than 1 when one "
+                   "process's parsing of every chunk cannot keep up with the server")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompts, lengths and arrival gaps")
     p.add_argument("--out", default=None, help="directory for <label>.md and <label>.json; None = print only")
     p.add_argument("--label", default="bench_serve", help="the result files' name")
@@ -92,6 +97,14 @@ def check(args) -> tuple[str, dict[str, float], list[float]]:
             raise BenchArgumentError(f"{flag} must be >= {lo}, got {value}")
     if args.max_concurrency is not None and args.max_concurrency < 1:
         raise BenchArgumentError(f"--max-concurrency must be >= 1, got {args.max_concurrency}")
+    if args.client_processes < 1:
+        raise BenchArgumentError(f"--client-processes must be >= 1, got {args.client_processes}")
+    if args.client_processes > args.num_prompts:
+        raise BenchArgumentError(f"--client-processes {args.client_processes} exceeds --num-prompts "
+                                 f"{args.num_prompts}: a process would have no request")
+    if args.max_concurrency is not None and args.client_processes > args.max_concurrency:
+        raise BenchArgumentError(f"--client-processes {args.client_processes} exceeds --max-concurrency "
+                                 f"{args.max_concurrency}: a process would have no request in flight")
     if not args.request_rate > 0:
         raise BenchArgumentError(f"--request-rate must be > 0 (inf = all at once), got {args.request_rate}")
     if not (args.burstiness > 0 and math.isfinite(args.burstiness)):
@@ -207,10 +220,14 @@ async def _one(client, model: str, job: Job, args) -> Outcome:
     return out
 
 
-async def _drive(base: str, args, jobs: list[Job]) -> tuple[str, list[Outcome], float]:
+async def _drive(base: str, args, jobs: list[Job], limit: int | None = None,
+                 barrier=None) -> tuple[str, list[Outcome], float, float]:
+    """Send ``jobs`` (at most ``limit`` in flight; None = --max-concurrency) -> (model, outcomes in job order,
+    start, end): ``time.monotonic()`` readings, the same clock in every process. With ``barrier`` (a
+    multiprocessing barrier) the first request waits until every client process is ready."""
     from openai import AsyncOpenAI
 
-    limit = args.max_concurrency or len(jobs)
+    limit = limit or args.max_concurrency or len(jobs)
     client = AsyncOpenAI(base_url=base, api_key="-", max_retries=0, timeout=args.timeout)
     try:
         model = args.model
@@ -225,16 +242,97 @@ async def _drive(base: str, args, jobs: list[Job]) -> tuple[str, list[Outcome], 
             async with gate:
                 return await _one(client, model, job, args)
 
+        if barrier is not None:
+            barrier.wait(BARRIER_TIMEOUT_S)       # blocks this loop: nothing of this process runs yet
         tasks = []
-        start = time.perf_counter()
+        start = time.monotonic()
         for job in jobs:
             if job.gap_s:
                 await asyncio.sleep(job.gap_s)
             tasks.append(asyncio.create_task(gated(job)))
         outcomes = await asyncio.gather(*tasks)
-        return model, list(outcomes), time.perf_counter() - start
+        return model, list(outcomes), start, time.monotonic()
     finally:
         await client.close()
+
+
+# ------------------------------------------------------------------------------------------ several client processes
+def split(jobs: list[Job], limit: int, n: int) -> list[tuple[list[int], list[Job], int]]:
+    """The workload over ``n`` processes -> per process (the jobs' indices, its jobs, its concurrency). Job i goes
+    to process i mod n, at the same arrival time as in one process (its gap re-measured from that process's
+    previous arrival); the concurrency ``limit`` is split as evenly as it goes (the first ``limit mod n``
+    processes take one more)."""
+    arrivals, t = [], 0.0
+    for job in jobs:
+        t += job.gap_s
+        arrivals.append(t)
+    parts = []
+    for j in range(n):
+        idx = list(range(j, len(jobs), n))
+        mine, last = [], 0.0
+        for i in idx:
+            mine.append(Job(jobs[i].prompt, jobs[i].max_tokens, arrivals[i] - last))
+            last = arrivals[i]
+        parts.append((idx, mine, limit // n + (j < limit % n)))
+    return parts
+
+
+def _client_process(base: str, args, jobs: list[Job], limit: int, barrier, conn) -> None:
+    """One client process: its share of the requests -> ("ok", model, outcomes, start, end, CPU s) or
+    ("error", message) through ``conn``. A failure breaks the barrier, so that the others stop waiting."""
+    import openai  # noqa: F401 - imported before the CPU count starts, as in a single process (``run``)
+
+    cpu = time.process_time()
+    try:
+        model, outcomes, start, end = asyncio.run(_drive(base, args, jobs, limit, barrier))
+        conn.send(("ok", model, outcomes, start, end, time.process_time() - cpu))
+    except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises it
+        barrier.abort()
+        conn.send(("error", f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"))
+    finally:
+        conn.close()
+
+
+def drive_processes(base: str, args, jobs: list[Job]) -> tuple[str, list[Outcome], float, float, float]:
+    """``args.client_processes`` client processes (spawned, each its own event loop and openai client), started
+    together -> (model, outcomes in job order, the first start, the last end, their CPU seconds summed)."""
+    import multiprocessing
+
+    n = args.client_processes
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(n)
+    procs, pipes, parts = [], [], split(jobs, args.max_concurrency or len(jobs), n)
+    for idx, mine, limit in parts:
+        here, there = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_client_process, args=(base, args, mine, limit, barrier, there), daemon=True)
+        proc.start()
+        there.close()
+        procs.append(proc)
+        pipes.append(here)
+    results = []
+    try:
+        for proc, pipe in zip(procs, pipes):
+            try:
+                results.append(pipe.recv())
+            except EOFError:
+                results.append(("error", f"a client process exited with code {proc.join(5) or proc.exitcode} "
+                                         "before reporting"))
+    finally:
+        for proc in procs:
+            proc.join(10)
+            if proc.is_alive():
+                proc.terminate()
+    errors = [r[1] for r in results if r[0] != "ok"]
+    if errors:
+        # a process that failed first breaks the barrier: the others then report BrokenBarrierError
+        first = [e for e in errors if not e.startswith("BrokenBarrierError")] or errors
+        raise RuntimeError(first[0])
+    outcomes: list[Outcome | None] = [None] * len(jobs)
+    for (idx, _, _), (_, _, mine, _, _, _) in zip(parts, results):
+        for i, outcome in zip(idx, mine):
+            outcomes[i] = outcome
+    return (results[0][1], outcomes, min(r[3] for r in results), max(r[4] for r in results),
+            sum(r[5] for r in results))
 
 
 # ------------------------------------------------------------------------------------------ the numbers
@@ -351,13 +449,20 @@ def run(args) -> int:
         return USAGE
     jobs = workload(args)
     print(f"[verispec] bench serve: {len(jobs)} requests to {base} ...", file=sys.stderr, flush=True)
+    cpu = time.process_time()
     try:
-        model, outcomes, duration = asyncio.run(_drive(base, args, jobs))
+        if args.client_processes == 1:
+            model, outcomes, start, end = asyncio.run(_drive(base, args, jobs))
+            client_cpu = time.process_time() - cpu
+        else:
+            model, outcomes, start, end, client_cpu = drive_processes(base, args, jobs)
+        duration = end - start
     except Exception as e:  # noqa: BLE001 - e.g. the server is not there: one line, exit 1
         print(f"verispec: error: bench serve: cannot benchmark {base}: {type(e).__name__}: "
               f"{' '.join(str(e).split())[:300]}", file=sys.stderr)
         return FAILURE
     summary = summarize(outcomes, duration, slos, percentiles)
+    summary["client_cpu_s"] = client_cpu
     argv = sys.argv[1:]
     config = {**{k: v for k, v in vars(args).items()}, "model": model, "base_url": base,
               "command": "verispec " + " ".join(argv) if "serve" in argv else "verispec bench serve",

@@ -104,8 +104,9 @@ def _usage(seq: Sequence) -> dict:
 class _Handlers:
     """The OpenAI endpoints' work: parse a request, submit it to the engine loop, answer whole or streamed."""
 
-    def __init__(self, engine: EngineLoop, served: ServedModel, metrics: Metrics):
+    def __init__(self, engine: EngineLoop, served: ServedModel, metrics: Metrics, stream_interval_s: float = 0.0):
         self.engine, self.served, self.metrics = engine, served, metrics
+        self.stream_interval_s = stream_interval_s      # a stream's token chunks go at most this often (0: each round)
         self.tok = served.tokenizer
         self.eos = set(self.tok.eos_token_ids)
         # per event loop (the server has one): the handles whose handlers wait for engine events, and the watchdog
@@ -271,12 +272,21 @@ class _Handlers:
             if chat:
                 yield self.chunk(ident, chat, "", [], first=True)
             after = None                             # an event read while merging token events
+            interval, loop = self.stream_interval_s, asyncio.get_running_loop()
+            sent_at = None                           # when the last token chunk went (None: the first goes at once)
             while True:
                 kind, payload = after if after is not None else await self.next_event(handle)
                 after = None
                 if kind == "tokens":
+                    if interval and sent_at is not None:
+                        # the rounds' events queue meanwhile and go out as one chunk: fewer chunks to frame and
+                        # send on the event loop, which shares the GIL with the engine; the text is the same
+                        wait = sent_at + interval - loop.time()
+                        if wait > 0:
+                            await asyncio.sleep(wait)
                     tokens, piece, after = _merge_queued_tokens(handle, payload)
                     yield template.render(piece, tokens) if piece is not None else self.chunk(ident, chat, piece, tokens)
+                    sent_at = loop.time()
                     continue
                 if kind == "lost":                   # the engine cannot deliver the end: say so, and stop waiting
                     self.metrics.http_error(500)
@@ -353,10 +363,11 @@ class _Stream(StreamingResponse):
             self.on_close()
 
 
-def build_app(engine: EngineLoop, served: ServedModel, metrics: Metrics) -> FastAPI:
-    """The FastAPI app: each route is one line over ``_Handlers``."""
+def build_app(engine: EngineLoop, served: ServedModel, metrics: Metrics, stream_interval_s: float = 0.0) -> FastAPI:
+    """The FastAPI app: each route is one line over ``_Handlers``; ``stream_interval_s``: a stream's token chunks
+    go at most this often, each carrying the tokens of the rounds since the last (0: one chunk per round)."""
     app = FastAPI(title="verispec", docs_url=None, redoc_url=None)
-    h = _Handlers(engine, served, metrics)
+    h = _Handlers(engine, served, metrics, stream_interval_s)
 
     @app.exception_handler(HTTPException)
     async def http_exception(http: HTTPRequest, exc: HTTPException):

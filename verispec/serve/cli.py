@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import math
 import os
 import socket
 import sys
@@ -56,6 +57,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-remote", action="store_true", help="allow a --host that is not a loopback address "
                    "(the server has no authentication)")
     p.add_argument("--max-batch-size", type=int, default=8, help="requests decoded at once (cache rows)")
+    p.add_argument("--stream-interval", type=float, default=0.0, metavar="MS", help="a stream's token chunks go at "
+                   "most every MS milliseconds, each with the tokens of the rounds since the last (the first at "
+                   "once; the text is the same); 0 = one chunk per round. Fewer chunks: less event-loop work "
+                   "beside the engine, and fewer for the client to parse")
     p.add_argument("--max-seq-len", type=int, default=2048, help="prompt + generated tokens per request")
     p.add_argument("--max-waiting", type=int, default=64, help="queued requests beyond which new ones get 429")
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:i; None = cuda if available, else cpu")
@@ -176,6 +181,8 @@ def check_args(args) -> None:
     for name in ("max_batch_size", "max_seq_len", "max_waiting"):
         if getattr(args, name) < (0 if name == "max_waiting" else 1):
             _die(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if not (args.stream_interval >= 0 and math.isfinite(args.stream_interval)):
+        _die(f"--stream-interval must be a finite number of milliseconds >= 0, got {args.stream_interval}")
     if args.threads is not None and args.threads < 1:
         _die(f"--threads must be >= 1, got {args.threads}")
     if args.draft_self is not None and args.draft_self < 1:

@@ -331,7 +331,7 @@ def assemble_process(load: Callable, args):
     engine = EngineProcess(load, args, metrics)
     info = engine.served_info
     served = ServedModel(name, info["tokenizer"], info["vocab_size"], args.max_seq_len, info["lookahead"])
-    return engine, build_app(engine, served, metrics)
+    return engine, build_app(engine, served, metrics, args.stream_interval / 1e3)
 
 
 # ---------------------------------------------------------------------------------------------------- child side

@@ -108,7 +108,7 @@ def assemble(target, drafter, args) -> tuple[EngineLoop, FastAPI]:
     settings (``cli.add_arguments``)."""
     metrics = Metrics(served_name(args))
     engine, served, after_warm_up = build_engine(target, drafter, args, metrics)
-    app = build_app(engine, served, metrics)
+    app = build_app(engine, served, metrics, args.stream_interval / 1e3)
     app.state.after_warm_up = after_warm_up
     return engine, app
 
