@@ -218,7 +218,9 @@ def main(argv=None) -> None:
                f"{args.concurrency} --max-tokens {args.max_tokens} --input-len {args.input_len} --rates "
                f"{','.join(args.rates)}" + (f" --queued {args.queued}" if args.queued else "")
                + (f" --configs {','.join(args.configs)}" if args.configs else "")
-               + (" --engine-process" if args.engine_process else "") + (f" --tokenizer {Path(args.tokenizer).name} --oracle {args.oracle} "
+               + (" --engine-process" if args.engine_process else "")
+               + f" --client-processes {args.client_processes}"
+               + (f" --stream-interval {args.stream_interval:g}" if args.stream_interval else "") + (f" --tokenizer {Path(args.tokenizer).name} --oracle {args.oracle} "
                                             f"--oracle-draft-cost {args.oracle_draft_cost}" if args.oracle is not None
                                             else ""))
     lines = ["# `verispec serve` through HTTP vs in-process", "", environment_line(environment()), "",
