@@ -111,7 +111,28 @@ def _deliver_soon(loop: asyncio.AbstractEventLoop, items: list) -> None:
         pass
 
 
-class EngineLoop:
+class EngineStatus:
+    """What handlers ask of an engine, from its ``stopping``, ``fatal``, ``handles`` and ``unresponsive()``: shared by
+    the engine thread (``EngineLoop``) and the engine in its own process (``engine_process.EngineProcess``)."""
+
+    def problem(self) -> str | None:
+        """Why the engine takes no new request now (None while it does)."""
+        if self.stopping and self.fatal is None:
+            return "the server is shutting down"
+        return self.unresponsive()
+
+    @property
+    def alive(self) -> bool:
+        return self.problem() is None
+
+    def lost(self, handle: Handle) -> bool:
+        """The engine holds no end for ``handle``: not sent (``done``), and the request is not among those it
+        serves (a bug; the handler must not wait for an end that will never come). The engine registers a
+        request before it answers the submission, so a handler that has its Sequence asks safely."""
+        return not handle.done and handle.request.id not in self.handles
+
+
+class EngineLoop(EngineStatus):
     """Owns ``make_scheduler()``'s scheduler on a background thread; see the module docstring.
 
     ``stall_s``: a step running longer than this makes the engine unresponsive (handlers give up with 500,
@@ -160,22 +181,6 @@ class EngineLoop:
         if started is not None and time.monotonic() - started > self.stall_s:
             return f"the engine has been stuck in one step for {time.monotonic() - started:.0f} s"
         return None
-
-    def problem(self) -> str | None:
-        """Why the engine takes no new request now (None while it does)."""
-        if self.stopping and self.fatal is None:
-            return "the server is shutting down"
-        return self.unresponsive()
-
-    @property
-    def alive(self) -> bool:
-        return self.problem() is None
-
-    def lost(self, handle: Handle) -> bool:
-        """The engine holds no end for ``handle``: not sent (``done``), and the request is not among those it
-        serves (a bug; the handler must not wait for an end that will never come). The engine registers a
-        request before it answers the submission, so a handler that has its Sequence asks safely."""
-        return not handle.done and handle.request.id not in self.handles
 
     def submit(self, handle: Handle) -> Future:
         """Queue ``handle.request``; the Future resolves to its Sequence or raises ValueError / QueueFull /

@@ -40,7 +40,7 @@ from concurrent.futures import Future
 from typing import Callable
 
 from ..engine import QueueFull, Sequence, Stats
-from .engine import EngineLoop, EngineUnavailable, Handle, _deliver_soon
+from .engine import EngineLoop, EngineStatus, EngineUnavailable, Handle, _deliver_soon
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class EngineStartFailed(ValueError):
 
 
 # ---------------------------------------------------------------------------------------------------- HTTP side
-class EngineProcess:
+class EngineProcess(EngineStatus):
     """The HTTP process's proxy of an ``EngineLoop`` running in a child process (module docstring).
 
     ``load(args) -> (target, drafter)``: a module-level function (it is pickled to the child), run there.
@@ -119,18 +119,6 @@ class EngineProcess:
         if self.reader.ident is not None and not self.reader.is_alive():
             return "the engine process's reader thread is not running"
         return self.child_problem
-
-    def problem(self) -> str | None:
-        if self.stopping and self.fatal is None:
-            return "the server is shutting down"
-        return self.unresponsive()
-
-    @property
-    def alive(self) -> bool:
-        return self.problem() is None
-
-    def lost(self, handle: Handle) -> bool:
-        return not handle.done and handle.request.id not in self.handles
 
     def submit(self, handle: Handle) -> Future:
         """As ``EngineLoop.submit``: the Future resolves to the request's Sequence (this process's) or raises
