@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import socket
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -167,6 +170,31 @@ def main() -> int:
         sched.step = dying_step
         engine.make_scheduler = no_scheduler
     return serve_module.serve(engine, app, args)
+
+
+def call(base: str, path: str, body=None, method=None, timeout=30) -> tuple[int, dict]:
+    """(status, JSON body) of one request to a server on 127.0.0.1: POST with a body, else GET (or ``method``)."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(base + path, data=data, method=method or ("POST" if body is not None else "GET"),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def completion(prompt, max_tokens, **kw) -> dict:
+    """A greedy /v1/completions body for the fake model."""
+    return {"model": NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **kw}
+
+
+def until(predicate, timeout_s, what):
+    """Poll ``predicate`` every 20 ms; fail the test naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
+        time.sleep(0.02)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
 import urllib.request
 
 import pytest
@@ -25,6 +24,7 @@ pytest.importorskip("uvicorn")
 pytest.importorskip("prometheus_client")
 
 import fake_server  # noqa: E402
+from fake_server import call as _call, completion as _completion, until as _until  # noqa: E402
 from fake_server import NAME, free_port  # noqa: E402
 from fakes import FakeModel, greedy_reference  # noqa: E402
 
@@ -64,26 +64,10 @@ def _fake_server(*argv: str):
     return proc, base
 
 
-def _call(base, path, body=None, timeout=30) -> tuple[int, dict]:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(base + path, data=data, method="POST" if body is not None else "GET",
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
-def _completion(prompt, max_tokens, **kw) -> dict:
-    return {"model": NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **kw}
 
 
-def _until(predicate, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
-        time.sleep(0.02)
 
 
 def _running(base) -> float:

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
 import urllib.request
 
 import pytest
@@ -19,37 +18,22 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 import fake_server  # noqa: E402
-from fake_server import NAME, free_port, running  # noqa: E402
+from fake_server import call as _call, completion as _completion, until as _until  # noqa: E402
+from fake_server import free_port, running  # noqa: E402
 from fakes import FakeModel, greedy_reference  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-def _call(base, path, body=None, method=None, timeout=30) -> tuple[int, dict]:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(base + path, data=data, method=method or ("POST" if body is not None else "GET"),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 def _metrics(base) -> dict[str, float]:
     return fake_server.metrics(base)
 
 
-def _completion(prompt, max_tokens, **kw) -> dict:
-    return {"model": NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **kw}
 
 
-def _until(predicate, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
-        time.sleep(0.02)
 
 
 def _in_background(fn, *args):
