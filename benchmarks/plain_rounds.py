@@ -1,4 +1,4 @@
-"""What a plain round (k = 0) of a drafting server runs, and what k=auto's measured round costs see (issue 21).
+"""What a plain round (k = 0) of a drafting server runs, and what k=auto's measured round costs see.
 
 Two parts, both CPU-only (no GPU needed):
 
@@ -7,7 +7,7 @@ Two parts, both CPU-only (no GPU needed):
   arriving over the run, each round's k from a script of plain stretches and drafting rounds. Per kind of step
   (admission + plain round, plain round, drafting round): the draft model's passes and prefill tokens, and whether
   the step's round is reported to k=auto (``observe_round``); once with the draft prefill at admission
-  (``prefill_at_admission``, as before the lazy prefill) and once lazy.
+  (``prefill_at_admission``) and once lazy (in the first round a row drafts).
 * traces (``--trace FILE ...``, a server's ``VERISPEC_STEP_TRACE`` JSON lines, e.g. benchmarks/serve_http.py's
   trace_PORT.jsonl): per widest k and batch range, the median step of the steps that admitted and of those that
   did not.

@@ -1,5 +1,5 @@
 """Quantized weights on the GPU: packed.cu against the bf16 path and the byte floor, a whole 8B Q4_K_M model, its
-prefill, speculation on it, and the embedded SmolLM2 from its packed blocks (issue 24).
+prefill, speculation on it, and the embedded SmolLM2 from its packed blocks.
 
 Four parts, each writing ``<out>/quant_<part>.json`` and its markdown section (``quant_<part>.md``, also printed);
 ``report`` joins the sections present into ``<out>/quant.md`` (and, with ``--write``, ``benchmarks/results/quant.md``):

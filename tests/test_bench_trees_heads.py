@@ -77,7 +77,7 @@ def test_trees_rows_are_exact_and_count_the_nodes(trees_dir):
     assert {r["point"]["batch"] for r in live} == {1, 2}
     for r in live:
         assert r["exact"], r["point"]                 # greedy: every output is plain decoding's
-        assert r["tokens_per_s"] > 0 and r["tokens_per_round"] >= 1.0
+        assert r["tokens_per_round"] >= 1.0
         m = r["point"]["method"]
         if m == "tree":                               # the oracle proposes the full tree every round
             assert r["nodes_per_round"] == pytest.approx(tree_nodes(r["point"]["tree"]))

@@ -1,5 +1,5 @@
-"""``heads``: a feature-level draft head (issue 23: ``FeatureHead``, EAGLE-3's shape over the target's own hidden
-states) vs prompt lookup vs plain decoding.
+"""``heads``: a feature-level draft head (``FeatureHead``, EAGLE-3's shape over the target's own hidden states) vs
+prompt lookup vs plain decoding.
 
 It runs when ``--draft-head DIR`` names a head that fits the target, or, without --draft-head, when the head
 shipped for the embedded SmolLM2 fits it (the target is that model: the default on a CPU, or its GGUF through

@@ -1,4 +1,4 @@
-"""``trees``: draft trees vs the best chain, at each batch size (issue 22).
+"""``trees``: draft trees vs the best chain, at each batch size.
 
 Points, at every swept batch size B (oracle drafts: at every alpha too): plain decoding, a chain of every swept K,
 every tree shape of ``--trees`` (children per node at each depth), and ``tree="auto"`` (the engine's own choice
