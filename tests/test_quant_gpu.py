@@ -113,6 +113,44 @@ def test_packed_v3_is_batch_invariant(name, N, K):
         assert torch.equal(packed_matmul(ragged, blocks, qtype, b, variant=3), torch.cat([alone[3:8], alone[20:29]]))
 
 
+# v4's own shapes besides V3_SHAPES: a tensor of one short row (Q6_K K = 256: 210-byte rows, a unit at 2 mod 16 in
+# every other row; the last row's window reaches past the tensor's end, which v4 zero-fills) and N = 17 (a tile of 1 row)
+V4_SHAPES = V3_SHAPES + [(3, 256), (17, 512)]
+
+
+@pytest.mark.parametrize("name", TYPES)
+@pytest.mark.parametrize("N, K", V4_SHAPES)
+def test_packed_v4_equals_v3(name, N, K):
+    """v4 stages the weights through shared memory and computes v3's arithmetic: the same bits as v3 for every M
+    (1..17, 33), x aligned or not, with a bias, launched with and without PDL, and inside a CUDA graph (PDL edges)."""
+    from verispec.runtime.gemv import packed_matmul
+
+    if K % BY_NAME[name].block_size:
+        pytest.skip(f"rows of {K} are not whole {name} blocks")
+    qtype = BY_NAME[name].ggml_type
+    blocks = blocks_of(name, N, K).cuda()
+    flat = torch.randn(33 * K + 1, device="cuda").bfloat16()
+    b = torch.randn(N, device="cuda").bfloat16()
+    for x in (flat[:33 * K].view(33, K), flat[1:].view(33, K)):
+        for M in [*range(1, 18), 33]:
+            want = packed_matmul(x[:M], blocks, qtype, b, variant=3)
+            for pdl in (False, True):
+                assert torch.equal(packed_matmul(x[:M], blocks, qtype, b, variant=4, pdl=pdl), want), (M, pdl)
+    x = flat[:5 * K].view(5, K)
+    want = packed_matmul(x, blocks, qtype, variant=3)
+    out = torch.empty_like(want)
+    packed_matmul(x, blocks, qtype, out=out, variant=4, pdl=True)        # the launch's one-time set-up, outside
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        mid = packed_matmul(x, blocks, qtype, variant=4, pdl=True)
+        packed_matmul(x, blocks, qtype, out=out, variant=4, pdl=True)
+        mid.add_(0)
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want) and torch.equal(mid, want)
+
+
 @pytest.mark.parametrize("name", TYPES)
 def test_packed_v3_runs_v1_for_fp32_and_fp16(name):
     """v3 is built for bf16 x only (the GPU models' dtype): fp32 and fp16 x run v1 under variant 3, bit for bit. (With

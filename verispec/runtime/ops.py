@@ -591,7 +591,7 @@ def _packed_linear(x: Tensor, w: PackedWeight, b: Tensor | None) -> Tensor:
     for qtype, blocks in w.parts:
         n = blocks.shape[0]
         outs.append(vgemv.packed_matmul(x, blocks, qtype, None if b is None else b[row:row + n],
-                                        variant=PACKED_VARIANT))
+                                        variant=PACKED_VARIANT, pdl=use_pdl(x.device)))
         row += n
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
 

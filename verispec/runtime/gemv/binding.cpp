@@ -17,7 +17,7 @@ cudaError_t vs_inv_matmul(const void* x, const void* w, const void* b, void* y, 
 int vs_packed_block_size(int qtype);
 int vs_packed_default_variant();
 cudaError_t vs_packed_matmul(const void* x, const void* w, const void* b, void* y, int dtype, int qtype, int M, int N,
-                             int K, int variant, cudaStream_t stream);
+                             int K, int variant, cudaStream_t stream, int pdl);
 cudaError_t vs_packed_dequantize(const void* w, void* out, int dtype, int qtype, int N, int K, int variant,
                                  cudaStream_t stream);
 }
@@ -113,7 +113,8 @@ std::vector<int64_t> inv_config(int64_t M, int64_t N, int64_t K, int64_t variant
 // ---- packed (GGUF block) matmul ---------------------------------------------------------------
 // y [M, N] = x [M, K] @ W^T (+ b [N]), W = blocks uint8 [N, K / QK * type size] of GGML type qtype (packed.cu).
 at::Tensor packed_matmul(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype, int64_t type_size,
-                         const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& out, int64_t variant) {
+                         const std::optional<at::Tensor>& b, const std::optional<at::Tensor>& out, int64_t variant,
+                         bool pdl) {
     TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.is_contiguous(), "x must be a contiguous CUDA [M, K] tensor");
     check_cuda(blocks, x, "blocks");
     const int qk = vs_packed_block_size((int)qtype);
@@ -143,7 +144,7 @@ at::Tensor packed_matmul(const at::Tensor& x, const at::Tensor& blocks, int64_t 
     }
     const c10::cuda::CUDAGuard guard(x.device());
     check_launch(vs_packed_matmul(x.data_ptr(), blocks.data_ptr(), bp, y.data_ptr(), dtype_code(x, "x"), (int)qtype,
-                                  M, N, K, (int)variant, at::cuda::getCurrentCUDAStream()),
+                                  M, N, K, (int)variant, at::cuda::getCurrentCUDAStream(), (int)pdl),
                  "packed_matmul");
     return y;
 }

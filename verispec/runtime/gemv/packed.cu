@@ -35,6 +35,9 @@
 //       tokens by mma.sync, its scales folded in per chunk. Not v2's bits (the sum is regrouped); fp32 / fp16 x run
 //       v1 under variant 3. Its lane layout (packed_v3.cuh) is checked on the CPU with the MMA emulated
 //       (tests/test_quant_v3.py).
+//   v4  v3's order and arithmetic, so v3's bits (tests/test_quant_gpu.py checks it on a GPU), the weights staged through
+//       shared memory by 16-byte cp.async several units ahead (its comment, below v3's kernel); v3's kernel itself for
+//       the large Q4_K matrices, where it is faster. Both launch with programmatic dependent launch when asked.
 //
 // Launch (v1, v2): grid (ceil(N / 4), ceil(M / tokens per block)), 4 warps a block, one row of W per warp; v3: grid
 // (ceil(M / 8 or 16), ceil(N / 16)), 8 warps a block. No allocation, no host sync: CUDA-graph capturable.
@@ -167,124 +170,74 @@ packed_matmul_v2_kernel(const T* __restrict__ x,        // [M, K]
 // result depends on its row of x and K only: not on M, its tile, its slot in the n = 8 tile, RT or NT. Columns past
 // M repeat token M - 1 and rows past N repeat row N - 1 (valid memory), never stored.
 // What it saves against v2: each weight is decoded once per block for all of the block's tokens (8 NT), by 1-2 integer
-// ops and half a bf16x2 FMA (Q8_0: a PRMT, an FADD and half a CVT) instead of a float conversion and a fp32 FMA per
+// ops and half a bf16x2 FMA (Q8_0: two LOP3s and a bf16x2 FMA a pair) instead of a float conversion and a fp32 FMA per
 // token; the FMAs run on the tensor cores; x is read once per 16 RT rows of W instead of once per row. A block covers
 // 16 RT rows x 8 NT tokens; NT = 2 (16 tokens in registers) for M > 8, and more tokens take more blocks (grid x),
 // each the same per-token arithmetic. Each warp loads its next unit while it computes the current one.
+// One unit u of the warp's slice (its rows' Raw in cur: rows g and g + 8 of each row tile) into acc: the chunks in
+// order, v3's arithmetic (above). nch: chunks a row; xr: token g of each n = 8 tile.
 template <int QT, int RT, int NT>
-__global__ void __launch_bounds__(32 * V3_SLICES, 2)   // two blocks an SM: <= 128 registers a thread
-packed_matmul_v3_kernel(const __nv_bfloat16* __restrict__ x,     // [M, K]
-                        const uint8_t* __restrict__ w,           // [N, row bytes]
-                        const __nv_bfloat16* __restrict__ bias,  // [N] or nullptr
-                        __nv_bfloat16* __restrict__ y,           // [M, N]
-                        int M, int N, int K) {
+__device__ __forceinline__ void v3_unit(const typename V3<QT>::Raw (&cur)[RT][2], int u, int nch,
+                                        const uint16_t* const (&xr)[NT], int t, float (&acc)[RT][NT][4]) {
     using Tr = V3<QT>;
-    using Raw = typename Tr::Raw;
     constexpr bool KQUANT = QT == PK_Q4_K || QT == PK_Q6_K;   // K a multiple of 256: no short unit
-    constexpr int F = RT * NT;                                   // accumulator fragments a warp
-    __shared__ float4 s_part[V3_SLICES][F][32];
-    const int lane = threadIdx.x & 31, p = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const long long row0 = (long long)blockIdx.y * (16 * RT), tok0 = (long long)blockIdx.x * (8 * NT);
-    const int nch = K / 32, nunits = (nch + 7) / 8;
-    const long long row_bytes = (long long)(KQUANT ? K / 256 : nch) * Tr::BLOCK;
-    const uint8_t* wr[RT][2];                                    // rows g and g + 8 of each row tile
 #pragma unroll
-    for (int r = 0; r < RT; ++r)
+    for (int j = 0; j < 8; ++j) {
+        if (!KQUANT && 8 * u + j >= nch) break;              // a short last unit (the whole warp)
+        const long long col = 256LL * u + 32 * j;
+        uint32_t b[NT][4];
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            const long long rr = row0 + 16 * r + 8 * hf + g;
-            wr[r][hf] = w + (rr < N ? rr : (long long)N - 1) * row_bytes;
-        }
-    const uint16_t* xr[NT];                                      // token g of each n = 8 tile
+        for (int n = 0; n < NT; ++n) v3_b_frags<QT>(xr[n] + col, t, b[n]);
+        float xs[NT][4];                                     // FOLD_MIN: each token's sum of x over the chunk
+        if constexpr (Tr::FOLD == FOLD_MIN) {
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-        const long long tok = tok0 + 8 * j + g;
-        xr[j] = reinterpret_cast<const uint16_t*>(x) + (tok < M ? tok : (long long)M - 1) * K;
-    }
-    float acc[RT][NT][4];
-#pragma unroll
-    for (int r = 0; r < RT; ++r)
-#pragma unroll
-        for (int j = 0; j < NT; ++j) acc[r][j][0] = acc[r][j][1] = acc[r][j][2] = acc[r][j][3] = 0.0f;
-
-    Raw cur[RT][2];
-    int u = p;
-    if (u < nunits) {
-        const int valid = KQUANT ? 8 : min(8, nch - 8 * u);
-#pragma unroll
-        for (int r = 0; r < RT; ++r)
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) v3_load(wr[r][hf] + (long long)u * Tr::UNIT, t, valid, cur[r][hf]);
-    }
-    for (; u < nunits; u += V3_SLICES) {
-        const bool more = u + V3_SLICES < nunits;
-        Raw nxt[RT][2];
-        if (more) {
-            const int valid = KQUANT ? 8 : min(8, nch - 8 * (u + V3_SLICES));
-#pragma unroll
-            for (int r = 0; r < RT; ++r)
-#pragma unroll
-                for (int hf = 0; hf < 2; ++hf)
-                    v3_load(wr[r][hf] + (long long)(u + V3_SLICES) * Tr::UNIT, t, valid, nxt[r][hf]);
-        }
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            if (!KQUANT && 8 * u + j >= nch) break;              // a short last unit (the whole warp)
-            const long long col = 256LL * u + 32 * j;
-            uint32_t b[NT][4];
-#pragma unroll
-            for (int n = 0; n < NT; ++n) v3_b_frags<QT>(xr[n] + col, t, b[n]);
-            float xs[NT][4];                                     // FOLD_MIN: each token's sum of x over the chunk
-            if constexpr (Tr::FOLD == FOLD_MIN) {
-#pragma unroll
-                for (int n = 0; n < NT; ++n) {
-                    xs[n][0] = xs[n][1] = xs[n][2] = xs[n][3] = 0.0f;
-                    mma_16816<__nv_bfloat16>(xs[n], V3_BF16_ONES, V3_BF16_ONES, V3_BF16_ONES, V3_BF16_ONES, b[n][0],
-                                             b[n][1]);
-                    mma_16816<__nv_bfloat16>(xs[n], V3_BF16_ONES, V3_BF16_ONES, V3_BF16_ONES, V3_BF16_ONES, b[n][2],
-                                             b[n][3]);
-                }
+            for (int n = 0; n < NT; ++n) {
+                xs[n][0] = xs[n][1] = xs[n][2] = xs[n][3] = 0.0f;
+                mma_16816<__nv_bfloat16>(xs[n], V3_BF16_ONES, V3_BF16_ONES, V3_BF16_ONES, V3_BF16_ONES, b[n][0],
+                                         b[n][1]);
+                mma_16816<__nv_bfloat16>(xs[n], V3_BF16_ONES, V3_BF16_ONES, V3_BF16_ONES, V3_BF16_ONES, b[n][2],
+                                         b[n][3]);
             }
+        }
 #pragma unroll
-            for (int r = 0; r < RT; ++r) {
-                uint32_t ag[4], ah[4];                           // rows g, g + 8
-                float sg0, sg1, sh0, sh1;
-                v3_chunk(cur[r][0], j, ag, sg0, sg1);
-                v3_chunk(cur[r][1], j, ah, sh0, sh1);
+        for (int r = 0; r < RT; ++r) {
+            uint32_t ag[4], ah[4];                           // rows g, g + 8
+            float sg0, sg1, sh0, sh1;
+            v3_chunk(cur[r][0], j, ag, sg0, sg1);
+            v3_chunk(cur[r][1], j, ah, sh0, sh1);
 #pragma unroll
-                for (int n = 0; n < NT; ++n) {
-                    float d0[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                    mma_16816<__nv_bfloat16>(d0, ag[0], ah[0], ag[1], ah[1], b[n][0], b[n][1]);
-                    if constexpr (Tr::FOLD == FOLD_SPLIT) {
-                        float d1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                        mma_16816<__nv_bfloat16>(d1, ag[2], ah[2], ag[3], ah[3], b[n][2], b[n][3]);
+            for (int n = 0; n < NT; ++n) {
+                float d0[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                mma_16816<__nv_bfloat16>(d0, ag[0], ah[0], ag[1], ah[1], b[n][0], b[n][1]);
+                if constexpr (Tr::FOLD == FOLD_SPLIT) {
+                    float d1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    mma_16816<__nv_bfloat16>(d1, ag[2], ah[2], ag[3], ah[3], b[n][2], b[n][3]);
 #pragma unroll
-                        for (int e = 0; e < 4; ++e) {            // (d0, d1): row g; (d2, d3): row g + 8
-                            acc[r][n][e] = fmaf(e < 2 ? sg0 : sh0, d0[e], acc[r][n][e]);
-                            acc[r][n][e] = fmaf(e < 2 ? sg1 : sh1, d1[e], acc[r][n][e]);
-                        }
-                    } else {
-                        mma_16816<__nv_bfloat16>(d0, ag[2], ah[2], ag[3], ah[3], b[n][2], b[n][3]);
+                    for (int e = 0; e < 4; ++e) {            // (d0, d1): row g; (d2, d3): row g + 8
+                        acc[r][n][e] = fmaf(e < 2 ? sg0 : sh0, d0[e], acc[r][n][e]);
+                        acc[r][n][e] = fmaf(e < 2 ? sg1 : sh1, d1[e], acc[r][n][e]);
+                    }
+                } else {
+                    mma_16816<__nv_bfloat16>(d0, ag[2], ah[2], ag[3], ah[3], b[n][2], b[n][3]);
 #pragma unroll
-                        for (int e = 0; e < 4; ++e) {
-                            acc[r][n][e] = fmaf(e < 2 ? sg0 : sh0, d0[e], acc[r][n][e]);
-                            if constexpr (Tr::FOLD == FOLD_MIN)
-                                acc[r][n][e] = fmaf(e < 2 ? sg1 : sh1, xs[n][e], acc[r][n][e]);
-                        }
+                    for (int e = 0; e < 4; ++e) {
+                        acc[r][n][e] = fmaf(e < 2 ? sg0 : sh0, d0[e], acc[r][n][e]);
+                        if constexpr (Tr::FOLD == FOLD_MIN)
+                            acc[r][n][e] = fmaf(e < 2 ? sg1 : sh1, xs[n][e], acc[r][n][e]);
                     }
                 }
             }
         }
-        if (more) {
-#pragma unroll
-            for (int r = 0; r < RT; ++r) {
-                cur[r][0] = nxt[r][0];
-                cur[r][1] = nxt[r][1];
-            }
-        }
     }
+}
 
-    // the fixed-order sum over the 8 slices
+// The fixed-order sum over the V3_SLICES warps' accumulators (through s_part), + b, rounded once, stored.
+template <int RT, int NT>
+__device__ __forceinline__ void v3_store(const float (&acc)[RT][NT][4], float4 (*s_part)[RT * NT][32],
+                                         const __nv_bfloat16* __restrict__ bias, __nv_bfloat16* __restrict__ y,
+                                         long long row0, long long tok0, int M, int N) {
+    constexpr int F = RT * NT;
+    const int lane = threadIdx.x & 31, p = threadIdx.x >> 5;
 #pragma unroll
     for (int f = 0; f < F; ++f) {
         const float* a = acc[f / NT][f % NT];
@@ -312,6 +265,219 @@ packed_matmul_v3_kernel(const __nv_bfloat16* __restrict__ x,     // [M, K]
             }
         }
     }
+}
+
+template <int QT, int RT, int NT>
+__global__ void __launch_bounds__(32 * V3_SLICES, 2)   // two blocks an SM: <= 128 registers a thread
+packed_matmul_v3_kernel(const __nv_bfloat16* __restrict__ x,     // [M, K]
+                        const uint8_t* __restrict__ w,           // [N, row bytes]
+                        const __nv_bfloat16* __restrict__ bias,  // [N] or nullptr
+                        __nv_bfloat16* __restrict__ y,           // [M, N]
+                        int M, int N, int K) {
+    using Tr = V3<QT>;
+    using Raw = typename Tr::Raw;
+    constexpr bool KQUANT = QT == PK_Q4_K || QT == PK_Q6_K;   // K a multiple of 256: no short unit
+    __shared__ float4 s_part[V3_SLICES][RT * NT][32];
+    const int lane = threadIdx.x & 31, p = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const long long row0 = (long long)blockIdx.y * (16 * RT), tok0 = (long long)blockIdx.x * (8 * NT);
+    const int nch = K / 32, nunits = (nch + 7) / 8;
+    const long long row_bytes = (long long)(KQUANT ? K / 256 : nch) * Tr::BLOCK;
+    const uint8_t* wr[RT][2];                                    // rows g and g + 8 of each row tile
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            const long long rr = row0 + 16 * r + 8 * hf + g;
+            wr[r][hf] = w + (rr < N ? rr : (long long)N - 1) * row_bytes;
+        }
+    const uint16_t* xr[NT];                                      // token g of each n = 8 tile
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        const long long tok = tok0 + 8 * j + g;
+        xr[j] = reinterpret_cast<const uint16_t*>(x) + (tok < M ? tok : (long long)M - 1) * K;
+    }
+    float acc[RT][NT][4];
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) acc[r][j][0] = acc[r][j][1] = acc[r][j][2] = acc[r][j][3] = 0.0f;
+
+    pdl_launch_dependents();
+    Raw cur[RT][2];
+    int u = p;
+    if (u < nunits) {
+        const int valid = KQUANT ? 8 : min(8, nch - 8 * u);
+#pragma unroll
+        for (int r = 0; r < RT; ++r)
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) v3_load(wr[r][hf] + (long long)u * Tr::UNIT, t, valid, cur[r][hf]);
+    }
+    pdl_wait();                                                  // x comes from the previous kernel (weights do not)
+    for (; u < nunits; u += V3_SLICES) {
+        const bool more = u + V3_SLICES < nunits;
+        Raw nxt[RT][2];
+        if (more) {
+            const int valid = KQUANT ? 8 : min(8, nch - 8 * (u + V3_SLICES));
+#pragma unroll
+            for (int r = 0; r < RT; ++r)
+#pragma unroll
+                for (int hf = 0; hf < 2; ++hf)
+                    v3_load(wr[r][hf] + (long long)(u + V3_SLICES) * Tr::UNIT, t, valid, nxt[r][hf]);
+        }
+        v3_unit<QT, RT, NT>(cur, u, nch, xr, t, acc);
+        if (more) {
+#pragma unroll
+            for (int r = 0; r < RT; ++r) {
+                cur[r][0] = nxt[r][0];
+                cur[r][1] = nxt[r][1];
+            }
+        }
+    }
+    v3_store<RT, NT>(acc, s_part, bias, y, row0, tok0, M, N);
+}
+
+// ------------------------------------------------------------------------------------------------ v4
+// v3's order and arithmetic (the same bits: the same v3_unit and v3_store), the weights brought in differently. v3's
+// lanes read their own bytes of each unit straight from global memory, one unit ahead: 4-byte loads spread over 8 rows
+// (Q8_0, Q4_0, Q6_K blocks are only 2-byte aligned) and a few KB in flight a warp, not enough to cover the latency on
+// the small matrices of a decode step. v4 copies each (row, unit) window to the warp's shared-memory stage with 16-byte
+// cp.async (whole 32-byte sectors, no registers held), V4_STAGES<QT> units ahead, and the lanes read their bytes from
+// there (V4Shared). Under programmatic dependent launch the first stages are issued before pdl_wait: the weights do
+// not depend on the previous kernel, only x does.
+//   A window is the unit's bytes widened to 16-byte boundaries (V4_WIN<QT> bytes: a unit starts at any even offset in
+//   general); its row's stage slot is V4_PITCH<QT> bytes, an odd number of 16-byte columns so that the 8 rows a warp
+//   instruction reads start in different banks. Bytes past the tensor's end are zero-filled, never read.
+template <int QT> constexpr int V4_WIN = ((V3<QT>::UNIT + 15) / 16 + 1) * 16;
+template <int QT> constexpr int V4_PITCH = (V4_WIN<QT> / 16) % 2 ? V4_WIN<QT> : V4_WIN<QT> + 16;
+// stages: as many as fit about 96 KB a block (two blocks an SM), at least 2
+template <int QT> constexpr int V4_STAGES =
+    (96 * 1024) / (V3_SLICES * 16 * V4_PITCH<QT>) > 4 ? 4
+    : ((96 * 1024) / (V3_SLICES * 16 * V4_PITCH<QT>) < 2 ? 2 : (96 * 1024) / (V3_SLICES * 16 * V4_PITCH<QT>));
+template <int QT> constexpr int V4_SMEM = V3_SLICES * V4_STAGES<QT> * 16 * V4_PITCH<QT>;
+
+// A unit's bytes in a warp's stage (``a``: the shared-memory address of its first byte). A4: a is a multiple of 4 (rows
+// and units of a multiple of 4 bytes: every type but Q6_K, whose 210-byte units alternate), so a word's alignment is its
+// offset's, known once unrolled: an aligned word is one load, another two loads and a funnel shift.
+template <bool A4>
+struct V4Shared {
+    uint32_t a;
+    __device__ __forceinline__ uint2 ld8(int o) const {
+        uint2 v;
+        asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(a + o));
+        return v;
+    }
+    __device__ __forceinline__ uint4 ld16(int o) const {
+        uint4 v;
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "r"(a + o));
+        return v;
+    }
+    __device__ __forceinline__ static uint32_t lds(uint32_t at) {
+        uint32_t v;
+        asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(at));
+        return v;
+    }
+    template <int NB>
+    __device__ __forceinline__ void bytes(int o, uint32_t (&out)[(NB + 3) / 4]) const {
+        constexpr int NO = (NB + 3) / 4;
+        const uint32_t at = A4 ? a + (uint32_t)(o & ~3) : (a + o) & ~3u;
+        const uint32_t sh = A4 ? (uint32_t)(o & 3) * 8u : ((a + o) & 3u) * 8u;
+        uint32_t r[NO + 1];
+#pragma unroll
+        for (int i = 0; i < NO; ++i) r[i] = lds(at + 4 * i);
+        r[NO] = sh != 0 ? lds(at + 4 * NO) : 0u;
+#pragma unroll
+        for (int i = 0; i < NO; ++i) out[i] = sh != 0 ? __funnelshift_r(r[i], r[i + 1], sh) : r[i];
+    }
+};
+
+__device__ __forceinline__ void v4_cp16(uint32_t dst, const uint8_t* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void v4_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void v4_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+template <int QT, int NT, bool A4>
+__global__ void __launch_bounds__(32 * V3_SLICES, 2)
+packed_matmul_v4_kernel(const __nv_bfloat16* __restrict__ x,     // [M, K]
+                        const uint8_t* __restrict__ w,           // [N, row bytes], 16-byte aligned
+                        const __nv_bfloat16* __restrict__ bias,  // [N] or nullptr
+                        __nv_bfloat16* __restrict__ y,           // [M, N]
+                        int M, int N, int K) {
+    using Tr = V3<QT>;
+    using Raw = typename Tr::Raw;
+    constexpr bool KQUANT = QT == PK_Q4_K || QT == PK_Q6_K;
+    constexpr int ST = V4_STAGES<QT>, PITCH = V4_PITCH<QT>, VECS = V4_WIN<QT> / 16;
+    extern __shared__ __align__(16) uint8_t v4_smem[];          // [V3_SLICES][ST][16 rows][PITCH]
+    __shared__ float4 s_part[V3_SLICES][NT][32];
+    const int lane = threadIdx.x & 31, p = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const long long row0 = (long long)blockIdx.y * 16, tok0 = (long long)blockIdx.x * (8 * NT);
+    const int nch = K / 32, nunits = (nch + 7) / 8;
+    const long long row_bytes = (long long)(KQUANT ? K / 256 : nch) * Tr::BLOCK;
+    const uint8_t* const w_end = w + (long long)N * row_bytes;
+    const uint32_t stage0 = (uint32_t)__cvta_generic_to_shared(v4_smem) + (uint32_t)(p * ST * 16 * PITCH);
+    pdl_launch_dependents();
+
+    // the window of (row r of the tile, the warp's i-th unit) into stage i % ST: VECS 16-byte copies a row, the lanes
+    // taking (row, vector) pairs in turn; one commit group a unit (empty past the last, so wait counts stay fixed)
+    auto issue = [&](int i) {
+        const int u = p + V3_SLICES * i;
+        if (u < nunits) {
+            const int ubytes = KQUANT ? Tr::UNIT : min(8, nch - 8 * u) * Tr::BLOCK;
+            const uint32_t stage = stage0 + (uint32_t)((i % ST) * 16 * PITCH);
+            for (int e = lane; e < 16 * VECS; e += 32) {
+                const int r = e / VECS, v = e % VECS;
+                const long long rr = row0 + r < N ? row0 + r : (long long)N - 1;
+                const uint8_t* unit = w + rr * row_bytes + (long long)u * Tr::UNIT;
+                const uint8_t* a0 = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(unit) & ~(uintptr_t)15);
+                const uint8_t* src = a0 + 16 * v;
+                if (src < unit + ubytes) {
+                    const long long left = w_end - src;
+                    v4_cp16(stage + (uint32_t)(r * PITCH + 16 * v), src, left >= 16 ? 16 : (int)left);
+                }
+            }
+        }
+        v4_commit();
+    };
+#pragma unroll
+    for (int i = 0; i < ST - 1; ++i) issue(i);
+    pdl_wait();                                                  // x comes from the previous kernel
+
+    const uint16_t* xr[NT];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        const long long tok = tok0 + 8 * j + g;
+        xr[j] = reinterpret_cast<const uint16_t*>(x) + (tok < M ? tok : (long long)M - 1) * K;
+    }
+    float acc[1][NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.0f;
+    const long long rg = row0 + g < N ? row0 + g : (long long)N - 1, rh = row0 + 8 + g < N ? row0 + 8 + g : (long long)N - 1;
+
+    for (int i = 0, u = p; u < nunits; ++i, u += V3_SLICES) {
+        issue(i + ST - 1);
+        v4_wait<ST - 1>();                                       // unit i's copies (this lane's) have landed
+        __syncwarp();                                            // ... and every lane's
+        const int valid = KQUANT ? 8 : min(8, nch - 8 * u);
+        const uint32_t stage = stage0 + (uint32_t)((i % ST) * 16 * PITCH);
+        const long long ug = (long long)u * Tr::UNIT;
+        const uint32_t og = (uint32_t)(reinterpret_cast<uintptr_t>(w + rg * row_bytes + ug) & 15),
+                       oh = (uint32_t)(reinterpret_cast<uintptr_t>(w + rh * row_bytes + ug) & 15);
+        Raw cur[1][2];
+        const V4Shared<A4> sg{stage + (uint32_t)(g * PITCH) + og}, sh{stage + (uint32_t)((g + 8) * PITCH) + oh};
+        if (valid == 8) {                                        // a whole unit: the chunk checks fold away
+            v3_read(sg, t, 8, cur[0][0]);
+            v3_read(sh, t, 8, cur[0][1]);
+        } else {
+            v3_read(sg, t, valid, cur[0][0]);
+            v3_read(sh, t, valid, cur[0][1]);
+        }
+        __syncwarp();                                            // the stage is free for unit i + ST
+        v3_unit<QT, 1, NT>(cur, u, nch, xr, t, acc);
+    }
+    v4_wait<0>();
+    v3_store<1, NT>(acc, s_part, bias, y, row0, tok0, M, N);
 }
 
 // ------------------------------------------------------------------------------------------------ dequantizer
@@ -379,19 +545,36 @@ static cudaError_t pk_launch_v2(const void* x, const void* w, const void* b, voi
     return cudaGetLastError();
 }
 
+// One launch on `stream`, with programmatic dependent launch when pdl (the kernels call pdl_launch_dependents and
+// pdl_wait; without the attribute those are no-ops)
+template <typename... Params, typename... Args>
+static cudaError_t pk_launch_ex(void (*kernel)(Params...), dim3 grid, unsigned smem, cudaStream_t stream, int pdl,
+                                Args... args) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = dim3(32 * V3_SLICES);
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attr;
+    config.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+}
+
 template <int QT, int RT, int NT>
 static cudaError_t pk_launch_v3_shape(const void* x, const void* w, const void* b, void* y, int M, int N, int K,
-                                      cudaStream_t stream) {
+                                      cudaStream_t stream, int pdl) {
     const long long tok_tiles = ((long long)M + 8 * NT - 1) / (8 * NT), row_tiles = ((long long)N + 16 * RT - 1) / (16 * RT);
     // x: 8-byte loads; Q4_K blocks: 16- and 8-byte loads (rows are whole multiples of 16 bytes)
     if (tok_tiles > 0x7fffffffLL || row_tiles > 65535 || reinterpret_cast<uintptr_t>(x) % 8 ||
         (QT == PK_Q4_K && reinterpret_cast<uintptr_t>(w) % 16))
         return cudaErrorInvalidValue;
     // token tiles fastest (as invariant.cu): the blocks that read one row tile run together and share it through L2
-    const dim3 grid((unsigned)tok_tiles, (unsigned)row_tiles);
-    packed_matmul_v3_kernel<QT, RT, NT><<<grid, 32 * V3_SLICES, 0, stream>>>(
-        (const __nv_bfloat16*)x, (const uint8_t*)w, (const __nv_bfloat16*)b, (__nv_bfloat16*)y, M, N, K);
-    return cudaGetLastError();
+    return pk_launch_ex(packed_matmul_v3_kernel<QT, RT, NT>, dim3((unsigned)tok_tiles, (unsigned)row_tiles), 0, stream,
+                        pdl, (const __nv_bfloat16*)x, (const uint8_t*)w, (const __nv_bfloat16*)b, (__nv_bfloat16*)y, M,
+                        N, K);
 }
 
 // v3's block shape: speed only (every shape computes the same bits). 16 rows a block (RT = 1: 32 rows took 255
@@ -399,19 +582,56 @@ static cudaError_t pk_launch_v3_shape(const void* x, const void* w, const void* 
 // tokens reads the blocks once).
 template <int QT>
 static cudaError_t pk_launch_v3(const void* x, const void* w, const void* b, void* y, int M, int N, int K,
-                                cudaStream_t stream) {
-    if (M <= 8) return pk_launch_v3_shape<QT, 1, 1>(x, w, b, y, M, N, K, stream);
-    return pk_launch_v3_shape<QT, 1, 2>(x, w, b, y, M, N, K, stream);
+                                cudaStream_t stream, int pdl) {
+    if (M <= 8) return pk_launch_v3_shape<QT, 1, 1>(x, w, b, y, M, N, K, stream, pdl);
+    return pk_launch_v3_shape<QT, 1, 2>(x, w, b, y, M, N, K, stream, pdl);
+}
+
+template <int QT, int NT, bool A4>
+static cudaError_t pk_launch_v4_shape(const void* x, const void* w, const void* b, void* y, int M, int N, int K,
+                                      cudaStream_t stream, int pdl) {
+    const long long tok_tiles = ((long long)M + 8 * NT - 1) / (8 * NT), row_tiles = ((long long)N + 15) / 16;
+    if (tok_tiles > 0x7fffffffLL || row_tiles > 65535 || reinterpret_cast<uintptr_t>(x) % 8 ||
+        reinterpret_cast<uintptr_t>(w) % 16)
+        return cudaErrorInvalidValue;
+    static bool sized = false;                   // once per instantiation, before any capture (warm-up runs first)
+    if (!sized) {
+        const cudaError_t e = cudaFuncSetAttribute(packed_matmul_v4_kernel<QT, NT, A4>,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, V4_SMEM<QT>);
+        if (e != cudaSuccess) return e;
+        sized = true;
+    }
+    return pk_launch_ex(packed_matmul_v4_kernel<QT, NT, A4>, dim3((unsigned)tok_tiles, (unsigned)row_tiles),
+                        (unsigned)V4_SMEM<QT>, stream, pdl, (const __nv_bfloat16*)x, (const uint8_t*)w,
+                        (const __nv_bfloat16*)b, (__nv_bfloat16*)y, M, N, K);
+}
+
+// v4, or v3's kernel (the same bits) for the Q4_K matrices of 2^26 weights and more: their 16- and 8-byte aligned
+// blocks already load well straight from global memory, and the staging costs more than it saves there (H100:
+// benchmarks/results/quant.md, 8B gate+up 40.6 us in v3 vs 44.7 in v4; q/o 9.6 vs 8.6).
+template <int QT>
+static cudaError_t pk_launch_v4(const void* x, const void* w, const void* b, void* y, int M, int N, int K,
+                                cudaStream_t stream, int pdl) {
+    if (QT == PK_Q4_K && (long long)N * K >= (1LL << 26)) return pk_launch_v3<QT>(x, w, b, y, M, N, K, stream, pdl);
+    constexpr bool KQUANT = QT == PK_Q4_K || QT == PK_Q6_K;
+    const long long row_bytes = (long long)(KQUANT ? K / 256 : K / 32) * V3<QT>::BLOCK;
+    if (row_bytes % 4 == 0 && V3<QT>::UNIT % 4 == 0) {   // every unit starts at a multiple of 4 bytes (not Q6_K's)
+        if (M <= 8) return pk_launch_v4_shape<QT, 1, true>(x, w, b, y, M, N, K, stream, pdl);
+        return pk_launch_v4_shape<QT, 2, true>(x, w, b, y, M, N, K, stream, pdl);
+    }
+    if (M <= 8) return pk_launch_v4_shape<QT, 1, false>(x, w, b, y, M, N, K, stream, pdl);
+    return pk_launch_v4_shape<QT, 2, false>(x, w, b, y, M, N, K, stream, pdl);
 }
 
 template <typename T, int QT, int QK, int TYPE_SIZE>
 static cudaError_t pk_launch(const void* x, const void* w, const void* b, void* y, int M, int N, int K, int variant,
-                             cudaStream_t stream) {
+                             cudaStream_t stream, int pdl) {
     if constexpr (!std::is_same<T, __nv_bfloat16>::value) {   // v2 and v3 are built for bf16 (the GPU models' dtype)
         return pk_launch_v1<T, QT, QK, TYPE_SIZE>(x, w, b, y, M, N, K, stream);   // only: fewer kernels to compile
     } else {
         if (variant == 1) return pk_launch_v1<T, QT, QK, TYPE_SIZE>(x, w, b, y, M, N, K, stream);
-        if (variant == 3) return pk_launch_v3<QT>(x, w, b, y, M, N, K, stream);
+        if (variant == 3) return pk_launch_v3<QT>(x, w, b, y, M, N, K, stream, pdl);
+        if (variant == 4) return pk_launch_v4<QT>(x, w, b, y, M, N, K, stream, pdl);
         // tokens a block: the smallest of 1, 2, 4, 8 that holds M (a decode step carries no dead accumulators)
         if (M <= 1) return pk_launch_v2<T, QT, QK, TYPE_SIZE, 1>(x, w, b, y, M, N, K, stream);
         if (M <= 2) return pk_launch_v2<T, QT, QK, TYPE_SIZE, 2>(x, w, b, y, M, N, K, stream);
@@ -436,13 +656,13 @@ static cudaError_t pk_dequantize_launch(const void* w, void* out, int N, int K, 
 
 template <typename T>
 static cudaError_t pk_dispatch(int qtype, const void* x, const void* w, const void* b, void* y, int M, int N, int K,
-                               int variant, cudaStream_t stream) {
+                               int variant, cudaStream_t stream, int pdl) {
     switch (qtype) {
-        case PK_Q4_0: return pk_launch<T, PK_Q4_0, 32, 18>(x, w, b, y, M, N, K, variant, stream);
-        case PK_Q4_1: return pk_launch<T, PK_Q4_1, 32, 20>(x, w, b, y, M, N, K, variant, stream);
-        case PK_Q8_0: return pk_launch<T, PK_Q8_0, 32, 34>(x, w, b, y, M, N, K, variant, stream);
-        case PK_Q4_K: return pk_launch<T, PK_Q4_K, 256, 144>(x, w, b, y, M, N, K, variant, stream);
-        case PK_Q6_K: return pk_launch<T, PK_Q6_K, 256, 210>(x, w, b, y, M, N, K, variant, stream);
+        case PK_Q4_0: return pk_launch<T, PK_Q4_0, 32, 18>(x, w, b, y, M, N, K, variant, stream, pdl);
+        case PK_Q4_1: return pk_launch<T, PK_Q4_1, 32, 20>(x, w, b, y, M, N, K, variant, stream, pdl);
+        case PK_Q8_0: return pk_launch<T, PK_Q8_0, 32, 34>(x, w, b, y, M, N, K, variant, stream, pdl);
+        case PK_Q4_K: return pk_launch<T, PK_Q4_K, 256, 144>(x, w, b, y, M, N, K, variant, stream, pdl);
+        case PK_Q6_K: return pk_launch<T, PK_Q6_K, 256, 210>(x, w, b, y, M, N, K, variant, stream, pdl);
         default: return cudaErrorInvalidValue;
     }
 }
@@ -465,27 +685,25 @@ extern "C" int vs_packed_block_size(int qtype) {
     return qtype == PK_Q4_K || qtype == PK_Q6_K ? 256 : (qtype == PK_Q4_0 || qtype == PK_Q4_1 || qtype == PK_Q8_0 ? 32 : 0);
 }
 
-// The variant vs_packed_matmul / vs_packed_dequantize run for variant = 0: v1, the one checked on a GPU, until v2's
-// checks (tests/test_quant_gpu.py: v2 == v1, the dequantizer == torch's) have passed on one too; then 2.
-// v3: checked on an H100 (tests/test_quant_gpu.py with VERISPEC_PACKED_VARIANT=3: 190 passed; benchmarks/results/
-// quant.md: 8B Q4_K_M decode 3.83 ms vs v2's 6.28, a 5-token pass 1.04x a decode step, rows bit-identical at every
-// width). It runs v1 for fp32 / fp16 activations.
-extern "C" int vs_packed_default_variant() { return 3; }
+// The variant vs_packed_matmul / vs_packed_dequantize run for variant = 0: v4 (v3's bits; H100, benchmarks/results/
+// quant.md: 8B Q4_K_M decode 3.61 ms vs v3's 3.92, the 1B Q8_0 draft's matmuls about 2x faster than v3's). It runs v1
+// for fp32 / fp16 activations.
+extern "C" int vs_packed_default_variant() { return 4; }
 
 // y[M, N] = x[M, K] @ W^T (+ b), W as blocks of GGML type qtype, rows of K weights. x, b, y of one dtype (fp32,
 // bf16, fp16), contiguous; variant 0 (the default), 1 or 2 (the same bits) or 3. cudaErrorInvalidValue (nothing launched)
 // for an unknown type, dtype or variant, K not a whole number of blocks, too many rows of x (v1, v2) or of W (v3:
 // N > 16 * 65535) for the grid, (v2) x not 16-byte aligned, or (v3) x not 8-byte or Q4_K blocks not 16-byte aligned.
 extern "C" cudaError_t vs_packed_matmul(const void* x, const void* w, const void* b, void* y, int dtype, int qtype,
-                                        int M, int N, int K, int variant, cudaStream_t stream) {
+                                        int M, int N, int K, int variant, cudaStream_t stream, int pdl) {
     const int qk = vs_packed_block_size(qtype);
     variant = variant == 0 ? vs_packed_default_variant() : variant;
-    if (qk == 0 || M < 1 || N < 0 || K < qk || K % qk != 0 || variant < 1 || variant > 3) return cudaErrorInvalidValue;
+    if (qk == 0 || M < 1 || N < 0 || K < qk || K % qk != 0 || variant < 1 || variant > 4) return cudaErrorInvalidValue;
     if (N == 0) return cudaSuccess;
     switch (dtype) {
-        case VS_F32: return pk_dispatch<float>(qtype, x, w, b, y, M, N, K, variant, stream);
-        case VS_BF16: return pk_dispatch<__nv_bfloat16>(qtype, x, w, b, y, M, N, K, variant, stream);
-        case VS_F16: return pk_dispatch<__half>(qtype, x, w, b, y, M, N, K, variant, stream);
+        case VS_F32: return pk_dispatch<float>(qtype, x, w, b, y, M, N, K, variant, stream, pdl);
+        case VS_BF16: return pk_dispatch<__nv_bfloat16>(qtype, x, w, b, y, M, N, K, variant, stream, pdl);
+        case VS_F16: return pk_dispatch<__half>(qtype, x, w, b, y, M, N, K, variant, stream, pdl);
         default: return cudaErrorInvalidValue;
     }
 }
@@ -496,7 +714,7 @@ extern "C" cudaError_t vs_packed_dequantize(const void* w, void* out, int dtype,
                                             cudaStream_t stream) {
     const int qk = vs_packed_block_size(qtype);
     variant = variant == 0 ? vs_packed_default_variant() : variant;
-    if (qk == 0 || N < 0 || K < qk || K % qk != 0 || variant < 1 || variant > 3) return cudaErrorInvalidValue;
+    if (qk == 0 || N < 0 || K < qk || K % qk != 0 || variant < 1 || variant > 4) return cudaErrorInvalidValue;
     if (N == 0) return cudaSuccess;
     switch (dtype) {
         case VS_F32: return pk_dequantize_dispatch<float>(qtype, w, out, N, K, variant, stream);

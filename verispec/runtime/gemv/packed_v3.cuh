@@ -91,6 +91,17 @@ PK_FN uint2 v3_ldx8(const uint16_t* p) {
 #endif
 }
 
+// Where a unit's bytes are read from: ``v3_read`` takes a source with ld8 / ld16 (8 / 16 bytes at an offset aligned
+// to their size) and bytes<NB> (NB bytes at any offset, as aligned 32-bit words). V3Global: the blocks in global
+// memory (v3, and the host test); packed.cu's V4Shared: a warp's stage in shared memory (v4). One layout, two sources.
+struct V3Global {
+    const uint8_t* p;
+    PK_FN uint2 ld8(int o) const { return v3_ld8(p + o); }
+    PK_FN uint4 ld16(int o) const { return v3_ld16(p + o); }
+    template <int NB>
+    PK_FN void bytes(int o, uint32_t (&out)[(NB + 3) / 4]) const { pk_bytes<NB>(p + o, out); }
+};
+
 // byte i of w as fp32 (exact): 2^23 + byte built by one PRMT, minus 2^23 + B (B = 128: w's bytes are int8 ^ 0x80)
 template <int B>
 PK_FN float v3_byte_f(uint32_t w, int i) {
@@ -110,24 +121,15 @@ PK_FN int v3_group_col(int t, int h) { return QT == PK_Q4_K ? 8 * t + 4 * h : 16
 
 enum V3Fold { FOLD_MIN, FOLD_SPLIT, FOLD_ONE };
 
-// (bytes 0, 2) and (bytes 1, 3) of a word of int8 as exact bf16x2 pairs: each byte to fp32 by the 2^23 trick, two
-// packed by one CVT (|q| <= 128 has at most 8 significant bits: exact in bf16)
-PK_FN uint32_t v3_bf16x2(float lo, float hi) {
-#ifdef __CUDACC__
-    uint32_t d;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
-    return d;
-#else
-    uint32_t a, b;
-    std::memcpy(&a, &lo, 4);
-    std::memcpy(&b, &hi, 4);
-    return (a >> 16) | (b & 0xffff0000u);          // exact values: truncation is the rounding
-#endif
+// (bytes 0, 2) and (bytes 1, 3) of a word of int8 as exact bf16x2 pairs. Per half: 0x4300 | (b & 0x7F) is 128 + the
+// low 7 bits (bf16's 7 mantissa bits at exponent 2^7), and 0xC300 | (b & 0x80) is -128 (sign bit clear) or -256
+// (set); their sum is the two's complement value q, exact: two LOP3s and one bf16x2 FMA per pair.
+PK_FN uint32_t v3_i8_pair(uint32_t w) {
+    return v3_sub_bf16x2((w & 0x007F007Fu) | 0x43004300u, (w & 0x00800080u) | 0xC300C300u);
 }
 PK_FN void v3_pairs_i8(uint32_t word, uint32_t& lo, uint32_t& hi) {
-    const uint32_t u = word ^ 0x80808080u;         // int8 + 128
-    lo = v3_bf16x2(v3_byte_f<128>(u, 0), v3_byte_f<128>(u, 2));
-    hi = v3_bf16x2(v3_byte_f<128>(u, 1), v3_byte_f<128>(u, 3));
+    lo = v3_i8_pair(word);
+    hi = v3_i8_pair(word >> 8);
 }
 
 // B fragments of lane t for one token and one chunk: b[2 h], b[2 h + 1] = (b0, b1) of group h's MMA. xc: the
@@ -151,10 +153,11 @@ struct V3RawQ4K {
     uint2 qs[4];
 };
 
-PK_FN void v3_load(const uint8_t* sb, int t, int, V3RawQ4K& r) {
-    r.head = v3_ld16(sb);
+template <class Src>
+PK_FN void v3_read(const Src& sb, int t, int, V3RawQ4K& r) {
+    r.head = sb.ld16(0);
 #pragma unroll
-    for (int p = 0; p < 4; ++p) r.qs[p] = v3_ld8(sb + 16 + 32 * p + 8 * t);
+    for (int p = 0; p < 4; ++p) r.qs[p] = sb.ld8(16 + 32 * p + 8 * t);
 }
 
 // Sub-block j (0..7) of a row: A registers a[2 h] (k 2t, 2t + 1), a[2 h + 1] (k 2t + 8, 2t + 9) of group h, the
@@ -187,22 +190,23 @@ struct V3RawQ6K {
     float d;
 };
 
-PK_FN void v3_load(const uint8_t* sb, int t, int, V3RawQ6K& r) {
+template <class Src>
+PK_FN void v3_read(const Src& sb, int t, int, V3RawQ6K& r) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
         uint32_t o[1];
-        pk_bytes<4>(sb + 64 * (i >> 2) + 32 * ((i >> 1) & 1) + 16 * (i & 1) + 4 * t, o);
+        sb.template bytes<4>(64 * (i >> 2) + 32 * ((i >> 1) & 1) + 16 * (i & 1) + 4 * t, o);
         r.ql[i] = o[0];
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         uint32_t o[1];
-        pk_bytes<4>(sb + 128 + 32 * (i >> 1) + 16 * (i & 1) + 4 * t, o);
+        sb.template bytes<4>(128 + 32 * (i >> 1) + 16 * (i & 1) + 4 * t, o);
         r.qh[i] = o[0];
     }
-    pk_bytes<16>(sb + 192, r.sc);
+    sb.template bytes<16>(192, r.sc);
     uint32_t dd[1];
-    pk_bytes<2>(sb + 208, dd);
+    sb.template bytes<2>(208, dd);
     r.d = pk_f16w(dd[0], 0);
 }
 
@@ -240,38 +244,45 @@ struct V3RawQ80 {
     float d[8];
 };
 
-template <int NB>
-PK_FN uint32_t v3_word(const uint8_t* p) {             // NB (<= 4) bytes at p as one word, any alignment
-    uint32_t o[1];
-    pk_bytes<NB>(p, o);
-    return o[0];
+template <int NB, class Src>
+PK_FN uint32_t v3_word(const Src& u, int o) {          // NB (<= 4) bytes at offset o as one word, any alignment
+    uint32_t w[1];
+    u.template bytes<NB>(o, w);
+    return w[0];
 }
 
-PK_FN void v3_load(const uint8_t* u, int t, int valid, V3RawQ40& r) {
+template <class Src>
+PK_FN void v3_read(const Src& u, int t, int valid, V3RawQ40& r) {
 #pragma unroll
     for (int c = 0; c < 8; ++c) {
         const bool in = c < valid;
-        r.qs[c] = in ? v3_word<4>(u + 18 * c + 2 + 4 * t) : 0u;
-        r.d[c] = in ? pk_f16w(v3_word<2>(u + 18 * c), 0) : 0.0f;
+        r.qs[c] = in ? v3_word<4>(u, 18 * c + 2 + 4 * t) : 0u;
+        r.d[c] = in ? pk_f16w(v3_word<2>(u, 18 * c), 0) : 0.0f;
     }
 }
-PK_FN void v3_load(const uint8_t* u, int t, int valid, V3RawQ41& r) {
+template <class Src>
+PK_FN void v3_read(const Src& u, int t, int valid, V3RawQ41& r) {
 #pragma unroll
     for (int c = 0; c < 8; ++c) {
         const bool in = c < valid;
-        r.qs[c] = in ? v3_word<4>(u + 20 * c + 4 + 4 * t) : 0u;
-        r.dm[c] = in ? v3_word<4>(u + 20 * c) : 0u;
+        r.qs[c] = in ? v3_word<4>(u, 20 * c + 4 + 4 * t) : 0u;
+        r.dm[c] = in ? v3_word<4>(u, 20 * c) : 0u;
     }
 }
-PK_FN void v3_load(const uint8_t* u, int t, int valid, V3RawQ80& r) {
+template <class Src>
+PK_FN void v3_read(const Src& u, int t, int valid, V3RawQ80& r) {
 #pragma unroll
     for (int c = 0; c < 8; ++c) {
         const bool in = c < valid;
-        r.qs[2 * c] = in ? v3_word<4>(u + 34 * c + 2 + 4 * t) : 0u;
-        r.qs[2 * c + 1] = in ? v3_word<4>(u + 34 * c + 18 + 4 * t) : 0u;
-        r.d[c] = in ? pk_f16w(v3_word<2>(u + 34 * c), 0) : 0.0f;
+        r.qs[2 * c] = in ? v3_word<4>(u, 34 * c + 2 + 4 * t) : 0u;
+        r.qs[2 * c + 1] = in ? v3_word<4>(u, 34 * c + 18 + 4 * t) : 0u;
+        r.d[c] = in ? pk_f16w(v3_word<2>(u, 34 * c), 0) : 0.0f;
     }
 }
+
+// A unit of one row straight from global memory (v3; the host test)
+template <class Raw>
+PK_FN void v3_load(const uint8_t* p, int t, int valid, Raw& r) { v3_read(V3Global{p}, t, valid, r); }
 
 // Block j of the unit: w = d (q - 8) (q - 8 exact in bf16), s1 unused
 PK_FN void v3_chunk(const V3RawQ40& r, int j, uint32_t (&a)[4], float& s0, float& s1) {
