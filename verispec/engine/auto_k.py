@@ -51,10 +51,33 @@ the cost of finding out again:
   * slow start: after a round at k = 0 the next k is at most 1, and k at most doubles from one round to the
     next: a probe starts with one draft, and k climbs 1, 2, 4, ... while drafts are accepted.
 The greedy rows explore as one: the same hold and slow start, on the batch's state (``AutoK.greedy_state``); when
-their hold ends, every greedy row forgets its evidence. So where drafting does not pay, a probe (a few rounds of small k, until its rejections bring the estimate below
-break-even) comes once per max_hold + 1 rounds once the holds have doubled up; and once acceptance is back, the
-row drafts again within max_hold + 1 rounds (if drafting at the prior's acceptance pays at all) and its k doubles
-every round up to what its estimate supports (``tests/test_auto_k.py`` checks both on scripted acceptance).
+their hold ends, every greedy row forgets its evidence -- if the probe is worth its price (below); else the hold is
+renewed. Their hold ends early when the batch shrinks to a smaller bucket than it began at (drafting may pay
+there). A plain round inside their hold reads no row (``_holding``: O(1) host work; a row's evidence catches up
+when it is next asked about, and plain rounds add none).
+
+Priced probes (the greedy rows). At 32 rows on the 8B shape every unpriced probe's first round paid the draft
+model's prefill of each row that had never drafted and the catch-up of the others, once per max_hold + 1 rounds,
+for a probe that found drafting still losing. So a probe runs only when
+    value = tokens_left * E_alpha[max(0, s_plain - s_draft(alpha))]  >  debt + loss of its first round
+tokens_left: the tokens the rows may still emit (each up to ``probe_horizon``); s_plain / s_draft(alpha): seconds per
+token of a plain round and of the best drafting round at i.i.d. acceptance alpha (the measured round costs where
+there are any, the table's else); alpha ~ Beta over the greedy rows' pooled evidence (``pool_accepted`` /
+``pool_tested``: every greedy row's drafts, decayed by ``decay`` every round and outliving the rows), so the belief
+widens while nobody drafts and a probe comes back once a rise of acceptance is plausible enough to pay for it;
+the first round's loss is what a round of one draft loses against plain rounds at the belief's mean.
+
+Draft debt. A drafter may owe one-time work before a row drafts (``Drafter.draft_debt``: a ``DraftModel``'s lazy
+prefill of a row's prompt, the catch-up pass after rounds without drafting). It is priced as draft-model passes of
+that many tokens (the table's draft step at that batch, scaled as the target's pass grows with its tokens; one
+pass per prefilled row) times ``debt_scale``, the moving average of measured / predicted over the rounds that paid
+it (``observe_debt_round``: the scheduler reports such rounds there, not to ``observe_round``). The choice to draft
+spreads it over the tokens the greedy rows may still emit: a round of k >= 1 costs round(B, k) + debt * E / R (E its
+expected tokens, R the tokens left), so a row near its end does not start drafting; the probe pays it whole. So where drafting does not pay, a probe (a few rounds of small k, until its rejections bring the estimate below
+break-even) comes at most once per max_hold + 1 rounds once the holds have doubled up; and once acceptance is back,
+the row drafts again within max_hold + 1 rounds (if drafting at the prior's acceptance pays at all; the greedy rows:
+once their priced probe pays) and its k doubles every round up to what its estimate supports
+(``tests/test_auto_k.py`` and ``tests/test_auto_k_probes.py`` check both on scripted acceptance).
 
 Measured rounds. The table is a prediction made at startup, alone on the machine; a server's rounds also pay what
 it cannot see (the event loop's share of the GIL, the draft model's catch-up after rounds at k = 0, a pass that
@@ -64,8 +87,9 @@ draft model's first prefill of a row: ``Scheduler._round``), kept per (batch buc
 moving average over about 1 / (1 - ``round_decay``) rounds; a k without a measured round at that bucket costs the
 table's, scaled as the nearest measured k's measured / table. An average not fed for ``round_memory`` rounds is
 ignored (that k is priced as if never measured): a k chosen rarely, e.g. k = 0 measured once in a burst of
-admissions, would otherwise keep that price for good. When the greedy rows' hold ends, the measured costs of
-drafting rounds are dropped with their evidence, so the probe prices drafting afresh. The sampled rows' choices keep the table alone: their k must not
+admissions, would otherwise keep that price for good. A round that caught the draft model up is not a sample
+either (its one-time part is the draft debt's), so the drafting rounds' measured costs are the drafting's own and
+are kept when a hold ends (they expire after ``round_memory`` rounds like any other). The sampled rows' choices keep the table alone: their k must not
 depend on the load.
 
 Trees (``tree="auto"``, ``AutoK(trees=AUTO_TREES)``, ``decide``). The greedy rows' one choice extends to a shape:
