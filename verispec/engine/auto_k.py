@@ -419,6 +419,8 @@ class AutoK:
     last_k: int = 0
     trees: tuple = ()
     probe_horizon: int = 256
+    price_probes: bool = True        # False: the greedy rows probe at every hold's end and ignore the draft debt (the
+                                     # exploration before the pricing; benchmarks/auto_cost.py's peer)
     greedy_state: RowState = field(default_factory=RowState)   # the greedy rows' shared exploration (its hold fields)
     # () -> (owed prompt tokens per running row, catch-up width) or None: the drafter's ``draft_debt``, set by the
     # scheduler before each round (None: drafting owes nothing)
@@ -702,7 +704,7 @@ class AutoK:
         now would cost (module docstring, "Draft debt"): their owed prompts' prefill, one pass per row, and (with
         ``catch_up``) the batch's catch-up pass, each priced as a pass of that many tokens of the draft model (the
         table's draft step, scaled as the target's pass grows with its tokens), times ``debt_scale``."""
-        debt = self.debt_source() if self.debt_source is not None else None
+        debt = self.debt_source() if self.debt_source is not None and self.price_probes else None
         if debt is None:
             return 0.0
         owed, gap = debt
@@ -759,6 +761,8 @@ class AutoK:
         renewed, as long as the next one. ``batch``: the running rows (the bucket a hold begins at)."""
         if cap <= 0:
             return 0
+        if not self.price_probes:
+            probe_pays = None
         if st.hold > 0:
             st.hold -= 1
             if st.hold == 0:
