@@ -14,7 +14,7 @@
    must not go below), K=2, K=4, k=auto over the measured table, k=auto over the same table with its overhead
    zeroed (a peer: the cost model before the column) and k=auto with unpriced probes (a peer: every hold ends in a
    probe, the draft debt ignored). One warm-up run each, then the median of --reps runs; how each k=auto explored
-   (probes run and declined, the draft debt's measured / predicted, its measured rounds).
+   (probes that drafted, holds renewed, the draft debt's measured / predicted, its measured rounds).
 
 Writes DIR/auto_cost.md and DIR/cost_table.json; benchmarks/results/auto_cost.md only with --write.
 """
@@ -114,7 +114,8 @@ def main(argv=None, target=None, draft=None) -> list[list[str]]:
             runs.append(run_engine(target, oracle() if k else None, prompts, k=k, max_new_tokens=args.max_tokens,
                                    k_policy=chooser, arrivals=[0.0] * len(prompts), max_batch=args.concurrency))
         if chooser is not None:               # the last run's policy: how it explored
-            explored.append(f"- {name}: greedy probes run {chooser.probes}, declined {chooser.probes_declined}; "
+            explored.append(f"- {name}: greedy probes that drafted {chooser.probes}, holds renewed "
+                            f"{chooser.probes_declined}; "
                             f"draft debt measured / predicted {chooser.debt_scale:.2f}; rounds measured vs table: "
                             + "; ".join(f"B<={table.batch_sizes[b]} k={kk}: {1e3 * sec:.2f} ms (table "
                                         f"{1e3 * table.round(table.batch_sizes[b], kk):.2f})"

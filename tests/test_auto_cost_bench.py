@@ -23,4 +23,4 @@ def test_auto_cost_writes_the_table_and_the_comparison(tmp_path):
     assert table.batch_sizes == (1, 2) and len(table.overhead_s) == 2
     page = (tmp_path / "auto_cost.md").read_text()
     assert "## The cost table" in page and "## In process at saturation" in page
-    assert "- k=auto, unpriced probes: greedy probes run 0," in page     # unpriced: no probe is counted as priced
+    assert "- k=auto, unpriced probes: greedy probes that drafted 0," in page     # unpriced: none counted as priced

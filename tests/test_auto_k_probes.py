@@ -12,8 +12,9 @@ import pytest
 from test_auto_k import K, table, _round, _seq
 from verispec.engine.auto_k import AutoK
 
-# one draft loses at 32 rows below ~87% acceptance and wins above it; at 2-8 rows it wins from ~35-65%
-SPLIT = (lambda b, t: 0.01 + 0.001875 * b * t, lambda b: 0.001)
+# one draft loses at 32 rows below ~89% acceptance and wins above it; at 2-8 rows it wins from ~32-65%; a draft pass
+# costs 0.05 ms more per token (row) it scores
+SPLIT = (lambda b, t: 0.01 + 0.001875 * b * t, lambda b: 0.0005 + 0.00005 * b)
 PROMPT = 64        # prompt tokens a row owes the draft model until it first drafts
 MAX_NEW = 64
 
@@ -74,7 +75,7 @@ def test_probes_at_a_bucket_where_drafting_loses_are_rare():
     policy = AutoK(table(*SPLIT))
     trace = serve(policy, 1500, lambda r: 32, lambda r: 0.8)
     assert drafting_rounds(trace[100:]) <= 2
-    assert policy.probes_declined >= 1400 // (policy.max_hold + 1) - 2
+    assert policy.probes_declined >= 1400 // (policy.max_hold + 1) - 2 and policy.probes <= 1
     unowed = serve(AutoK(table(*SPLIT)), 1500, lambda r: 32, lambda r: 0.8, owes=False)
     assert 0 < drafting_rounds(unowed[100:]) <= 1400 // 8
 

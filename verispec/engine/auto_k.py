@@ -54,7 +54,12 @@ The greedy rows explore as one: the same hold and slow start, on the batch's sta
 their hold ends, every greedy row forgets its evidence -- if the probe is worth its price (below); else the hold is
 renewed. Their hold ends early when the batch shrinks to a smaller bucket than it began at (drafting may pay
 there). A plain round inside their hold reads no row (``_holding``: O(1) host work; a row's evidence catches up
-when it is next asked about, and plain rounds add none).
+when it is next asked about, and plain rounds add none). So where drafting does not pay, a probe (a few rounds of
+small k, until its rejections bring the estimate below break-even) comes at most once per max_hold + 1 rounds once
+the holds have doubled up; and once acceptance is back, the row drafts again within max_hold + 1 rounds (if drafting
+at the prior's acceptance pays at all; the greedy rows: once their priced probe pays) and its k doubles every round
+up to what its estimate supports (``tests/test_auto_k.py`` and ``tests/test_auto_k_probes.py`` check both on
+scripted acceptance).
 
 Priced probes (the greedy rows). At 32 rows on the 8B shape every unpriced probe's first round paid the draft
 model's prefill of each row that had never drafted and the catch-up of the others, once per max_hold + 1 rounds,
@@ -68,16 +73,14 @@ widens while nobody drafts and a probe comes back once a rise of acceptance is p
 the first round's loss is what a round of one draft loses against plain rounds at the belief's mean.
 
 Draft debt. A drafter may owe one-time work before a row drafts (``Drafter.draft_debt``: a ``DraftModel``'s lazy
-prefill of a row's prompt, the catch-up pass after rounds without drafting). It is priced as draft-model passes of
-that many tokens (the table's draft step at that batch, scaled as the target's pass grows with its tokens; one
-pass per prefilled row) times ``debt_scale``, the moving average of measured / predicted over the rounds that paid
-it (``observe_debt_round``: the scheduler reports such rounds there, not to ``observe_round``). The choice to draft
+prefill of a row's prompt, the catch-up pass after rounds without drafting). A draft-model pass of N tokens is
+priced as the table's draft step of N rows (the same weights read, about the same arithmetic; beyond the largest
+batch, its last slope continued): one pass per prefilled row (its prompt's tokens) and one catch-up pass (B rows x
+its width),
+times ``debt_scale``, the moving average of measured / predicted over the rounds that paid it
+(``observe_debt_round``: the scheduler reports such rounds there, not to ``observe_round``). The choice to draft
 spreads it over the tokens the greedy rows may still emit: a round of k >= 1 costs round(B, k) + debt * E / R (E its
-expected tokens, R the tokens left), so a row near its end does not start drafting; the probe pays it whole. So where drafting does not pay, a probe (a few rounds of small k, until its rejections bring the estimate below
-break-even) comes at most once per max_hold + 1 rounds once the holds have doubled up; and once acceptance is back,
-the row drafts again within max_hold + 1 rounds (if drafting at the prior's acceptance pays at all; the greedy rows:
-once their priced probe pays) and its k doubles every round up to what its estimate supports
-(``tests/test_auto_k.py`` and ``tests/test_auto_k_probes.py`` check both on scripted acceptance).
+expected tokens, R the tokens left), so a row near its end does not start drafting; the probe pays it whole.
 
 Measured rounds. The table is a prediction made at startup, alone on the machine; a server's rounds also pay what
 it cannot see (the event loop's share of the GIL, the draft model's catch-up after rounds at k = 0, a pass that
@@ -431,8 +434,11 @@ class AutoK:
     # the rows: what the probe pricing believes about the batch's acceptance
     pool_accepted: float = field(default=0.0, init=False, repr=False, compare=False)
     pool_tested: float = field(default=0.0, init=False, repr=False, compare=False)
-    probes: int = field(default=0, init=False, repr=False, compare=False)           # greedy probes run
-    probes_declined: int = field(default=0, init=False, repr=False, compare=False)  # greedy holds renewed unpriced
+    # greedy holds that ended in a probe that drafted, and those renewed instead (the probe not worth its price, or
+    # the rows' choice from the prior still 0)
+    probes: int = field(default=0, init=False, repr=False, compare=False)
+    probes_declined: int = field(default=0, init=False, repr=False, compare=False)
+    _probe_priced: bool = field(default=False, init=False, repr=False, compare=False)  # a priced probe's first round
     _hold_bucket: int = field(default=-1, init=False, repr=False, compare=False)   # the bucket the greedy hold began at
     _debt_round: float = field(default=0.0, init=False, repr=False, compare=False)  # the chosen round's predicted debt
     # (bucket, k) -> the moving average of measured round seconds (``observe_round``; the greedy rows' costs), and
@@ -702,22 +708,29 @@ class AutoK:
     def _debt_seconds(self, running: list[Sequence], rows: list[Sequence], catch_up: bool = True) -> float:
         """Seconds of the one-time draft work that making ``rows`` (of ``running``, the drafter's row order) draft
         now would cost (module docstring, "Draft debt"): their owed prompts' prefill, one pass per row, and (with
-        ``catch_up``) the batch's catch-up pass, each priced as a pass of that many tokens of the draft model (the
-        table's draft step, scaled as the target's pass grows with its tokens), times ``debt_scale``."""
+        ``catch_up``) the batch's catch-up pass, each priced as the table's draft step of as many rows as the pass
+        has tokens (``_draft_pass``), times ``debt_scale``."""
         debt = self.debt_source() if self.debt_source is not None and self.price_probes else None
         if debt is None:
             return 0.0
         owed, gap = debt
         if len(owed) != len(running):        # not this batch's rows (a drafter set aside and back): owes unknown
             return 0.0
-        c = self.costs
         mine = set(map(id, rows))
-        seconds = sum(c.draft(1) * c.target(1, n) / c.target(1, 1)
-                      for seq, n in zip(running, owed) if n and id(seq) in mine)
+        seconds = sum(self._draft_pass(n) for seq, n in zip(running, owed) if n and id(seq) in mine)
         if catch_up and gap > 0:
-            batch = len(running)
-            seconds += c.draft(batch) * c.target(batch, gap) / c.target(batch, 1)
+            seconds += self._draft_pass(len(running) * gap)
         return self.debt_scale * seconds
+
+    def _draft_pass(self, tokens: int) -> float:
+        """The table's price of one draft-model pass of ``tokens`` tokens: its draft step at that many rows (beyond
+        the largest batch measured, the slope between the two largest continued: a pass's fixed cost, the weights
+        read once, is paid once)."""
+        sizes, draft = self.costs.batch_sizes, self.costs.draft_s
+        if tokens <= sizes[-1] or len(sizes) == 1:
+            return self.costs.draft(tokens)
+        slope = max(draft[-1] - draft[-2], 0.0) / (sizes[-1] - sizes[-2])
+        return draft[-1] + slope * (tokens - sizes[-1])
 
     def observe_debt_round(self, batch: int, k, seconds: float) -> None:
         """A round of ``batch`` rows whose widest row drafted ``k`` also ran the drafter's one-time work (a lazy
@@ -769,7 +782,7 @@ class AutoK:
                 if probe_pays is None or probe_pays():
                     for seq in rows:
                         self.state(seq).forget()
-                    self.probes += probe_pays is not None
+                    self._probe_priced = probe_pays is not None
                 else:
                     self.probes_declined += 1
                     self._hold(st, batch)
@@ -777,9 +790,14 @@ class AutoK:
         if st.last_k is not None:
             cap = min(cap, max(1, 2 * st.last_k))                       # slow start
         k = best(cap)
+        priced = False
+        if st is self.greedy_state:
+            priced, self._probe_priced = self._probe_priced, False
         if shape_depth(k) > 0:
             st.drafting += 1
+            self.probes += priced
             return k
+        self.probes_declined += priced          # worth its price from the belief, not from the rows' fresh prior
         if st.drafting >= self.settle or st.next_hold == 0:              # a fall after a run of drafting: start over
             st.next_hold = self.min_hold
         st.drafting = 0
