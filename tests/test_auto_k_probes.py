@@ -114,6 +114,22 @@ def test_the_debt_keeps_a_row_near_its_end_from_starting_to_draft():
     assert AutoK(table(*SPLIT))([_seq(2, max_new=9)], K)[0] > 0
 
 
+def test_the_debt_is_read_in_row_order_and_charged_to_the_greedy_rows():
+    """The drafter reports its debt in cache row order; the greedy rows' choice is charged their own prefills (a
+    sampled row's is its own affair: its k is chosen from its own state) and the batch's catch-up pass."""
+    policy = AutoK(table(*SPLIT))
+    rows = [_seq(1, temperature=0.8), _seq(2), _seq(3)]
+    policy.debt_source = lambda: ([1000, 0, 64], 5)
+    greedy = rows[1:]
+    assert policy._debt_seconds(rows, greedy) == pytest.approx(policy._draft_pass(64) + policy._draft_pass(3 * 5))
+    assert policy._debt_seconds(rows, greedy, catch_up=False) == pytest.approx(policy._draft_pass(64))
+    assert policy._draft_pass(16) == pytest.approx(SPLIT[1](16))
+    assert policy._draft_pass(64) == pytest.approx(SPLIT[1](64))      # the last slope continued (linear here)
+    policy.debt_source = lambda: ([64, 64], 0)                        # not this batch's rows: nothing is known
+    assert policy._debt_seconds(rows, greedy) == 0.0
+    policy([*rows], K)                                               # the mixed batch's choice runs with it
+
+
 def test_a_plain_round_inside_a_hold_reads_no_row():
     """Inside the greedy rows' hold a round costs no per-row work: a row that joined during it has no state yet,
     and the evidence caught up afterwards is the same as if every round had been observed."""

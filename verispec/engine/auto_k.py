@@ -481,7 +481,7 @@ class AutoK:
         if greedy:
             sampled = [(seq, k) for seq, k in zip(running, ks) if not seq.request.greedy]
             round_s = self._measured_rounds(len(running), k_max)
-            k_greedy = self._choose_greedy(greedy, sampled, k_max, round_s)
+            k_greedy = self._choose_greedy(running, greedy, sampled, k_max, round_s)
             ks = [min(k_greedy, _room(seq, k_max)) if seq.request.greedy else k for seq, k in zip(running, ks)]
         for seq, k in zip(running, ks):
             self.state(seq).last_k = k
@@ -682,15 +682,14 @@ class AutoK:
                              lambda cap: _best_k(st.alphas(cap, self.prior_alpha, self.prior_strength),
                                                  round_s[:cap + 1]))
 
-    def _choose_greedy(self, greedy: list[Sequence], sampled: list[tuple[Sequence, int]], k_max: int,
-                       round_s: list[float]) -> int:
-        """The greedy rows' one k: the most expected tokens per second of the round at the running batch (the
-        sampled rows' tokens at their own k, ``sampled``; the round as wide as its widest row; the greedy rows' draft
-        debt spread over the tokens they may still emit), never below the sampled rows' widest k."""
+    def _choose_greedy(self, running: list[Sequence], greedy: list[Sequence], sampled: list[tuple[Sequence, int]],
+                       k_max: int, round_s: list[float]) -> int:
+        """The greedy rows' one k: the most expected tokens per second of the round at the running batch (``running``,
+        in row order; the sampled rows' tokens at their own k, ``sampled``; the round as wide as its widest row; the
+        greedy rows' draft debt spread over the tokens they may still emit), never below the sampled rows' widest k."""
         self._decay_pool()
         floor = max((k for _, k in sampled), default=0)
         fixed = sum(expected_tokens(self.alphas(seq, k), k) for seq, k in sampled)
-        running = greedy + [seq for seq, _ in sampled]
 
         def best(cap: int) -> int:
             rows = [(self.alphas(seq, max(cap, floor)), _room(seq, k_max)) for seq in greedy]
