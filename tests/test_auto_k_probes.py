@@ -214,8 +214,8 @@ def test_greedy_tokens_through_the_engine_equal_plain_decoding():
 
     plain, _ = run(None, None)
     drafter = DraftModel(target.truncated(1))       # the target's first layer: drafts it sometimes gets right
-    # plain decoding at 3-4 rows, drafting at 1-2 (above ~45% acceptance at 1, ~75% at 2): the rows start plain, and draft once
-    # the batch has shrunk, paying their prefill and a catch-up then
+    # plain decoding at 3-4 rows, drafting at 1-2 (above ~45% acceptance at 1, ~75% at 2): the rows start plain, and
+    # draft once the batch has shrunk, paying their prefill and a catch-up then
     policy = TableOnly(table(lambda b, t: 0.01 + 0.00625 * b * b * t, lambda b: 0.001, batch_sizes=(1, 2, 4)))
     spec, sched = run(drafter, policy)
     assert spec == plain

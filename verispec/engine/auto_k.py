@@ -76,8 +76,7 @@ Draft debt. A drafter may owe one-time work before a row drafts (``Drafter.draft
 prefill of a row's prompt, the catch-up pass after rounds without drafting). A draft-model pass of N tokens is
 priced as the table's draft step of N rows (the same weights read, about the same arithmetic; beyond the largest
 batch, its last slope continued): one pass per prefilled row (its prompt's tokens) and one catch-up pass (B rows x
-its width),
-times ``debt_scale``, the moving average of measured / predicted over the rounds that paid it
+its width), times ``debt_scale``, the moving average of measured / predicted over the rounds that paid it
 (``observe_debt_round``: the scheduler reports such rounds there, not to ``observe_round``). The choice to draft
 spreads it over the tokens the greedy rows may still emit: a round of k >= 1 costs round(B, k) + debt * E / R (E its
 expected tokens, R the tokens left), so a row near its end does not start drafting; the probe pays it whole.
@@ -85,15 +84,15 @@ expected tokens, R the tokens left), so a row near its end does not start drafti
 Measured rounds. The table is a prediction made at startup, alone on the machine; a server's rounds also pay what
 it cannot see (the event loop's share of the GIL, the draft model's catch-up after rounds at k = 0, a pass that
 runs slower at this context length). So the greedy rows' choice prices each k by the rounds actually run: the
-scheduler reports each round's wall time (``observe_round``; not a round that paid one-time work, an admission's or a
-draft model's first prefill of a row: ``Scheduler._round``), kept per (batch bucket of the table, widest k) as a
+scheduler reports each round's wall time (``observe_round``; not a round that paid one-time work, an admission's, a
+draft model's first prefill of a row or its catch-up: ``Scheduler._round``), kept per (batch bucket of the table, widest k) as a
 moving average over about 1 / (1 - ``round_decay``) rounds; a k without a measured round at that bucket costs the
 table's, scaled as the nearest measured k's measured / table. An average not fed for ``round_memory`` rounds is
 ignored (that k is priced as if never measured): a k chosen rarely, e.g. k = 0 measured once in a burst of
 admissions, would otherwise keep that price for good. A round that caught the draft model up is not a sample
 either (its one-time part is the draft debt's), so the drafting rounds' measured costs are the drafting's own and
-are kept when a hold ends (they expire after ``round_memory`` rounds like any other). The sampled rows' choices keep the table alone: their k must not
-depend on the load.
+are kept when a hold ends (they expire after ``round_memory`` rounds like any other). The sampled rows' choices
+keep the table alone: their k must not depend on the load.
 
 Trees (``tree="auto"``, ``AutoK(trees=AUTO_TREES)``, ``decide``). The greedy rows' one choice extends to a shape:
 plain decoding, a chain of k drafts, or one tree of ``trees`` (w_d children per node at depth d), whichever has the
