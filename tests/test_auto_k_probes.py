@@ -221,3 +221,14 @@ def test_greedy_tokens_through_the_engine_equal_plain_decoding():
     assert spec == plain
     assert sched.totals.proposed > 0 and policy.debt_source is not None
     assert drafter.prefill_tokens > 0 and drafter.catch_up_passes > 0
+
+
+def test_a_sharp_belief_still_prices_the_probe():
+    """Much pooled evidence (a sharp Beta) at a bucket where drafting loses: the probe is priced (not a division by
+    an underflowed zero) and declined."""
+    policy = AutoK(table(*SPLIT))
+    policy.pool_accepted, policy.pool_tested = 0.8e6, 1e6
+    rows = [_seq(i, max_new=64) for i in range(32)]
+    assert not policy._probe_pays(rows, rows, K, policy._measured_rounds(32, K), True)
+    policy.pool_accepted = 0.999e6                       # and at near-certain acceptance it is worth it
+    assert policy._probe_pays(rows, rows, K, policy._measured_rounds(32, K), True)

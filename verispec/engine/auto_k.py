@@ -810,13 +810,12 @@ class AutoK:
 
 
 def _beta_grid(a: float, b: float, points: int = 48) -> list[tuple[float, float]]:
-    """(x, unnormalized Beta(a, b) density at x) at the midpoints of ``points`` equal cells of (0, 1)."""
-    log_norm = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
-    out = []
-    for i in range(points):
-        x = (i + 0.5) / points
-        out.append((x, math.exp(log_norm + (a - 1) * math.log(x) + (b - 1) * math.log1p(-x))))
-    return out
+    """(x, Beta(a, b) density at x relative to the largest of them) at the midpoints of ``points`` equal cells of
+    (0, 1): relative, so that a sharp belief (much evidence) never underflows to all zeros."""
+    xs = [(i + 0.5) / points for i in range(points)]
+    logs = [(a - 1) * math.log(x) + (b - 1) * math.log1p(-x) for x in xs]
+    top = max(logs)
+    return [(x, math.exp(v - top)) for x, v in zip(xs, logs)]
 
 
 def _room(seq: Sequence, k_max: int) -> int:
