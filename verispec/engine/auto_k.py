@@ -757,8 +757,12 @@ class AutoK:
         plain = round_s[0] / batch                                  # seconds per token of a plain round
         value, weights = 0.0, 0.0
         for alpha, w in _beta_grid(a, b):
-            per_token = min(round_s[k] / (batch * expected_tokens([alpha] * k, k)) for k in range(1, k_top + 1))
-            value += w * max(plain - per_token, 0.0)
+            per_token, tokens, reach = plain, 1.0, 1.0
+            for k in range(1, k_top + 1):             # E(k) at i.i.d. alpha, built up one position at a time
+                reach *= alpha
+                tokens += reach
+                per_token = min(per_token, round_s[k] / (batch * tokens))
+            value += w * (plain - per_token)
             weights += w
         value = tokens_left * value / weights
         mean = a / (a + b)
