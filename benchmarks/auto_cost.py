@@ -11,8 +11,10 @@
    with the overhead.
 2. In process at saturation (``run_engine``: --num-prompts requests all at once, --concurrency rows, greedy,
    --max-tokens each), the model the server makes (``make_peaked`` + ``SuccessorOracle``): AR (the floor k=auto
-   must not go below), K=2, K=4, k=auto over the measured table, and k=auto over the same table with its overhead
-   zeroed (the peer: the cost model before the column). One warm-up run each, then the median of --reps runs.
+   must not go below), K=2, K=4, k=auto over the measured table, k=auto over the same table with its overhead
+   zeroed (a peer: the cost model before the column) and k=auto with unpriced probes (a peer: every hold ends in a
+   probe, the draft debt ignored). One warm-up run each, then the median of --reps runs; how each k=auto explored
+   (probes that drafted, holds renewed, the draft debt's measured / predicted, its measured rounds).
 
 Writes DIR/auto_cost.md and DIR/cost_table.json; benchmarks/results/auto_cost.md only with --write.
 """
@@ -101,14 +103,23 @@ def main(argv=None, target=None, draft=None) -> list[list[str]]:
     configs = [("AR", 0, None), ("K=2", 2, None), ("K=4", 4, None),
                ("k=auto", args.k_max, lambda: AutoK(table, reference_batch=args.concurrency)),
                ("k=auto, passes only", args.k_max,
-                lambda: AutoK(without_overhead(table), reference_batch=args.concurrency))]
-    engine_rows, reference = [], None
+                lambda: AutoK(without_overhead(table), reference_batch=args.concurrency)),
+               ("k=auto, unpriced probes", args.k_max,
+                lambda: AutoK(table, reference_batch=args.concurrency, price_probes=False))]
+    engine_rows, reference, explored = [], None, []
     for name, k, policy in configs:
         runs = []
         for _ in range(args.reps + 1):        # the first run is the warm-up (graph captures, kernel compiles)
+            chooser = policy() if policy else None
             runs.append(run_engine(target, oracle() if k else None, prompts, k=k, max_new_tokens=args.max_tokens,
-                                   k_policy=policy() if policy else None, arrivals=[0.0] * len(prompts),
-                                   max_batch=args.concurrency))
+                                   k_policy=chooser, arrivals=[0.0] * len(prompts), max_batch=args.concurrency))
+        if chooser is not None:               # the last run's policy: how it explored
+            explored.append(f"- {name}: greedy probes that drafted {chooser.probes}, holds renewed "
+                            f"{chooser.probes_declined}; "
+                            f"draft debt measured / predicted {chooser.debt_scale:.2f}; rounds measured vs table: "
+                            + "; ".join(f"B<={table.batch_sizes[b]} k={kk}: {1e3 * sec:.2f} ms (table "
+                                        f"{1e3 * table.round(table.batch_sizes[b], kk):.2f})"
+                                        for (b, kk), sec in sorted(chooser.measured_s.items())))
         timed = runs[1:]
         tps = statistics.median(r.tokens_per_s for r in timed)
         request_rounds = sum(s.rounds for r in timed for s in r.stats)
@@ -143,11 +154,13 @@ def main(argv=None, target=None, draft=None) -> list[list[str]]:
              f"## In process at saturation ({args.num_prompts} requests all at once, {args.concurrency} rows, "
              f"{args.input_len} prompt tokens, {args.max_tokens} new tokens each)", "",
              f"`run_engine`; one warm-up run per configuration, then {args.reps} timed (median, min, max). AR is "
-             "the floor k=auto must not go below; \"k=auto, passes only\" is the peer: the same measured table with "
-             "its overhead column zeroed, i.e. the cost model before it. mean k: drafts per request per round; "
-             "AR's tokens: every run emitted plain greedy decoding's tokens.", "",
-             *markdown_table(["configuration", "tok/s (median)", "min", "max", "mean k", "AR's tokens", "vs AR"],
-                             engine_rows), ""]
+             "the floor k=auto must not go below; \"k=auto, passes only\" is a peer: the same measured table with "
+             "its overhead column zeroed, i.e. the cost model before it; \"k=auto, unpriced probes\" the other: "
+             "the greedy rows probe at every hold's end and the draft debt is not priced (`AutoK(price_probes=False)`)."
+             " mean k: drafts per request per round; AR's tokens: every run emitted plain greedy decoding's tokens.",
+             "", *markdown_table(["configuration", "tok/s (median)", "min", "max", "mean k", "AR's tokens", "vs AR"],
+                                 engine_rows), "",
+             "How k=auto explored (its last run):", "", *explored, ""]
     text = "\n".join(lines)
     (args.out / "auto_cost.md").write_text(text)
     if args.write:

@@ -156,7 +156,7 @@ def server_log_lines(order: list[tuple[str, list[str]]], out: Path) -> list[str]
     for i, (name, _) in enumerate(order):
         log = out / f"server_{8100 + i}.log"
         said = [ln.split("] ", 1)[-1].strip() for ln in (log.read_text().splitlines() if log.exists() else [])
-                if "after warm-up:" in ln or "k=auto rounds measured" in ln]
+                if "after warm-up:" in ln or "k=auto rounds measured" in ln or "k=auto greedy probes" in ln]
         lines += [f"- {name}: {s}" for s in said]
     return (["Server stop logs:", ""] + lines + [""]) if lines else []
 

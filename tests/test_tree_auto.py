@@ -268,7 +268,8 @@ def test_serve_tree_auto_assembles_a_tree_choosing_scheduler_and_stays_exact(tar
     assert [s.generated for s in seqs] == references
     assert any(isinstance(s, tuple) for s in shapes)
     server._log_k_auto(sched.k_policy)                  # the stop log names tree rounds by their widths
-    assert "tree=[" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "tree=[" in err and "k=auto greedy probes:" in err
     with pytest.raises(SystemExit):
         fake_server.serve_args(["--draft-lookup", "--tree", "auto", "-k", "3"])
     assert "leave -k at auto" in capsys.readouterr().err

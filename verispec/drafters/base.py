@@ -199,6 +199,16 @@ class Drafter:
     # the first round it drafts): a round in which the count grew paid a one-time prefill, which the scheduler keeps
     # out of k=auto's measured round costs
     prefill_tokens: int = 0
+    # catch-up passes run so far (``DraftModel``: the pass that feeds a row's tokens emitted while it did not draft):
+    # also one-time work of the round that ran it, kept out of the measured round costs like a prefill
+    catch_up_passes: int = 0
+
+    def draft_debt(self) -> tuple[list[int], int] | None:
+        """The one-time work the running rows owe before they next draft: (prompt tokens row b has not yet run through
+        the draft model's prefill, [B]; the tokens per row of the catch-up pass the next drafting round runs), or
+        None when drafting owes nothing (no draft model, or one prefilled at admission and never behind). k=auto
+        charges it to the choice that would make the rows draft (``AutoK``, "Draft debt")."""
+        return None
 
     def attach(self, target) -> None:
         """Check that this drafter can serve ``target``; raise ValueError otherwise."""

@@ -102,6 +102,7 @@ class DraftModel(Drafter):
         self._rows: list[_Row] = []             # batch order
         self._sampling = SamplingParams.empty() # the rows' settings as a batch (derived: ``_set_rows``)
         self.prefill_tokens = 0                 # prompt tokens prefilled so far (the lazy prefill's bill)
+        self.catch_up_passes = 0                # catch-up passes run so far (``_catch_up``)
 
     def _set_rows(self, rows: list[_Row]) -> None:
         self._rows = rows
@@ -170,6 +171,14 @@ class DraftModel(Drafter):
             self.prefill_tokens += row.owed
             row.valid, row.owed = row.owed, 0
 
+    def draft_debt(self) -> tuple[list[int], int]:
+        """(each row's owed prompt tokens, the catch-up width the next drafting round runs): the rows that owe their
+        prompt have it prefilled first (then their gap is counted from its end), so the width is the widest
+        L_b - 2 - V_b after that."""
+        owed = [row.owed for row in self._rows]
+        gap = max((len(row.history) - 2 - (row.owed or row.valid) for row in self._rows), default=0)
+        return owed, max(gap, 0)
+
     def _catch_up(self, lengths: list[int]) -> None:
         """Make the draft cache valid for at least h_b[:L_b - 2] in every row that owes no prefill (``_prefill_owed``
         ran first for the rows that draft), in one pass of width gap = max_b(L_b - 2 - V_b) over those rows (needed
@@ -186,6 +195,7 @@ class DraftModel(Drafter):
         feed = to_device([(row.history[s:s + gap] + [0] * gap)[:gap] for row, s in zip(self._rows, starts)],
                          self.model.device, torch.long)                                       # [B, gap]
         self.model.rollback(starts)
+        self.catch_up_passes += 1
         for j in range(0, gap, CATCH_UP_TOKENS):  # passes a warm-up captured; the same K/V as one pass (invariant)
             self.model.append(feed[:, j:j + CATCH_UP_TOKENS])
         for row, s, L in zip(self._rows, starts, lengths):

@@ -140,6 +140,13 @@ class OracleDraft(Drafter):
     def prefill_tokens(self) -> int:
         return 0 if self._runner is None else self._runner.prefill_tokens
 
+    @property
+    def catch_up_passes(self) -> int:
+        return 0 if self._runner is None else self._runner.catch_up_passes
+
+    def draft_debt(self) -> tuple[list[int], int] | None:
+        return None if self._runner is None else self._runner.draft_debt()
+
     def tree_accepted(self, path, num_accepted) -> None:
         if self._runner is not None:
             self._runner.tree_accepted(path, num_accepted)

@@ -51,22 +51,48 @@ the cost of finding out again:
   * slow start: after a round at k = 0 the next k is at most 1, and k at most doubles from one round to the
     next: a probe starts with one draft, and k climbs 1, 2, 4, ... while drafts are accepted.
 The greedy rows explore as one: the same hold and slow start, on the batch's state (``AutoK.greedy_state``); when
-their hold ends, every greedy row forgets its evidence. So where drafting does not pay, a probe (a few rounds of small k, until its rejections bring the estimate below
-break-even) comes once per max_hold + 1 rounds once the holds have doubled up; and once acceptance is back, the
-row drafts again within max_hold + 1 rounds (if drafting at the prior's acceptance pays at all) and its k doubles
-every round up to what its estimate supports (``tests/test_auto_k.py`` checks both on scripted acceptance).
+their hold ends, every greedy row forgets its evidence -- if the probe is worth its price (below); else the hold is
+renewed. Their hold ends early when the batch shrinks to a smaller bucket than it began at (drafting may pay
+there). A plain round inside their hold reads no row (``_holding``: O(1) host work; a row's evidence catches up
+when it is next asked about, and plain rounds add none). So where drafting does not pay, a probe (a few rounds of
+small k, until its rejections bring the estimate below break-even) comes at most once per max_hold + 1 rounds once
+the holds have doubled up; and once acceptance is back, the row drafts again within max_hold + 1 rounds (if drafting
+at the prior's acceptance pays at all; the greedy rows: once their priced probe pays) and its k doubles every round
+up to what its estimate supports (``tests/test_auto_k.py`` and ``tests/test_auto_k_probes.py`` check both on
+scripted acceptance).
+
+Priced probes (the greedy rows). At 32 rows on the 8B shape every unpriced probe's first round paid the draft
+model's prefill of each row that had never drafted and the catch-up of the others, once per max_hold + 1 rounds,
+for a probe that found drafting still losing. So a probe runs only when
+    value = tokens_left * E_alpha[max(0, s_plain - s_draft(alpha))]  >  debt + loss of its first round
+tokens_left: the tokens the rows may still emit (each up to ``probe_horizon``); s_plain / s_draft(alpha): seconds per
+token of a plain round and of the best drafting round at i.i.d. acceptance alpha (the measured round costs where
+there are any, the table's else); alpha ~ Beta over the greedy rows' pooled evidence (``pool_accepted`` /
+``pool_tested``: every greedy row's drafts, decayed by ``decay`` every round and outliving the rows), so the belief
+widens while nobody drafts and a probe comes back once a rise of acceptance is plausible enough to pay for it;
+the first round's loss is what a round of one draft loses against plain rounds at the belief's mean.
+
+Draft debt. A drafter may owe one-time work before a row drafts (``Drafter.draft_debt``: a ``DraftModel``'s lazy
+prefill of a row's prompt, the catch-up pass after rounds without drafting). A draft-model pass of N tokens is
+priced as the table's draft step of N rows (the same weights read, about the same arithmetic; beyond the largest
+batch, its last slope continued): one pass per prefilled row (its prompt's tokens) and one catch-up pass (B rows x
+its width), times ``debt_scale``, the moving average of measured / predicted over the rounds that paid it
+(``observe_debt_round``: the scheduler reports such rounds there, not to ``observe_round``). The choice to draft
+spreads it over the tokens the greedy rows may still emit: a round of k >= 1 costs round(B, k) + debt * E / R (E its
+expected tokens, R the tokens left), so a row near its end does not start drafting; the probe pays it whole.
 
 Measured rounds. The table is a prediction made at startup, alone on the machine; a server's rounds also pay what
 it cannot see (the event loop's share of the GIL, the draft model's catch-up after rounds at k = 0, a pass that
 runs slower at this context length). So the greedy rows' choice prices each k by the rounds actually run: the
-scheduler reports each round's wall time (``observe_round``; not a round that paid one-time work, an admission's or a
-draft model's first prefill of a row: ``Scheduler._round``), kept per (batch bucket of the table, widest k) as a
+scheduler reports each round's wall time (``observe_round``; not a round that paid one-time work, an admission's, a
+draft model's first prefill of a row or its catch-up: ``Scheduler._round``), kept per (batch bucket of the table, widest k) as a
 moving average over about 1 / (1 - ``round_decay``) rounds; a k without a measured round at that bucket costs the
 table's, scaled as the nearest measured k's measured / table. An average not fed for ``round_memory`` rounds is
 ignored (that k is priced as if never measured): a k chosen rarely, e.g. k = 0 measured once in a burst of
-admissions, would otherwise keep that price for good. When the greedy rows' hold ends, the measured costs of
-drafting rounds are dropped with their evidence, so the probe prices drafting afresh. The sampled rows' choices keep the table alone: their k must not
-depend on the load.
+admissions, would otherwise keep that price for good. A round that caught the draft model up is not a sample
+either (its one-time part is the draft debt's), so the drafting rounds' measured costs are the drafting's own and
+are kept when a hold ends (they expire after ``round_memory`` rounds like any other). The sampled rows' choices
+keep the table alone: their k must not depend on the load.
 
 Trees (``tree="auto"``, ``AutoK(trees=AUTO_TREES)``, ``decide``). The greedy rows' one choice extends to a shape:
 plain decoding, a chain of k drafts, or one tree of ``trees`` (w_d children per node at depth d), whichever has the
@@ -93,8 +119,10 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -227,8 +255,9 @@ def _best_joint(rows: list[tuple[list[float], int]], fixed: float, floor: int, r
 
 
 def _best_joint_rate(rows: list[tuple[list[float], int]], fixed: float, floor: int,
-                     round_s: list[float]) -> tuple[int, float]:
-    """``_best_joint``'s k and its rate (expected tokens of the round per second)."""
+                     round_s: list[float], debt_per_token: float = 0.0) -> tuple[int, float]:
+    """``_best_joint``'s k and its rate (expected tokens of the round per second). ``debt_per_token``: seconds the
+    rows' draft debt adds per token a round of k >= 1 emits (the debt spread over the tokens they may still emit)."""
     reach = [1.0] * len(rows)
     tokens = fixed + len(rows)
     best, best_rate = 0, tokens / round_s[floor]
@@ -237,7 +266,7 @@ def _best_joint_rate(rows: list[tuple[list[float], int]], fixed: float, floor: i
             if k <= room:
                 reach[i] *= alphas[k - 1]
                 tokens += reach[i]
-        rate = tokens / round_s[max(k, floor)]
+        rate = tokens / (round_s[max(k, floor)] + debt_per_token * tokens)
         if rate > best_rate:
             best, best_rate = k, rate
     return best, best_rate
@@ -275,14 +304,14 @@ class RowState:
     wide_accepted: dict = field(default_factory=dict)
     wide_tested: dict = field(default_factory=dict)
 
-    def observe(self, stats, decay: float) -> None:
+    def observe(self, stats, decay: float) -> tuple[float, float]:
         """Fold in the rounds ``stats`` counted since the last call: each round first multiplies the evidence by
         ``decay``, then adds what it tested and accepted. Usually one round, whose evidence its proposed and
         accepted counts give. After several (rounds the policy was not asked about, e.g. while the drafter was set
         aside) the old evidence decays once per round and their per-position counts are added as they are."""
         new_rounds = stats.rounds - self.rounds
         if new_rounds <= 0:
-            return
+            return 0.0, 0.0
         if decay != 1.0:
             factor = decay ** new_rounds
             self._decay(factor)
@@ -292,14 +321,20 @@ class RowState:
             for i in range(min(a + 1, n)):
                 self.tested[i] += 1.0
                 self.accepted[i] += i < a
+            added = (float(min(a, n)), float(min(a + 1, n)))
         else:                                                     # several rounds' drafts: their per-position sums
             acc, tst = stats.accepted_per_position, stats.tested_per_position
             self._grow(len(tst))
+            added = (0.0, 0.0)
             for i, (ai, ti) in enumerate(zip(acc, tst)):
-                self.accepted[i] += ai - (self.seen_accepted[i] if i < len(self.seen_accepted) else 0)
-                self.tested[i] += ti - (self.seen_tested[i] if i < len(self.seen_tested) else 0)
+                da = ai - (self.seen_accepted[i] if i < len(self.seen_accepted) else 0)
+                dt = ti - (self.seen_tested[i] if i < len(self.seen_tested) else 0)
+                self.accepted[i] += da
+                self.tested[i] += dt
+                added = (added[0] + da, added[1] + dt)
         self.rounds, self.seen_proposed_total, self.seen_accepted_total = stats.rounds, stats.proposed, stats.accepted
         self.seen_accepted, self.seen_tested = list(stats.accepted_per_position), list(stats.tested_per_position)
+        return added
 
     def _decay(self, factor: float) -> None:
         self.accepted = [factor * x for x in self.accepted]
@@ -385,7 +420,26 @@ class AutoK:
     round_memory: int = 64
     last_k: int = 0
     trees: tuple = ()
+    probe_horizon: int = 256
+    price_probes: bool = True        # False: the greedy rows probe at every hold's end and ignore the draft debt (the
+                                     # exploration before the pricing; benchmarks/auto_cost.py's peer)
     greedy_state: RowState = field(default_factory=RowState)   # the greedy rows' shared exploration (its hold fields)
+    # () -> (owed prompt tokens per running row, catch-up width) or None: the drafter's ``draft_debt``, set by the
+    # scheduler before each round (None: drafting owes nothing)
+    debt_source: Callable | None = field(default=None, repr=False, compare=False)
+    # measured / predicted seconds of the draft debt (``observe_debt_round``); predicted from the table's draft step
+    debt_scale: float = field(default=1.0, init=False, repr=False, compare=False)
+    # the greedy rows' pooled acceptance evidence (decayed accepted, tested drafts, every position), which outlives
+    # the rows: what the probe pricing believes about the batch's acceptance
+    pool_accepted: float = field(default=0.0, init=False, repr=False, compare=False)
+    pool_tested: float = field(default=0.0, init=False, repr=False, compare=False)
+    # greedy holds that ended in a probe that drafted, and those renewed instead (the probe not worth its price, or
+    # the rows' choice from the prior still 0)
+    probes: int = field(default=0, init=False, repr=False, compare=False)
+    probes_declined: int = field(default=0, init=False, repr=False, compare=False)
+    _probe_priced: bool = field(default=False, init=False, repr=False, compare=False)  # a priced probe's first round
+    _hold_bucket: int = field(default=-1, init=False, repr=False, compare=False)   # the bucket the greedy hold began at
+    _debt_round: float = field(default=0.0, init=False, repr=False, compare=False)  # the chosen round's predicted debt
     # (bucket, k) -> the moving average of measured round seconds (``observe_round``; the greedy rows' costs), and
     # the round count when it was last fed (``_seen``): an average not fed for ``round_memory`` rounds is ignored
     measured_s: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -410,19 +464,23 @@ class AutoK:
         self.trees = tuple(tuple(t) for t in self.trees)
         if any(not t or any(not isinstance(w, int) or w < 1 for w in t) for t in self.trees):
             raise ValueError(f"AutoK: trees must be non-empty widths >= 1, e.g. (2, 2, 1), got {self.trees}")
+        if self.probe_horizon < 1:
+            raise ValueError(f"AutoK: probe_horizon must be >= 1 token, got {self.probe_horizon}")
         if self.reference_batch is None:
             self.reference_batch = self.costs.batch_sizes[-1]
         elif self.reference_batch < 1:
             raise ValueError(f"AutoK: reference_batch must be >= 1, got {self.reference_batch}")
 
     def __call__(self, running: list[Sequence], k_max: int) -> list[int]:
+        if self._holding(running):
+            return [0] * len(running)
         reference = self._rounds(self.reference_batch, k_max)
         ks = [0 if seq.request.greedy else self._choose(seq, k_max, reference) for seq in running]
         greedy = [seq for seq in running if seq.request.greedy]
         if greedy:
             sampled = [(seq, k) for seq, k in zip(running, ks) if not seq.request.greedy]
             round_s = self._measured_rounds(len(running), k_max)
-            k_greedy = self._choose_greedy(greedy, sampled, k_max, round_s)
+            k_greedy = self._choose_greedy(running, greedy, sampled, k_max, round_s)
             ks = [min(k_greedy, _room(seq, k_max)) if seq.request.greedy else k for seq, k in zip(running, ks)]
         for seq, k in zip(running, ks):
             self.state(seq).last_k = k
@@ -434,6 +492,9 @@ class AutoK:
         (k = 0: plain decoding), or (each row's depth, the tree's widths) for a tree round. A tree only when every
         row is greedy: a sampled row's tokens depend on the shape its round drafts, which must not depend on the
         batch, so a batch with sampled rows gets ``__call__``'s chains (each sampled row's k its own)."""
+        if self._holding(running):
+            self.chosen[0] = self.chosen.get(0, 0) + 1
+            return [0] * len(running), None
         if not self.trees or not running or any(not seq.request.greedy for seq in running):
             ks = self(running, k_max)
             self.chosen[max(ks, default=0)] = self.chosen.get(max(ks, default=0), 0) + 1
@@ -450,6 +511,28 @@ class AutoK:
         self.chosen[key] = self.chosen.get(key, 0) + 1
         return ks, shape if isinstance(shape, tuple) else None
 
+    def _holding(self, running: list[Sequence]) -> bool:
+        """A round of an all-greedy batch inside the greedy rows' hold, not its last round: k = 0 for every row, with
+        O(1) work (no row's state is read: a row's evidence is caught up when it is next asked about, and rounds
+        without drafts add none; on the 8B shape at 32 rows the per-row bookkeeping of every plain round was host time
+        the device waited for). The pooled evidence decays by one round here (``_decay_pool``, on the other path in
+        ``_choose_greedy``). A batch that shrank to a smaller bucket than the hold began at ends the hold now: drafting
+        may pay there, and the probe is priced afresh."""
+        st = self.greedy_state
+        if st.hold <= 1 or not running or any(seq.request.temperature != 0 for seq in running):
+            return False
+        if self.costs.bucket(len(running)) < self._hold_bucket:
+            st.hold = 1                    # the next decrement ends it (``_explore``), with the probe priced there
+            return False
+        st.hold -= 1
+        self._decay_pool()
+        self.last_k = 0
+        return True
+
+    def _decay_pool(self) -> None:
+        self.pool_accepted *= self.decay
+        self.pool_tested *= self.decay
+
     def _choose_greedy_shape(self, greedy: list[Sequence], k_max: int, round_s: list[float]):
         """The all-greedy batch's shape: a chain k (an int, 0 = plain) or a tree of ``self.trees``, the most expected
         tokens per second of the round at the running batch, with the chains' hold and slow start (a tree is a
@@ -460,8 +543,10 @@ class AutoK:
         def best(cap: int):
             chain_cap = min(cap, k_max)
             alphas = [self.alphas(seq, max(chain_cap, deepest)) for seq in greedy]
+            debt = self._debt_seconds(greedy, greedy)
+            per_token = debt / sum(_remaining(seq) + 1 for seq in greedy)
             shape, rate = _best_joint_rate([(a, _room(seq, k_max)) for a, seq in zip(alphas, greedy)], 0.0, 0,
-                                           round_s[:chain_cap + 1])
+                                           round_s[:chain_cap + 1], per_token)
             for tree in self.trees:
                 if len(tree) > cap:
                     continue
@@ -470,13 +555,16 @@ class AutoK:
                     st = self.state(seq)
                     depth = min(len(tree), _remaining(seq))
                     tokens += tree_tokens([st.coverage(d, tree[d], a[d], self.prior_strength) for d in range(depth)])
-                tree_rate = tokens / self._tree_round(batch, tree)
+                tree_rate = tokens / (self._tree_round(batch, tree) + per_token * tokens)
                 if tree_rate > rate:
                     shape, rate = tree, tree_rate
+            self._debt_round = debt if shape_depth(shape) > 0 else 0.0
             return shape
 
+        self._decay_pool()
         cap = max(min(max(k_max, deepest), _remaining(seq)) for seq in greedy)
-        shape = self._explore(self.greedy_state, cap, greedy, best, self._forget_drafting_rounds)
+        shape = self._explore(self.greedy_state, cap, greedy, best,
+                              lambda: self._probe_pays(greedy, greedy, k_max, round_s, True), len(greedy))
         self.greedy_state.last_k = shape_depth(shape)
         return shape
 
@@ -571,10 +659,14 @@ class AutoK:
         self._seen[key] = self._observed
 
     def state(self, seq: Sequence) -> RowState:
-        """``seq``'s state, brought up to date with the rounds its Stats counted since the last call."""
+        """``seq``'s state, brought up to date with the rounds its Stats counted since the last call (a greedy row's
+        new evidence also goes to the pooled evidence, ``pool_accepted`` / ``pool_tested``)."""
         if not isinstance(seq.k_state, RowState):
             seq.k_state = RowState()
-        seq.k_state.observe(seq.stats, self.decay)
+        accepted, tested = seq.k_state.observe(seq.stats, self.decay)
+        if tested and seq.request.temperature == 0:
+            self.pool_accepted += accepted
+            self.pool_tested += tested
         return seq.k_state
 
     def alphas(self, seq: Sequence, k_max: int) -> list[float]:
@@ -589,52 +681,145 @@ class AutoK:
                              lambda cap: _best_k(st.alphas(cap, self.prior_alpha, self.prior_strength),
                                                  round_s[:cap + 1]))
 
-    def _choose_greedy(self, greedy: list[Sequence], sampled: list[tuple[Sequence, int]], k_max: int,
-                       round_s: list[float]) -> int:
-        """The greedy rows' one k: the most expected tokens per second of the round at the running batch (the
-        sampled rows' tokens at their own k, ``sampled``; the round as wide as its widest row), never below the
-        sampled rows' widest k."""
+    def _choose_greedy(self, running: list[Sequence], greedy: list[Sequence], sampled: list[tuple[Sequence, int]],
+                       k_max: int, round_s: list[float]) -> int:
+        """The greedy rows' one k: the most expected tokens per second of the round at the running batch (``running``,
+        in row order; the sampled rows' tokens at their own k, ``sampled``; the round as wide as its widest row; the
+        greedy rows' draft debt spread over the tokens they may still emit), never below the sampled rows' widest k."""
+        self._decay_pool()
         floor = max((k for _, k in sampled), default=0)
         fixed = sum(expected_tokens(self.alphas(seq, k), k) for seq, k in sampled)
 
         def best(cap: int) -> int:
             rows = [(self.alphas(seq, max(cap, floor)), _room(seq, k_max)) for seq in greedy]
-            return _best_joint(rows, fixed, floor, round_s[:max(cap, floor) + 1])
+            debt = self._debt_seconds(running, greedy, catch_up=floor == 0)
+            per_token = debt / sum(_remaining(seq) + 1 for seq in greedy)
+            k = _best_joint_rate(rows, fixed, floor, round_s[:max(cap, floor) + 1], per_token)[0]
+            self._debt_round = debt if k > 0 else 0.0
+            return k
 
         k = self._explore(self.greedy_state, max(_room(seq, k_max) for seq in greedy), greedy, best,
-                          self._forget_drafting_rounds)
+                          lambda: self._probe_pays(running, greedy, k_max, round_s, floor == 0), len(running))
         self.greedy_state.last_k = max(k, floor)
         return max(k, floor)
 
-    def _forget_drafting_rounds(self) -> None:
-        """Drop the measured costs of rounds that drafted (a probe prices them afresh: one measured while the
-        draft model caught up, or under another load, would otherwise keep k = 0 for good)."""
-        self.measured_s = {key: s for key, s in self.measured_s.items() if key[1] == 0}
+    def _debt_seconds(self, running: list[Sequence], rows: list[Sequence], catch_up: bool = True) -> float:
+        """Seconds of the one-time draft work that making ``rows`` (of ``running``, the drafter's row order) draft
+        now would cost (module docstring, "Draft debt"): their owed prompts' prefill, one pass per row, and (with
+        ``catch_up``) the batch's catch-up pass, each priced as the table's draft step of as many rows as the pass
+        has tokens (``_draft_pass``), times ``debt_scale``."""
+        debt = self.debt_source() if self.debt_source is not None and self.price_probes else None
+        if debt is None:
+            return 0.0
+        owed, gap = debt
+        if len(owed) != len(running):        # not this batch's rows (a drafter set aside and back): owes unknown
+            return 0.0
+        mine = set(map(id, rows))
+        seconds = sum(self._draft_pass(n) for seq, n in zip(running, owed) if n and id(seq) in mine)
+        if catch_up and gap > 0:
+            seconds += self._draft_pass(len(running) * gap)
+        return self.debt_scale * seconds
 
-    def _explore(self, st: RowState, cap: int, rows: list[Sequence], best, forget=None) -> int:
-        """The hold and the slow start (module docstring) on exploration state ``st`` around ``best(cap) -> k``;
-        a hold's end makes ``rows`` forget their evidence (the next round starts over from the prior, with k <= 1:
-        a probe), and calls ``forget()`` if given."""
+    def _draft_pass(self, tokens: int) -> float:
+        """The table's price of one draft-model pass of ``tokens`` tokens: its draft step at that many rows (beyond
+        the largest batch measured, the slope between the two largest continued: a pass's fixed cost, the weights
+        read once, is paid once)."""
+        sizes, draft = self.costs.batch_sizes, self.costs.draft_s
+        if tokens <= sizes[-1] or len(sizes) == 1:
+            return self.costs.draft(tokens)
+        slope = max(draft[-1] - draft[-2], 0.0) / (sizes[-1] - sizes[-2])
+        return draft[-1] + slope * (tokens - sizes[-1])
+
+    def observe_debt_round(self, batch: int, k, seconds: float) -> None:
+        """A round of ``batch`` rows whose widest row drafted ``k`` also ran the drafter's one-time work (a lazy
+        prefill, a catch-up) and took ``seconds``: what it cost beyond a round of that k (measured, or the table's)
+        against the debt predicted when it was chosen moves ``debt_scale`` (a moving average of the ratio)."""
+        predicted, self._debt_round = self._debt_round, 0.0
+        if not predicted > 0 or not seconds > 0 or seconds == float("inf") or isinstance(k, tuple) or k < 1:
+            return
+        key = (self.costs.bucket(batch), k)
+        plain = self.measured_s[key] if self._fresh(key) else self.costs.round(batch, k)
+        ratio = min(max((seconds - plain) / (predicted / self.debt_scale), 0.05), 20.0)
+        self.debt_scale = 0.7 * self.debt_scale + 0.3 * ratio
+
+    def _probe_pays(self, running: list[Sequence], greedy: list[Sequence], k_max: int, round_s: list[float],
+                    catch_up: bool) -> bool:
+        """Whether a probe of the greedy rows is worth its price now (module docstring, "Exploration"): the seconds
+        drafting is expected to save over the tokens the rows may still emit (up to ``probe_horizon`` each),
+        averaged over the pooled acceptance belief (a Beta over one i.i.d. acceptance rate), against the draft debt
+        the probe pays at once and what its first round (k = 1) loses if drafting loses at the belief's mean."""
+        batch, k_top = len(running), min(k_max, len(round_s) - 1)
+        if k_top < 1:
+            return False
+        tokens_left = sum(min(_remaining(seq) + 1, self.probe_horizon) for seq in greedy)
+        a = self.pool_accepted + self.prior_alpha * self.prior_strength
+        b = self.pool_tested - self.pool_accepted + (1.0 - self.prior_alpha) * self.prior_strength
+        plain = round_s[0] / batch                                  # seconds per token of a plain round
+        value, weights = 0.0, 0.0
+        for alpha, w in _beta_grid(a, b):
+            per_token, tokens, reach = plain, 1.0, 1.0
+            for k in range(1, k_top + 1):             # E(k) at i.i.d. alpha, built up one position at a time
+                reach *= alpha
+                tokens += reach
+                per_token = min(per_token, round_s[k] / (batch * tokens))
+            value += w * (plain - per_token)
+            weights += w
+        value = tokens_left * value / weights
+        mean = a / (a + b)
+        first_round_loss = max(round_s[1] - batch * (1.0 + mean) * plain, 0.0)
+        return value > self._debt_seconds(running, greedy, catch_up) + first_round_loss
+
+    def _explore(self, st: RowState, cap: int, rows: list[Sequence], best, probe_pays=None, batch: int = 0) -> int:
+        """The hold and the slow start (module docstring) on exploration state ``st`` around ``best(cap) -> k``. At a
+        hold's end, if ``probe_pays()`` (given: the greedy rows' pricing) says so, or always without it, ``rows``
+        forget their evidence (the next round starts over from the prior, with k <= 1: a probe); else the hold is
+        renewed, as long as the next one. ``batch``: the running rows (the bucket a hold begins at)."""
         if cap <= 0:
             return 0
+        if not self.price_probes:
+            probe_pays = None
         if st.hold > 0:
             st.hold -= 1
             if st.hold == 0:
-                for seq in rows:
-                    self.state(seq).forget()
-                if forget is not None:
-                    forget()
+                if probe_pays is None or probe_pays():
+                    for seq in rows:
+                        self.state(seq).forget()
+                    self._probe_priced = probe_pays is not None
+                else:
+                    self.probes_declined += 1
+                    self._hold(st, batch)
             return 0
         if st.last_k is not None:
             cap = min(cap, max(1, 2 * st.last_k))                       # slow start
         k = best(cap)
+        priced = False
+        if st is self.greedy_state:
+            priced, self._probe_priced = self._probe_priced, False
         if shape_depth(k) > 0:
             st.drafting += 1
+            self.probes += priced
             return k
+        self.probes_declined += priced          # worth its price from the belief, not from the rows' fresh prior
         if st.drafting >= self.settle or st.next_hold == 0:              # a fall after a run of drafting: start over
             st.next_hold = self.min_hold
-        st.hold, st.next_hold, st.drafting = st.next_hold, min(2 * st.next_hold, self.max_hold), 0
+        st.drafting = 0
+        self._hold(st, batch)
         return 0
+
+    def _hold(self, st: RowState, batch: int) -> None:
+        """Start a hold of ``st.next_hold`` rounds and double the next one (up to ``max_hold``)."""
+        st.hold, st.next_hold = st.next_hold, min(2 * st.next_hold, self.max_hold)
+        if st is self.greedy_state:
+            self._hold_bucket = self.costs.bucket(batch)
+
+
+def _beta_grid(a: float, b: float, points: int = 48) -> list[tuple[float, float]]:
+    """(x, Beta(a, b) density at x relative to the largest of them) at the midpoints of ``points`` equal cells of
+    (0, 1): relative, so that a sharp belief (much evidence) never underflows to all zeros."""
+    xs = [(i + 0.5) / points for i in range(points)]
+    logs = [(a - 1) * math.log(x) + (b - 1) * math.log1p(-x) for x in xs]
+    top = max(logs)
+    return [(x, math.exp(v - top)) for x, v in zip(xs, logs)]
 
 
 def _room(seq: Sequence, k_max: int) -> int:

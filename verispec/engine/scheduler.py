@@ -327,6 +327,9 @@ class Scheduler:
         drafter = self.drafter if self.drafting else None
         t0 = time.perf_counter()
         prefilled = getattr(drafter, "prefill_tokens", 0)
+        caught_up = getattr(drafter, "catch_up_passes", 0)
+        if hasattr(self.k_policy, "debt_source"):     # what the rows owe before drafting (k=auto prices it)
+            self.k_policy.debt_source = getattr(drafter, "draft_debt", None)
         tree = self.tree
         if self.tree_auto and drafter is not None:
             caps, tree = self.k_policy.decide(self.running, self.k_max)
@@ -349,12 +352,19 @@ class Scheduler:
         # the policy prices k by the rounds it ran (AutoK), and only by rounds that paid no one-time work: on a GPU
         # the drafter's admission work (a feature head's prompt pass) is still running when the round starts and
         # the round's one sync waits for it; a round in which the drafter prefilled rows drafting for the first time
-        # (``DraftModel``'s lazy prefill) paid that. Either would price that k by its admissions (a few such rounds
-        # in the moving average double what a plain round seems to cost at 32 rows on the 8B shape).
-        one_time = self._admitted or getattr(drafter, "prefill_tokens", 0) != prefilled
-        if observe is not None and (self.tree is None or self.tree_auto) and not one_time:
+        # (``DraftModel``'s lazy prefill) or caught up rows that had not drafted for a while paid that. Either would
+        # price that k by its admissions or by its start (a few such rounds in the moving average double what a
+        # plain round seems to cost at 32 rows on the 8B shape). A round whose only one-time work was the drafter's
+        # goes to ``observe_debt_round`` instead: what it cost beyond its k's round prices the draft debt.
+        drafter_debt = drafter is not None and (getattr(drafter, "prefill_tokens", 0) != prefilled
+                                                or getattr(drafter, "catch_up_passes", 0) != caught_up)
+        if observe is not None and (self.tree is None or self.tree_auto) and not self._admitted:
             shape = tree if tree is not None else max(result.num_draft, default=0)
-            observe(len(self.running), shape, time.perf_counter() - t0)
+            seconds = time.perf_counter() - t0
+            if not drafter_debt:
+                observe(len(self.running), shape, seconds)
+            elif hasattr(self.k_policy, "observe_debt_round"):
+                self.k_policy.observe_debt_round(len(self.running), shape, seconds)
         self._account(result)
         for seq, n, a in zip(self.running, result.num_draft, result.num_accepted):
             seq.stats.add_round(n, a)

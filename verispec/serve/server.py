@@ -308,3 +308,5 @@ def _log_k_auto(policy) -> None:
     cells = [f"B<={costs.batch_sizes[b]} {f'tree={list(k)}' if isinstance(k, tuple) else f'k={k}'}: {1e3 * s:.2f} ms "
              f"(table {1e3 * policy.table_round(costs.batch_sizes[b], k):.2f})" for (b, k), s in items]
     _log("k=auto rounds measured vs table: " + "; ".join(cells))
+    _log(f"k=auto greedy probes: {policy.probes} drafted, {policy.probes_declined} holds renewed (not worth a probe); "
+         f"draft debt measured / predicted {policy.debt_scale:.2f}")
