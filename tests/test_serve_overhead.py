@@ -150,6 +150,33 @@ def test_launched_hook_runs_once_per_round_after_the_target_pass():
         assert seen == list(range(1, sched.totals.rounds + 1)), (tree, seen)
 
 
+def test_admitted_hook_runs_after_the_first_tokens_and_before_the_round_drafts():
+    """A new request's first token goes to the event loop before its step's round drafts (``admitted_hook``): the
+    hook runs once per step that admitted, after the prefill delivered the first tokens and before the drafter
+    proposes; steps that admit nothing never call it."""
+    import sys
+    import os
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from fakes import FakeModel
+    from verispec.drafters import PromptLookup
+    from verispec.engine import Request, Scheduler, SchedulerConfig
+
+    target = FakeModel(seed=0, eos_bias=-30.0)
+    drafter = PromptLookup(max_ngram=3, min_ngram=1)
+    drafter.attach(target)
+    sched = Scheduler(target, drafter, SchedulerConfig(1, 64, 3))
+    events = []
+    propose = drafter.propose
+    drafter.propose = lambda *a, **kw: (events.append("propose"), propose(*a, **kw))[1]
+    requests = [sched.submit(Request(p, 4)) for p in ([1, 2, 3, 1, 2], [4, 5, 4, 5])]
+    sched.admitted_hook = lambda: events.append(("admitted", [len(s.generated) for s in requests]))
+    sched.run()
+    admitted = [i for i, e in enumerate(events) if e != "propose"]
+    assert [events[i][1] for i in admitted] == [[1, 0], [4, 1]]      # one row at a time: each first token delivered
+    assert all(events[i + 1] == "propose" for i in admitted)          # ... and out before that step's round drafts
+
+
 def test_chunks_are_made_on_the_event_loop_and_a_failing_one_ends_only_its_request():
     """The engine thread queues ids and their emission time; ``_deliver`` (the event loop) makes each stream's text,
     observes the latency metrics at the emission time, and turns a request whose text fails into ("lost", reason)

@@ -118,6 +118,10 @@ class Scheduler:
         # verification and waits for the device, so a caller's own work done here overlaps the device's (the
         # server hands the previous round's tokens to its event loop here: serve/engine.py)
         self.launched_hook: Callable[[], None] | None = None
+        # called once after a step's admissions delivered their first tokens, before its round drafts: the server
+        # hands those tokens to its event loop here, so that a new request's first token does not wait for the next
+        # round's drafting (a draft model's K passes; its lazy prefill of the new rows)
+        self.admitted_hook: Callable[[], None] | None = None
         self.drafter_fault: str | None = None          # why the drafter is set aside (None: in use)
         self.drafter_faults = 0                        # drafter exceptions that named no row, so far
         self._fault_rows: set[int] = set()             # ids of the requests running at the last such fault
@@ -236,6 +240,8 @@ class Scheduler:
         ended = self._retire()                # cancellations since the last step
         self._admitted = False
         ended += self._admit()                # requests whose admission failed (they never joined the batch)
+        if self._admitted and self.admitted_hook is not None:
+            self.admitted_hook()
         ended += self._retire()               # requests done after their first token
         if self.running:
             self._round()

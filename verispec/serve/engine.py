@@ -13,7 +13,8 @@ with this one. When: in the next round, once its target pass is launched (``Sche
 end of the pass when no round follows (nothing runs) and before a step that admits requests (a prefill must not
 hold back the running streams' tokens). Woken right after a round, the event loop's Python (a chunk per stream:
 HTTP framing, JSON) would compete for the GIL with the next round's launches and delay the device's work; woken
-once the pass is launched, it runs while the engine waits for the device with the GIL released.
+once the pass is launched, it runs while the engine waits for the device with the GIL released. A step that admits requests also flushes once its prefill has delivered their first tokens
+(``Scheduler.admitted_hook``), before the round drafts: a new request's first token does not wait for the drafting.
 
     handler                          engine thread
     submit(request) -> Future  --->  scheduler.submit (ValueError / QueueFull set on the Future)
@@ -164,6 +165,7 @@ class EngineLoop(EngineStatus):
     def _new_scheduler(self) -> Scheduler:
         scheduler = self.make_scheduler()
         scheduler.launched_hook = self._flush
+        scheduler.admitted_hook = self._flush
         return scheduler
 
     # ------------------------------------------------------------------ from any thread
