@@ -112,7 +112,8 @@ def main(argv=None, target=None, draft=None) -> list[list[str]]:
         for _ in range(args.reps + 1):        # the first run is the warm-up (graph captures, kernel compiles)
             chooser = policy() if policy else None
             runs.append(run_engine(target, oracle() if k else None, prompts, k=k, max_new_tokens=args.max_tokens,
-                                   k_policy=chooser, arrivals=[0.0] * len(prompts), max_batch=args.concurrency))
+                                   k_policy=chooser, arrivals=[0.0] * len(prompts), max_batch=args.concurrency,
+                                   warm_up=args.device != "cpu"))
         if chooser is not None:               # the last run's policy: how it explored
             explored.append(f"- {name}: greedy probes that drafted {chooser.probes}, holds renewed "
                             f"{chooser.probes_declined}; "
@@ -153,7 +154,8 @@ def main(argv=None, target=None, draft=None) -> list[list[str]]:
                              table_rows(table, args.k_max, args.alpha)), "",
              f"## In process at saturation ({args.num_prompts} requests all at once, {args.concurrency} rows, "
              f"{args.input_len} prompt tokens, {args.max_tokens} new tokens each)", "",
-             f"`run_engine`; one warm-up run per configuration, then {args.reps} timed (median, min, max). AR is "
+             f"`run_engine`; every graph its rounds can replay captured before each run (`Scheduler.warm_up`, as the "
+             f"server does) and one warm-up run per configuration, then {args.reps} timed (median, min, max). AR is "
              "the floor k=auto must not go below; \"k=auto, passes only\" is a peer: the same measured table with "
              "its overhead column zeroed, i.e. the cost model before it; \"k=auto, unpriced probes\" the other: "
              "the greedy rows probe at every hold's end and the draft debt is not priced (`AutoK(price_probes=False)`)."

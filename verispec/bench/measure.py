@@ -70,12 +70,15 @@ class EngineRun:
 
 def run_engine(target, drafter, prompts: list[list[int]], *, k: int, max_new_tokens: int | list[int],
                timing: bool = False, k_policy=None, arrivals: list[float] | None = None,
-               max_batch: int | None = None, tree=None, max_seq_len: int | None = None) -> EngineRun:
+               max_batch: int | None = None, tree=None, max_seq_len: int | None = None,
+               warm_up: bool = False) -> EngineRun:
     """One greedy run of ``prompts`` (see the module docstring); ``drafter=None`` = autoregressive.
     ``max_new_tokens``: one limit for every request, or one per request. Request i has id i and seed i.
     ``tree``: draft trees of these widths instead of chains of k (``SchedulerConfig.tree``; "auto" is passed as
     it is, with room for the largest tree pass). ``max_seq_len``: the cache's length (None: the longest request and
-    one round's lookahead); runs that share one keep their cache, and on a GPU their CUDA graphs."""
+    one round's lookahead); runs that share one keep their cache, and on a GPU their CUDA graphs. ``warm_up``:
+    capture every graph the scheduler's rounds can replay before the clock starts (``Scheduler.warm_up``, as the
+    server does at startup): a policy that picks k per round (k=auto) meets shapes a warm-up run may not have met."""
     k = k if drafter is not None else 0
     limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
     if len(limits) != len(prompts):
@@ -90,6 +93,8 @@ def run_engine(target, drafter, prompts: list[list[int]], *, k: int, max_new_tok
     longest = max(len(p) + n for p, n in zip(prompts, limits))
     config = SchedulerConfig(max_batch or len(prompts), max_seq_len or longest + lookahead + 1, k, tree=tree)
     scheduler = Scheduler(target, drafter, config, k_policy=k_policy, timing=timing)
+    if warm_up:
+        scheduler.warm_up(prompt_tokens=max(len(p) for p in prompts))
     requests = [Request(list(p), n, id=i, seed=i) for i, (p, n) in enumerate(zip(prompts, limits))]
     start = time.perf_counter()
     if arrivals is None:
