@@ -122,17 +122,18 @@ V4_SHAPES = V3_SHAPES + [(3, 256), (17, 512)]
 @pytest.mark.parametrize("N, K", V4_SHAPES)
 def test_packed_v4_equals_v3(name, N, K):
     """v4 stages the weights through shared memory and computes v3's arithmetic: the same bits as v3 for every M
-    (1..17, 33), x aligned or not, with a bias, launched with and without PDL, and inside a CUDA graph (PDL edges)."""
+    (1..17, 33, and 40 / 97: 32 tokens a block past 16), x aligned or not, with a bias, launched with and without
+    PDL, and inside a CUDA graph (PDL edges)."""
     from verispec.runtime.gemv import packed_matmul
 
     if K % BY_NAME[name].block_size:
         pytest.skip(f"rows of {K} are not whole {name} blocks")
     qtype = BY_NAME[name].ggml_type
     blocks = blocks_of(name, N, K).cuda()
-    flat = torch.randn(33 * K + 1, device="cuda").bfloat16()
+    flat = torch.randn(97 * K + 1, device="cuda").bfloat16()
     b = torch.randn(N, device="cuda").bfloat16()
-    for x in (flat[:33 * K].view(33, K), flat[1:].view(33, K)):
-        for M in [*range(1, 18), 33]:
+    for x in (flat[:97 * K].view(97, K), flat[1:].view(97, K)):
+        for M in [*range(1, 18), 33, 40, 97]:
             want = packed_matmul(x[:M], blocks, qtype, b, variant=3)
             for pdl in (False, True):
                 assert torch.equal(packed_matmul(x[:M], blocks, qtype, b, variant=4, pdl=pdl), want), (M, pdl)

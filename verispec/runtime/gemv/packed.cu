@@ -399,7 +399,7 @@ template <int N>
 __device__ __forceinline__ void v4_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
 template <int QT, int NT, bool A4>
-__global__ void __launch_bounds__(32 * V3_SLICES, 2)
+__global__ void __launch_bounds__(32 * V3_SLICES, NT >= 4 ? 1 : 2)   // 32 tokens' accumulators: one block an SM
 packed_matmul_v4_kernel(const __nv_bfloat16* __restrict__ x,     // [M, K]
                         const uint8_t* __restrict__ w,           // [N, row bytes], 16-byte aligned
                         const __nv_bfloat16* __restrict__ bias,  // [N] or nullptr
@@ -609,13 +609,18 @@ static cudaError_t pk_launch_v4_shape(const void* x, const void* w, const void* 
 // v4, or v3's kernel (the same bits) for the Q4_K matrices of 2^26 weights and more: their 16- and 8-byte aligned
 // blocks already load well straight from global memory, and the staging costs more than it saves there (H100:
 // benchmarks/results/quant.md, 8B gate+up 40.6 us in v3 vs 44.7 in v4; q/o 9.6 vs 8.6).
+// Past 16 rows of x a block holds 32 tokens (NT = 4): a wide pass (a batch's verification, B x (k + 1) rows) reads
+// each weight once per 32 tokens instead of once per 16; the tokens' arithmetic is the same.
 template <int QT>
 static cudaError_t pk_launch_v4(const void* x, const void* w, const void* b, void* y, int M, int N, int K,
                                 cudaStream_t stream, int pdl) {
-    if (QT == PK_Q4_K && (long long)N * K >= (1LL << 26)) return pk_launch_v3<QT>(x, w, b, y, M, N, K, stream, pdl);
-    constexpr bool KQUANT = QT == PK_Q4_K || QT == PK_Q6_K;
+    if (QT == PK_Q4_K && M <= 16 && (long long)N * K >= (1LL << 26))
+        return pk_launch_v3<QT>(x, w, b, y, M, N, K, stream, pdl);
+    constexpr bool KQUANT = QT == PK_Q4_K || QT == PK_Q6_K, A4T = V3<QT>::UNIT % 4 == 0;
     const long long row_bytes = (long long)(KQUANT ? K / 256 : K / 32) * V3<QT>::BLOCK;
-    if (row_bytes % 4 == 0 && V3<QT>::UNIT % 4 == 0) {   // every unit starts at a multiple of 4 bytes (not Q6_K's)
+    const bool a4 = row_bytes % 4 == 0 && A4T;
+    if (M > 16 && a4 == A4T) return pk_launch_v4_shape<QT, 4, A4T>(x, w, b, y, M, N, K, stream, pdl);
+    if (a4) {                                    // every unit starts at a multiple of 4 bytes (not Q6_K's)
         if (M <= 8) return pk_launch_v4_shape<QT, 1, true>(x, w, b, y, M, N, K, stream, pdl);
         return pk_launch_v4_shape<QT, 2, true>(x, w, b, y, M, N, K, stream, pdl);
     }
