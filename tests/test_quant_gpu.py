@@ -91,6 +91,16 @@ def test_packed_v3_matches_the_reference(name, N, K):
     assert bool(((y - ref).abs() <= 2.0 ** -14 * scale + ref.abs() * 2.0 ** -8 + 1e-30).all()), (y - ref).abs().max()
 
 
+def pass_inputs(name: str, N: int, K: int, rows: int):
+    """(qtype, CUDA blocks [N, row bytes], (x 16-byte aligned, x misaligned) bf16 [rows, K], a bias [N]) for a
+    packed pass's checks; skips where K is not whole blocks of ``name``."""
+    if K % BY_NAME[name].block_size:
+        pytest.skip(f"rows of {K} are not whole {name} blocks")
+    flat = torch.randn(rows * K + 1, device="cuda").bfloat16()
+    return (BY_NAME[name].ggml_type, blocks_of(name, N, K).cuda(),
+            (flat[:rows * K].view(rows, K), flat[1:].view(rows, K)), torch.randn(N, device="cuda").bfloat16())
+
+
 @pytest.mark.parametrize("name", TYPES)
 @pytest.mark.parametrize("N, K", [(1024, 4096), (4096, 14336), (300, 768), (960, 576)])
 def test_packed_v3_is_batch_invariant(name, N, K):
@@ -99,13 +109,8 @@ def test_packed_v3_is_batch_invariant(name, N, K):
     and the rows of two sequences in one pass (ragged)."""
     from verispec.runtime.gemv import packed_matmul
 
-    if K % BY_NAME[name].block_size:
-        pytest.skip(f"rows of {K} are not whole {name} blocks")
-    qtype = BY_NAME[name].ggml_type
-    blocks = blocks_of(name, N, K).cuda()
-    flat = torch.randn(33 * K + 1, device="cuda").bfloat16()
-    b = torch.randn(N, device="cuda").bfloat16()
-    for x in (flat[:33 * K].view(33, K), flat[1:].view(33, K)):          # 16-byte aligned, then misaligned
+    qtype, blocks, xs, b = pass_inputs(name, N, K, 33)
+    for x in xs:
         alone = torch.cat([packed_matmul(x[i:i + 1], blocks, qtype, b, variant=3) for i in range(33)])
         for M in [*range(1, 17), 17, 33]:
             assert torch.equal(packed_matmul(x[:M], blocks, qtype, b, variant=3), alone[:M]), (M, x.data_ptr() % 16)
@@ -126,18 +131,13 @@ def test_packed_v4_equals_v3(name, N, K):
     PDL, and inside a CUDA graph (PDL edges)."""
     from verispec.runtime.gemv import packed_matmul
 
-    if K % BY_NAME[name].block_size:
-        pytest.skip(f"rows of {K} are not whole {name} blocks")
-    qtype = BY_NAME[name].ggml_type
-    blocks = blocks_of(name, N, K).cuda()
-    flat = torch.randn(97 * K + 1, device="cuda").bfloat16()
-    b = torch.randn(N, device="cuda").bfloat16()
-    for x in (flat[:97 * K].view(97, K), flat[1:].view(97, K)):
+    qtype, blocks, xs, b = pass_inputs(name, N, K, 97)
+    for x in xs:
         for M in [*range(1, 18), 33, 40, 97]:
             want = packed_matmul(x[:M], blocks, qtype, b, variant=3)
             for pdl in (False, True):
                 assert torch.equal(packed_matmul(x[:M], blocks, qtype, b, variant=4, pdl=pdl), want), (M, pdl)
-    x = flat[:5 * K].view(5, K)
+    x = xs[0][:5]
     want = packed_matmul(x, blocks, qtype, variant=3)
     out = torch.empty_like(want)
     packed_matmul(x, blocks, qtype, out=out, variant=4, pdl=True)        # the launch's one-time set-up, outside

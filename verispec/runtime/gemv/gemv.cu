@@ -411,31 +411,14 @@ extern "C" int vs_gemv_mma_split(int N, int K, int num_sms) {
 // everywhere at M <= 4 (benchmarks/results/gemv.md).
 extern "C" int vs_gemv_version(int dtype, int M, int N, int K) { return dtype != VS_F32 && M >= 6 && N > K ? 2 : 1; }
 
-// One launch of a GEMV kernel on `stream`; pdl: with the programmatic-stream-serialization attribute, so
-// that the kernel may start before the previous kernel on the stream completes (see pdl_wait).
-template <typename... Params, typename... Args>
-static cudaError_t launch_pdl(void (*kernel)(Params...), unsigned blocks, cudaStream_t stream, int pdl,
-                              Args... args) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(blocks);
-    config.blockDim = dim3(GEMV_THREADS);
-    config.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = attr;
-    config.numAttrs = pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
-}
-
 template <typename T>
 static cudaError_t launch_mma(const void* x, const void* w, const void* b, void* y, int M, int N, int K, int split,
                               cudaStream_t stream, int pdl) {
     const int rows_per_block = GEMV_MMA_ROWS * (GEMV_WARPS / split);
     const long long blocks = ((long long)N + rows_per_block - 1) / rows_per_block;
     if (blocks > 0x7fffffffLL) return cudaErrorInvalidValue;
-    return launch_pdl(gemv_mma_kernel<T>, (unsigned)blocks, stream, pdl, (const T*)x, (const T*)w, (const T*)b, (T*)y,
-                      M, N, K, split);
+    return launch_kernel(gemv_mma_kernel<T>, dim3((unsigned)blocks), dim3(GEMV_THREADS), 0, stream, pdl, (const T*)x,
+                         (const T*)w, (const T*)b, (T*)y, M, N, K, split);
 }
 
 template <typename T, int M, int ROWS>
@@ -444,8 +427,8 @@ static cudaError_t launch_rows(const void* x, const void* w, const void* b, void
     const int rows_per_block = ROWS * (GEMV_WARPS / split);
     const long long blocks = ((long long)N + rows_per_block - 1) / rows_per_block;
     if (blocks > 0x7fffffffLL) return cudaErrorInvalidValue;
-    return launch_pdl(gemv_kernel<T, M, ROWS>, (unsigned)blocks, stream, pdl, (const T*)x, (const T*)w, (const T*)b,
-                      (T*)y, N, K, split);
+    return launch_kernel(gemv_kernel<T, M, ROWS>, dim3((unsigned)blocks), dim3(GEMV_THREADS), 0, stream, pdl,
+                         (const T*)x, (const T*)w, (const T*)b, (T*)y, N, K, split);
 }
 
 template <typename T, int M>

@@ -33,6 +33,24 @@ __device__ __forceinline__ void pdl_wait() {
 // Pull 16 bytes into L2 (no register, no wait): the weights do not depend on the previous kernel.
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
+// One launch of `kernel` on `stream`; pdl: with the programmatic-stream-serialization attribute, so that the kernel may
+// start before the previous kernel on the stream completes (see pdl_wait).
+template <typename... Params, typename... Args>
+static cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, unsigned smem, cudaStream_t stream,
+                                 int pdl, Args... args) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = block;
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attr;
+    config.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+}
+
 __device__ __forceinline__ void store_float(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store_float(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
 __device__ __forceinline__ void store_float(__half* p, float v) { *p = __float2half_rn(v); }

@@ -225,17 +225,8 @@ static cudaError_t inv_launch(const void* x, const void* w, const void* b, void*
     const long long tok_tiles = ((long long)M + 8 * NT - 1) / (8 * NT);
     const long long row_tiles = ((long long)N + 16 * RT - 1) / (16 * RT);
     if (tok_tiles > 0x7fffffffLL || row_tiles > 65535) return cudaErrorInvalidValue;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3((unsigned)tok_tiles, (unsigned)row_tiles);
-    config.blockDim = dim3(32 * S);
-    config.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = attr;
-    config.numAttrs = pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&config, inv_matmul_kernel<T, RT, NT, U>, (const T*)x, (const T*)w, (const T*)b,
-                              (T*)y, M, N, K, S);
+    return launch_kernel(inv_matmul_kernel<T, RT, NT, U>, dim3((unsigned)tok_tiles, (unsigned)row_tiles), dim3(32 * S),
+                         0, stream, pdl, (const T*)x, (const T*)w, (const T*)b, (T*)y, M, N, K, S);
 }
 
 template <typename T>

@@ -35,9 +35,9 @@
 //       tokens by mma.sync, its scales folded in per chunk. Not v2's bits (the sum is regrouped); fp32 / fp16 x run
 //       v1 under variant 3. Its lane layout (packed_v3.cuh) is checked on the CPU with the MMA emulated
 //       (tests/test_quant_v3.py).
-//   v4  v3's order and arithmetic, so v3's bits (tests/test_quant_gpu.py checks it on a GPU), the weights staged through
-//       shared memory by 16-byte cp.async several units ahead (its comment, below v3's kernel); v3's kernel itself for
-//       the large Q4_K matrices, where it is faster. Both launch with programmatic dependent launch when asked.
+//   v4  v3's order and arithmetic, so v3's bits (tests/test_quant_gpu.py checks it on a GPU), the weights staged
+//       through shared memory by 16-byte cp.async several units ahead (its comment, below v3's kernel); v3's kernel
+//       itself for the large Q4_K matrices, where it is faster. Both launch with programmatic dependent launch.
 //
 // Launch (v1, v2): grid (ceil(N / 4), ceil(M / tokens per block)), 4 warps a block, one row of W per warp; v3: grid
 // (ceil(M / 8 or 16), ceil(N / 16)), 8 warps a block. No allocation, no host sync: CUDA-graph capturable.
@@ -355,9 +355,9 @@ template <int QT> constexpr int V4_STAGES =
     : ((96 * 1024) / (V3_SLICES * 16 * V4_PITCH<QT>) < 2 ? 2 : (96 * 1024) / (V3_SLICES * 16 * V4_PITCH<QT>));
 template <int QT> constexpr int V4_SMEM = V3_SLICES * V4_STAGES<QT> * 16 * V4_PITCH<QT>;
 
-// A unit's bytes in a warp's stage (``a``: the shared-memory address of its first byte). A4: a is a multiple of 4 (rows
-// and units of a multiple of 4 bytes: every type but Q6_K, whose 210-byte units alternate), so a word's alignment is its
-// offset's, known once unrolled: an aligned word is one load, another two loads and a funnel shift.
+// A unit's bytes in a warp's stage (``a``: the shared-memory address of its first byte). A4: a is a multiple of 4
+// (rows and units of a multiple of 4 bytes: every type but Q6_K, whose 210-byte units alternate), so a word's
+// alignment is its offset's, known once unrolled: an aligned word is one load, another two loads and a funnel shift.
 template <bool A4>
 struct V4Shared {
     uint32_t a;
@@ -430,7 +430,8 @@ packed_matmul_v4_kernel(const __nv_bfloat16* __restrict__ x,     // [M, K]
                 const int r = e / VECS, v = e % VECS;
                 const long long rr = row0 + r < N ? row0 + r : (long long)N - 1;
                 const uint8_t* unit = w + rr * row_bytes + (long long)u * Tr::UNIT;
-                const uint8_t* a0 = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(unit) & ~(uintptr_t)15);
+                const uint8_t* a0 =
+                    reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(unit) & ~(uintptr_t)15);
                 const uint8_t* src = a0 + 16 * v;
                 if (src < unit + ubytes) {
                     const long long left = w_end - src;
@@ -453,7 +454,8 @@ packed_matmul_v4_kernel(const __nv_bfloat16* __restrict__ x,     // [M, K]
     float acc[1][NT][4];
 #pragma unroll
     for (int j = 0; j < NT; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.0f;
-    const long long rg = row0 + g < N ? row0 + g : (long long)N - 1, rh = row0 + 8 + g < N ? row0 + 8 + g : (long long)N - 1;
+    const long long rg = row0 + g < N ? row0 + g : (long long)N - 1;
+    const long long rh = row0 + 8 + g < N ? row0 + 8 + g : (long long)N - 1;
 
     for (int i = 0, u = p; u < nunits; ++i, u += V3_SLICES) {
         issue(i + ST - 1);
@@ -545,24 +547,6 @@ static cudaError_t pk_launch_v2(const void* x, const void* w, const void* b, voi
     return cudaGetLastError();
 }
 
-// One launch on `stream`, with programmatic dependent launch when pdl (the kernels call pdl_launch_dependents and
-// pdl_wait; without the attribute those are no-ops)
-template <typename... Params, typename... Args>
-static cudaError_t pk_launch_ex(void (*kernel)(Params...), dim3 grid, unsigned smem, cudaStream_t stream, int pdl,
-                                Args... args) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = grid;
-    config.blockDim = dim3(32 * V3_SLICES);
-    config.dynamicSmemBytes = smem;
-    config.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = attr;
-    config.numAttrs = pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
-}
-
 template <int QT, int RT, int NT>
 static cudaError_t pk_launch_v3_shape(const void* x, const void* w, const void* b, void* y, int M, int N, int K,
                                       cudaStream_t stream, int pdl) {
@@ -572,9 +556,9 @@ static cudaError_t pk_launch_v3_shape(const void* x, const void* w, const void* 
         (QT == PK_Q4_K && reinterpret_cast<uintptr_t>(w) % 16))
         return cudaErrorInvalidValue;
     // token tiles fastest (as invariant.cu): the blocks that read one row tile run together and share it through L2
-    return pk_launch_ex(packed_matmul_v3_kernel<QT, RT, NT>, dim3((unsigned)tok_tiles, (unsigned)row_tiles), 0, stream,
-                        pdl, (const __nv_bfloat16*)x, (const uint8_t*)w, (const __nv_bfloat16*)b, (__nv_bfloat16*)y, M,
-                        N, K);
+    return launch_kernel(packed_matmul_v3_kernel<QT, RT, NT>, dim3((unsigned)tok_tiles, (unsigned)row_tiles),
+                         dim3(32 * V3_SLICES), 0, stream, pdl, (const __nv_bfloat16*)x, (const uint8_t*)w,
+                         (const __nv_bfloat16*)b, (__nv_bfloat16*)y, M, N, K);
 }
 
 // v3's block shape: speed only (every shape computes the same bits). 16 rows a block (RT = 1: 32 rows took 255
@@ -601,9 +585,9 @@ static cudaError_t pk_launch_v4_shape(const void* x, const void* w, const void* 
         if (e != cudaSuccess) return e;
         sized = true;
     }
-    return pk_launch_ex(packed_matmul_v4_kernel<QT, NT, A4>, dim3((unsigned)tok_tiles, (unsigned)row_tiles),
-                        (unsigned)V4_SMEM<QT>, stream, pdl, (const __nv_bfloat16*)x, (const uint8_t*)w,
-                        (const __nv_bfloat16*)b, (__nv_bfloat16*)y, M, N, K);
+    return launch_kernel(packed_matmul_v4_kernel<QT, NT, A4>, dim3((unsigned)tok_tiles, (unsigned)row_tiles),
+                         dim3(32 * V3_SLICES), (unsigned)V4_SMEM<QT>, stream, pdl, (const __nv_bfloat16*)x,
+                         (const uint8_t*)w, (const __nv_bfloat16*)b, (__nv_bfloat16*)y, M, N, K);
 }
 
 // v4, or v3's kernel (the same bits) for the Q4_K matrices of 2^26 weights and more: their 16- and 8-byte aligned
@@ -696,9 +680,11 @@ extern "C" int vs_packed_block_size(int qtype) {
 extern "C" int vs_packed_default_variant() { return 4; }
 
 // y[M, N] = x[M, K] @ W^T (+ b), W as blocks of GGML type qtype, rows of K weights. x, b, y of one dtype (fp32,
-// bf16, fp16), contiguous; variant 0 (the default), 1 or 2 (the same bits) or 3. cudaErrorInvalidValue (nothing launched)
-// for an unknown type, dtype or variant, K not a whole number of blocks, too many rows of x (v1, v2) or of W (v3:
-// N > 16 * 65535) for the grid, (v2) x not 16-byte aligned, or (v3) x not 8-byte or Q4_K blocks not 16-byte aligned.
+// bf16, fp16), contiguous; variant 0 (the default), 1 or 2 (the same bits), 3 or 4 (v3's bits); pdl: v3 / v4 launched
+// with programmatic dependent launch. cudaErrorInvalidValue (nothing launched) for an unknown type, dtype or variant,
+// K not a whole number of blocks, too many rows of x (v1, v2) or of W (v3, v4: N > 16 * 65535) for the grid, (v2) x
+// not 16-byte aligned, (v3) x not 8-byte or Q4_K blocks not 16-byte aligned, or (v4) x not 8-byte or the blocks not
+// 16-byte aligned.
 extern "C" cudaError_t vs_packed_matmul(const void* x, const void* w, const void* b, void* y, int dtype, int qtype,
                                         int M, int N, int K, int variant, cudaStream_t stream, int pdl) {
     const int qk = vs_packed_block_size(qtype);
