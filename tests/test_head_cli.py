@@ -19,6 +19,10 @@ def no_load(monkeypatch):
     (["--ttt-steps", "0"], "--ttt-steps must be >= 1, got 0"),
     (["--lr", "-1"], "--lr must be > 0, got -1.0"),
     (["--time-limit", "0"], "--time-limit must be > 0 seconds, got 0.0"),
+    (["--held-out-tokens", "0"], "--held-out-tokens must be >= 1, got 0"),
+    (["--distill-batch", "-2"], "--distill-batch must be >= 1, got -2"),
+    (["--init", "/nonexistent/head"], "--init /nonexistent/head: no trained head there (config.json + "
+                                      "head.safetensors, written by `verispec train-head`)"),
 ])
 def test_train_head_bad_arguments(no_load, capsys, tmp_path, extra, message):
     with pytest.raises(SystemExit) as e:
@@ -56,3 +60,14 @@ def test_draft_head_with_a_published_head_that_does_not_fit(monkeypatch, capsys,
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "config.json: does not fit the target: hidden_size 32 != the target's" in err, err
+
+
+def test_train_head_init_that_does_not_fit_the_model(monkeypatch, capsys, tmp_path):
+    from fakes import FakeModel
+
+    monkeypatch.setattr(cli, "_load", lambda *a, **k: FakeModel(seed=0))
+    with pytest.raises(SystemExit) as e:
+        cli.main(["train-head", "--out", str(tmp_path), "--init", "embedded"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("verispec: error: --init embedded: feature head does not fit this target: hidden size 576"), err

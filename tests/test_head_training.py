@@ -1,13 +1,15 @@
 """``verispec train-head`` on a tiny fp32 target (CPU): a few hundred steps lower the held-out loss and raise the
 held-out acceptance well above an untrained head's, the head it writes drafts real accepted tokens through the
 engine (greedy output still equal to plain decoding), and an interrupted run resumed with ``resume`` ends with
-exactly the weights of an uninterrupted one (a head with a draft vocabulary: its d2t from the corpus)."""
+exactly the weights of an uninterrupted one (a head with a draft vocabulary: its d2t from the corpus); ``init_from``
+starts from a trained head (its shape, d2t and weights)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from verispec.drafters import FeatureHead
+from verispec.drafters.head_net import HeadConfig, HeadNet
 from verispec.engine import generate
 from verispec.runtime import ModelConfig, load_model
 from verispec.training import TrainConfig, train_head
@@ -64,3 +66,23 @@ def test_resume_continues_where_it_stopped(tmp_path):
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
     with pytest.raises(FileNotFoundError, match="no run to continue"):
         train_head(model, TrainConfig(out=str(tmp_path / "c"), resume=True, **small))
+
+
+def test_init_from_starts_at_the_given_head(tmp_path):
+    model = tiny_target()
+    small = dict(SMALL, tokens=1200, held_out_tokens=300, draft_vocab=32)
+    first = train_head(model, TrainConfig(out=str(tmp_path / "a"), steps=60, eval_every=60, **small))
+    # new data (another seed), a head shaped by --init and not by the config's draft_vocab / width
+    cont = train_head(model, TrainConfig(out=str(tmp_path / "b"), steps=5, eval_every=5, init_from=str(tmp_path / "a"),
+                                         **dict(small, draft_vocab=16, seed=1)))
+    head_a, head_b = FeatureHead(tmp_path / "a"), FeatureHead(tmp_path / "b")
+    assert torch.equal(head_a.net.d2t, head_b.net.d2t)
+    assert head_b.cfg == head_a.cfg
+    # step 0 of the continued run is the first head (evaluated on this run's held-out corpus), not a fresh one
+    assert cont["untrained"]["loss"] < first["untrained"]["loss"] - 0.05
+    assert abs(cont["untrained"]["loss"] - first["loss"]) < 0.5
+    bad = HeadConfig.for_target(ModelConfig(vocab_size=64, num_layers=4, hidden_size=16, num_heads=2, num_kv_heads=1,
+                                            head_dim=8, intermediate_size=32))
+    HeadNet(bad).save(tmp_path / "other")
+    with pytest.raises(ValueError, match="hidden size 16 != the target's 32"):
+        train_head(model, TrainConfig(out=str(tmp_path / "c"), steps=1, init_from=str(tmp_path / "other"), **small))

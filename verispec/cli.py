@@ -1,6 +1,7 @@
 """The ``verispec`` command line: the front end only (all the work is in engine / drafters / runtime).
 
-    verispec demo                                   prompt lookup on an echo-heavy prompt, vs plain decoding
+    verispec demo                                   prompt lookup on an echo-heavy prompt, the feature head on a
+                                                    free-form one, each vs plain decoding
     verispec generate "PROMPT" [--draft-lookup | --draft MODEL | --draft-self L] [-k K | --tree 4,2,2,1 | --tree auto] [--compare] ...
     verispec generate - < prompt.txt                (the prompt from stdin)
     verispec verify-demo [--batch-size B --num-draft K --vocab-size V --acceptance-rate A]
@@ -23,6 +24,10 @@ DEMO_PROMPT = (
     "Every guess that matches is kept for free, and the first wrong guess is replaced by the model's own token. "
     "Because every kept token is one the model would have chosen anyway, the output is exactly the same."
 )
+# The demo's second part: free-form text, which prompt lookup cannot copy, on a topic the shipped head never saw in
+# training (training/prompts.py's held-out topics)
+DEMO_HEAD_PROMPT = "Explain glaciers to a ten-year-old."
+DEMO_HEAD_K = 2
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -472,7 +477,8 @@ def _run_train_head(args) -> int:
     from .device import apply_cpu_thread_policy
     from .training import TrainConfig, train_head
 
-    for name in ("tokens", "steps", "max_new_tokens", "ttt_steps", "batch_tokens", "draft_vocab", "head_intermediate"):
+    for name in ("tokens", "steps", "max_new_tokens", "ttt_steps", "batch_tokens", "draft_vocab", "head_intermediate",
+                 "held_out_tokens", "distill_batch"):
         value = getattr(args, name)
         if value is not None and value < 1:
             _die(f"--{name.replace('_', '-')} must be >= 1, got {value}")
@@ -493,15 +499,31 @@ def _run_train_head(args) -> int:
         if args.save_dtype.lower() not in DTYPE_NAMES:
             _die(f"--save-dtype {args.save_dtype!r} is not one of {sorted(DTYPE_NAMES)}")
         save_dtype = str(DTYPE_NAMES[args.save_dtype.lower()]).removeprefix("torch.")
+    init_from = None
+    if args.init is not None:
+        from .drafters.feature_head import embedded_head_dir
+
+        init_from = str(embedded_head_dir()) if args.init == "embedded" else args.init
+        if not (Path(init_from) / "config.json").is_file():
+            _die(f"--init {args.init}: no trained head there (config.json + head.safetensors, written by "
+                 f"`verispec train-head`)")
     threads = apply_cpu_thread_policy(args.threads)
     target = _load(args.model, args.device, args.dtype)
+    if init_from is not None:
+        from .drafters.feature_head import FeatureHead
+
+        try:
+            FeatureHead(init_from).check_fits(target)
+        except (ValueError, FileNotFoundError) as e:
+            _die(f"--init {args.init}: {e}")
     if target.device.type == "cpu":
         _note(f"training on the CPU with {threads} thread(s)")
-    cfg = TrainConfig(out=args.out, tokens=args.tokens, held_out_tokens=max(200, args.tokens // 10),
+    held_out = args.held_out_tokens if args.held_out_tokens is not None else max(200, args.tokens // 10)
+    cfg = TrainConfig(out=args.out, tokens=args.tokens, held_out_tokens=held_out, distill_batch=args.distill_batch,
                       steps=args.steps, batch_tokens=args.batch_tokens, max_new_tokens=args.max_new_tokens,
                       ttt_steps=args.ttt_steps, lr=args.lr, eval_every=args.eval_every, seed=args.seed,
                       resume=args.resume, time_limit_s=args.time_limit, draft_vocab=args.draft_vocab,
-                      intermediate_size=args.head_intermediate, save_dtype=save_dtype)
+                      intermediate_size=args.head_intermediate, save_dtype=save_dtype, init_from=init_from)
     start = time.perf_counter()
     try:
         result = train_head(target, cfg, log=lambda msg, transient=False: None if transient else _note(msg))
@@ -527,6 +549,10 @@ def _train_head_parser(sub) -> None:
                    "SmolLM2-135M-Instruct")
     t.add_argument("--out", required=True, help="the head's directory")
     t.add_argument("--tokens", type=int, default=20000, help="training tokens to distill (prompt + answer)")
+    t.add_argument("--held-out-tokens", type=int, default=None, help="held-out tokens to distill (prompts on topics "
+                   "the training never sees); None = a tenth of --tokens, at least 200")
+    t.add_argument("--distill-batch", type=int, default=None, help="prompts the model answers at once while "
+                   "distilling; None = 64 on a GPU, 16 on a CPU")
     t.add_argument("--steps", type=int, default=None, help="optimizer steps; None = 3 passes over the tokens")
     t.add_argument("--batch-tokens", type=int, default=2048, help="tokens per optimizer step")
     t.add_argument("--max-new-tokens", type=int, default=96, help="answer length per prompt")
@@ -540,6 +566,9 @@ def _train_head_parser(sub) -> None:
     t.add_argument("--time-limit", type=float, default=None, help="stop training (with a checkpoint) after this "
                    "many seconds of training; --resume continues")
     t.add_argument("--resume", action="store_true", help="continue the run in --out (its corpus and state)")
+    t.add_argument("--init", default=None, metavar="DIR", help="start from a trained head (a train-head directory, or "
+                   "'embedded' for the head shipped for SmolLM2): its shape, draft vocabulary and weights; None = a "
+                   "fresh head")
     t.add_argument("--seed", type=int, default=0, help="seed of the data order, the sampled answers and the init")
     t.add_argument("--device", default=None, help="cpu | cuda | cuda:i; None = cuda if available, else cpu")
     t.add_argument("--dtype", default=None, help="the model's dtype; None = bf16 on cuda, fp32 on cpu (the head "
@@ -702,7 +731,8 @@ def _parser() -> argparse.ArgumentParser:
                                    "to plain decoding).", epilog=REPORT_HELP)
     g.add_argument("prompt", nargs="?", default=None, help="the prompt text; - reads it from stdin")
     _generate_args(g)
-    dm = sub.add_parser("demo", help="prompt lookup vs plain decoding on the embedded model (< 1 min on 2 CPUs)",
+    dm = sub.add_parser("demo", help="prompt lookup and the feature head vs plain decoding on the embedded model "
+                        "(about 1 min on 2 CPUs)",
                         formatter_class=_Formatter, epilog=REPORT_HELP)
     dm.add_argument("--max-new-tokens", type=int, default=120, help="tokens to generate, >= 1")
     dm.add_argument("--device", default=None, help="cpu | cuda | cuda:i; None = cuda if available, else cpu")
@@ -754,14 +784,21 @@ def _main(argv) -> int:
     if args.command == "demo":
         if args.max_new_tokens < 1:
             _die(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-        demo = parser.parse_args(["generate", DEMO_PROMPT, "--draft-lookup", "--compare", "-k", "8",
-                                  "--max-new-tokens", str(args.max_new_tokens)]
-                                 + (["--device", args.device] if args.device else [])
-                                 + (["--threads", str(args.threads)] if args.threads else []))
-        _note("demo: the embedded SmolLM2-135M-Instruct, prompt-lookup drafting (k=8), greedy; "
+        common = ["--compare", "--max-new-tokens", str(args.max_new_tokens)] \
+            + (["--device", args.device] if args.device else []) \
+            + (["--threads", str(args.threads)] if args.threads else [])
+        _note("demo 1/2: the embedded SmolLM2-135M-Instruct, prompt-lookup drafting (k=8), greedy; "
               "then the same request with plain decoding")
         _note(f"prompt: {DEMO_PROMPT[:90]!r}...")
-        return _run_generate(demo)
+        status = _run_generate(parser.parse_args(["generate", DEMO_PROMPT, "--draft-lookup", "-k", "8"] + common))
+        if status:
+            return status
+        _note(f"demo 2/2: free-form text (nothing to copy) drafted by the feature head shipped for SmolLM2 (one "
+              f"decoder layer over the model's own hidden states, trained by `verispec train-head`; k={DEMO_HEAD_K}), "
+              f"on a topic it never saw in training; then plain decoding")
+        _note(f"prompt: {DEMO_HEAD_PROMPT!r}")
+        return _run_generate(parser.parse_args(["generate", DEMO_HEAD_PROMPT, "--draft-head", "-k", str(DEMO_HEAD_K)]
+                                               + common))
     if args.k is None and (args.tree is None or args.tree.strip().lower() == "auto"):
         args.k = 8 if args.draft_lookup else 4
     return _run_generate(args)

@@ -2,7 +2,8 @@
 instructions (explanations, stories, lists, advice, comparisons, code, rewriting), one per (template, topic).
 
 Held-out prompts use topics that no training prompt mentions, so held-out acceptance measures a head on text it has
-not seen, not on memorized answers. For a model without a tokenizer (random-weight test models), prompts are
+not seen, not on memorized answers. They use the first 12 templates only (``TEMPLATES``), so the held-out set stays
+the same when training prompts are added; training uses those and ``TRAIN_ONLY_TEMPLATES``. For a model without a tokenizer (random-weight test models), prompts are
 random token ids from a seeded generator, again disjoint between the splits (different seeds).
 """
 from __future__ import annotations
@@ -24,6 +25,33 @@ TEMPLATES = (
     "Summarize why {t} matters in two sentences.",
 )
 
+TRAIN_ONLY_TEMPLATES = (
+    "Write a blog post introduction about {t}.",
+    "Explain {t} step by step.",
+    "What would a beginner's guide to {t} cover?",
+    "Write a dialogue between two friends talking about {t}.",
+    "Give a simple analogy that explains {t}.",
+    "What are three questions a student might ask about {t}, with answers?",
+    "Write a limerick about {t}.",
+    "Describe a typical day for someone who works with {t}.",
+    "What are some surprising myths about {t}?",
+    "Write a product description for a book about {t}.",
+    "How has {t} changed over the last hundred years?",
+    "Write a short speech encouraging people to care about {t}.",
+    "Explain {t} using only simple words.",
+    "Create a quiz with three multiple-choice questions about {t}.",
+    "What should I know before getting started with {t}?",
+    "Write a diary entry from someone discovering {t} for the first time.",
+    "List the key terms someone should learn about {t}, with short definitions.",
+    "Write a news headline and a short article about {t}.",
+    "What are the most important safety tips related to {t}?",
+    "Explain how {t} affects everyday life.",
+    "Write a short bedtime story that involves {t}.",
+    "Give an outline for a presentation about {t}.",
+    "What is the future of {t}?",
+    "Answer like a teacher: why is {t} important?",
+)
+
 TRAIN_TOPICS = (
     "photosynthesis", "the water cycle", "volcanoes", "black holes", "the French Revolution", "bread baking",
     "learning to swim", "electric cars", "honeybees", "the Roman Empire", "chess openings", "rainforests",
@@ -33,6 +61,22 @@ TRAIN_TOPICS = (
     "python programming", "friendship", "running a marathon", "meditation", "earthquakes", "the human heart",
     "ancient Egypt", "video games", "sleep", "budgeting money", "wind turbines", "octopuses", "the Olympic games",
     "origami", "bridges", "electricity", "penguins", "writing poetry", "time zones", "vitamins",
+    "the solar system", "painting with watercolors", "the human brain", "renewable energy", "sharks", "pizza",
+    "the Great Wall of China", "photography", "the piano", "wolves", "airplanes", "the periodic table", "yoga",
+    "ancient Greece", "coral reefs", "smartphones", "the Renaissance", "elephants", "composting", "tornadoes",
+    "chocolate", "the Amazon river", "camping", "robots", "the Moon", "saving energy at home", "knitting",
+    "the theory of evolution", "Mars", "football", "spiders", "cooking pasta", "the Industrial Revolution",
+    "dogs", "cats", "the Eiffel Tower", "snow", "submarines", "learning math", "public speaking", "trains",
+    "mushrooms", "the human skeleton", "skateboarding", "bees and flowers", "the Vikings", "magnets",
+    "rain", "castles", "forests", "microscopes", "the alphabet", "cloud computing", "hiking", "birds migrating",
+    "dolphins", "the Pyramids", "space stations", "water pollution", "sunflowers", "hot air balloons",
+    "soccer", "the guitar", "crystals", "fireworks", "the telephone", "nutrition", "kites", "volunteering",
+    "databases", "JavaScript", "sorting algorithms", "spreadsheets", "cybersecurity", "the Linux command line",
+    "writing a resume", "job interviews", "learning to drive", "first aid", "houseplants", "bread mold",
+    "the speed of light", "gravity", "atoms", "DNA", "the seasons", "tides", "thunderstorms", "rainbows",
+    "frogs", "butterflies", "ants", "whales", "horses", "tigers", "pandas", "the printing of money",
+    "taxes", "small businesses", "online shopping", "email etiquette", "museums", "opera", "ballet",
+    "comic books", "science fiction", "mystery novels", "the Olympics of ancient times", "farming", "fishing",
 )
 
 HELD_OUT_TOPICS = (
@@ -42,12 +86,13 @@ HELD_OUT_TOPICS = (
 
 
 def prompt_texts(split: str) -> list[str]:
-    """Every prompt of ``split`` ("train": 12 templates x 51 topics = 612; "held-out": 12 x 12 = 144), in a fixed
-    shuffled order (seeded), so a prefix of the list is a varied sample."""
+    """Every prompt of ``split`` ("train": 36 templates x 161 topics = 5796; "held-out": the first 12 templates x 12
+    topics = 144), in a fixed shuffled order (seeded), so a prefix of the list is a varied sample."""
     if split not in ("train", "held-out"):
         raise ValueError(f"split must be 'train' or 'held-out', got {split!r}")
     topics = TRAIN_TOPICS if split == "train" else HELD_OUT_TOPICS
-    texts = [tpl.format(t=topic) for topic in topics for tpl in TEMPLATES]
+    templates = TEMPLATES + TRAIN_ONLY_TEMPLATES if split == "train" else TEMPLATES
+    texts = [tpl.format(t=topic) for topic in topics for tpl in templates]
     random.Random(0 if split == "train" else 1).shuffle(texts)
     return texts
 

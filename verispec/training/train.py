@@ -43,6 +43,7 @@ class TrainConfig:
     out: str                          # directory of the head, its training state and its corpus
     tokens: int = 20000               # training corpus size (prompt + answer tokens) to distill
     held_out_tokens: int = 2000       # held-out corpus size
+    distill_batch: int | None = None  # prompts answered at once while distilling; None = distill's default
     steps: int | None = None          # optimizer steps; None = 3 passes over the corpus
     batch_tokens: int = 2048          # tokens per batch (whole sequences, at least one)
     max_new_tokens: int = 96          # answer length per prompt
@@ -59,6 +60,8 @@ class TrainConfig:
     save_dtype: str | None = None     # the head file's float dtype ("bfloat16", ...); None = fp32 (training's)
     draft_vocab: int | None = None    # Vd: its own LM head over the Vd ids the target predicts most often in the
                                       # training corpus (d2t), initialized from the target's rows; None = shared
+    init_from: str | None = None      # a trained head's directory to start from (its shape and draft vocabulary
+                                      # replace intermediate_size / draft_vocab); None = a fresh head
 
 
 def _batches(corpus: Corpus, batch_tokens: int, seed: int, step: int) -> list[int]:
@@ -216,6 +219,7 @@ def _corpora(target, cfg: TrainConfig, layers, out: Path, log) -> tuple[Corpus, 
         prompts = (prompts * math.ceil(need / len(prompts)))[:need]   # past the prompts: more sampled answers
         t0 = time.perf_counter()
         corpus = distill(target, prompts, layers, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
+                         batch_size=cfg.distill_batch,
                          progress=lambda n, s=split: log(f"distill {s}: {n} tokens", transient=True))
         log(f"distill {split}: {len(corpus.tokens)} sequences, {corpus.num_tokens} tokens in "
             f"{time.perf_counter() - t0:.0f} s")
@@ -235,6 +239,15 @@ def _corpus_from(d: dict, target) -> Corpus:
     return corpus
 
 
+def _initial_head(target, directory: str) -> HeadNet:
+    """The trained head in ``directory`` (``TrainConfig.init_from``), checked against ``target``, in fp32."""
+    from ..drafters.feature_head import FeatureHead
+
+    head = FeatureHead(directory)
+    head.check_fits(target)
+    return head.net.float()
+
+
 def train_head(target, cfg: TrainConfig, *, head_config: HeadConfig | None = None, log=None) -> dict:
     """Distill (or reuse) the corpus, train the head, write ``cfg.out``; returns the final held-out metrics (with
     "untrained": the metrics of the head before its first step, when it started from scratch)."""
@@ -247,13 +260,17 @@ def train_head(target, cfg: TrainConfig, *, head_config: HeadConfig | None = Non
     torch.manual_seed(cfg.seed)
     torch.backends.cuda.matmul.allow_tf32 = True   # the head trains in fp32; TF32 matmuls on a GPU are plenty
     vocab = cfg.draft_vocab if cfg.draft_vocab and cfg.draft_vocab < target.config.vocab_size else None
-    hc = head_config or HeadConfig.for_target(target.config, intermediate_size=cfg.intermediate_size,
-                                              draft_vocab=vocab)
+    start = _initial_head(target, cfg.init_from) if cfg.init_from and not cfg.resume else None
+    hc = start.cfg if start is not None else head_config or HeadConfig.for_target(
+        target.config, intermediate_size=cfg.intermediate_size, draft_vocab=vocab)
     train, held = _corpora(target, cfg, hc.target_layers, out, log)
     device = target.device
     net = HeadNet(hc).to(device)
     net.reset_parameters(cfg.seed)
-    if net.lm_head is not None:
+    if start is not None:
+        net.load_state_dict(start.state_dict())
+        log(f"starting from the head in {cfg.init_from} (its draft vocabulary and weights)")
+    elif net.lm_head is not None:
         d2t = draft_ids(train, hc.draft_vocab, target.config.vocab_size)
         with torch.no_grad():
             net.d2t.copy_(d2t)
@@ -272,7 +289,8 @@ def train_head(target, cfg: TrainConfig, *, head_config: HeadConfig | None = Non
         log(f"resume at step {step}")
     else:
         untrained = evaluate(net, target, held, cfg.ttt_steps, cfg.batch_tokens)
-        log(f"untrained: held-out loss {untrained['loss']:.3f}, acc0 {untrained['acc'][0]:.3f}")
+        log(f"{'before training' if start is not None else 'untrained'}: held-out loss {untrained['loss']:.3f}, "
+            f"acc0 {untrained['acc'][0]:.3f}")
 
     def checkpoint(metrics: dict | None) -> None:
         summary = {"step": step, "steps": total, "train_tokens": train.num_tokens, "held_out": metrics,
