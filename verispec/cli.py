@@ -532,7 +532,8 @@ def _run_train_head(args) -> int:
     acc = ", ".join(f"{a:.3f}" for a in result.get("acc", []))
     untrained = result.get("untrained") or {}
     print(f"head written to {args.out} after step {result['step']} ({time.perf_counter() - start:.0f} s): held-out "
-          f"loss {result.get('loss', float('nan')):.3f} (untrained {untrained.get('loss', float('nan')):.3f}), "
+          f"loss {result.get('loss', float('nan')):.3f} ({'at the start' if init_from else 'untrained'} "
+          f"{untrained.get('loss', float('nan')):.3f}), "
           f"acceptance by depth [{acc}], tau {result.get('tau', float('nan')):.2f}")
     return 0
 
