@@ -21,6 +21,8 @@ def no_load(monkeypatch):
     (["--time-limit", "0"], "--time-limit must be > 0 seconds, got 0.0"),
     (["--held-out-tokens", "0"], "--held-out-tokens must be >= 1, got 0"),
     (["--distill-batch", "-2"], "--distill-batch must be >= 1, got -2"),
+    (["--init", "embedded", "--draft-vocab", "4096"], "--init takes the head's shape from the head it starts "
+                                                      "from: drop --draft-vocab"),
     (["--init", "/nonexistent/head"], "--init /nonexistent/head: no trained head there (config.json + "
                                       "head.safetensors, written by `verispec train-head`)"),
 ])

@@ -81,6 +81,13 @@ def test_init_from_starts_at_the_given_head(tmp_path):
     # step 0 of the continued run is the first head (evaluated on this run's held-out corpus), not a fresh one
     assert cont["untrained"]["loss"] < first["untrained"]["loss"] - 0.05
     assert abs(cont["untrained"]["loss"] - first["loss"]) < 0.5
+    # stopped and resumed: the shape still comes from the head it started from
+    part = dict(small, draft_vocab=None, seed=1)
+    train_head(model, TrainConfig(out=str(tmp_path / "d"), steps=4, eval_every=2, max_run_steps=2,
+                                  init_from=str(tmp_path / "a"), **part))
+    resumed = train_head(model, TrainConfig(out=str(tmp_path / "d"), steps=4, eval_every=2, resume=True,
+                                            init_from=str(tmp_path / "a"), **part))
+    assert resumed["step"] == 4 and FeatureHead(tmp_path / "d").cfg == head_a.cfg
     bad = HeadConfig.for_target(ModelConfig(vocab_size=64, num_layers=4, hidden_size=16, num_heads=2, num_kv_heads=1,
                                             head_dim=8, intermediate_size=32))
     HeadNet(bad).save(tmp_path / "other")

@@ -503,6 +503,10 @@ def _run_train_head(args) -> int:
     if args.init is not None:
         from .drafters.feature_head import embedded_head_dir
 
+        for flag, value in (("--draft-vocab", args.draft_vocab), ("--head-intermediate", args.head_intermediate)):
+            if value is not None:
+                _die(f"--init takes the head's shape from the head it starts from: drop {flag}")
+
         init_from = str(embedded_head_dir()) if args.init == "embedded" else args.init
         if not (Path(init_from) / "config.json").is_file():
             _die(f"--init {args.init}: no trained head there (config.json + head.safetensors, written by "

@@ -250,7 +250,7 @@ def _initial_head(target, directory: str) -> HeadNet:
 
 def train_head(target, cfg: TrainConfig, *, head_config: HeadConfig | None = None, log=None) -> dict:
     """Distill (or reuse) the corpus, train the head, write ``cfg.out``; returns the final held-out metrics (with
-    "untrained": the metrics of the head before its first step, when it started from scratch)."""
+    "untrained": the metrics of the head before its first step: a fresh head's, or ``init_from``'s head's)."""
     log = log or (lambda msg, transient=False: None)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -260,14 +260,15 @@ def train_head(target, cfg: TrainConfig, *, head_config: HeadConfig | None = Non
     torch.manual_seed(cfg.seed)
     torch.backends.cuda.matmul.allow_tf32 = True   # the head trains in fp32; TF32 matmuls on a GPU are plenty
     vocab = cfg.draft_vocab if cfg.draft_vocab and cfg.draft_vocab < target.config.vocab_size else None
-    start = _initial_head(target, cfg.init_from) if cfg.init_from and not cfg.resume else None
+    # a resumed run of an init_from run takes its shape from the same head (its state replaces the weights below)
+    start = _initial_head(target, cfg.init_from) if cfg.init_from else None
     hc = start.cfg if start is not None else head_config or HeadConfig.for_target(
         target.config, intermediate_size=cfg.intermediate_size, draft_vocab=vocab)
     train, held = _corpora(target, cfg, hc.target_layers, out, log)
     device = target.device
     net = HeadNet(hc).to(device)
     net.reset_parameters(cfg.seed)
-    if start is not None:
+    if start is not None and not cfg.resume:
         net.load_state_dict(start.state_dict())
         log(f"starting from the head in {cfg.init_from} (its draft vocabulary and weights)")
     elif net.lm_head is not None:
