@@ -91,3 +91,13 @@ def test_sequence_seeds_are_splitmix64_on_host_and_device():
         assert [k % 2**64 for k in host.tolist()] == python_splitmix64(seed % 2**64, 9)
         assert torch.equal(rng.sequence_seeds(torch.tensor(rng.as_int64(seed)), 9), host)
     assert len(set(rng.sequence_seeds(123, 1000).tolist())) == 1000
+
+
+def test_uniform_stays_on_the_tensors_device_and_chunks_give_the_same_bits(monkeypatch):
+    # integer arguments join the tensors' device (meta: no CUDA needed to see where the work would run)
+    u = rng.uniform(torch.tensor([1, 2], device="meta")[:, None], 0, 1, torch.arange(5, device="meta")[None], rng.RACE)
+    assert u.device.type == "meta" and u.shape == (2, 5)
+    seed, col = torch.tensor([7, 2**62 + 3])[:, None], torch.arange(1000)[None]
+    whole = rng.uniform(seed, 4, 1, col, rng.RACE)
+    monkeypatch.setattr(rng, "CPU_CHUNK", 37)   # chunks that cut rows in the middle
+    assert torch.equal(rng.uniform(seed, 4, 1, col, rng.RACE), whole)

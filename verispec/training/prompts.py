@@ -3,8 +3,9 @@ instructions (explanations, stories, lists, advice, comparisons, code, rewriting
 
 Held-out prompts use topics that no training prompt mentions, so held-out acceptance measures a head on text it has
 not seen, not on memorized answers. They use the first 12 templates only (``TEMPLATES``), so the held-out set stays
-the same when training prompts are added; training uses those and ``TRAIN_ONLY_TEMPLATES``. For a model without a tokenizer (random-weight test models), prompts are
-random token ids from a seeded generator, again disjoint between the splits (different seeds).
+the same when training prompts are added; training uses those and ``TRAIN_ONLY_TEMPLATES``. For a model without a
+tokenizer (random-weight test models), prompts are random token ids from a seeded generator, again disjoint between
+the splits (different seeds).
 """
 from __future__ import annotations
 

@@ -112,11 +112,10 @@ def uniform(seed, offset, row, col, purpose: int) -> torch.Tensor:
     >>> torch.equal(u[1, 2], uniform(1234, 0, 1, 2, RACE))   # one counter, one number, any shape
     True
     """
-    seed_t = torch.as_tensor(seed, dtype=torch.int64)
-    offset_t = torch.as_tensor(offset, dtype=torch.int64)
-    row_t = torch.as_tensor(row, dtype=torch.int64)
-    col_t = torch.as_tensor(col, dtype=torch.int64)
-    seed_t, offset_t, row_t, col_t = torch.broadcast_tensors(seed_t, offset_t, row_t, col_t)
+    words = (seed, offset, row, col)
+    device = next((v.device for v in words if isinstance(v, torch.Tensor)), None)   # ints join the tensors' device
+    seed_t, offset_t, row_t, col_t = torch.broadcast_tensors(*(torch.as_tensor(v, dtype=torch.int64, device=device)
+                                                               for v in words))
     shape = seed_t.shape
     flat = [t.reshape(-1) for t in (seed_t, offset_t, row_t, col_t)]
     n = flat[0].numel()
