@@ -30,12 +30,13 @@ def logits(model) -> torch.Tensor:
 
 def fake_quantized(cfg: ModelConfig, path) -> Model:
     """The random fp32 model of ``cfg`` (seed SEED) with each weight replaced by dequantize(quantize(w)) in the type
-    the GGUF file at ``path`` stores it in."""
+    the GGUF file at ``path`` stores it in, and eps in fp32 as the file stores it (a norm given the double 1e-5 and
+    one given its fp32 rounding can round differently: the device's torch 2.11 CPU build did, for qwen3's norms)."""
     from verispec.runtime.gguf_header import read_header
     from verispec.runtime.quant.formats import FORMATS
 
     types = {t.name: t.ggml_type for t in read_header(path).tensors}
-    model = load_model(cfg, device="cpu", seed=SEED)
+    model = load_model(cfg.replace(rms_norm_eps=float(np.float32(cfg.rms_norm_eps))), device="cpu", seed=SEED)
     with torch.no_grad():
         for name, w in hf_state_dict(model.net).items():
             if name == "lm_head.weight" and cfg.tie_word_embeddings:

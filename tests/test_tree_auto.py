@@ -247,6 +247,7 @@ def test_serve_tree_auto_assembles_a_tree_choosing_scheduler_and_stays_exact(tar
                                                                              capsys, monkeypatch):
     """``verispec serve --tree auto`` (with its default -k auto): the server's scheduler chooses among the trees and
     the chains of up to --k-max, and its greedy output is plain decoding's; -k N with --tree auto is refused."""
+    pytest.importorskip("fastapi", reason="the serve extra is not installed")
     import fake_server
     from fakes import FakeTokenizer
     from verispec.serve import server

@@ -315,6 +315,7 @@ def test_benchmark_dynamic_configs_are_exact_capture_nothing_and_are_marked_cost
 def test_serve_takes_a_dynamic_tree_and_refuses_it_for_prompt_lookup(target, references, capsys, monkeypatch):
     """``verispec serve --tree dyn:3,2,4``: the server's scheduler drafts dynamic trees (3 requests through 2 rows,
     each output plain decoding's) and names the shape in its log; with --draft-lookup the flag is refused."""
+    pytest.importorskip("fastapi", reason="the serve extra is not installed")
     import fake_server
     from fakes import FakeTokenizer
 
