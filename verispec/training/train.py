@@ -193,6 +193,37 @@ def evaluate(net: HeadNet, target, corpus: Corpus, steps: int, batch_tokens: int
     return {"loss": loss_sum / max(n_batches, 1), "acc": acc, "tau": tau}
 
 
+@torch.no_grad()
+def top_w_coverage(net: HeadNet, target, corpus: Corpus, steps: int, max_width: int,
+                   batch_size: int = 16) -> tuple[list[list[float]], int]:
+    """How often the target's next token (its argmax) is among the head's ``w`` most likely tokens at unrolled step
+    s, over ``corpus``'s answer positions: ([steps][max_width] coverage, w = 1..max_width; the entries of step 0).
+    Step s, width 1 is ``evaluate``'s acc_s; width w is what a tree node of w children covers at depth s + 1
+    (module docstring: the states and inputs as in training)."""
+    net.eval()
+    lm_head = _lm_head(target)
+    hits = torch.zeros(steps, max_width, dtype=torch.long)
+    seen = [0] * steps
+    C = len(net.cfg.target_layers)
+    for start in range(0, len(corpus.tokens), batch_size):
+        tokens, states, valid, top = _pad(corpus, list(range(start, min(start + batch_size, len(corpus.tokens)))))
+        live, p_top = valid[:, 1:], top[:, 1:]
+        outs = net.unrolled(net.fuse(states[:, :-1, :C].float()), tokens[:, 1:], target.net.embed, steps)
+        j = torch.arange(live.shape[1], device=live.device)
+        for s, out in enumerate(outs):
+            mask = live & (j >= s)[None]                                                       # [B, T-1]
+            if net.lm_head is not None:
+                q = F.linear(rms_norm(out, net.norm, net.cfg.rms_norm_eps), net.lm_head)
+                ids = net.d2t[q.topk(max_width, dim=-1).indices]
+            else:
+                ids = net.logits(out, lm_head).topk(max_width, dim=-1).indices                 # [B, T-1, W]
+            covered = (ids == p_top[..., None]).cumsum(-1) > 0                                 # covered by the top w
+            hits[s] += (covered & mask[..., None]).sum(dim=(0, 1)).cpu()
+            seen[s] += int(mask.sum())
+    net.train()
+    return [[h / max(n, 1) for h in row] for row, n in zip(hits.tolist(), seen)], seen[0]
+
+
 def _lr(cfg: TrainConfig, step: int, total: int) -> float:
     warm = min(20, max(total // 10, 1))
     if step < warm:
