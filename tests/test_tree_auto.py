@@ -30,6 +30,12 @@ def flat_table() -> CostTable:
     return CostTable(BATCHES, (1, 2, 64), ((1.0, 1.0, 1.0),) * len(BATCHES), (0.05,) * len(BATCHES))
 
 
+def mild_table() -> CostTable:
+    """A 64-token pass costs 1.6 one-token passes: which shape wins turns on the acceptance evidence, so an oracle
+    or a draft model's rounds move between chains and trees as it comes in."""
+    return CostTable(BATCHES, (1, 2, 64), ((1.0, 1.0, 1.6),) * len(BATCHES), (0.05,) * len(BATCHES))
+
+
 def dear_table() -> CostTable:
     """The pass grows with the tokens per row, the faster the larger the batch (compute-bound at B = 8)."""
     return CostTable(BATCHES, (1, 2, 64), tuple((1.0, 1.0 + 0.2 * b, 1.0 + 12.6 * b) for b in BATCHES),
@@ -149,7 +155,7 @@ def test_greedy_auto_equals_plain_decoding_while_the_shape_changes(target, refer
     # the choices from the table and the acceptance alone: measured round times (this machine's load) would make
     # which shapes run, not the output, depend on the moment
     monkeypatch.setattr(AutoK, "observe_round", lambda self, *a, **kw: None)
-    out = generate(target, PROMPTS, drafter=DRAFTERS[name](references), k=4, tree="auto", costs=flat_table(),
+    out = generate(target, PROMPTS, drafter=DRAFTERS[name](references), k=4, tree="auto", costs=mild_table(),
                    max_new_tokens=N_NEW)
     assert [g.tokens for g in out] == references
     if name != "prompt-lookup":             # a lookup's trie depends on the text: it may settle on trees alone
@@ -293,7 +299,10 @@ def test_benchmark_auto_config_is_exact_captures_nothing_and_reports_its_shapes(
     auto = [c for c in cells if c["config"] == "auto"]
     assert len(auto) == 2 and all(c["captured"] == 0 and c["exact"] and c["shapes"] for c in auto)
     assert sum(auto[0]["shapes"].values()) == auto[0]["rounds"]
+    # its measured rounds by shape: counts within the rounds, positive measured and table costs
+    assert all(0 < n <= auto[0]["rounds"] and m > 0 and t > 0 for n, m, t in auto[0]["round_ms"].values())
     from benchmarks.common import environment
 
     lines = trees.e2e_markdown(dict(env=environment(), model="tiny", draft="tiny", rates=trees.TREE_RATES, cells=cells))
     assert any(line.startswith("auto: ") and "rounds by shape" in line for line in lines)
+    assert any(line.startswith("auto's measured rounds by shape") for line in lines)

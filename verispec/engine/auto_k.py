@@ -99,8 +99,8 @@ plain decoding, a chain of k drafts, or one tree of ``trees`` (w_d children per 
 most expected tokens per second of the round at the running batch. A tree of widths w_1..w_D emits in expectation
     E(tree) = 1 + c_0(w_1) + c_0(w_1) c_1(w_2) + ... + c_0(w_1) ... c_{D-1}(w_D)
 tokens per row (within its room), c_d(w) the row's estimate that w children of the path's node cover the target's
-token at depth d (``RowState.coverage``: its tree rounds of that width over a prior of 1 - (1 - alpha_d)^w, never
-below alpha_d, the chain's estimate; c_d(1) = alpha_d). A tree round is evidence on the widths it ran alone
+token at depth d (``RowState.coverage``: its tree rounds of that width over a prior of 1 - (1 - alpha_d) w^-x,
+x = ``COVERAGE_EXPONENT``, never below alpha_d, the chain's estimate; c_d(1) = alpha_d). A tree round is evidence on the widths it ran alone
 (``observe_tree``): its success with 2 children says nothing about the first child alone, and read as a chain's
 round it would inflate the chain's estimates. The round costs T_target(B, nodes + 1) + D T_draft(B) +
 T_overhead(B, nodes + 1) by the table, or its measured rounds at that (bucket, tree) (``observe_round`` keyed by the
@@ -118,6 +118,7 @@ overhead column loads with T_overhead = 0, the passes alone).
 from __future__ import annotations
 
 import bisect
+import collections
 import json
 import math
 import time
@@ -135,6 +136,13 @@ from .scheduler import tree_nodes
 # [2, 2, 1] beat every chain, while at B = 8 its cost grows with the nodes and chains or plain decoding win
 # (benchmarks/results/trees.md).
 AUTO_TREES = ((2, 1), (2, 2, 1), (2, 2, 2, 1), (3, 2, 2, 1), (4, 2, 2, 1))
+# The prior of a width's coverage before a row has run it: a node of w children misses the target's token
+# (1 - alpha) w^-x as often as one child does. x is measured: the embedded SmolLM2 head's top-w on held-out prompts
+# gave x = 0.44 / 0.39 / 0.37 at depths 1 / 2 / 3 (benchmarks/results/head_coverage.md); independent tries,
+# 1 - (1 - alpha)^w, promised 0.93 at w = 4 where the head covers 0.73, and the wide trees it tried first cost more
+# than a short generation recovered (benchmarks/results/trees_auto.md).
+COVERAGE_EXPONENT = 0.4
+ROUNDS_LOG = 4096             # AutoK.rounds_log's length
 
 
 @dataclass(frozen=True)
@@ -272,12 +280,6 @@ def _best_joint_rate(rows: list[tuple[list[float], int]], fixed: float, floor: i
     return best, best_rate
 
 
-def tree_tokens(coverage: list[float]) -> float:
-    """Expected tokens of a tree round whose path is covered at depth d with probability coverage[d]:
-    1 + c_0 + c_0 c_1 + ... (a chain's E(k) with the chain's alphas)."""
-    return expected_tokens(coverage, len(coverage))
-
-
 def shape_depth(shape) -> int:
     """The positions a round of ``shape`` tests: k for a chain of k drafts (an int), the depth of a tree (widths)."""
     return len(shape) if isinstance(shape, tuple) else shape
@@ -368,14 +370,14 @@ class RowState:
     def coverage(self, depth: int, width: int, alpha: float, prior_strength: float) -> float:
         """The estimate that one of ``width`` children per node covers the target's token at ``depth`` (0-based),
         given ``alpha``, this row's chain (width 1) estimate there: the evidence of tree rounds of that width on a
-        prior of 1 - (1 - alpha)^width (as if the children were independent tries; optimistic, so a width is tried),
-        and never below ``alpha`` (more children cover at least what the first one does)."""
+        prior of 1 - (1 - alpha) width^-``COVERAGE_EXPONENT`` (the miss rate of a draft's top-w falls as a power of
+        w), and never below ``alpha`` (more children cover at least what the first one does)."""
         if width == 1:
             return alpha
         acc, tst = self.wide_accepted.get(width, ()), self.wide_tested.get(width, ())
         a = acc[depth] if depth < len(acc) else 0.0
         t = tst[depth] if depth < len(tst) else 0.0
-        prior = 1.0 - (1.0 - alpha) ** width
+        prior = 1.0 - (1.0 - alpha) * width ** -COVERAGE_EXPONENT
         return max((a + prior * prior_strength) / (t + prior_strength), alpha)
 
     def _grow(self, width: int) -> None:
@@ -450,6 +452,10 @@ class AutoK:
     _round_s: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     # decide's choices so far: shape (a chain's widest k, or a tree's widths) -> rounds (what tree="auto" ran)
     chosen: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    # the latest measured rounds (``observe_round``), (batch, shape, measured seconds, the table's seconds): what a
+    # benchmark reads to see where the table and the machine disagree (bounded: a server runs for days)
+    rounds_log: collections.deque = field(default_factory=lambda: collections.deque(maxlen=ROUNDS_LOG),
+                                          init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if not 0.0 <= self.prior_alpha <= 1.0 or not self.prior_strength > 0:
@@ -547,14 +553,16 @@ class AutoK:
             per_token = debt / sum(_remaining(seq) + 1 for seq in greedy)
             shape, rate = _best_joint_rate([(a, _room(seq, k_max)) for a, seq in zip(alphas, greedy)], 0.0, 0,
                                            round_s[:chain_cap + 1], per_token)
+            # a tree whose rate loses to the best chain's even if every node were accepted is not worth its
+            # coverage estimates (at a large batch a wide pass costs too much: every tree, and the estimates would
+            # be most of this round's host work)
+            trees = []
             for tree in self.trees:
-                if len(tree) > cap:
-                    continue
-                tokens = 0.0
-                for seq, a in zip(greedy, alphas):
-                    st = self.state(seq)
-                    depth = min(len(tree), _remaining(seq))
-                    tokens += tree_tokens([st.coverage(d, tree[d], a[d], self.prior_strength) for d in range(depth)])
+                if len(tree) <= cap:
+                    most = sum(1 + min(len(tree), _remaining(seq)) for seq in greedy)
+                    if most / (self._tree_round(batch, tree) + per_token * most) > rate:
+                        trees.append(tree)
+            for tree, tokens in zip(trees, self._tree_tokens(greedy, alphas, trees)):
                 tree_rate = tokens / (self._tree_round(batch, tree) + per_token * tokens)
                 if tree_rate > rate:
                     shape, rate = tree, tree_rate
@@ -567,6 +575,24 @@ class AutoK:
                               lambda: self._probe_pays(greedy, greedy, k_max, round_s, True), len(greedy))
         self.greedy_state.last_k = shape_depth(shape)
         return shape
+
+    def _tree_tokens(self, greedy: list[Sequence], alphas: list[list[float]], trees) -> list[float]:
+        """The expected tokens of a round of each of ``trees`` summed over the rows ``greedy`` (each row's E(tree) =
+        1 + c_0 + c_0 c_1 + ..., its depth cut to the tokens it may still emit). A row's coverage of a (depth, width) is looked
+        up once for all the trees that share it: this runs every round, on the host, before the round's drafts."""
+        totals = [0.0] * len(trees)
+        for seq, a in zip(greedy, alphas):
+            st, remaining, cov = self.state(seq), _remaining(seq), {}
+            for i, tree in enumerate(trees):
+                reach = tokens = 1.0
+                for d in range(min(len(tree), remaining)):
+                    c = cov.get((d, tree[d]))
+                    if c is None:
+                        c = cov[d, tree[d]] = st.coverage(d, tree[d], a[d], self.prior_strength)
+                    reach *= c
+                    tokens += reach
+                totals[i] += tokens
+        return totals
 
     def _fresh(self, key) -> bool:
         """Whether the measured average of ``key`` (bucket, shape) exists and was fed within ``round_memory`` rounds."""
@@ -650,6 +676,7 @@ class AutoK:
         ``seconds`` (the scheduler's wall time of the round: drafting, the target pass, verification, commit)."""
         if not seconds > 0 or seconds == float("inf"):
             return
+        self.rounds_log.append((batch, k, seconds, self.table_round(batch, k)))
         self._observed += 1
         key = (self.costs.bucket(batch), k)
         old = self.measured_s.get(key)
