@@ -8,7 +8,8 @@ the sections present; ``--write`` (on ``report``) writes ``benchmarks/results/tr
                                                    T tokens per sequence, T = 1..64, B = 1, 8, 32; the tree mask's
                                                    overhead (tree / chain); bit checks: each node vs its path as a chain
     python benchmarks/trees.py verify --out DIR    verify_tree_greedy (Triton) vs verify_greedy at the same node count,
-                                                   V = 128256, B = 1, 8, 32 (median us per call, eager, incl. host work)
+                                                   V = 128256, B = 1, 8, 32: device us per call (CUDA-graph replay)
+                                                   and eager us (host work included), the logits' byte floor
     python benchmarks/trees.py e2e --out DIR       8B target (random weights, make_peaked) + OracleDraft with a 1B cost
                                                    model: the best chain k vs trees, B = 1 and 8, tok/s and tokens per
                                                    round; greedy output checked against plain decoding; the graphs
@@ -26,8 +27,8 @@ the sections present; ``--write`` (on ``report``) writes ``benchmarks/results/tr
                                                    few prompts
     python benchmarks/trees.py report DIR [--write]
 
-Timings: median over CUDA-graph replays (``benchmarks/common.py``) for passes; CUDA events around eager calls for
-verification; for end to end the wall time of ``generate`` after a warm-up call of the same shapes and cache size,
+Timings: median over CUDA-graph replays (``benchmarks/common.py``) for passes and verification (the latter also
+eager, under CUDA events); for end to end the wall time of ``generate`` after a warm-up call of the same shapes and cache size,
 less the timed call's own warm-up (``e2e_cells``).
 """
 from __future__ import annotations
@@ -36,6 +37,7 @@ import argparse
 import dataclasses
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -158,9 +160,14 @@ def pass_markdown(res: dict) -> list[str]:
 
 # ------------------------------------------------------------------------------------------------ verify
 def verify_part(args) -> dict:
+    """Each cell twice: eager calls under CUDA events (what a caller outside a graph pays, its host work included)
+    and 20 calls captured back to back in one CUDA graph (device time alone: what the engine's captured rounds pay).
+    The chain runs with its default backend and with Triton, the backend of the tree kernels."""
     from verispec import verify_greedy, verify_tree_greedy
+    from benchmarks.common import copy_bandwidth, graph_us_per_call
 
-    out = dict(env=environment(), cells=[])
+    bandwidth = copy_bandwidth()
+    out = dict(env=environment(), bandwidth=bandwidth, cells=[])
     V = 128256
     for B in (1, 8, 32):
         for n in (4, 8, 16, 32, 63):
@@ -169,29 +176,44 @@ def verify_part(args) -> dict:
             parents = bushy_tree(n + 1)
             local = [p - 1 for p in parents[1:]] * B
             chain_parents = list(range(-1, n - 1)) * B
-            cell = dict(B=B, nodes=n)
-            cell["chain_us"] = 1e6 * time_calls(lambda: verify_greedy(logits, drafts, [n] * B, check_values=False),
-                                                iters=50)
-            cell["tree_us"] = 1e6 * time_calls(lambda: verify_tree_greedy(logits, drafts, local, [n] * B,
-                                                                          check_values=False), iters=50)
-            cell["chain_tree_us"] = 1e6 * time_calls(lambda: verify_tree_greedy(logits, drafts, chain_parents, [n] * B,
-                                                                                check_values=False), iters=50)
+            calls = dict(
+                chain=lambda: verify_greedy(logits, drafts, [n] * B, check_values=False),
+                chain_triton=lambda: verify_greedy(logits, drafts, [n] * B, backend="triton", check_values=False),
+                tree=lambda: verify_tree_greedy(logits, drafts, local, [n] * B, check_values=False),
+                chain_tree=lambda: verify_tree_greedy(logits, drafts, chain_parents, [n] * B, check_values=False))
+            cell = dict(B=B, nodes=n, floor_us=1e6 * logits.numel() * logits.element_size() / bandwidth)
+            for name, call in calls.items():
+                cell[f"{name}_us"] = 1e6 * time_calls(call, iters=50)
+                cell[f"{name}_graph_us"] = graph_us_per_call(lambda i: call(), calls=20, reps=20)
             out["cells"].append(cell)
             print("verify", json.dumps(cell), flush=True)
+            del logits
     return out
 
 
 def verify_markdown(res: dict) -> list[str]:
     lines = ["## Tree verification vs chain verification (greedy, V = 128256, bf16 logits)", "",
-             environment_line(res["env"]), "",
-             "us per call (median of 50, CUDA events around eager calls: host work included). `chain` = "
-             "`verify_greedy` with `nodes` drafts per sequence (default backend); `tree` = `verify_tree_greedy` "
-             "(Triton) over a bushy tree of the same node count; `tree (chain shape)` = the tree kernel on a "
-             "chain.", ""]
-    rows = [(c["B"], c["nodes"], f"{c['chain_us']:.1f}", f"{c['tree_us']:.1f}", f"{c['chain_tree_us']:.1f}",
+             environment_line(res["env"], res.get("bandwidth")), "",
+             "us per call. *graph*: device time, 20 calls captured back to back in one CUDA graph, median of 20 "
+             "replays / 20 (what the engine's captured rounds pay; the logits of the small cells stay in L2 between "
+             "calls). *eager*: median of 50 calls under CUDA events, host work included (what a caller outside a "
+             "graph pays). `chain` = `verify_greedy` with `nodes` drafts per sequence (default backend; `chain "
+             "triton`: the Triton backend, the tree kernels' own); `tree` = `verify_tree_greedy` (Triton) over a "
+             "bushy tree of the same node count; `tree (chain shape)` = the tree kernel on a chain. floor = the "
+             "logits' bytes / the measured copy bandwidth.", ""]
+    graph = "_graph_us" in "".join(res["cells"][0]) if res["cells"] else False
+    if not graph:                        # a page written before the graph columns
+        rows = [(c["B"], c["nodes"], f"{c['chain_us']:.1f}", f"{c['tree_us']:.1f}", f"{c['chain_tree_us']:.1f}",
+                 f"{c['tree_us'] / c['chain_us']:.2f}") for c in res["cells"]]
+        return lines + markdown_table(["B", "nodes", "chain us", "tree us", "tree (chain shape) us", "tree / chain"],
+                                      rows) + [""]
+    rows = [(c["B"], c["nodes"], f"{c['floor_us']:.1f}", f"{c['chain_graph_us']:.1f}",
+             f"{c['chain_triton_graph_us']:.1f}", f"{c['tree_graph_us']:.1f}", f"{c['chain_tree_graph_us']:.1f}",
+             f"{c['tree_graph_us'] / c['chain_graph_us']:.2f}", f"{c['chain_us']:.1f}", f"{c['tree_us']:.1f}",
              f"{c['tree_us'] / c['chain_us']:.2f}") for c in res["cells"]]
-    return lines + markdown_table(["B", "nodes", "chain us", "tree us", "tree (chain shape) us", "tree / chain"],
-                                  rows) + [""]
+    return lines + markdown_table(["B", "nodes", "floor us", "chain graph us", "chain triton graph us",
+                                   "tree graph us", "tree (chain shape) graph us", "tree / chain (graph)",
+                                   "chain eager us", "tree eager us", "tree / chain (eager)"], rows) + [""]
 
 
 # --------------------------------------------------------------------------------------------------- e2e
@@ -259,6 +281,19 @@ def parse_configs(text: str) -> list[tuple]:
     return out
 
 
+def shape_name(shape) -> str:
+    return f"tree {list(shape)}" if isinstance(shape, tuple) else f"k={shape}"
+
+
+def round_costs(rounds_log) -> dict:
+    """{shape: [rounds, median measured ms, median table ms]} of an AutoK's ``rounds_log`` (its measured rounds)."""
+    by_shape: dict = {}
+    for _, shape, seconds, table_s in rounds_log:
+        by_shape.setdefault(shape_name(shape), []).append((seconds, table_s))
+    return {name: [len(v), 1e3 * statistics.median(m for m, _ in v), 1e3 * statistics.median(t for _, t in v)]
+            for name, v in sorted(by_shape.items(), key=lambda item: -len(item[1]))}
+
+
 def e2e_cells(target, draft, batch_sizes, prompt_tokens: int, new_tokens: int, configs,
               synchronize=lambda: None, rates: dict[int, float] = TREE_RATES) -> list[dict]:
     """Each config of ``configs`` (``e2e_configs``) at each batch size: a warm-up call, then the timed call. The
@@ -306,8 +341,8 @@ def e2e_cells(target, draft, batch_sizes, prompt_tokens: int, new_tokens: int, c
                         ms_per_round=1e3 * (seconds - stats.warmup_s) / max(stats.rounds, 1),
                         cost_only=by == [DRAFT_MODEL], exact=[g.tokens for g in gens] == refs)
             if chosen:        # the timed call's rounds of each shape (a tree's widths, or a chain's k; 0 = plain)
-                cell["shapes"] = {(f"tree {list(s)}" if isinstance(s, tuple) else f"k={s}"): n for s, n in
-                                  sorted(chosen.items(), key=lambda item: -item[1])}
+                cell["shapes"] = {shape_name(s): n for s, n in sorted(chosen.items(), key=lambda item: -item[1])}
+                cell["round_ms"] = round_costs(dec.last_policy.rounds_log)
             cells.append(cell)
             print("e2e", json.dumps(cell), flush=True)
     return cells
@@ -376,6 +411,10 @@ def e2e_markdown(res: dict) -> list[str]:
                 shapes = ", ".join(f"{s}: {n}" for s, n in c.get("shapes", {}).items())
                 lines += [f"auto: {c['tok_s'] / best['tok_s']:.2f}x the best fixed config here ({best['config']}, "
                           f"{best['tok_s']:.1f} tok/s); rounds by shape: {shapes}", ""]
+                if c.get("round_ms"):
+                    lines += ["auto's measured rounds by shape (the rounds that paid no one-time work), median ms: "
+                              "measured / its cost table's: " + ", ".join(
+                                  f"{s}: {m:.2f} / {t:.2f} ({n})" for s, (n, m, t) in c["round_ms"].items()), ""]
     return lines
 
 
