@@ -28,8 +28,8 @@ the sections present; ``--write`` (on ``report``) writes ``benchmarks/results/tr
     python benchmarks/trees.py report DIR [--write]
 
 Timings: median over CUDA-graph replays (``benchmarks/common.py``) for passes and verification (the latter also
-eager, under CUDA events); for end to end the wall time of ``generate`` after a warm-up call of the same shapes and cache size,
-less the timed call's own warm-up (``e2e_cells``).
+eager, under CUDA events); for end to end the wall time of ``generate`` after a warm-up call of the same shapes and
+cache size, less the timed call's own warm-up (``e2e_cells``).
 """
 from __future__ import annotations
 
@@ -160,10 +160,17 @@ def pass_markdown(res: dict) -> list[str]:
 
 # ------------------------------------------------------------------------------------------------ verify
 def verify_part(args) -> dict:
-    """Each cell twice: eager calls under CUDA events (what a caller outside a graph pays, its host work included)
-    and 20 calls captured back to back in one CUDA graph (device time alone: what the engine's captured rounds pay).
-    The chain runs with its default backend and with Triton, the backend of the tree kernels."""
+    """Each cell twice: eager calls of the public functions under CUDA events (what a caller outside a graph pays, the
+    host's checks and layout included) and the kernels alone, 20 calls captured back to back in one CUDA graph from
+    a batch validated once outside it (device time: what a round pays on the device, whose tree layout the host
+    checks once per shape; inside a capture the API would write the parents with one fill kernel per run of equal
+    values, not what a round runs). The chain runs with its default backend (eager) and Triton (graph), the
+    backend of the tree kernels."""
     from verispec import verify_greedy, verify_tree_greedy
+    from verispec.verify.api import canonical_batch
+    from verispec.verify.tree_api import canonical_tree
+    from verispec.verify.triton.greedy import verify_greedy_triton
+    from verispec.verify.triton.tree import verify_tree_greedy_triton
     from benchmarks.common import copy_bandwidth, graph_us_per_call
 
     bandwidth = copy_bandwidth()
@@ -173,17 +180,21 @@ def verify_part(args) -> dict:
         for n in (4, 8, 16, 32, 63):
             logits = torch.randn(B * (n + 1), V, device="cuda", dtype=torch.bfloat16)
             drafts = torch.randint(0, V, (B * n,), device="cuda")
-            parents = bushy_tree(n + 1)
-            local = [p - 1 for p in parents[1:]] * B
-            chain_parents = list(range(-1, n - 1)) * B
-            calls = dict(
-                chain=lambda: verify_greedy(logits, drafts, [n] * B, check_values=False),
-                chain_triton=lambda: verify_greedy(logits, drafts, [n] * B, backend="triton", check_values=False),
-                tree=lambda: verify_tree_greedy(logits, drafts, local, [n] * B, check_values=False),
-                chain_tree=lambda: verify_tree_greedy(logits, drafts, chain_parents, [n] * B, check_values=False))
+            bushy = [p - 1 for p in bushy_tree(n + 1)[1:]] * B
+            chain = list(range(-1, n - 1)) * B
+            eager = dict(chain=lambda: verify_greedy(logits, drafts, [n] * B, check_values=False),
+                         tree=lambda: verify_tree_greedy(logits, drafts, bushy, [n] * B, check_values=False),
+                         chain_tree=lambda: verify_tree_greedy(logits, drafts, chain, [n] * B, check_values=False))
+            batch = canonical_batch(logits, drafts, [n] * B, n)
+            trees = dict(tree=canonical_tree(logits, drafts, bushy, [n] * B),
+                         chain_tree=canonical_tree(logits, drafts, chain, [n] * B))
+            kernels = dict(chain=lambda: verify_greedy_triton(batch),
+                           tree=lambda: verify_tree_greedy_triton(trees["tree"]),
+                           chain_tree=lambda: verify_tree_greedy_triton(trees["chain_tree"]))
             cell = dict(B=B, nodes=n, floor_us=1e6 * logits.numel() * logits.element_size() / bandwidth)
-            for name, call in calls.items():
+            for name, call in eager.items():
                 cell[f"{name}_us"] = 1e6 * time_calls(call, iters=50)
+            for name, call in kernels.items():
                 cell[f"{name}_graph_us"] = graph_us_per_call(lambda i: call(), calls=20, reps=20)
             out["cells"].append(cell)
             print("verify", json.dumps(cell), flush=True)
@@ -194,12 +205,13 @@ def verify_part(args) -> dict:
 def verify_markdown(res: dict) -> list[str]:
     lines = ["## Tree verification vs chain verification (greedy, V = 128256, bf16 logits)", "",
              environment_line(res["env"], res.get("bandwidth")), "",
-             "us per call. *graph*: device time, 20 calls captured back to back in one CUDA graph, median of 20 "
-             "replays / 20 (what the engine's captured rounds pay; the logits of the small cells stay in L2 between "
-             "calls). *eager*: median of 50 calls under CUDA events, host work included (what a caller outside a "
-             "graph pays). `chain` = `verify_greedy` with `nodes` drafts per sequence (default backend; `chain "
-             "triton`: the Triton backend, the tree kernels' own); `tree` = `verify_tree_greedy` (Triton) over a "
-             "bushy tree of the same node count; `tree (chain shape)` = the tree kernel on a chain. floor = the "
+             "us per call. *graph*: the kernels alone, device time: 20 calls captured back to back in one CUDA "
+             "graph from a batch validated once outside it, median of 20 replays / 20 (what a round pays on the "
+             "device; the logits of the small cells stay in L2 between calls). *eager*: the public functions, median "
+             "of 50 calls under CUDA events, the host's checks and layout included (what a caller outside a graph "
+             "pays). `chain` = `verify_greedy` with `nodes` drafts per sequence (graph: its Triton kernels, the "
+             "backend of the tree kernels; eager: the default backend); `tree` = `verify_tree_greedy` (Triton) over "
+             "a bushy tree of the same node count; `tree (chain shape)` = the tree kernels on a chain. floor = the "
              "logits' bytes / the measured copy bandwidth.", ""]
     graph = "_graph_us" in "".join(res["cells"][0]) if res["cells"] else False
     if not graph:                        # a page written before the graph columns
@@ -208,12 +220,12 @@ def verify_markdown(res: dict) -> list[str]:
         return lines + markdown_table(["B", "nodes", "chain us", "tree us", "tree (chain shape) us", "tree / chain"],
                                       rows) + [""]
     rows = [(c["B"], c["nodes"], f"{c['floor_us']:.1f}", f"{c['chain_graph_us']:.1f}",
-             f"{c['chain_triton_graph_us']:.1f}", f"{c['tree_graph_us']:.1f}", f"{c['chain_tree_graph_us']:.1f}",
+             f"{c['tree_graph_us']:.1f}", f"{c['chain_tree_graph_us']:.1f}",
              f"{c['tree_graph_us'] / c['chain_graph_us']:.2f}", f"{c['chain_us']:.1f}", f"{c['tree_us']:.1f}",
              f"{c['tree_us'] / c['chain_us']:.2f}") for c in res["cells"]]
-    return lines + markdown_table(["B", "nodes", "floor us", "chain graph us", "chain triton graph us",
-                                   "tree graph us", "tree (chain shape) graph us", "tree / chain (graph)",
-                                   "chain eager us", "tree eager us", "tree / chain (eager)"], rows) + [""]
+    return lines + markdown_table(["B", "nodes", "floor us", "chain graph us", "tree graph us",
+                                   "tree (chain shape) graph us", "tree / chain (graph)", "chain eager us",
+                                   "tree eager us", "tree / chain (eager)"], rows) + [""]
 
 
 # --------------------------------------------------------------------------------------------------- e2e

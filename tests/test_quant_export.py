@@ -1,7 +1,7 @@
 """``verispec quantize`` (verispec/runtime/quant/export.py, mix.py): a tiny model written as a quantized GGUF reads back
 through gguf-py's reader and verispec's loader; the loaded model is exactly the original with each weight
-quantized and dequantized (bit-identical logits on the CPU), and its logits are within a stated distance of the
-fp32 original. Tensor types follow llama.cpp's Q4_K_M / Q4_0 / Q8_0 rule."""
+quantized and dequantized (every weight bit for bit; the logits to fp32 rounding), and its logits are within a
+stated distance of the fp32 original. Tensor types follow llama.cpp's Q4_K_M / Q4_0 / Q8_0 rule."""
 import numpy as np
 import pytest
 import torch
@@ -30,8 +30,7 @@ def logits(model) -> torch.Tensor:
 
 def fake_quantized(cfg: ModelConfig, path) -> Model:
     """The random fp32 model of ``cfg`` (seed SEED) with each weight replaced by dequantize(quantize(w)) in the type
-    the GGUF file at ``path`` stores it in, and eps in fp32 as the file stores it (a norm given the double 1e-5 and
-    one given its fp32 rounding can round differently: the device's torch 2.11 CPU build did, for qwen3's norms)."""
+    the GGUF file at ``path`` stores it in, and eps in fp32 as the file stores it."""
     from verispec.runtime.gguf_header import read_header
     from verispec.runtime.quant.formats import FORMATS
 
@@ -73,7 +72,15 @@ def test_loaded_model_is_the_quantized_original(written, model_type, mix):
     assert model.tokenizer is None and model.config == cfg.replace(max_position_embeddings=4096,
                                                                     rms_norm_eps=model.config.rms_norm_eps)
     assert model.config.rms_norm_eps == float(np.float32(cfg.rms_norm_eps))
-    assert torch.equal(logits(model), logits(fake_quantized(cfg, path)))
+    reference = fake_quantized(cfg, path)
+    assert model.config == reference.config
+    mine, theirs = dict(model.net.named_parameters()), dict(reference.net.named_parameters())
+    assert mine.keys() == theirs.keys()
+    for name, w in mine.items():                       # every weight bit for bit
+        assert torch.equal(w, theirs[name]), name
+    # the same weights through the same code: the logits agree to fp32 rounding (not always bit for bit: MKL's CPU
+    # kernels can take another path for another memory alignment; the 16-core H200 host's torch 2.11 did)
+    torch.testing.assert_close(logits(model), logits(reference), rtol=1e-5, atol=1e-5)
 
 
 # Distance of the quantized model's logits from the fp32 original's (relative RMS over 5 positions x 320 tokens) on
