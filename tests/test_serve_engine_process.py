@@ -242,3 +242,43 @@ def test_a_failed_start_is_one_line():
     with pytest.raises(EngineStartFailed, match=r"^injected: no weights at /nowhere$"):
         EngineProcess(fake_server.load, args, Metrics(NAME))
     assert not [p for p in multiprocessing.active_children() if p.name == "verispec-engine"]
+
+
+@pytest.mark.parametrize("argv, device, expected", [
+    ([], "cpu", False),                          # auto on a CPU: one process
+    ([], "cuda", True),                          # auto on a GPU: the engine in its own process
+    ([], "cuda:1", True),
+    (["--engine-process"], "cpu", True),         # a bare flag: on
+    (["--engine-process", "on"], "cpu", True),
+    (["--engine-process", "off"], "cuda", False),
+])
+def test_engine_process_default_is_on_for_a_gpu_and_off_for_a_cpu(argv, device, expected):
+    import argparse
+
+    from verispec.serve.cli import add_arguments, check_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--device", device, *argv])
+    check_args(args)
+    assert args.engine_process is expected
+    check_args(args)                             # a resolved value stays as it is
+    assert args.engine_process is expected
+
+
+def test_engine_process_with_ssd_is_off_by_default_and_refused_when_asked(capsys):
+    import argparse
+
+    from verispec.serve.cli import add_arguments, check_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    base = ["--device", "cuda", "--ssd", "--draft-self", "4", "-k", "4"]
+    args = parser.parse_args(base)
+    check_args(args)
+    assert args.engine_process is False
+    with pytest.raises(SystemExit):
+        check_args(parser.parse_args([*base, "--engine-process"]))
+    assert "--engine-process does not combine with --ssd" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--engine-process", "sometimes"])

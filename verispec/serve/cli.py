@@ -67,9 +67,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16; None = bf16 on cuda, fp32 on cpu")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads; None = the physical cores that "
                    "other processes leave free")
-    p.add_argument("--engine-process", action="store_true", help="run the engine (model, scheduler) in a child "
-                   "process, the HTTP server in this one: the event loop's Python no longer shares a GIL with the "
-                   "engine's launches (docs/serving.md, \"The server's own cost\")")
+    p.add_argument("--engine-process", nargs="?", const="on", default="auto", choices=("auto", "on", "off"),
+                   help="run the engine (model, scheduler) in a child process, the HTTP server in this one: the event "
+                   "loop's Python no longer shares a GIL with the engine's launches (docs/serving.md, \"The server's "
+                   "own cost\"). auto (default): on when the engine runs on a GPU, off on a CPU (where the two "
+                   "processes would share the same few cores) and with --ssd; a bare --engine-process = on")
     p.add_argument("--log-level", default="warning", help="uvicorn's log level")
 
 
@@ -149,6 +151,28 @@ def _check_sources(args) -> None:
         peek("--oracle-draft-cost", args.oracle_draft_cost)
 
 
+def engine_process_wanted(args) -> bool:
+    """``--engine-process`` resolved: True = the engine in a child process. ``auto`` is on where the engine runs on a
+    GPU: there every millisecond the engine thread waits for the GIL the device idles (the embedded model on an H200,
+    16 streams: 0.61x of the in-process rate in one process, 0.86x with the engine in its own,
+    benchmarks/results/serve_http_engine_process.md); on a CPU the two processes share the same cores (no gain
+    measured, results/serve_overhead.md). An already resolved value (a bool) is kept."""
+    mode = getattr(args, "engine_process", "auto")
+    if isinstance(mode, bool):
+        return mode
+    if mode == "on":
+        if args.ssd:
+            _die("--engine-process does not combine with --ssd (the draft rank is launched from the engine's process)")
+        return True
+    if mode == "off" or args.ssd:
+        return False
+    if args.device is not None:
+        return str(args.device).startswith("cuda")
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def check_args(args) -> None:
     """Refuse bad settings before loading anything."""
     if not is_loopback(args.host) and not args.allow_remote:
@@ -188,8 +212,7 @@ def check_args(args) -> None:
     if args.draft_self is not None and args.draft_self < 1:
         _die(f"--draft-self must be >= 1 (layers), got {args.draft_self}")
     parse_oracle(args.draft)
-    if getattr(args, "engine_process", False) and args.ssd:
-        _die("--engine-process does not combine with --ssd (the draft rank is launched from the engine's process)")
+    args.engine_process = engine_process_wanted(args)
     if args.ssd:
         if args.draft_self is None and (args.draft is None or parse_oracle(args.draft) is not None):
             _die("--ssd needs a draft model: --draft MODEL or --draft-self L")

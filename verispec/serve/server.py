@@ -167,7 +167,9 @@ def build_engine(target, drafter, args, metrics, loop_class: type[EngineLoop] = 
 
 
 def run_server(args, ssd_drafter=None) -> int:
-    if getattr(args, "engine_process", False):
+    from .cli import engine_process_wanted
+
+    if engine_process_wanted(args):
         from .engine_process import assemble_process
 
         engine, app = assemble_process(load_target_and_drafter, args)
@@ -226,7 +228,8 @@ def serve(engine: EngineLoop, app: FastAPI, args) -> int:
 
     engine.on_fatal = on_fatal
     engine.start()
-    _log(f"serving on http://{args.host}:{args.port}")
+    where = "its own process" if not isinstance(engine, EngineLoop) else "a thread of this process"
+    _log(f"serving on http://{args.host}:{args.port} (the engine in {where}: --engine-process)")
     try:
         server.run()
     finally:
