@@ -363,11 +363,31 @@ class _Stream(StreamingResponse):
             self.on_close()
 
 
+def warm_request_path(served: ServedModel) -> None:
+    """Run, before the port opens, the HTTP side of one chat and one completion request without the engine: what
+    the first requests would otherwise pay on the event loop, each once per process (jinja2's import and the chat
+    template's compile, the parser, the tokenizer, the detokenizer, a chunk's JSON). Without it the first wave of
+    requests after startup waited ~250 ms for its first token where the next wave waited ~40 (16 streams on the
+    CPU's sleeping model; the same on an H200: benchmarks/results/serve_http_engine_process.md). Nothing reaches
+    the engine or the metrics."""
+    for body, chat in (({"messages": [{"role": "user", "content": "Hello"}], "stream": True}, True),
+                       ({"prompt": "Hello", "stream": True}, False)):
+        try:
+            params = parse_completion({"model": served.name, "max_tokens": 2, **body}, chat=chat,
+                                      model_name=served.name)
+            prompt = _encode(params, served)
+            text = IncrementalText(served.tokenizer.decode, set(), params.stop)
+            _TokenChunk("warm", chat, served.name).render(text.add(prompt[-2:]), prompt[-2:])
+        except Exception:      # noqa: BLE001 (e.g. a tokenizer without a chat template: its requests say so)
+            continue
+
+
 def build_app(engine: EngineLoop, served: ServedModel, metrics: Metrics, stream_interval_s: float = 0.0) -> FastAPI:
     """The FastAPI app: each route is one line over ``_Handlers``; ``stream_interval_s``: a stream's token chunks
     go at most this often, each carrying the tokens of the rounds since the last (0: one chunk per round)."""
     app = FastAPI(title="verispec", docs_url=None, redoc_url=None)
     h = _Handlers(engine, served, metrics, stream_interval_s)
+    warm_request_path(served)
 
     @app.exception_handler(HTTPException)
     async def http_exception(http: HTTPRequest, exc: HTTPException):
