@@ -184,8 +184,10 @@ def main(argv=None) -> None:
                     "CPU per chunk on the 2-core dev CPU; 16 streams of the embedded model on an H100 make about "
                     "8900 chunks/s)")
     ap.add_argument("--configs", default=None, help="comma-separated configurations to serve (default: all; e.g. AR)")
-    ap.add_argument("--engine-process", action="store_true", help="also serve each configuration with "
-                    "`verispec serve --engine-process` (the engine in its own process), named '<config> engine-process'")
+    ap.add_argument("--engine-process", action="store_true", help="serve each configuration twice: the engine as a "
+                    "thread of the server's process (`--engine-process off`, named '<config>') and in its own process "
+                    "(`--engine-process on`, '<config> engine-process'); without it, the server's default (on a GPU: "
+                    "its own process)")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/serve_http"))
     ap.add_argument("--write", action="store_true", help="also write benchmarks/results/serve_http.md")
     args = ap.parse_args(argv)
@@ -201,8 +203,8 @@ def main(argv=None) -> None:
             ap.error(f"--configs: no configuration {unknown} (there are {list(configs)})")
         configs = {name: extra for name, extra in configs.items() if name in args.configs}
     if args.engine_process:
-        configs = {**configs, **{f"{name} engine-process": extra + ["--engine-process"]
-                                 for name, extra in configs.items()}}
+        configs = {**{name: extra + ["--engine-process", "off"] for name, extra in configs.items()},
+                   **{f"{name} engine-process": extra + ["--engine-process", "on"] for name, extra in configs.items()}}
     if args.stream_interval:
         configs = {**configs, **{f"{name} stream-interval {args.stream_interval:g}":
                                  extra + ["--stream-interval", str(args.stream_interval)]
