@@ -271,7 +271,8 @@ def test_queue_overflow_gets_429(server, client):
 def test_models_health_metrics(server):
     base = server[0]
     # one request of its own: under pytest-xdist this test may be the first of its worker's server
-    assert _post(base, "/v1/completions", {"model": NAME, "prompt": PROMPT, "max_tokens": 2, "temperature": 0})[0] == 200
+    body = {"model": NAME, "prompt": PROMPT, "max_tokens": 2, "temperature": 0}
+    assert _post(base, "/v1/completions", body)[0] == 200
     models = json.loads(urllib.request.urlopen(base + "/v1/models", timeout=30).read())
     assert models["data"][0]["id"] == "SmolLM2-135M-Instruct"
     assert json.loads(urllib.request.urlopen(base + "/health", timeout=30).read())["status"] == "ok"
