@@ -208,6 +208,25 @@ def test_filled_writes_the_values_with_fills():
     assert _filled(torch.zeros(0, dtype=torch.long), "cpu").shape == (0,)
 
 
+def test_filled_writes_integer_progressions_with_one_kernel_each(monkeypatch):
+    """A tree's parents (a chain: -1, 0, 1, ...) or a row's positions: one arange per arithmetic run, one fill per
+    run of equal values, never one kernel per entry; random mixtures of runs give their values exactly."""
+    calls = []
+    arange = torch.arange
+    monkeypatch.setattr(torch, "arange", lambda *a, **kw: calls.append("arange") or arange(*a, **kw))
+    chain = torch.tensor(list(range(-1, 62)) * 4, dtype=torch.int32)
+    assert torch.equal(_filled(chain, "cpu"), chain) and calls == ["arange"] * 4
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        runs = []
+        for _ in range(int(torch.randint(0, 8, (1,), generator=gen))):
+            start, step, n = (int(v) for v in torch.randint(-6, 7, (3,), generator=gen))
+            runs += [start + step * i for i in range(abs(n) + 1)]
+        for dtype in (torch.int32, torch.int64, torch.float32):
+            host = torch.tensor(runs, dtype=dtype)
+            assert torch.equal(_filled(host, "cpu"), host), (runs, dtype)
+
+
 # ------------------------------------------------------------------------------------------------ GPU
 
 

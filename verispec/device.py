@@ -62,15 +62,25 @@ def to_device(values, device, dtype: torch.dtype | None = None) -> Tensor:
 
 
 def _filled(host: Tensor, device) -> Tensor:
-    """A device copy of a small host tensor made of fill kernels (one per run of equal values), so that a
-    CUDA graph captures the values themselves. e.g. [2, 2, 5] -> fill [0:2] with 2, [2:3] with 5."""
+    """A device copy of a small host tensor made of kernels that carry their values (so that a CUDA graph captures
+    the values themselves): one per run of equal values (a fill), and for integers one per arithmetic run (an
+    arange), so that a tree's parents or a row's positions cost a few kernels, not one per entry.
+    e.g. [2, 2, 5] -> fill [0:2] with 2, [2:3] with 5; [-1, 0, 1, 2, 7] -> arange(-1, 3) into [0:4], fill [4:5]."""
     flat = host.reshape(-1).tolist()
     out = torch.empty(len(flat), dtype=host.dtype, device=device)
+    integer = not (host.dtype.is_floating_point or host.dtype.is_complex or host.dtype == torch.bool)
     start = 0
-    for i in range(1, len(flat) + 1):
-        if i == len(flat) or flat[i] != flat[start]:
-            out[start:i].fill_(flat[start])
-            start = i
+    while start < len(flat):
+        step = flat[start + 1] - flat[start] if integer and start + 1 < len(flat) else 0
+        end = start + 1
+        while end < len(flat) and (flat[end] - flat[end - 1] == step if integer else flat[end] == flat[start]):
+            end += 1
+        if end - start == 1 or step == 0:
+            out[start:end].fill_(flat[start])
+        else:
+            torch.arange(flat[start], flat[start] + step * (end - start), step, dtype=host.dtype, device=device,
+                         out=out[start:end])
+        start = end
     return out.view(host.shape)
 
 
