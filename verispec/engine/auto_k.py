@@ -99,14 +99,14 @@ plain decoding, a chain of k drafts, or one tree of ``trees`` (w_d children per 
 most expected tokens per second of the round at the running batch. A tree of widths w_1..w_D emits in expectation
     E(tree) = 1 + c_0(w_1) + c_0(w_1) c_1(w_2) + ... + c_0(w_1) ... c_{D-1}(w_D)
 tokens per row (within its room), c_d(w) the row's estimate that w children of the path's node cover the target's
-token at depth d (``RowState.coverage``: its tree rounds of that width over a prior of 1 - (1 - alpha_d) w^-x,
-x = ``COVERAGE_EXPONENT``, never below alpha_d, the chain's estimate; c_d(1) = alpha_d). A tree round is evidence on the widths it ran alone
-(``observe_tree``): its success with 2 children says nothing about the first child alone, and read as a chain's
-round it would inflate the chain's estimates. The round costs T_target(B, nodes + 1) + D T_draft(B) +
-T_overhead(B, nodes + 1) by the table, or its measured rounds at that (bucket, tree) (``observe_round`` keyed by the
-widths), or the table's scaled as the nearest measured drafting shape's measured / table. A tree is chosen only
-where its rate beats the best chain's, with the chains' hold and slow start (a tree counts as a round of its
-depth), and only when every row is greedy: a sampled row's tokens depend on the shape its round drafts, and one
+token at depth d (``RowState.coverage``: its tree rounds of that width over a prior of 1 - (1 - alpha_d) w^-x, x =
+``COVERAGE_EXPONENT``, never below alpha_d, the chain's estimate; c_d(1) = alpha_d). A tree round is evidence on the
+widths it ran alone (``observe_tree``): its success with 2 children says nothing about the first child alone, and
+read as a chain's round it would inflate the chain's estimates. The round costs T_target(B, nodes + 1) + D
+T_draft(B) + T_overhead(B, nodes + 1) by the table, or its measured rounds at that (bucket, tree) (``observe_round``
+keyed by the widths), or the table's scaled as the nearest measured drafting shape's measured / table. A tree is
+chosen only where its rate beats the best chain's, with the chains' hold and slow start (a tree counts as a round of
+its depth), and only when every row is greedy: a sampled row's tokens depend on the shape its round drafts, and one
 tree for the batch would make them depend on the other rows, so a batch with a sampled row runs ``__call__``'s
 chains.
 
@@ -578,8 +578,8 @@ class AutoK:
 
     def _tree_tokens(self, greedy: list[Sequence], alphas: list[list[float]], trees) -> list[float]:
         """The expected tokens of a round of each of ``trees`` summed over the rows ``greedy`` (each row's E(tree) =
-        1 + c_0 + c_0 c_1 + ..., its depth cut to the tokens it may still emit). A row's coverage of a (depth, width) is looked
-        up once for all the trees that share it: this runs every round, on the host, before the round's drafts."""
+        1 + c_0 + c_0 c_1 + ..., its depth cut to the tokens it may still emit). A row's coverage of a (depth, width)
+        is looked up once for all the trees that share it: this runs every round, on the host, before the drafts."""
         totals = [0.0] * len(trees)
         for seq, a in zip(greedy, alphas):
             st, remaining, cov = self.state(seq), _remaining(seq), {}

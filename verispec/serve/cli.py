@@ -160,14 +160,16 @@ def engine_process_wanted(args) -> bool:
     mode = getattr(args, "engine_process", "auto")
     if isinstance(mode, bool):
         return mode
+    ssd = getattr(args, "ssd", False)
     if mode == "on":
-        if args.ssd:
+        if ssd:
             _die("--engine-process does not combine with --ssd (the draft rank is launched from the engine's process)")
         return True
-    if mode == "off" or args.ssd:
+    if mode == "off" or ssd:
         return False
-    if args.device is not None:
-        return str(args.device).startswith("cuda")
+    device = getattr(args, "device", None)
+    if device is not None:
+        return str(device).startswith("cuda")
     import torch
 
     return torch.cuda.is_available()
