@@ -72,6 +72,9 @@ def measure(args, log=print) -> dict:
     target = load_model(args.model, device=args.device, dtype=dtype)
     head = FeatureHead(args.head) if args.head else FeatureHead()
     head.check_fits(target)
+    vocab = head.cfg.draft_vocab or target.config.vocab_size
+    if args.max_width > vocab:
+        raise SystemExit(f"--max-width {args.max_width} exceeds the head's vocabulary of {vocab} tokens")
     net = head.net.float().to(target.device)
     corpus, source = held_out_corpus(target, head.cfg.target_layers, args, log)
     coverage, entries = top_w_coverage(net, target, corpus, args.steps, args.max_width)
