@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import pickle
 import sys
 import time
 from pathlib import Path
@@ -50,7 +51,10 @@ def held_out_corpus(target, layers, args, log):
     from verispec.training.train import _corpus_from
 
     if args.corpus:
-        d = torch.load(args.corpus, map_location=target.device)["held"]
+        try:
+            d = torch.load(args.corpus, map_location=target.device)["held"]
+        except (OSError, RuntimeError, KeyError, TypeError, pickle.UnpicklingError) as e:
+            raise SystemExit(f"--corpus {args.corpus}: not a train-head corpus.pt with a held-out split ({str(e).splitlines()[0]})")
         if tuple(d["layers"]) != tuple(layers):
             raise SystemExit(f"--corpus {args.corpus}: recorded for layers {d['layers']}, the head reads "
                              f"{list(layers)}")
@@ -73,7 +77,7 @@ def measure(args, log=print) -> dict:
     head = FeatureHead(args.head) if args.head else FeatureHead()
     head.check_fits(target)
     vocab = head.cfg.draft_vocab or target.config.vocab_size
-    if args.max_width > vocab:
+    if args.max_width > vocab:      # before distilling: top_w_coverage would refuse it only after
         raise SystemExit(f"--max-width {args.max_width} exceeds the head's vocabulary of {vocab} tokens")
     net = head.net.float().to(target.device)
     corpus, source = held_out_corpus(target, head.cfg.target_layers, args, log)
@@ -126,6 +130,10 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.steps < 1 or args.max_width < 2:
         ap.error("--steps must be >= 1 and --max-width >= 2")
+    if args.threads is not None and args.threads < 1:
+        ap.error(f"--threads must be >= 1, got {args.threads}")
+    if args.prompts is not None and args.prompts < 1:
+        ap.error(f"--prompts must be >= 1, got {args.prompts}")
     if args.threads:
         torch.set_num_threads(args.threads)
     res = measure(args)

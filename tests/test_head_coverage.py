@@ -42,6 +42,8 @@ def test_coverage_grows_with_width_and_starts_at_the_acceptance(target_and_corpu
         assert all(row[-1] == 1.0 for row in cov)
     acc = evaluate(net, target, corpus, steps=2, batch_tokens=64)["acc"]
     assert [row[0] for row in cov] == pytest.approx(acc)
+    with pytest.raises(ValueError, match="max_width must be in"):
+        top_w_coverage(net, target, corpus, steps=1, max_width=vocab + 1)
 
 
 def test_the_fitted_exponent_is_the_one_a_coverage_was_made_from():

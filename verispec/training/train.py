@@ -117,6 +117,14 @@ def _lm_head(target):
     return w.float() if isinstance(w, torch.Tensor) and w.dtype != torch.float32 else w
 
 
+def _step_logits(net: HeadNet, out, lm_head):
+    """The head's logits at one unrolled step over its own vocabulary: [..., Vd] with a draft vocabulary (its ids
+    map to the target's through ``net.d2t``; no V-wide tensor), else [..., V] through the target's LM head."""
+    if net.lm_head is not None:
+        return F.linear(rms_norm(out, net.norm, net.cfg.rms_norm_eps), net.lm_head)
+    return net.logits(out, lm_head)
+
+
 def losses(net: HeadNet, target, tokens, states, valid, top, steps: int, lm_head=None):
     """(loss, per-step [matches, entries]) of one padded batch (module docstring). Entry j of row b uses states[b,
     j, :C] and token t_{j+1}, target distribution softmax(logits at j + 1); entries j = 0..T-2 where t_{j+1} is
@@ -144,10 +152,7 @@ def losses(net: HeadNet, target, tokens, states, valid, top, steps: int, lm_head
     j = torch.arange(inputs.shape[1], device=tokens.device)
     for s, out in enumerate(outs):
         mask = live & (j >= s)[None]                                                           # [B, T-1]
-        if draft:
-            q_logits = F.linear(rms_norm(out, net.norm, net.cfg.rms_norm_eps), net.lm_head)   # [B, T-1, Vd]
-        else:
-            q_logits = net.logits(out, lm_head)                                                # [B, T-1, V]
+        q_logits = _step_logits(net, out, lm_head)                                             # [B, T-1, Vd or V]
         logq = torch.log_softmax(q_logits.float(), dim=-1)
         ce = -(p * logq).sum(-1)                                                               # [B, T-1]
         n = mask.sum().clamp(min=1)
@@ -200,6 +205,10 @@ def top_w_coverage(net: HeadNet, target, corpus: Corpus, steps: int, max_width: 
     s, over ``corpus``'s answer positions: ([steps][max_width] coverage, w = 1..max_width; the entries of step 0).
     Step s, width 1 is ``evaluate``'s acc_s; width w is what a tree node of w children covers at depth s + 1
     (module docstring: the states and inputs as in training)."""
+    vocab = net.cfg.draft_vocab or target.config.vocab_size
+    if not 1 <= max_width <= vocab:
+        raise ValueError(f"max_width must be in [1, {vocab}] (the head's vocabulary), got {max_width}")
+    training = net.training
     net.eval()
     lm_head = _lm_head(target)
     hits = torch.zeros(steps, max_width, dtype=torch.long)
@@ -212,15 +221,13 @@ def top_w_coverage(net: HeadNet, target, corpus: Corpus, steps: int, max_width: 
         j = torch.arange(live.shape[1], device=live.device)
         for s, out in enumerate(outs):
             mask = live & (j >= s)[None]                                                       # [B, T-1]
+            ids = _step_logits(net, out, lm_head).topk(max_width, dim=-1).indices             # [B, T-1, W]
             if net.lm_head is not None:
-                q = F.linear(rms_norm(out, net.norm, net.cfg.rms_norm_eps), net.lm_head)
-                ids = net.d2t[q.topk(max_width, dim=-1).indices]
-            else:
-                ids = net.logits(out, lm_head).topk(max_width, dim=-1).indices                 # [B, T-1, W]
+                ids = net.d2t[ids]
             covered = (ids == p_top[..., None]).cumsum(-1) > 0                                 # covered by the top w
             hits[s] += (covered & mask[..., None]).sum(dim=(0, 1)).cpu()
             seen[s] += int(mask.sum())
-    net.train()
+    net.train(training)
     return [[h / max(n, 1) for h in row] for row, n in zip(hits.tolist(), seen)], seen[0]
 
 
