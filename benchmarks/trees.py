@@ -213,12 +213,6 @@ def verify_markdown(res: dict) -> list[str]:
              "backend of the tree kernels; eager: the default backend); `tree` = `verify_tree_greedy` (Triton) over "
              "a bushy tree of the same node count; `tree (chain shape)` = the tree kernels on a chain. floor = the "
              "logits' bytes / the measured copy bandwidth.", ""]
-    graph = "_graph_us" in "".join(res["cells"][0]) if res["cells"] else False
-    if not graph:                        # a page written before the graph columns
-        rows = [(c["B"], c["nodes"], f"{c['chain_us']:.1f}", f"{c['tree_us']:.1f}", f"{c['chain_tree_us']:.1f}",
-                 f"{c['tree_us'] / c['chain_us']:.2f}") for c in res["cells"]]
-        return lines + markdown_table(["B", "nodes", "chain us", "tree us", "tree (chain shape) us", "tree / chain"],
-                                      rows) + [""]
     rows = [(c["B"], c["nodes"], f"{c['floor_us']:.1f}", f"{c['chain_graph_us']:.1f}",
              f"{c['tree_graph_us']:.1f}", f"{c['chain_tree_graph_us']:.1f}",
              f"{c['tree_graph_us'] / c['chain_graph_us']:.2f}", f"{c['chain_us']:.1f}", f"{c['tree_us']:.1f}",
@@ -297,11 +291,11 @@ def shape_name(shape) -> str:
     return f"tree {list(shape)}" if isinstance(shape, tuple) else f"k={shape}"
 
 
-def round_costs(rounds_log) -> dict:
-    """{shape: [rounds, median measured ms, median table ms]} of an AutoK's ``rounds_log`` (its measured rounds)."""
+def round_costs(policy) -> dict:
+    """{shape: [rounds, median measured ms, median table ms]} of an AutoK's measured rounds (``rounds_log``)."""
     by_shape: dict = {}
-    for _, shape, seconds, table_s in rounds_log:
-        by_shape.setdefault(shape_name(shape), []).append((seconds, table_s))
+    for batch, shape, seconds in policy.rounds_log:
+        by_shape.setdefault(shape_name(shape), []).append((seconds, policy.table_round(batch, shape)))
     return {name: [len(v), 1e3 * statistics.median(m for m, _ in v), 1e3 * statistics.median(t for _, t in v)]
             for name, v in sorted(by_shape.items(), key=lambda item: -len(item[1]))}
 
@@ -354,7 +348,7 @@ def e2e_cells(target, draft, batch_sizes, prompt_tokens: int, new_tokens: int, c
                         cost_only=by == [DRAFT_MODEL], exact=[g.tokens for g in gens] == refs)
             if chosen:        # the timed call's rounds of each shape (a tree's widths, or a chain's k; 0 = plain)
                 cell["shapes"] = {shape_name(s): n for s, n in sorted(chosen.items(), key=lambda item: -item[1])}
-                cell["round_ms"] = round_costs(dec.last_policy.rounds_log)
+                cell["round_ms"] = round_costs(dec.last_policy)
             cells.append(cell)
             print("e2e", json.dumps(cell), flush=True)
     return cells

@@ -452,8 +452,8 @@ class AutoK:
     _round_s: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     # decide's choices so far: shape (a chain's widest k, or a tree's widths) -> rounds (what tree="auto" ran)
     chosen: dict = field(default_factory=dict, init=False, repr=False, compare=False)
-    # the latest measured rounds (``observe_round``), (batch, shape, measured seconds, the table's seconds): what a
-    # benchmark reads to see where the table and the machine disagree (bounded: a server runs for days)
+    # the latest measured rounds (``observe_round``), (batch, shape, measured seconds): what a benchmark reads to see
+    # where the table (``table_round``) and the machine disagree (bounded: a server runs for days)
     rounds_log: collections.deque = field(default_factory=lambda: collections.deque(maxlen=ROUNDS_LOG),
                                           init=False, repr=False, compare=False)
 
@@ -549,9 +549,10 @@ class AutoK:
         def best(cap: int):
             chain_cap = min(cap, k_max)
             alphas = [self.alphas(seq, max(chain_cap, deepest)) for seq in greedy]
+            remaining = [_remaining(seq) for seq in greedy]
             debt = self._debt_seconds(greedy, greedy)
-            per_token = debt / sum(_remaining(seq) + 1 for seq in greedy)
-            shape, rate = _best_joint_rate([(a, _room(seq, k_max)) for a, seq in zip(alphas, greedy)], 0.0, 0,
+            per_token = debt / sum(r + 1 for r in remaining)
+            shape, rate = _best_joint_rate([(a, min(k_max, r)) for a, r in zip(alphas, remaining)], 0.0, 0,
                                            round_s[:chain_cap + 1], per_token)
             # a tree whose rate loses to the best chain's even if every node were accepted is not worth its
             # coverage estimates (at a large batch a wide pass costs too much: every tree, and the estimates would
@@ -559,11 +560,11 @@ class AutoK:
             trees = []
             for tree in self.trees:
                 if len(tree) <= cap:
-                    most = sum(1 + min(len(tree), _remaining(seq)) for seq in greedy)
-                    if most / (self._tree_round(batch, tree) + per_token * most) > rate:
-                        trees.append(tree)
-            for tree, tokens in zip(trees, self._tree_tokens(greedy, alphas, trees)):
-                tree_rate = tokens / (self._tree_round(batch, tree) + per_token * tokens)
+                    most, cost = sum(1 + min(len(tree), r) for r in remaining), self._tree_round(batch, tree)
+                    if most / (cost + per_token * most) > rate:
+                        trees.append((tree, cost))
+            for (tree, cost), tokens in zip(trees, self._tree_tokens(greedy, alphas, remaining, trees)):
+                tree_rate = tokens / (cost + per_token * tokens)
                 if tree_rate > rate:
                     shape, rate = tree, tree_rate
             self._debt_round = debt if shape_depth(shape) > 0 else 0.0
@@ -576,16 +577,18 @@ class AutoK:
         self.greedy_state.last_k = shape_depth(shape)
         return shape
 
-    def _tree_tokens(self, greedy: list[Sequence], alphas: list[list[float]], trees) -> list[float]:
+    def _tree_tokens(self, greedy: list[Sequence], alphas: list[list[float]], remaining: list[int],
+                     trees: list[tuple[tuple[int, ...], float]]) -> list[float]:
         """The expected tokens of a round of each of ``trees`` summed over the rows ``greedy`` (each row's E(tree) =
         1 + c_0 + c_0 c_1 + ..., its depth cut to the tokens it may still emit). A row's coverage of a (depth, width)
-        is looked up once for all the trees that share it: this runs every round, on the host, before the drafts."""
+        is looked up once for all the trees that share it: this runs every round, on the host, before the drafts.
+        ``remaining``: each row's ``_remaining``; ``trees``: (widths, round cost) pairs."""
         totals = [0.0] * len(trees)
-        for seq, a in zip(greedy, alphas):
-            st, remaining, cov = self.state(seq), _remaining(seq), {}
-            for i, tree in enumerate(trees):
+        for seq, a, room in zip(greedy, alphas, remaining):
+            st, cov = self.state(seq), {}
+            for i, (tree, _) in enumerate(trees):
                 reach = tokens = 1.0
-                for d in range(min(len(tree), remaining)):
+                for d in range(min(len(tree), room)):
                     c = cov.get((d, tree[d]))
                     if c is None:
                         c = cov[d, tree[d]] = st.coverage(d, tree[d], a[d], self.prior_strength)
@@ -676,7 +679,7 @@ class AutoK:
         ``seconds`` (the scheduler's wall time of the round: drafting, the target pass, verification, commit)."""
         if not seconds > 0 or seconds == float("inf"):
             return
-        self.rounds_log.append((batch, k, seconds, self.table_round(batch, k)))
+        self.rounds_log.append((batch, k, seconds))
         self._observed += 1
         key = (self.costs.bucket(batch), k)
         old = self.measured_s.get(key)
