@@ -186,11 +186,11 @@ def verify_part(args) -> dict:
                          tree=lambda: verify_tree_greedy(logits, drafts, bushy, [n] * B, check_values=False),
                          chain_tree=lambda: verify_tree_greedy(logits, drafts, chain, [n] * B, check_values=False))
             batch = canonical_batch(logits, drafts, [n] * B, n)
-            trees = dict(tree=canonical_tree(logits, drafts, bushy, [n] * B),
-                         chain_tree=canonical_tree(logits, drafts, chain, [n] * B))
+            layouts = dict(tree=canonical_tree(logits, drafts, bushy, [n] * B),
+                           chain_tree=canonical_tree(logits, drafts, chain, [n] * B))
             kernels = dict(chain=lambda: verify_greedy_triton(batch),
-                           tree=lambda: verify_tree_greedy_triton(trees["tree"]),
-                           chain_tree=lambda: verify_tree_greedy_triton(trees["chain_tree"]))
+                           tree=lambda: verify_tree_greedy_triton(layouts["tree"]),
+                           chain_tree=lambda: verify_tree_greedy_triton(layouts["chain_tree"]))
             cell = dict(B=B, nodes=n, floor_us=1e6 * logits.numel() * logits.element_size() / bandwidth)
             for name, call in eager.items():
                 cell[f"{name}_us"] = 1e6 * time_calls(call, iters=50)

@@ -44,6 +44,8 @@ def test_coverage_grows_with_width_and_starts_at_the_acceptance(target_and_corpu
     assert [row[0] for row in cov] == pytest.approx(acc)
     with pytest.raises(ValueError, match="max_width must be in"):
         top_w_coverage(net, target, corpus, steps=1, max_width=vocab + 1)
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        top_w_coverage(net, target, corpus, steps=0, max_width=2)
 
 
 def test_the_fitted_exponent_is_the_one_a_coverage_was_made_from():

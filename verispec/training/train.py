@@ -208,6 +208,8 @@ def top_w_coverage(net: HeadNet, target, corpus: Corpus, steps: int, max_width: 
     vocab = net.cfg.draft_vocab or target.config.vocab_size
     if not 1 <= max_width <= vocab:
         raise ValueError(f"max_width must be in [1, {vocab}] (the head's vocabulary), got {max_width}")
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
     training = net.training
     net.eval()
     lm_head = _lm_head(target)
