@@ -107,6 +107,71 @@ def test_a_tree_round_is_evidence_on_its_widths_and_not_on_the_chain():
     assert st.coverage(0, 1, alpha, policy.prior_strength) == alpha
 
 
+def test_tree_rounds_alone_move_the_chain_estimate_through_the_coverage_law():
+    """A row that ran only [2, 1] trees, whose two children covered depth 0 in 5 rounds of 20: its chain estimate
+    there leaves the prior (0.9) for the pooled miss rate (15 misses over 20 tests weighted by 2^-x), and width 2's
+    coverage follows its rounds, not a clamp at the prior."""
+    from verispec.engine.auto_k import COVERAGE_EXPONENT
+    policy = AutoK(flat_table(), trees=AUTO_TREES, decay=1.0)
+    st = RowState(wide_accepted={2: [5.0]}, wide_tested={2: [20.0]})
+    alpha = st.alphas(1, policy.prior_alpha, policy.prior_strength)[0]
+    s = policy.prior_strength
+    misses = 15.0 + (1 - policy.prior_alpha) * s
+    assert alpha == pytest.approx(max(0.0, 1 - misses / (s + 20.0 * 2 ** -COVERAGE_EXPONENT)))
+    assert alpha < 0.3
+    assert st.coverage(0, 2, alpha, s) == pytest.approx(max(alpha, (5.0 + s * (1 - (1 - alpha) * 2 ** -0.4)) / 20.5))
+    assert st.coverage(0, 2, alpha, s) < 0.3
+    # no tree evidence at a depth: the chain's own estimate, as before
+    assert st.alphas(2, policy.prior_alpha, s)[1] == pytest.approx(policy.prior_alpha)
+
+
+def _simulated_rate(rates: dict, table: CostTable, seed: int, rounds: int = 300) -> float:
+    """tree="auto" at B = 1 against a synthetic draft whose top-w covers the target's token with rates[w] at every
+    depth: emitted tokens per second of the table's rounds."""
+    import random
+    rng = random.Random(seed)
+    policy = AutoK(table, trees=AUTO_TREES)
+    seq = sequences(1, state=RowState)[0]
+    seq.request.max_tokens = 10 ** 6
+    tokens = seconds = 0.0
+    for _ in range(rounds):
+        ks, tree = policy.decide([seq], 8)
+        widths = tree or (1,) * ks[0]
+        accepted = 0
+        while accepted < len(widths) and rng.random() < rates[widths[accepted]]:
+            accepted += 1
+        seq.stats.add_round(len(widths), accepted)
+        if tree is not None:
+            policy.observe_tree([seq], tree, [len(tree)], [accepted])
+        tokens += accepted + 1
+        seconds += policy.table_round(1, tree or ks[0])
+    return tokens / seconds
+
+
+def _best_fixed_rate(rates: dict, table: CostTable) -> float:
+    policy = AutoK(table, trees=AUTO_TREES)
+    best = 0.0
+    for shape in list(range(9)) + list(AUTO_TREES):
+        widths = shape if isinstance(shape, tuple) else (1,) * shape
+        reach = tokens = 1.0
+        for w in widths:
+            reach *= rates[w]
+            tokens += reach
+        best = max(best, tokens / policy.table_round(1, shape))
+    return best
+
+
+@pytest.mark.parametrize("table", [flat_table, mild_table])
+def test_auto_comes_within_a_few_percent_of_the_best_fixed_shape(table):
+    """A draft whose coverage follows the prior's law (alpha 0.45): tree="auto" learns it from its own rounds and
+    emits >= 0.96x the tokens per second of the best fixed shape in hindsight (a row that kept the prior's alpha at
+    depths only trees had tested chose trees too wide: 0.93x on the flat table)."""
+    from verispec.engine.auto_k import COVERAGE_EXPONENT
+    rates = {w: 1 - 0.55 * w ** -COVERAGE_EXPONENT for w in (1, 2, 3, 4)}
+    auto = sum(_simulated_rate(rates, table(), seed) for seed in range(4)) / 4
+    assert auto >= 0.96 * _best_fixed_rate(rates, table())
+
+
 def test_measured_tree_rounds_price_the_tree():
     """A tree round measured ten times slower than the table says is priced so: the policy leaves the tree."""
     policy = AutoK(flat_table(), trees=((2, 2, 1),))

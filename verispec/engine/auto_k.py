@@ -102,7 +102,9 @@ tokens per row (within its room), c_d(w) the row's estimate that w children of t
 token at depth d (``RowState.coverage``: its tree rounds of that width over a prior of 1 - (1 - alpha_d) w^-x, x =
 ``COVERAGE_EXPONENT``, never below alpha_d, the chain's estimate; c_d(1) = alpha_d). A tree round is evidence on the
 widths it ran alone (``observe_tree``): its success with 2 children says nothing about the first child alone, and
-read as a chain's round it would inflate the chain's estimates. The round costs T_target(B, nodes + 1) + D
+read as a chain's round it would inflate the chain's estimates. alpha_d itself pools every width's rounds through
+the same law (``RowState.alphas``: misses over tests weighted by w^-x), so depths that only trees tested do not keep
+the prior's alpha, and with it every width's coverage. The round costs T_target(B, nodes + 1) + D
 T_draft(B) + T_overhead(B, nodes + 1) by the table, or its measured rounds at that (bucket, tree) (``observe_round``
 keyed by the widths), or the table's scaled as the nearest measured drafting shape's measured / table. A tree is
 chosen only where its rate beats the best chain's, with the chains' hold and slow start (a tree counts as a round of
@@ -391,10 +393,28 @@ class RowState:
         self.wide_accepted, self.wide_tested = {}, {}
 
     def alphas(self, k_max: int, prior_alpha: float, prior_strength: float) -> list[float]:
-        """The acceptance estimate of positions 0..k_max-1 (the prior alone where there is no evidence)."""
+        """The acceptance estimate of positions 0..k_max-1 (the prior alone where there is no evidence). Tree rounds
+        count too, through the coverage law: w children miss the target's token m w^-x as often as one child
+        misses it (m), so a depth's miss rate pools every width's misses over its tests weighted by w^-x. Without
+        it a row that ran only trees at a depth kept the prior's optimistic alpha there, and every width's
+        coverage, never below alpha, kept it too: wide trees looked better than their rounds showed."""
         prior = prior_alpha * prior_strength
-        return [((self.accepted[i] if i < len(self.accepted) else 0.0) + prior)
-                / ((self.tested[i] if i < len(self.tested) else 0.0) + prior_strength) for i in range(k_max)]
+        out = []
+        for i in range(k_max):
+            accepted = self.accepted[i] if i < len(self.accepted) else 0.0
+            tested = self.tested[i] if i < len(self.tested) else 0.0
+            wide = [(w, self.wide_accepted[w][i], tst[i]) for w, tst in self.wide_tested.items()
+                    if i < len(tst) and tst[i] > 0.0]
+            if not wide:
+                out.append((accepted + prior) / (tested + prior_strength))
+                continue
+            misses = tested - accepted + (1.0 - prior_alpha) * prior_strength
+            weight = tested + prior_strength
+            for w, acc, tst in wide:
+                misses += tst - acc
+                weight += tst * w ** -COVERAGE_EXPONENT
+            out.append(max(0.0, 1.0 - misses / weight))
+        return out
 
 
 @dataclass
