@@ -51,6 +51,18 @@ TRAIN_ONLY_TEMPLATES = (
     "Give an outline for a presentation about {t}.",
     "What is the future of {t}?",
     "Answer like a teacher: why is {t} important?",
+    "Write a short poem about {t}.",
+    "Explain {t} as if you were a tour guide.",
+    "What are five questions to ask an expert about {t}?",
+    "Write a thank-you note to someone who taught you about {t}.",
+    "Give me a one-week plan to learn the basics of {t}.",
+    "What would happen if {t} disappeared tomorrow?",
+    "Write a short encyclopedia entry about {t}.",
+    "Explain the most important idea behind {t} in three sentences.",
+    "Write a short conversation between a child and a grandparent about {t}.",
+    "List three books or activities for someone curious about {t}.",
+    "What is a fun fact about {t} that most people do not know?",
+    "Write a short motivational message about {t}.",
 )
 
 TRAIN_TOPICS = (
@@ -78,6 +90,51 @@ TRAIN_TOPICS = (
     "frogs", "butterflies", "ants", "whales", "horses", "tigers", "pandas", "the printing of money",
     "taxes", "small businesses", "online shopping", "email etiquette", "museums", "opera", "ballet",
     "comic books", "science fiction", "mystery novels", "the Olympics of ancient times", "farming", "fishing",
+    "clocks", "maps", "umbrellas", "glass making", "paper", "the color blue", "salt", "honey", "rice",
+    "potatoes", "apples", "bananas", "coconuts", "olive oil", "spices", "soup", "breakfast", "baking cookies",
+    "fermentation", "ice cream", "street food", "vegetarian cooking", "school lunches", "table manners",
+    "birthdays", "weddings", "holidays around the world", "New Year celebrations", "family traditions",
+    "grandparents", "siblings", "pets", "goldfish", "parrots", "rabbits", "turtles", "snakes", "crocodiles",
+    "giraffes", "kangaroos", "koalas", "polar bears", "camels", "bats", "jellyfish", "starfish", "seahorses",
+    "salmon", "eagles", "hummingbirds", "crows", "peacocks", "worms", "snails", "beetles", "mosquitoes",
+    "fossils", "rocks and minerals", "sand", "caves", "islands", "lakes", "waterfalls", "wetlands", "prairies",
+    "jungles", "the Arctic", "Antarctica", "the Himalayas", "the Sahara", "the Pacific Ocean", "hurricanes",
+    "fog", "wind", "lightning", "droughts", "floods", "weather forecasts", "the ozone layer", "air pollution",
+    "plastic waste", "endangered species", "national parks", "zoos", "bird watching", "beekeeping", "fishing boats",
+    "sailing", "canoeing", "surfing", "skiing", "ice skating", "tennis", "basketball", "baseball", "cricket",
+    "golf", "boxing", "gymnastics", "cycling races", "chess tournaments", "card games", "puzzles", "crosswords",
+    "magic tricks", "circus acts", "theater", "movies", "animation", "cartoons", "radio", "television",
+    "newspapers", "podcasts", "social media", "blogging", "letters and postcards", "handwriting", "calligraphy",
+    "sign language", "learning a second language", "translation", "dictionaries", "grammar", "storytelling",
+    "fairy tales", "myths and legends", "Greek mythology", "Norse mythology", "superheroes", "pirates", "knights",
+    "samurai", "explorers", "Christopher Columbus", "Marco Polo", "Leonardo da Vinci", "Isaac Newton",
+    "Albert Einstein", "Marie Curie", "Charles Darwin", "Ada Lovelace", "Shakespeare", "Mozart", "Beethoven",
+    "Van Gogh", "the Mona Lisa", "sculpture", "architecture", "skyscrapers", "tunnels", "roads", "canals",
+    "ports", "airports", "subways", "buses", "motorcycles", "trucks", "tractors", "rockets", "telescopes",
+    "the Hubble telescope", "comets", "asteroids", "the Sun", "stars", "galaxies", "the Big Bang", "Jupiter",
+    "Saturn's rings", "astronauts", "gravity on other planets", "light and shadows", "sound waves", "music theory",
+    "drums", "the flute", "singing", "choirs", "orchestras", "rock music", "hip hop", "folk songs", "dance",
+    "fashion", "sewing", "shoes", "hats", "colors in nature", "perfume", "soap", "toothbrushes", "sleep hygiene",
+    "exercise", "walking", "stretching", "healthy snacks", "drinking water", "the common cold", "allergies",
+    "the eyes", "the ears", "teeth", "the lungs", "blood", "bones and muscles", "the stomach", "germs",
+    "antibiotics", "hospitals", "nurses", "doctors", "firefighters", "police officers", "teachers", "farmers",
+    "chefs", "pilots", "engineers", "architects", "scientists", "artists", "writers", "journalists", "lawyers",
+    "judges", "elections", "democracy", "the United Nations", "human rights", "money", "banks", "credit cards",
+    "saving for retirement", "inflation", "supply and demand", "trade", "markets", "advertising", "brands",
+    "customer service", "teamwork", "leadership", "time management", "procrastination", "habits", "goal setting",
+    "note taking", "studying for exams", "homework", "online learning", "libraries of the future", "encyclopedias",
+    "calculators", "computers", "keyboards", "the mouse", "printers", "web browsers", "search engines",
+    "passwords", "encryption", "open source software", "version control with git", "debugging code", "unit tests",
+    "functions in programming", "loops in programming", "recursion", "binary numbers", "data structures",
+    "hash tables", "linked lists", "graphs in computer science", "operating systems", "computer networks",
+    "artificial intelligence", "chatbots", "self-driving cars", "drones", "3D printing", "virtual reality",
+    "video calls", "smart homes", "wearable devices", "electric bikes", "nuclear power", "hydropower",
+    "geothermal energy", "oil and gas", "coal", "water treatment", "sewers", "garbage collection",
+    "city parks", "gardening herbs", "growing vegetables", "trees in cities", "flowers", "roses", "cactus plants",
+    "bamboo", "moss", "seeds", "soil", "earthworms in gardens", "bread from scratch", "pottery", "woodworking",
+    "painting a room", "fixing a bike", "camping gear", "maps and compasses", "road trips", "packing a suitcase",
+    "hotels", "trains in Europe", "visiting Japan", "visiting Italy", "Mexico", "India", "Brazil", "Canada",
+    "Australia", "Africa's savanna", "the Alps", "Paris", "London", "New York City", "Tokyo", "Rome",
 )
 
 HELD_OUT_TOPICS = (
@@ -87,7 +144,7 @@ HELD_OUT_TOPICS = (
 
 
 def prompt_texts(split: str) -> list[str]:
-    """Every prompt of ``split`` ("train": 36 templates x 161 topics = 5796; "held-out": the first 12 templates x 12
+    """Every prompt of ``split`` ("train": 48 templates x 493 topics = 23664; "held-out": the first 12 templates x 12
     topics = 144), in a fixed shuffled order (seeded), so a prefix of the list is a varied sample."""
     if split not in ("train", "held-out"):
         raise ValueError(f"split must be 'train' or 'held-out', got {split!r}")
