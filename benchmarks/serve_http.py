@@ -81,25 +81,31 @@ def run_config(name: str, extra: list[str], args, port: int, out: Path) -> list[
             server.kill()
 
 
+def chat_prompts(args, tok) -> tuple[list[list[int]], list[int]]:
+    """The HTTP runs' requests as the server sees them: ``verispec bench serve``'s workload (seed 0) through
+    ``tok``'s chat template -> (prompt ids, max_tokens each)."""
+    from types import SimpleNamespace
+
+    from verispec.bench.serving import workload
+
+    jobs = workload(SimpleNamespace(seed=0, random_range_ratio=0.0, num_prompts=args.num_prompts,
+                                    request_rate=float("inf"), burstiness=1.0, random_input_len=args.input_len,
+                                    random_output_len=args.max_tokens))
+    prompts = [list(tok.apply_chat_template([{"role": "user", "content": j.prompt}], add_generation_prompt=True))
+               for j in jobs]
+    return prompts, [j.max_tokens for j in jobs]
+
+
 def in_process(args) -> dict:
     """The HTTP runs' requests in-process: the same prompts (``verispec bench serve``'s workload, seed 0) through
     the model's chat template, the same max_tokens, EOS ending a request as in the server, all submitted at once
     to one ``Scheduler`` of ``concurrency`` rows (``run_engine``). Output tok/s over the whole run (the second, warm
     one), measured like the client's: tokens / wall seconds from the first submission to the last token."""
-    from types import SimpleNamespace
-
     from verispec import PromptLookup, load_model
     from verispec.bench.measure import run_engine
-    from verispec.bench.serving import workload
 
     model = load_model(args.model)
-    jobs = workload(SimpleNamespace(seed=0, random_range_ratio=0.0, num_prompts=args.num_prompts,
-                                    request_rate=float("inf"), burstiness=1.0, random_input_len=args.input_len,
-                                    random_output_len=args.max_tokens))
-    tok = model.tokenizer
-    prompts = [list(tok.apply_chat_template([{"role": "user", "content": j.prompt}], add_generation_prompt=True))
-               for j in jobs]
-    limits = [j.max_tokens for j in jobs]
+    prompts, limits = chat_prompts(args, model.tokenizer)
     rows = {}
     for name, drafter, k in (("plain", None, 0), ("lookup k=4", PromptLookup, 4)):
         if args.configs and name not in args.configs:
@@ -127,8 +133,12 @@ def in_process_oracle(args) -> dict:
     successor = make_peaked(target)
     cost = load_model(args.oracle_draft_cost, device="cuda", dtype=torch.bfloat16, seed=1) \
         if args.oracle_draft_cost else None
-    rng = random.Random(0)
-    prompts = [[rng.randrange(49152) for _ in range(args.input_len)] for _ in range(args.num_prompts)]
+    if args.tokenizer:      # the server's prompts: its chat template over the same workload (the prefill buckets match)
+        from verispec.runtime.loading import load_tokenizer
+        prompts, _ = chat_prompts(args, load_tokenizer(args.tokenizer))
+    else:
+        rng = random.Random(0)
+        prompts = [[rng.randrange(49152) for _ in range(args.input_len)] for _ in range(args.num_prompts)]
     table_path = Path(args.out) / "cost_table.json"
     rows = {}
     for name, k in (("AR", 0), ("K=2", 2), ("K=4", 4), ("k=auto", 8)):
