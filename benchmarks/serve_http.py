@@ -46,7 +46,9 @@ def run_config(name: str, extra: list[str], args, port: int, out: Path) -> list[
     base = f"http://127.0.0.1:{port}"
     model = ["--model", args.model] + (["--tokenizer", args.tokenizer] if args.tokenizer else [])
     server = subprocess.Popen([sys.executable, "-m", "verispec.cli", "serve", *model, "--port", str(port),
-                               "--max-batch-size", str(args.concurrency), *extra],
+                               "--max-batch-size", str(args.concurrency),
+                               # the first burst queues all C + QUEUED requests before a row runs: none gets a 429
+                               "--max-waiting", str(max(64, args.concurrency + args.queued)), *extra],
                               stdout=subprocess.DEVNULL, stderr=open(out / f"server_{port}.log", "w"),
                               env=dict(os.environ, VERISPEC_STEP_TRACE=str(out / f"trace_{port}.jsonl")))
     results = []
@@ -184,7 +186,8 @@ def main(argv=None) -> None:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--queued", type=int, default=0, help="the client keeps --concurrency + QUEUED requests in flight "
                     "(the server --concurrency rows): a queue refills a row the moment one ends, as in the in-process "
-                    "run (all at once); with 0 each row waits a client turnaround per request")
+                    "run (all at once); with 0 each row waits a client turnaround per request. The servers take "
+                    "--max-waiting max(64, concurrency + QUEUED), so the first burst is queued, not refused")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--stream-interval", type=float, default=0.0, metavar="MS", help="also serve each "
                     "configuration with `verispec serve --stream-interval MS` (a stream's chunks at most every MS ms), "
