@@ -73,3 +73,14 @@ def test_train_head_init_that_does_not_fit_the_model(monkeypatch, capsys, tmp_pa
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("verispec: error: --init embedded: feature head does not fit this target: hidden size 576"), err
+
+
+@pytest.mark.parametrize("flags, k", [(["--draft-head"], cli.HEAD_K), (["--draft-head", "-k", "5"], 5),
+                                      (["--draft-lookup"], 8), (["--draft-head", "--tree", "auto"], 4)])
+def test_generate_default_k_per_drafter(monkeypatch, flags, k):
+    """Without -k: the head's chains draft HEAD_K (its best measured k), prompt lookup 8, the rest (tree=auto's
+    longest chain included) 4; an explicit -k wins."""
+    seen = {}
+    monkeypatch.setattr(cli, "_run_generate", lambda args: seen.setdefault("k", args.k) and 0)
+    cli.main(["generate", "hello", *flags])
+    assert seen["k"] == k

@@ -27,7 +27,9 @@ DEMO_PROMPT = (
 # The demo's second part: free-form text, which prompt lookup cannot copy, on a topic the shipped head never saw in
 # training (training/prompts.py's held-out topics)
 DEMO_HEAD_PROMPT = "Explain glaciers to a ten-year-old."
-DEMO_HEAD_K = 2
+# A feature head's chain length by default (and the demo's): the shipped head's best measured k on a CPU (1.59x plain
+# decoding vs 1.19x at k = 4) and on an H200 (1.51x vs 1.49x), benchmarks/results/feature_head_cpu.md, _trees.md
+HEAD_K = 2
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -696,7 +698,8 @@ def _generate_args(p: argparse.ArgumentParser) -> None:
                         "`verispec train-head` or a published EAGLE-3 head (config.json + model.safetensors); without DIR "
                         "the head shipped for the embedded SmolLM2")
     p.add_argument("-k", type=int, default=None, help="draft tokens per round, >= 1; None = 8 for --draft-lookup, "
-                   "else 4; capped at --max-new-tokens - 1 and the model's positions")
+                   f"{HEAD_K} for --draft-head's chains, else 4; capped at --max-new-tokens - 1 and the model's "
+                   "positions")
     p.add_argument("--tree", default=None, metavar="W1,W2,...|dyn:D,K,N|auto",
                    help="draft trees instead of chains: children per node at each depth, e.g. 4,2,2,1 (at most 63 "
                         "nodes; excludes -k); or dyn:D,K,N (--draft / --draft-self): a dynamic tree D deep, each "
@@ -799,13 +802,14 @@ def _main(argv) -> int:
         if status:
             return status
         _note(f"demo 2/2: free-form text (nothing to copy) drafted by the feature head shipped for SmolLM2 (one "
-              f"decoder layer over the model's own hidden states, trained by `verispec train-head`; k={DEMO_HEAD_K}), "
+              f"decoder layer over the model's own hidden states, trained by `verispec train-head`; k={HEAD_K}), "
               f"on a topic it never saw in training; then plain decoding")
         _note(f"prompt: {DEMO_HEAD_PROMPT!r}")
-        return _run_generate(parser.parse_args(["generate", DEMO_HEAD_PROMPT, "--draft-head", "-k", str(DEMO_HEAD_K)]
+        return _run_generate(parser.parse_args(["generate", DEMO_HEAD_PROMPT, "--draft-head", "-k", str(HEAD_K)]
                                                + common))
     if args.k is None and (args.tree is None or args.tree.strip().lower() == "auto"):
-        args.k = 8 if args.draft_lookup else 4
+        head_chain = getattr(args, "draft_head", None) is not None and args.tree is None
+        args.k = 8 if args.draft_lookup else HEAD_K if head_chain else 4
     return _run_generate(args)
 
 
