@@ -226,6 +226,16 @@ def verify_markdown(res: dict) -> list[str]:
 # The oracle's coverage: the target's token is among a node's w children with this probability (an assumption
 # shaped like a real draft's top-w coverage; the chain is w = 1).
 TREE_RATES = {1: 0.6, 2: 0.75, 3: 0.82, 4: 0.87}
+
+
+def law_rates(alpha: float, exponent: float, widths: int = 4) -> dict[int, float]:
+    """{w: 1 - (1 - alpha) w^-exponent} for w = 1..widths: an oracle whose top-w coverage follows a power law (the
+    embedded head's measured exponent is about 0.4: benchmarks/results/head_coverage.md).
+
+    >>> law_rates(0.6, 0.4)
+    {1: 0.6, 2: 0.6969, 3: 0.7422, 4: 0.7703}
+    """
+    return {w: round(1.0 - (1.0 - alpha) * w ** -exponent, 4) for w in range(1, widths + 1)}
 TREES = ((2, 2, 1), (2, 2, 2, 1), (3, 2, 2, 1), (4, 2, 2, 1), (4, 2, 1, 1, 1), (2, 2, 2, 2, 1))
 
 
@@ -376,10 +386,12 @@ def e2e_part(args) -> dict:
     make_peaked(target)
     draft = load_model(draft_shape(args.draft, args.draft_layers), device="cuda", dtype=torch.bfloat16)
     name = args.draft + (f" cut to {args.draft_layers} layer(s)" if args.draft_layers else "")
-    out = dict(env=environment(), model=args.model, draft=name, rates=TREE_RATES, prompt_tokens=128,
+    rates = law_rates(TREE_RATES[1], args.coverage_exponent) if args.coverage_exponent else TREE_RATES
+    out = dict(env=environment(), model=args.model, draft=name, rates=rates, prompt_tokens=128,
                new_tokens=args.new_tokens, command="python benchmarks/trees.py " + " ".join(sys.argv[1:]))
     configs = parse_configs(args.configs) if args.configs else e2e_configs()
-    out["cells"] = e2e_cells(target, draft, (1, 8), 128, args.new_tokens, configs, torch.cuda.synchronize)
+    out["cells"] = e2e_cells(target, draft, (1, 8), 128, args.new_tokens, configs, torch.cuda.synchronize,
+                             rates=rates)
     return out
 
 
@@ -505,6 +517,8 @@ def main(argv=None) -> None:
     ap.add_argument("--tokens", default="1,2,4,8,16,24,32,48,64", help="pass: tokens per sequence")
     ap.add_argument("--max-rows", type=int, default=2048, help="pass: skip B * T above this")
     ap.add_argument("--new-tokens", type=int, default=128, help="e2e, accept: tokens generated per sequence")
+    ap.add_argument("--coverage-exponent", type=float, default=None, help="e2e: the oracle's top-w coverage "
+                    "1 - (1 - 0.6) w^-X (0.4: the embedded head's measured law) instead of the assumed TREE_RATES")
     ap.add_argument("--configs", default=None, help="e2e: comma-separated plain, kN, W-W-... (a tree), auto, "
                     "dyn-D-K-N (a dynamic tree), dm-W-W-... (a tree drafted by the draft model) "
                     "(default: plain, the chains and the trees of the full study)")
