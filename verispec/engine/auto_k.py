@@ -395,9 +395,9 @@ class RowState:
     def alphas(self, k_max: int, prior_alpha: float, prior_strength: float) -> list[float]:
         """The acceptance estimate of positions 0..k_max-1 (the prior alone where there is no evidence). Tree rounds
         count too, through the coverage law: w children miss the target's token m w^-x as often as one child
-        misses it (m), so a depth's miss rate pools every width's misses over its tests weighted by w^-x. Without
-        it a row that ran only trees at a depth kept the prior's optimistic alpha there, and every width's
-        coverage, never below alpha, kept it too: wide trees looked better than their rounds showed."""
+        misses it (m), so a depth's miss rate pools every width's misses over its tests weighted by w^-x. A depth
+        only trees have tested thus leaves the prior's optimistic alpha as their rounds come in, and so does every
+        width's coverage there (never below alpha)."""
         prior = prior_alpha * prior_strength
         out = []
         for i in range(k_max):
