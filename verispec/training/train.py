@@ -125,6 +125,16 @@ def _step_logits(net: HeadNet, out, lm_head):
     return net.logits(out, lm_head)
 
 
+def _unrolled(net: HeadNet, target, tokens, states, valid, steps: int):
+    """The head's ``steps`` unrolled draft steps over one padded batch (module docstring) -> [(mask [B, T-1], out
+    [B, T-1, E])]: entry j of step s is live where t_{j+1} is a real answer token and j >= s."""
+    C = len(net.cfg.target_layers)
+    outs = net.unrolled(net.fuse(states[:, :-1, :C].float()), tokens[:, 1:], target.net.embed, steps)
+    live = valid[:, 1:]                                                                        # [B, T-1]
+    j = torch.arange(live.shape[1], device=tokens.device)
+    return [(live & (j >= s)[None], out) for s, out in enumerate(outs)]
+
+
 def losses(net: HeadNet, target, tokens, states, valid, top, steps: int, lm_head=None):
     """(loss, per-step [matches, entries]) of one padded batch (module docstring). Entry j of row b uses states[b,
     j, :C] and token t_{j+1}, target distribution softmax(logits at j + 1); entries j = 0..T-2 where t_{j+1} is
@@ -133,9 +143,6 @@ def losses(net: HeadNet, target, tokens, states, valid, top, steps: int, lm_head
     vocabulary the target's distribution is taken over the draft ids only (renormalized: the head cannot draft
     the others) and the head's logits stay [.., Vd] (no V-wide tensor: the point of a draft vocabulary)."""
     C = len(net.cfg.target_layers)
-    feats = net.fuse(states[:, :-1, :C].float())                                             # [B, T-1, E]
-    inputs = tokens[:, 1:]                                                                     # [B, T-1]: t_{j+1}
-    live = valid[:, 1:]                                                                        # [B, T-1]
     p_top = top[:, 1:]
     lm_head = _lm_head(target) if lm_head is None else lm_head
     draft = net.lm_head is not None
@@ -147,11 +154,8 @@ def losses(net: HeadNet, target, tokens, states, valid, top, steps: int, lm_head
         else:
             p_logits = target.net.logits(states[:, 1:, C]).float()                             # [B, T-1, V]
         p = torch.softmax(p_logits, dim=-1)
-    outs = net.unrolled(feats, inputs, target.net.embed, steps)
     total, weight, counts = 0.0, 0.0, []
-    j = torch.arange(inputs.shape[1], device=tokens.device)
-    for s, out in enumerate(outs):
-        mask = live & (j >= s)[None]                                                           # [B, T-1]
+    for s, (mask, out) in enumerate(_unrolled(net, target, tokens, states, valid, steps)):
         q_logits = _step_logits(net, out, lm_head)                                             # [B, T-1, Vd or V]
         logq = torch.log_softmax(q_logits.float(), dim=-1)
         ce = -(p * logq).sum(-1)                                                               # [B, T-1]
@@ -213,24 +217,22 @@ def top_w_coverage(net: HeadNet, target, corpus: Corpus, steps: int, max_width: 
     training = net.training
     net.eval()
     lm_head = _lm_head(target)
-    hits = torch.zeros(steps, max_width, dtype=torch.long)
-    seen = [0] * steps
-    C = len(net.cfg.target_layers)
+    device = target.device
+    hits = torch.zeros(steps, max_width, dtype=torch.long, device=device)   # read back once, at the end
+    seen = torch.zeros(steps, dtype=torch.long, device=device)
     for start in range(0, len(corpus.tokens), batch_size):
         tokens, states, valid, top = _pad(corpus, list(range(start, min(start + batch_size, len(corpus.tokens)))))
-        live, p_top = valid[:, 1:], top[:, 1:]
-        outs = net.unrolled(net.fuse(states[:, :-1, :C].float()), tokens[:, 1:], target.net.embed, steps)
-        j = torch.arange(live.shape[1], device=live.device)
-        for s, out in enumerate(outs):
-            mask = live & (j >= s)[None]                                                       # [B, T-1]
+        p_top = top[:, 1:]
+        for s, (mask, out) in enumerate(_unrolled(net, target, tokens, states, valid, steps)):
             ids = _step_logits(net, out, lm_head).topk(max_width, dim=-1).indices             # [B, T-1, W]
             if net.lm_head is not None:
                 ids = net.d2t[ids]
             covered = (ids == p_top[..., None]).cumsum(-1) > 0                                 # covered by the top w
-            hits[s] += (covered & mask[..., None]).sum(dim=(0, 1)).cpu()
-            seen[s] += int(mask.sum())
+            hits[s] += (covered & mask[..., None]).sum(dim=(0, 1))
+            seen[s] += mask.sum()
     net.train(training)
-    return [[h / max(n, 1) for h in row] for row, n in zip(hits.tolist(), seen)], seen[0]
+    seen_host = seen.tolist()
+    return [[h / max(n, 1) for h in row] for row, n in zip(hits.tolist(), seen_host)], seen_host[0]
 
 
 def _lr(cfg: TrainConfig, step: int, total: int) -> float:
