@@ -226,16 +226,6 @@ def verify_markdown(res: dict) -> list[str]:
 # The oracle's coverage: the target's token is among a node's w children with this probability (an assumption
 # shaped like a real draft's top-w coverage; the chain is w = 1).
 TREE_RATES = {1: 0.6, 2: 0.75, 3: 0.82, 4: 0.87}
-
-
-def law_rates(alpha: float, exponent: float, widths: int = 4) -> dict[int, float]:
-    """{w: 1 - (1 - alpha) w^-exponent} for w = 1..widths: an oracle whose top-w coverage follows a power law (the
-    embedded head's measured exponent is about 0.4: benchmarks/results/head_coverage.md).
-
-    >>> law_rates(0.6, 0.4)
-    {1: 0.6, 2: 0.6969, 3: 0.7422, 4: 0.7703}
-    """
-    return {w: round(1.0 - (1.0 - alpha) * w ** -exponent, 4) for w in range(1, widths + 1)}
 TREES = ((2, 2, 1), (2, 2, 2, 1), (3, 2, 2, 1), (4, 2, 2, 1), (4, 2, 1, 1, 1), (2, 2, 2, 2, 1))
 
 
@@ -381,12 +371,16 @@ def draft_shape(name: str, layers: int | None):
 def e2e_part(args) -> dict:
     from verispec import load_model
     from verispec.bench.peaked import make_peaked
+    from verispec.bench.studies.trees import coverage
 
     target = load_model(args.model, device="cuda", dtype=torch.bfloat16)
     make_peaked(target)
     draft = load_model(draft_shape(args.draft, args.draft_layers), device="cuda", dtype=torch.bfloat16)
     name = args.draft + (f" cut to {args.draft_layers} layer(s)" if args.draft_layers else "")
-    rates = law_rates(TREE_RATES[1], args.coverage_exponent) if args.coverage_exponent else TREE_RATES
+    # --coverage-exponent: a power law at the same alpha (the embedded head's measured x is about 0.4,
+    # benchmarks/results/head_coverage.md), rounded for the page
+    rates = TREE_RATES if args.coverage_exponent is None else {
+        w: round(coverage(TREE_RATES[1], w, args.coverage_exponent), 4) for w in TREE_RATES}
     out = dict(env=environment(), model=args.model, draft=name, rates=rates, prompt_tokens=128,
                new_tokens=args.new_tokens, command="python benchmarks/trees.py " + " ".join(sys.argv[1:]))
     configs = parse_configs(args.configs) if args.configs else e2e_configs()
@@ -523,6 +517,8 @@ def main(argv=None) -> None:
                     "dyn-D-K-N (a dynamic tree), dm-W-W-... (a tree drafted by the draft model) "
                     "(default: plain, the chains and the trees of the full study)")
     args = ap.parse_args(argv)
+    if args.coverage_exponent is not None and not args.coverage_exponent > 0:
+        ap.error(f"--coverage-exponent must be > 0 (more children cover more), got {args.coverage_exponent}")
     if args.configs:
         try:
             parse_configs(args.configs)

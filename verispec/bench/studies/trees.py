@@ -25,13 +25,13 @@ STUDY = "trees"
 COVERAGE_EXPONENT = 0.7      # oracle trees: a node of w children misses the target's token w^-0.7 times as often
 
 
-def coverage(alpha: float, width: int) -> float:
-    """The oracle's rate for a node of ``width`` children: 1 - (1 - alpha) * width^-0.7 (alpha at width 1).
+def coverage(alpha: float, width: int, exponent: float = COVERAGE_EXPONENT) -> float:
+    """The oracle's rate for a node of ``width`` children: 1 - (1 - alpha) * width^-exponent (alpha at width 1).
 
-    >>> coverage(0.6, 1), round(coverage(0.6, 4), 3)
-    (0.6, 0.848)
+    >>> coverage(0.6, 1), round(coverage(0.6, 4), 3), round(coverage(0.6, 4, 0.4), 4)
+    (0.6, 0.848, 0.7703)
     """
-    return 1.0 - (1.0 - alpha) * width ** -COVERAGE_EXPONENT
+    return 1.0 - (1.0 - alpha) * width ** -exponent
 
 
 def tree_rates(alpha: float | None) -> dict[int, float] | None:
