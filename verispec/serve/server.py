@@ -167,9 +167,8 @@ def build_engine(target, drafter, args, metrics, loop_class: type[EngineLoop] = 
 
 
 def run_server(args, ssd_drafter=None) -> int:
-    from .cli import engine_process_wanted
-
-    if engine_process_wanted(args):
+    """Serve ``args`` as ``check_args`` left them (``args.engine_process`` resolved to a bool there)."""
+    if args.engine_process:
         from .engine_process import assemble_process
 
         engine, app = assemble_process(load_target_and_drafter, args)
