@@ -119,16 +119,19 @@ def test_packed_v3_is_batch_invariant(name, N, K):
 
 
 # v4's own shapes besides V3_SHAPES: a tensor of one short row (Q6_K K = 256: 210-byte rows, a unit at 2 mod 16 in
-# every other row; the last row's window reaches past the tensor's end, which v4 zero-fills) and N = 17 (a tile of 1 row)
-V4_SHAPES = V3_SHAPES + [(3, 256), (17, 512)]
+# every other row; the last row's window reaches past the tensor's end, which v4 zero-fills) and N = 17 (a tile of 1
+# row); v5's: more row tiles than the GPU holds blocks (each block walks several, the last one short) with a slot of 4
+# units (warps 4..7 idle), and a row of 9 units (a full slot, then a slot of one); v5 runs from 2048 rows of W
+V4_SHAPES = V3_SHAPES + [(3, 256), (17, 512), (9000, 1024), (2400, 2304)]
 
 
+@pytest.mark.parametrize("variant", [4, 5])
 @pytest.mark.parametrize("name", TYPES)
 @pytest.mark.parametrize("N, K", V4_SHAPES)
-def test_packed_v4_equals_v3(name, N, K):
-    """v4 stages the weights through shared memory and computes v3's arithmetic: the same bits as v3 for every M
-    (1..17, 33, and 40 / 97: 32 tokens a block past 16), x aligned or not, with a bias, launched with and without
-    PDL, and inside a CUDA graph (PDL edges)."""
+def test_packed_v4_and_v5_equal_v3(name, N, K, variant):
+    """v4 stages the weights through shared memory, v5 has a producer warp bulk-copy them for 8 computing warps; both
+    compute v3's arithmetic: the same bits as v3 for every M (1..17, 33, and 40 / 97: 32 tokens a block past 16), x
+    aligned or not, with a bias, launched with and without PDL, and inside a CUDA graph (PDL edges)."""
     from verispec.runtime.gemv import packed_matmul
 
     qtype, blocks, xs, b = pass_inputs(name, N, K, 97)
@@ -136,15 +139,15 @@ def test_packed_v4_equals_v3(name, N, K):
         for M in [*range(1, 18), 33, 40, 97]:
             want = packed_matmul(x[:M], blocks, qtype, b, variant=3)
             for pdl in (False, True):
-                assert torch.equal(packed_matmul(x[:M], blocks, qtype, b, variant=4, pdl=pdl), want), (M, pdl)
+                assert torch.equal(packed_matmul(x[:M], blocks, qtype, b, variant=variant, pdl=pdl), want), (M, pdl)
     x = xs[0][:5]
     want = packed_matmul(x, blocks, qtype, variant=3)
     out = torch.empty_like(want)
-    packed_matmul(x, blocks, qtype, out=out, variant=4, pdl=True)        # the launch's one-time set-up, outside
+    packed_matmul(x, blocks, qtype, out=out, variant=variant, pdl=True)  # the launch's one-time set-up, outside
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        mid = packed_matmul(x, blocks, qtype, variant=4, pdl=True)
-        packed_matmul(x, blocks, qtype, out=out, variant=4, pdl=True)
+        mid = packed_matmul(x, blocks, qtype, variant=variant, pdl=True)
+        packed_matmul(x, blocks, qtype, out=out, variant=variant, pdl=True)
         mid.add_(0)
     out.zero_()
     graph.replay()
@@ -283,7 +286,7 @@ def test_embedded_smollm2_runs_from_its_blocks_on_the_gpu(monkeypatch, variant):
             assert got == plain, (kind, k)
 
 
-@pytest.mark.parametrize("gemv, variant", [(False, 0), (True, 1), (True, 2), (True, 3)])
+@pytest.mark.parametrize("gemv, variant", [(False, 0), (True, 0), (True, 1), (True, 2), (True, 3), (True, 4)])
 def test_packed_model_on_the_gpu(tmp_path, monkeypatch, gemv, variant):
     """A tiny Q4_K_M model loaded packed on CUDA (bf16, the kernels path): its logits within bf16 rounding of the
     dense-loaded model's, and a 4-token verify pass bit-identical to 4 decode steps (with packed.cu: its batch

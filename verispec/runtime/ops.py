@@ -471,8 +471,8 @@ GEMV_CONFIG: tuple[int, int] | None = None   # (rows, split) for every model; No
 #     dequantizer into a scratch copy, then cuBLAS on the tensor cores (the weights' values are the dense model's, so
 #     the prefill is the dense-loaded model's bit for bit but for that LM head).
 # VERISPEC_PACKED_GEMV=0 dequantizes every matrix instead (decode too: the dense path, for comparisons), and
-# VERISPEC_PACKED_VARIANT=1, 2, 3 or 4 picks packed.cu's variant (its header says what differs; 0: its default, v4): v1
-# and v2 the same bits, v3 and v4 (tensor cores, bf16) another order, batch-invariant too; one model keeps one.
+# VERISPEC_PACKED_VARIANT=1, 2, 3, 4 or 5 picks packed.cu's variant (its header says what differs; 0: its default, v5):
+# v1 and v2 the same bits, v3, v4 and v5 (tensor cores, bf16) another order, batch-invariant too; one model keeps one.
 PACKED_GEMV = os.environ.get("VERISPEC_PACKED_GEMV", "1") != "0"
 PACKED_VARIANT = int(os.environ.get("VERISPEC_PACKED_VARIANT", "0"))
 # NOTE: up to 8 rows packed.cu reads the blocks once (one token tile) and moves only the packed bytes; the dense route

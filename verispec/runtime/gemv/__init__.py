@@ -208,10 +208,11 @@ def invariant_variants() -> int:
 
 
 # ------------------------------------------------------------------------------------ packed (GGUF block) matmul
-PACKED_VARIANTS = (1, 2, 3, 4)   # packed.cu's variants (its header says what differs): v1 and v2 the same bits; v3
-                                 # its own order on the tensor cores, every type, bf16 x (v1's bits for fp32 / fp16
-                                 # x); v4 v3's bits, the weights staged through shared memory (the default:
-                                 # vs_packed_default_variant). 0 = the default
+PACKED_VARIANTS = (1, 2, 3, 4, 5)   # packed.cu's variants (its header says what differs): v1 and v2 the same bits;
+                                    # v3 its own order on the tensor cores, every type, bf16 x (v1's bits for fp32 /
+                                    # fp16 x); v4 v3's bits, the weights staged through shared memory; v5 v3's bits, a
+                                    # producer warp's bulk copies feeding 8 computing warps (the default:
+                                    # vs_packed_default_variant). 0 = the default
 
 
 def _packed_args(fn: str, blocks: torch.Tensor, qtype: int, K: int, variant: int):
@@ -237,8 +238,9 @@ def packed_matmul(x: torch.Tensor, blocks: torch.Tensor, qtype: int, b: torch.Te
     accumulation, each output element reduced in packed.cu's one order (row i of the result does not depend on the
     other rows). One launch, no host sync. variant: 0 = the default (``PACKED_VARIANTS``), 1 or 2 (the same bits;
     packed.cu's header), 3 (tensor cores, bf16 x: batch-invariant too, in another order, so not v2's bits; fp32 /
-    fp16 x run v1), 4 (v3's bits, the weights staged through shared memory; the default). pdl: launch v3 / v4 with
-    programmatic dependent launch (sm_90+), as ``gemv_cuda``; v1 and v2 ignore it.
+    fp16 x run v1), 4 (v3's bits, the weights staged through shared memory), 5 (v3's bits, loads and arithmetic in
+    different warps; the default). pdl: launch v3 / v4 / v5 with programmatic dependent launch (sm_90+), as
+    ``gemv_cuda``; v1 and v2 ignore it.
 
     Example: W = 2 rows of 32 weights, all 1.0 in Q8_0 (d = 1, q = 1):
     ``blocks = torch.tensor([[0, 60] + [1] * 32] * 2, dtype=torch.uint8, device="cuda")``,
@@ -256,8 +258,8 @@ def packed_matmul(x: torch.Tensor, blocks: torch.Tensor, qtype: int, b: torch.Te
     if x2.data_ptr() % 16:                      # v2 reads x as 16-byte vectors
         x2 = x2.clone()
     blocks = blocks.contiguous()
-    if variant in (0, 3, 4) and blocks.data_ptr() % 16:   # v3 / v4 read blocks as 16-byte vectors: a fresh copy is
-        blocks = blocks.clone()                          # aligned (a model's matrices always are; this is for odd views)
+    if variant in (0, 3, 4, 5) and blocks.data_ptr() % 16:   # v3 / v4 / v5 read blocks as 16-byte vectors: a fresh
+        blocks = blocks.clone()                             # copy is aligned (a model's matrices always are)
     y = load().packed_matmul(x2, blocks, fmt.ggml_type, fmt.type_size,
                              None if b is None else b.contiguous(), None if out is None else out.view(-1, N),
                              int(variant), bool(pdl))

@@ -37,12 +37,18 @@
 //       (tests/test_quant_v3.py).
 //   v4  v3's order and arithmetic, so v3's bits (tests/test_quant_gpu.py checks it on a GPU), the weights staged
 //       through shared memory by 16-byte cp.async several units ahead (its comment, below v3's kernel); v3's kernel
-//       itself for the large Q4_K matrices, where it is faster. Both launch with programmatic dependent launch.
+//       itself for the large Q4_K matrices, where it is faster.
+//   v5  v3's bits again, the loads and the arithmetic in different warps: a producer warp fills a ring of shared-memory
+//       slots with the TMA's bulk copies while 8 consumer warps compute, a grid that holds the GPU with each block
+//       walking row tiles (its comment, below v4's kernel); Q4_K, Q6_K, and Q8_0 at one row of x; v4 for the rest.
+//       v3, v4 and v5 launch with programmatic dependent launch.
 //
 // Launch (v1, v2): grid (ceil(N / 4), ceil(M / tokens per block)), 4 warps a block, one row of W per warp; v3: grid
-// (ceil(M / 8 or 16), ceil(N / 16)), 8 warps a block. No allocation, no host sync: CUDA-graph capturable.
+// (ceil(M / 8 or 16), ceil(N / 16)), 8 warps a block; v5: (token tiles, row-tile walkers), 9 warps a block. No
+// allocation, no host sync: CUDA-graph capturable.
 #include "gemv_common.cuh"
 
+#include <algorithm>
 #include <type_traits>
 
 #define PK_WARPS 4        // rows of W per block (one warp each)
@@ -176,9 +182,11 @@ packed_matmul_v2_kernel(const T* __restrict__ x,        // [M, K]
 // each the same per-token arithmetic. Each warp loads its next unit while it computes the current one.
 // One unit u of the warp's slice (its rows' Raw in cur: rows g and g + 8 of each row tile) into acc: the chunks in
 // order, v3's arithmetic (above). nch: chunks a row; xr: token g of each n = 8 tile.
-template <int QT, int RT, int NT>
-__device__ __forceinline__ void v3_unit(const typename V3<QT>::Raw (&cur)[RT][2], int u, int nch,
-                                        const uint16_t* const (&xr)[NT], int t, float (&acc)[RT][NT][4]) {
+// ``chunk(r, j, ag, ah, sg0, sg1, sh0, sh1)`` gives chunk j's A registers and fold coefficients of rows g (ag, sg*) and
+// g + 8 (ah, sh*) of row tile r: v3_chunk on the unit's Raw (v3_unit), or with scales shared across lanes (v5).
+template <int QT, int RT, int NT, class Chunk>
+__device__ __forceinline__ void v3_unit_of(Chunk&& chunk, int u, int nch, const uint16_t* const (&xr)[NT], int t,
+                                           float (&acc)[RT][NT][4]) {
     using Tr = V3<QT>;
     constexpr bool KQUANT = QT == PK_Q4_K || QT == PK_Q6_K;   // K a multiple of 256: no short unit
 #pragma unroll
@@ -203,8 +211,7 @@ __device__ __forceinline__ void v3_unit(const typename V3<QT>::Raw (&cur)[RT][2]
         for (int r = 0; r < RT; ++r) {
             uint32_t ag[4], ah[4];                           // rows g, g + 8
             float sg0, sg1, sh0, sh1;
-            v3_chunk(cur[r][0], j, ag, sg0, sg1);
-            v3_chunk(cur[r][1], j, ah, sh0, sh1);
+            chunk(r, j, ag, ah, sg0, sg1, sh0, sh1);
 #pragma unroll
             for (int n = 0; n < NT; ++n) {
                 float d0[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -231,8 +238,20 @@ __device__ __forceinline__ void v3_unit(const typename V3<QT>::Raw (&cur)[RT][2]
     }
 }
 
+template <int QT, int RT, int NT>
+__device__ __forceinline__ void v3_unit(const typename V3<QT>::Raw (&cur)[RT][2], int u, int nch,
+                                        const uint16_t* const (&xr)[NT], int t, float (&acc)[RT][NT][4]) {
+    v3_unit_of<QT, RT, NT>([&](int r, int j, uint32_t (&ag)[4], uint32_t (&ah)[4], float& sg0, float& sg1, float& sh0,
+                               float& sh1) {
+        v3_chunk(cur[r][0], j, ag, sg0, sg1);
+        v3_chunk(cur[r][1], j, ah, sh0, sh1);
+    }, u, nch, xr, t, acc);
+}
+
 // The fixed-order sum over the V3_SLICES warps' accumulators (through s_part), + b, rounded once, stored.
-template <int RT, int NT>
+// CONSUMERS: the block's first 32 V3_SLICES threads meet at named barrier 1 instead of __syncthreads (a block with
+// warps of other roles).
+template <int RT, int NT, bool CONSUMERS = false>
 __device__ __forceinline__ void v3_store(const float (&acc)[RT][NT][4], float4 (*s_part)[RT * NT][32],
                                          const __nv_bfloat16* __restrict__ bias, __nv_bfloat16* __restrict__ y,
                                          long long row0, long long tok0, int M, int N) {
@@ -243,7 +262,8 @@ __device__ __forceinline__ void v3_store(const float (&acc)[RT][NT][4], float4 (
         const float* a = acc[f / NT][f % NT];
         s_part[p][f][lane] = make_float4(a[0], a[1], a[2], a[3]);
     }
-    __syncthreads();
+    if constexpr (CONSUMERS) asm volatile("bar.sync 1, %0;" ::"n"(32 * V3_SLICES) : "memory");
+    else __syncthreads();
     for (int i = threadIdx.x; i < F * 32; i += 32 * V3_SLICES) {
         const int f = i / 32, l = i % 32;
         float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -482,6 +502,155 @@ packed_matmul_v4_kernel(const __nv_bfloat16* __restrict__ x,     // [M, K]
     v3_store<1, NT>(acc, s_part, bias, y, row0, tok0, M, N);
 }
 
+// ------------------------------------------------------------------------------------------------ v5
+// v3's order and arithmetic (v3's bits: the same v3_unit_of and v3_store) with the loads and the arithmetic in different
+// warps. In v3 and v4 every warp both loads and computes, and the two hardly overlap: on an H200 a Q4_K gate+up call
+// takes about the time of its loads alone plus its arithmetic alone (benchmarks/results/quant_v5_ablation.md). Here
+// warp 8 of a block (the producer) copies each item's bytes into a ring of S shared-memory slots with the TMA's bulk
+// copies (cp.async.bulk: one instruction a row, no per-lane address arithmetic), each slot's "full" mbarrier counting
+// the bytes in; warps 0..7 (the consumers: v3's slices) wait on it, read their unit, release the slot on its "empty"
+// mbarrier and compute while the producer refills it. An item = (row tile, j): the tile's 16 rows x units 8j .. 8j + 7,
+// warp p's unit 8j + p (v3's slice order); each row's 8 units are contiguous, one bulk copy.
+//   The grid holds the GPU (the launcher: occupancy x SMs blocks, every block the same number of row tiles), and a
+// block walks its row tiles blockIdx.y, blockIdx.y + gridDim.y, ..., so the producer's stream of copies runs on across
+// tiles while the consumers sum a tile through shared memory (s_part has two buffers; named barrier 1, the producer
+// does not take part).
+//   Q4_K: a sub-block's scale and min are the same for the 4 lanes of a row; lane (g, t) computes those of sub-blocks
+// 2t and 2t + 1 of rows g and g + 8 (v3_q4k_scales, dequantize.py's products) and the others read them by shuffle:
+// the same values, a quarter of the work.
+__device__ __forceinline__ void mb_init(uint32_t bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mb_expect_tx(uint32_t bar, int bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mb_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mb_wait(uint32_t bar, int parity) {
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "WAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT_%=;\n"
+        "}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, int bytes, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+
+// a row's 8 units + 32 bytes (a multiple of 16 that starts the 8 rows a warp reads in different banks)
+template <int QT> constexpr int V5_PITCH = 8 * V3<QT>::UNIT + 32;
+template <int QT, int NT, int S>
+constexpr int V5_SMEM = S * 16 * V5_PITCH<QT> + 2 * V3_SLICES * NT * 32 * (int)sizeof(float4) + 2 * S * 8;
+
+template <int QT, int NT, int S, int MINB>
+__global__ void __launch_bounds__(32 * (V3_SLICES + 1), MINB)
+packed_matmul_v5_kernel(const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ w,
+                        const __nv_bfloat16* __restrict__ bias, __nv_bfloat16* __restrict__ y, int M, int N, int K) {
+    using Tr = V3<QT>;
+    using Raw = typename Tr::Raw;
+    constexpr int UNIT = Tr::UNIT, PITCH = V5_PITCH<QT>;
+    constexpr bool A4 = UNIT % 4 == 0;
+    extern __shared__ __align__(128) uint8_t v5_smem[];
+    auto s_part = reinterpret_cast<float4(*)[V3_SLICES][NT][32]>(v5_smem + S * 16 * PITCH);
+    const uint32_t ring = (uint32_t)__cvta_generic_to_shared(v5_smem);
+    const uint32_t bars = ring + S * 16 * PITCH + 2 * V3_SLICES * NT * 32 * (int)sizeof(float4);
+    // full[s] = bars + 8 s, empty[s] = bars + 8 (S + s)
+    const int lane = threadIdx.x & 31, p = threadIdx.x >> 5;
+    const int nunits = K / 256, per_tile = (nunits + 7) / 8;      // K a multiple of 256 (the launcher checks)
+    const long long row_bytes = (long long)nunits * UNIT;
+    const int tiles = (N + 15) / 16, tile0 = (int)blockIdx.y, tile_step = (int)gridDim.y;
+    const int my_tiles = tile0 < tiles ? (tiles - 1 - tile0) / tile_step + 1 : 0;
+    const int items = my_tiles * per_tile;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < S; ++s) {
+            mb_init(bars + 8 * s, 1);
+            mb_init(bars + 8 * (S + s), V3_SLICES);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    pdl_launch_dependents();
+
+    if (p == V3_SLICES) {                                        // the producer
+        int tile = tile0, j = 0;
+        for (int it = 0; it < items; ++it) {
+            const int s = it % S;
+            if (it >= S) mb_wait(bars + 8 * (S + s), ((it / S) - 1) & 1);
+            const int units = min(8, nunits - 8 * j);
+            if (lane == 0) mb_expect_tx(bars + 8 * s, 16 * units * UNIT);
+            __syncwarp();
+            if (lane < 16) {
+                const long long rr = min((long long)tile * 16 + lane, (long long)N - 1);
+                bulk_copy(ring + (uint32_t)((s * 16 + lane) * PITCH), w + rr * row_bytes + (long long)8 * j * UNIT,
+                          units * UNIT, bars + 8 * s);
+            }
+            if (++j == per_tile) {
+                j = 0;
+                tile += tile_step;
+            }
+        }
+        return;
+    }
+
+    const int g = (lane >> 2), t = lane & 3;
+    const long long tok0 = (long long)blockIdx.x * (8 * NT);
+    pdl_wait();
+    const uint16_t* xr[NT];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+        const long long tok = tok0 + 8 * n + g;
+        xr[n] = reinterpret_cast<const uint16_t*>(x) + (tok < M ? tok : (long long)M - 1) * K;
+    }
+    float acc[1][NT][4];
+    int it = 0;
+    for (int k = 0; k < my_tiles; ++k) {
+        const long long row0 = (long long)(tile0 + k * tile_step) * 16;
+#pragma unroll
+        for (int n = 0; n < NT; ++n) acc[0][n][0] = acc[0][n][1] = acc[0][n][2] = acc[0][n][3] = 0.0f;
+        for (int j = 0; j < per_tile; ++j, ++it) {
+            const int s = it % S, u = 8 * j + p;
+            mb_wait(bars + 8 * s, (it / S) & 1);
+            Raw cur[1][2];
+            const bool mine = u < nunits;
+            if (mine) {
+                const uint32_t base = ring + (uint32_t)(s * 16 * PITCH + p * UNIT);
+                v3_read(V4Shared<A4>{base + (uint32_t)(g * PITCH)}, t, 8, cur[0][0]);
+                v3_read(V4Shared<A4>{base + (uint32_t)((g + 8) * PITCH)}, t, 8, cur[0][1]);
+            }
+            __syncwarp();
+            if (lane == 0) mb_arrive(bars + 8 * (S + s));
+            if (mine) {
+                if constexpr (QT == PK_Q4_K) {
+                    float sc[2][4];                              // sub-blocks 2t, 2t + 1: rows g, g + 8
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        v3_q4k_scales(cur[0][0].head, 2 * t + e, sc[e][0], sc[e][1]);
+                        v3_q4k_scales(cur[0][1].head, 2 * t + e, sc[e][2], sc[e][3]);
+                    }
+                    const int quad = lane & ~3;
+                    v3_unit_of<QT, 1, NT>([&](int, int c, uint32_t (&ag)[4], uint32_t (&ah)[4], float& sg0,
+                                              float& sg1, float& sh0, float& sh1) {
+                        v3_q4k_frags(cur[0][0], c, ag);
+                        v3_q4k_frags(cur[0][1], c, ah);
+                        const int from = quad | (c >> 1);
+                        sg0 = __shfl_sync(VS_FULL_MASK, sc[c & 1][0], from);
+                        sg1 = __shfl_sync(VS_FULL_MASK, sc[c & 1][1], from);
+                        sh0 = __shfl_sync(VS_FULL_MASK, sc[c & 1][2], from);
+                        sh1 = __shfl_sync(VS_FULL_MASK, sc[c & 1][3], from);
+                    }, u, K / 32, xr, t, acc);
+                } else {
+                    v3_unit<QT, 1, NT>(cur, u, K / 32, xr, t, acc);
+                }
+            }
+        }
+        v3_store<1, NT, true>(acc, s_part[k & 1], bias, y, row0, tok0, M, N);
+    }
+}
+
 // ------------------------------------------------------------------------------------------------ dequantizer
 // W [N, K] -> out [N, K] in T, one thread per chunk of 32 weights: the weights of the GEMV (the same decoders, so
 // the values of dequantize.py, bit for bit), rounded once to T. 64 (bf16) or 128 (fp32) bytes a thread, stored as
@@ -612,6 +781,62 @@ static cudaError_t pk_launch_v4(const void* x, const void* w, const void* b, voi
     return pk_launch_v4_shape<QT, 2, false>(x, w, b, y, M, N, K, stream, pdl);
 }
 
+template <int QT, int NT, int S, int MINB>
+static cudaError_t pk_launch_v5_shape(const void* x, const void* w, const void* b, void* y, int M, int N, int K,
+                                      cudaStream_t stream, int pdl) {
+    const long long tok_tiles = ((long long)M + 8 * NT - 1) / (8 * NT), row_tiles = ((long long)N + 15) / 16;
+    const long long row_bytes = (long long)(K / 256) * V3<QT>::UNIT;
+    // bulk copies: 16-byte aligned rows and 8-unit segments, whole units (K a multiple of 256)
+    static_assert((8 * V3<QT>::UNIT) % 16 == 0, "a row's 8 units are whole 16-byte vectors");
+    if (tok_tiles > 0x7fffffffLL || reinterpret_cast<uintptr_t>(x) % 8 || reinterpret_cast<uintptr_t>(w) % 16 ||
+        K % 256 || row_bytes % 16 || ((K / 256) % 8) * V3<QT>::UNIT % 16)
+        return cudaErrorInvalidValue;
+    constexpr int smem = V5_SMEM<QT, NT, S>;
+    auto kernel = packed_matmul_v5_kernel<QT, NT, S, MINB>;
+    static int occupancy = 0;                    // once per instantiation, before any capture (warm-up runs first)
+    if (occupancy == 0) {
+        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        if (e == cudaSuccess)
+            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occupancy, kernel, 32 * (V3_SLICES + 1), smem);
+        if (e != cudaSuccess) return e;
+        if (occupancy < 1) return cudaErrorInvalidConfiguration;
+    }
+    int device = 0, sms = 0;
+    cudaError_t e = cudaGetDevice(&device);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (e != cudaSuccess) return e;
+    // as many walkers a token tile as are resident at once, each with the same number of row tiles
+    const long long slots = std::max(1LL, (long long)occupancy * sms / tok_tiles);
+    const long long per = (row_tiles + slots - 1) / slots;
+    const long long walkers = std::min(65535LL, (row_tiles + per - 1) / per);
+    return launch_kernel(kernel, dim3((unsigned)tok_tiles, (unsigned)walkers), dim3(32 * (V3_SLICES + 1)),
+                         (unsigned)smem, stream, pdl, (const __nv_bfloat16*)x, (const uint8_t*)w,
+                         (const __nv_bfloat16*)b, (__nv_bfloat16*)y, M, N, K);
+}
+
+// v5 for Q4_K and Q6_K, and Q8_0 at one row of x; v4 where v5 does not apply or does not pay (H200,
+// benchmarks/results/quant_v5_ablation.md): other types, Q8_0 at more rows (its x loads for several tokens cost more
+// than v5 saves: 8B gate+up at M = 5 65.0 us vs v4's 57.3), fewer than 2048 rows of W (64 row tiles leave most SMs
+// idle: 8B k/v 4.2 us vs 3.8), K not a multiple of 256, rows or 8-unit segments that are not whole 16-byte vectors
+// (the bulk copy's unit), more than 16 rows of x.
+// S = 3 slots, registers for 2 blocks an SM: the fastest of the configurations timed (quant_v5_ablation.md).
+template <int QT, int S = 3, int MINB = 2>
+static cudaError_t pk_launch_v5(const void* x, const void* w, const void* b, void* y, int M, int N, int K,
+                                cudaStream_t stream, int pdl) {
+    constexpr bool V5_TYPE = QT == PK_Q4_K || QT == PK_Q6_K || QT == PK_Q8_0;
+    if constexpr (!V5_TYPE) {
+        return pk_launch_v4<QT>(x, w, b, y, M, N, K, stream, pdl);
+    } else {
+        const long long row_bytes = (long long)(K / 256) * V3<QT>::UNIT;
+        const bool fits = K % 256 == 0 && row_bytes % 16 == 0 && ((K / 256) % 8) * V3<QT>::UNIT % 16 == 0 &&
+                          reinterpret_cast<uintptr_t>(w) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 8 == 0;
+        if (!fits || M > 16 || N < 2048 || (QT == PK_Q8_0 && M > 1))
+            return pk_launch_v4<QT>(x, w, b, y, M, N, K, stream, pdl);
+        if (M <= 8) return pk_launch_v5_shape<QT, 1, S, MINB>(x, w, b, y, M, N, K, stream, pdl);
+        return pk_launch_v5_shape<QT, 2, S, MINB>(x, w, b, y, M, N, K, stream, pdl);
+    }
+}
+
 template <typename T, int QT, int QK, int TYPE_SIZE>
 static cudaError_t pk_launch(const void* x, const void* w, const void* b, void* y, int M, int N, int K, int variant,
                              cudaStream_t stream, int pdl) {
@@ -621,6 +846,7 @@ static cudaError_t pk_launch(const void* x, const void* w, const void* b, void* 
         if (variant == 1) return pk_launch_v1<T, QT, QK, TYPE_SIZE>(x, w, b, y, M, N, K, stream);
         if (variant == 3) return pk_launch_v3<QT>(x, w, b, y, M, N, K, stream, pdl);
         if (variant == 4) return pk_launch_v4<QT>(x, w, b, y, M, N, K, stream, pdl);
+        if (variant == 5) return pk_launch_v5<QT>(x, w, b, y, M, N, K, stream, pdl);
         // tokens a block: the smallest of 1, 2, 4, 8 that holds M (a decode step carries no dead accumulators)
         if (M <= 1) return pk_launch_v2<T, QT, QK, TYPE_SIZE, 1>(x, w, b, y, M, N, K, stream);
         if (M <= 2) return pk_launch_v2<T, QT, QK, TYPE_SIZE, 2>(x, w, b, y, M, N, K, stream);
@@ -674,22 +900,22 @@ extern "C" int vs_packed_block_size(int qtype) {
     return qtype == PK_Q4_K || qtype == PK_Q6_K ? 256 : (qtype == PK_Q4_0 || qtype == PK_Q4_1 || qtype == PK_Q8_0 ? 32 : 0);
 }
 
-// The variant vs_packed_matmul / vs_packed_dequantize run for variant = 0: v4 (v3's bits; H100, benchmarks/results/
-// quant.md: 8B Q4_K_M decode 3.61 ms vs v3's 3.92, the 1B Q8_0 draft's matmuls about 2x faster than v3's). It runs v1
-// for fp32 / fp16 activations.
-extern "C" int vs_packed_default_variant() { return 4; }
+// The variant vs_packed_matmul / vs_packed_dequantize run for variant = 0: v5 (v3's bits; H200, benchmarks/results/
+// quant_v5_ablation.md: the 8B matmuls at one row 1.08x v4 in Q4_K, 1.37-1.43x in Q6_K, 1.12-1.22x in Q8_0). It
+// runs v1 for fp32 / fp16 activations.
+extern "C" int vs_packed_default_variant() { return 5; }
 
 // y[M, N] = x[M, K] @ W^T (+ b), W as blocks of GGML type qtype, rows of K weights. x, b, y of one dtype (fp32,
-// bf16, fp16), contiguous; variant 0 (the default), 1 or 2 (the same bits), 3 or 4 (v3's bits); pdl: v3 / v4 launched
-// with programmatic dependent launch. cudaErrorInvalidValue (nothing launched) for an unknown type, dtype or variant,
-// K not a whole number of blocks, too many rows of x (v1, v2) or of W (v3, v4: N > 16 * 65535) for the grid, (v2) x
-// not 16-byte aligned, (v3) x not 8-byte or Q4_K blocks not 16-byte aligned, or (v4) x not 8-byte or the blocks not
-// 16-byte aligned.
+// bf16, fp16), contiguous; variant 0 (the default), 1 or 2 (the same bits), 3, 4 or 5 (v3's bits); pdl: v3 / v4 / v5
+// launched with programmatic dependent launch. cudaErrorInvalidValue (nothing launched) for an unknown type, dtype or
+// variant, K not a whole number of blocks, too many rows of x (v1, v2) or of W (v3, v4: N > 16 * 65535) for the
+// grid, (v2) x not 16-byte aligned, (v3) x not 8-byte or Q4_K blocks not 16-byte aligned, or (v4, v5) x not 8-byte or
+// the blocks not 16-byte aligned.
 extern "C" cudaError_t vs_packed_matmul(const void* x, const void* w, const void* b, void* y, int dtype, int qtype,
                                         int M, int N, int K, int variant, cudaStream_t stream, int pdl) {
     const int qk = vs_packed_block_size(qtype);
     variant = variant == 0 ? vs_packed_default_variant() : variant;
-    if (qk == 0 || M < 1 || N < 0 || K < qk || K % qk != 0 || variant < 1 || variant > 4) return cudaErrorInvalidValue;
+    if (qk == 0 || M < 1 || N < 0 || K < qk || K % qk != 0 || variant < 1 || variant > 5) return cudaErrorInvalidValue;
     if (N == 0) return cudaSuccess;
     switch (dtype) {
         case VS_F32: return pk_dispatch<float>(qtype, x, w, b, y, M, N, K, variant, stream, pdl);
@@ -705,7 +931,7 @@ extern "C" cudaError_t vs_packed_dequantize(const void* w, void* out, int dtype,
                                             cudaStream_t stream) {
     const int qk = vs_packed_block_size(qtype);
     variant = variant == 0 ? vs_packed_default_variant() : variant;
-    if (qk == 0 || N < 0 || K < qk || K % qk != 0 || variant < 1 || variant > 4) return cudaErrorInvalidValue;
+    if (qk == 0 || N < 0 || K < qk || K % qk != 0 || variant < 1 || variant > 5) return cudaErrorInvalidValue;
     if (N == 0) return cudaSuccess;
     switch (dtype) {
         case VS_F32: return pk_dequantize_dispatch<float>(qtype, w, out, N, K, variant, stream);

@@ -160,10 +160,11 @@ PK_FN void v3_read(const Src& sb, int t, int, V3RawQ4K& r) {
     for (int p = 0; p < 4; ++p) r.qs[p] = sb.ld8(16 + 32 * p + 8 * t);
 }
 
-// Sub-block j (0..7) of a row: A registers a[2 h] (k 2t, 2t + 1), a[2 h + 1] (k 2t + 8, 2t + 9) of group h, the
-// scale d * sc and minus the min dmin * mn of dequantize.py (w = scale * q - min), each product rounded once as there.
-PK_FN void v3_chunk(const V3RawQ4K& r, int j, uint32_t (&a)[4], float& scale, float& neg_min) {
-    const uint32_t s03 = r.head.y, s47 = r.head.z, s811 = r.head.w;   // scales bytes 0..3, 4..7, 8..11
+// Sub-block j (0..7) of a row: the scale d * sc and minus the min dmin * mn of dequantize.py (w = scale * q - min),
+// each product rounded once as there. j may be known only at run time (v5 computes a lane's two sub-blocks and shares
+// them with the lanes of its row, packed.cu).
+PK_FN void v3_q4k_scales(uint4 head, int j, float& scale, float& neg_min) {
+    const uint32_t s03 = head.y, s47 = head.z, s811 = head.w;          // scales bytes 0..3, 4..7, 8..11
     uint32_t scw, mnw;                      // bytes j % 4 of these: sub-block j's 6-bit scale and min
     if (j < 4) {
         scw = s03 & 0x3F3F3F3Fu;
@@ -172,13 +173,23 @@ PK_FN void v3_chunk(const V3RawQ4K& r, int j, uint32_t (&a)[4], float& scale, fl
         scw = (s811 & 0x0F0F0F0Fu) | ((s03 >> 2) & 0x30303030u);
         mnw = ((s811 >> 4) & 0x0F0F0F0Fu) | ((s47 >> 2) & 0x30303030u);
     }
-    scale = __fmul_rn(pk_f16w(r.head.x, 0), v3_byte_f<0>(scw, j & 3));
-    neg_min = -__fmul_rn(pk_f16w(r.head.x, 1), v3_byte_f<0>(mnw, j & 3));
+    scale = __fmul_rn(pk_f16w(head.x, 0), v3_byte_f<0>(scw, j & 3));
+    neg_min = -__fmul_rn(pk_f16w(head.x, 1), v3_byte_f<0>(mnw, j & 3));
+}
+
+// Sub-block j of a row: A registers a[2 h] (k 2t, 2t + 1), a[2 h + 1] (k 2t + 8, 2t + 9) of group h.
+PK_FN void v3_q4k_frags(const V3RawQ4K& r, int j, uint32_t (&a)[4]) {
     const uint2 q = r.qs[j >> 1];
     const int shift = 4 * (j & 1);
     const uint32_t off = 0xC300C300u;       // - 128
     v3_pairs((q.x >> shift) & 0x0F0F0F0Fu, off, a[0], a[1]);   // group 0: weights 8 t .. 8 t + 3
     v3_pairs((q.y >> shift) & 0x0F0F0F0Fu, off, a[2], a[3]);   // group 1: 8 t + 4 .. 8 t + 7
+}
+
+// Sub-block j of a row: its A registers, scale and minus min.
+PK_FN void v3_chunk(const V3RawQ4K& r, int j, uint32_t (&a)[4], float& scale, float& neg_min) {
+    v3_q4k_scales(r.head, j, scale, neg_min);
+    v3_q4k_frags(r, j, a);
 }
 
 // ------------------------------------------------------------------------------------------------ Q6_K
