@@ -154,9 +154,10 @@ def kernel_part(args) -> dict:
             if 1 in ys and 2 in ys:
                 bad = [M for M in ms if not torch.equal(ys[2][:M], ys[1][:M])]
                 check.update(v2_equals_v1=not bad, bad_m=bad)
-            if 3 in ys and 4 in ys:
-                check["v4_equals_v3"] = torch.equal(ys[4], ys[3]) and torch.equal(
-                    vg.packed_matmul(x, blocks, qtype, variant=4, pdl=True), ys[3])
+            for v in (4, 5):            # v3's bits, with and without PDL
+                if 3 in ys and v in ys:
+                    check[f"v{v}_equals_v3"] = torch.equal(ys[v], ys[3]) and torch.equal(
+                        vg.packed_matmul(x, blocks, qtype, variant=v, pdl=True), ys[3])
             if 3 in ys:
                 exact = x.float() @ ref.T                                                     # [max(ms), 256]
                 scale = x.float().abs() @ ref.abs().T
@@ -215,14 +216,14 @@ def kernel_markdown(res: dict) -> list[str]:
              "v1 bit for bit where both ran; v3 (its own order) against the torch dequantizer + fp32 matmul on 256 "
              "rows: the largest error beyond bf16's output rounding, in units of |x| @ |W|^T (tests/test_quant_gpu.py "
              "bounds it by 2^-14 = 6.1e-05); the prefill's dequantizer (v1 and v2, fp32 and bf16) == the torch "
-             "dequantizer (quant/dequantize.py, itself gguf-py's bit for bit) on 256 rows; v4 == v3 bit for bit (with and "
-             "without PDL) where both ran. `v4pdl`: v4 launched with programmatic dependent launch (its weight copies "
+             "dequantizer (quant/dequantize.py, itself gguf-py's bit for bit) on 256 rows; v4 / v5 == v3 bit for bit (with "
+             "and without PDL) where both ran. `v4pdl`: v4 launched with programmatic dependent launch (its weight copies "
              "start while the previous call finishes).", ""]
     head = ["shape", "type", "N x K", "alone == in pass"]
     has12 = any("v2_equals_v1" in c for c in res["checks"])
     has3 = any("v3_err" in c for c in res["checks"])
-    has4 = any("v4_equals_v3" in c for c in res["checks"])
-    head += (["v2 == v1"] if has12 else []) + (["v3 error"] if has3 else []) + (["v4 == v3"] if has4 else []) + \
+    same3 = [v for v in (4, 5) if any(f"v{v}_equals_v3" in c for c in res["checks"])]
+    head += (["v2 == v1"] if has12 else []) + (["v3 error"] if has3 else []) + [f"v{v} == v3" for v in same3] + \
         ["dequantizer == torch", "finite"]
     rows = []
     for c in res["checks"]:
@@ -231,8 +232,9 @@ def kernel_markdown(res: dict) -> list[str]:
             row.append("-" if "v2_equals_v1" not in c else "yes" if c["v2_equals_v1"] else f"NO {c['bad_m']}")
         if has3:
             row.append(f"{c['v3_err']:.1e}" if "v3_err" in c else "-")
-        if has4:
-            row.append("-" if "v4_equals_v3" not in c else "yes" if c["v4_equals_v3"] else "NO")
+        for v in same3:
+            key = f"v{v}_equals_v3"
+            row.append("-" if key not in c else "yes" if c[key] else "NO")
         rows.append((*row, "yes" if c["dequant_equals_torch"] else "NO", "yes" if c["finite"] else "NO"))
     lines += markdown_table(head, rows)
     lines += ["", "us per call (CUDA graph of back-to-back calls on rotating copies: weights from HBM). floor = packed "
@@ -730,10 +732,11 @@ def summary_markdown(parts: dict) -> list[str]:
         checks = parts["kernel"]["checks"]
         bad = [f"{c['shape']} {c['type']}" for c in checks
                if not (c.get("v2_equals_v1", True) and c["alone"] and c["dequant_equals_torch"]
-                       and c.get("v3_err", 0.0) <= 2.0 ** -14 and c.get("v4_equals_v3", True))]
+                       and c.get("v3_err", 0.0) <= 2.0 ** -14 and c.get("v4_equals_v3", True)
+                       and c.get("v5_equals_v3", True))]
         said = (["v2 == v1"] if any("v2_equals_v1" in c for c in checks) else []) + \
             (["v3 within 2^-14 of the reference"] if any("v3_err" in c for c in checks) else []) + \
-            (["v4 == v3"] if any("v4_equals_v3" in c for c in checks) else [])
+            [f"v{v} == v3" for v in (4, 5) if any(f"v{v}_equals_v3" in c for c in checks)]
         lines.append(f"- packed.cu: every variant's rows the same bits alone and in every pass width, "
                      f"{', '.join(said + ['the dequantizer == torch'])}, on every shape and type: "
                      f"{'yes' if not bad else 'NO: ' + ', '.join(bad)}.")

@@ -18,9 +18,9 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-# every .cu of the package and of dev/, with the directories their headers live in
+# every .cu of the package, of dev/ and of benchmarks/ (ablations), with the directories their headers live in
 CUDA_DIRS = [ROOT / "verispec", ROOT / "verispec" / "verify" / "cuda", ROOT / "verispec" / "runtime" / "gemv"]
-SOURCES = sorted([*ROOT.glob("verispec/**/*.cu"), *ROOT.glob("dev/**/*.cu")])
+SOURCES = sorted([*ROOT.glob("verispec/**/*.cu"), *ROOT.glob("dev/**/*.cu"), *ROOT.glob("benchmarks/**/*.cu")])
 NVCC = shutil.which("nvcc")
 
 
