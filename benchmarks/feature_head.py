@@ -205,7 +205,8 @@ def main(argv=None) -> int:
                    "package); None = the embedded one")
     p.add_argument("--prompts", type=int, default=None, help="held-out prompts (default 6 on a CPU, 24 on a GPU)")
     p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--skip-acceptance", action="store_true", help="only the GPU step costs")
+    p.add_argument("--skip-acceptance", action="store_true",
+                   help="only the GPU step costs (written to feature_head_step.md)")
     p.add_argument("--trees", type=_trees, default=DEFAULT_TREES,
                    help="the head's tree shapes, ';'-separated (default "
                    "'2,2,1;3,2,2,1;4,2,2,1;2,2,1,1,1,1;3,2,2,1,1,1'; '' for none)")
@@ -238,7 +239,8 @@ def main(argv=None) -> int:
                       f"draft at alpha 0.8):", ""] + notes
     text = "\n".join(lines) + "\n"
     args.out.mkdir(parents=True, exist_ok=True)
-    name = ("feature_head_trees" if args.trees_only else "feature_head") + ("" if gpu else "_cpu") + ".md"
+    kind = "feature_head_trees" if args.trees_only else "feature_head_step" if args.skip_acceptance else "feature_head"
+    name = kind + ("" if gpu else "_cpu") + ".md"
     (args.out / name).write_text(text)
     if args.write:
         (RESULTS / name).write_text(text)

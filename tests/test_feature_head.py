@@ -342,3 +342,42 @@ def test_the_heads_propose_and_commit_do_not_synchronize_on_the_gpu():
     assert errors == [] and checked == ["propose", "commit"]
     assert head._graphs.count("draft") > 0 and head._graphs.count("commit") > 0
     assert all(s.finish_reason is None for s in sched.running), [s.error for s in sched.running]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: the runtime's attention kernels run on CUDA")
+def test_a_chain_on_cuda_runs_the_runtime_attention_batch_invariantly(monkeypatch):
+    """``HeadNet.cached`` on CUDA, a chain (the draft loop's and the commits' passes: row b's entries at consecutive
+    positions from its own base): the runtime's fused RoPE + K/V write and split-KV attention. Its outputs agree with
+    the SDPA form within bf16 rounding, and a row's outputs are the same bits alone and among others, at T = 3 and
+    T = 1 (the promise the drafts rest on)."""
+    from verispec.runtime.cache import StaticKVCache
+    from verispec.runtime.transformer import rope_table
+
+    cfg = HeadConfig(hidden_size=128, num_heads=4, num_kv_heads=2, head_dim=32, intermediate_size=256,
+                     target_layers=(0, 1, 2), vocab_size=64)
+    net = HeadNet(cfg, torch.float32)
+    net.reset_parameters(0)
+    net = net.to("cuda", torch.bfloat16)
+    assert net._kernel_shape
+    mc = cfg.model_config()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    embed = torch.randn(64, 128, device="cuda", generator=g).bfloat16() * 0.5
+    feats = torch.randn(3, 4, 128, device="cuda", generator=g).bfloat16()
+    tokens = torch.randint(0, 64, (3, 4), device="cuda", generator=g)
+    base = torch.tensor([0, 5, 2], device="cuda")
+
+    def passes(rows, runtime: bool):
+        monkeypatch.setattr(net, "_kernel_shape", runtime)
+        cache = StaticKVCache(mc, 3, 40, "cuda", torch.bfloat16)
+        rope = rope_table(mc, cache.capacity, "cuda")
+        k, v = cache.k[0][:len(rows)], cache.v[0][:len(rows)]
+        pos = base[rows, None] + torch.arange(3, device="cuda")
+        a = net.cached(feats[rows, :3], tokens[rows, :3], pos, embed, k, v, rope)             # T = 3
+        b = net.cached(feats[rows, 3:], tokens[rows, 3:], base[rows, None] + 3, embed, k, v, rope)   # T = 1
+        return torch.cat([a, b], dim=1)
+
+    every = [0, 1, 2]
+    fused, sdpa = passes(every, True), passes(every, False)
+    assert ((fused.float() - sdpa.float()).abs().max() / sdpa.float().abs().max()).item() < 2e-2
+    for r in every:
+        assert torch.equal(passes([r], True)[0], fused[r]), r

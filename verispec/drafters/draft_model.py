@@ -58,8 +58,8 @@ from torch import Tensor
 from ..device import to_device
 from ..runtime.model import WIDTH_BUCKETS
 from ..verify.sampling import filtered_probs, is_greedy
-from .base import (Drafter, Proposal, Sampling, SamplingParams, TreeProposal, check_same_vocab, draw, one_setting,
-                   race)
+from .base import (Drafter, Proposal, Sampling, SamplingParams, TreeProposal, check_same_vocab, draw, greedy_tokens,
+                   one_setting, race)
 from .dynamic_tree import DynamicTree, child_paths, expand
 
 # A catch-up pass (after rounds without drafting) runs in chunks of at most the widest step graph's tokens: a wider
@@ -460,7 +460,7 @@ def _choose(key: tuple, seed_column: int = 3):
     batch of one setting, so the captured and the eager loop draw the same drafts.
     ("forced",) -> the i-th given token (input column 5 + i)."""
     if key[0] == "greedy":
-        return lambda i, logits, inputs: (logits.argmax(dim=-1), None)
+        return lambda i, logits, inputs: (greedy_tokens(logits), None)
     if key[0] == "forced":
         return lambda i, logits, inputs: (inputs[:, 5 + i], None)
     setting = key[1:]

@@ -61,7 +61,8 @@ from ..runtime.graphs import GraphCache
 from ..runtime.model import GRAPH_MAX_TOKENS, MAX_DRAFT_GRAPHS
 from ..runtime.transformer import rope_table
 from ..verify.sampling import is_greedy
-from .base import Drafter, Proposal, Sampling, SamplingParams, TreeProposal, draw, full_tree, one_setting
+from .base import (Drafter, Proposal, Sampling, SamplingParams, TreeProposal, draw, full_tree, greedy_tokens,
+                   one_setting)
 from .draft_model import _choose
 from .head_net import HeadNet
 
@@ -450,7 +451,7 @@ class FeatureHead(Drafter):
         levels, start = [], 0
         for d, w in enumerate(widths):
             # each node's top-w children, in node order (w = 1: the argmax, the chain's choice)
-            new = (logits.argmax(dim=-1, keepdim=True) if w == 1 else logits.topk(w, dim=-1).indices).view(R, -1)
+            new = (greedy_tokens(logits)[:, None] if w == 1 else logits.topk(w, dim=-1).indices).view(R, -1)
             levels.append(new)                                                              # [R, n_{d+1}]
             if d == len(widths) - 1:
                 break

@@ -128,6 +128,7 @@ class HeadNet(nn.Module):
         C = len(cfg.target_layers)
         p = lambda *shape: nn.Parameter(torch.empty(*shape, dtype=dtype))  # noqa: E731
         self.eagle1 = cfg.variant == "eagle1"
+        self._kernel_shape = ops.supports(cfg.model_config())   # the runtime's attention kernels cover the head
         if self.eagle1:
             self.fc = p(E, 2 * E)                # over [embedding; feature]
             self.fc_bias = p(E) if cfg.fc_bias else None
@@ -225,6 +226,14 @@ class HeadNet(nn.Module):
         G, S = H // KV, k_cache.shape[2]
         emb = packed.embedding(tokens.reshape(-1), embed).to(feats.dtype)                  # [N, E]
         x, residual = self._input(feats.reshape(B * T, E), emb, invariant)
+        if invariant and visible is None and slots is None and self._runtime_attention(feats, k_cache):
+            # a chain on CUDA (row b's entries at pos[b, 0], pos[b, 0] + 1, ...: the draft loop's and the commits'
+            # passes): the runtime's fused RoPE + K/V write and its split-KV decode attention, a query row's result
+            # the same bits whatever B and T (ops.decode_attention), instead of SDPA over a mask of the whole cache
+            qkv = _linear(x, self.wqkv, invariant)
+            q = ops.rope_kv_write(qkv, rope, pos.reshape(-1), k_cache, v_cache, T, H, KV, D)
+            o = ops.decode_attention(q, k_cache, v_cache, pos[:, 0].contiguous(), T, D ** -0.5)    # [B*T, H*D]
+            return self._out(residual, o, invariant).view(B, T, E)
         q, k, v = self._qkv(x, rope[pos.reshape(-1)], invariant)
         batch = torch.arange(B, device=feats.device)[:, None]
         slots = pos if slots is None else slots
@@ -237,6 +246,11 @@ class HeadNet(nn.Module):
         o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask)           # [B, KV, G*T, D]
         o = o.view(B, KV, G, T, D).permute(0, 3, 1, 2, 4).reshape(B * T, H * D)
         return self._out(residual, o, invariant).view(B, T, E)
+
+    def _runtime_attention(self, feats: Tensor, k_cache: Tensor) -> bool:
+        """Whether ``cached`` may run a chain through the runtime's attention kernels: CUDA, a head shape they cover
+        (``ops.supports``), a cache whose slots are contiguous vectors."""
+        return feats.is_cuda and self._kernel_shape and k_cache.stride(3) == 1
 
     def unrolled(self, feats: Tensor, tokens: Tensor, embed, steps: int) -> list[Tensor]:
         """Training's forward: ``steps`` draft steps over whole sequences (EAGLE-3's training-time test).
