@@ -120,7 +120,7 @@ def _head_step(cfg, draft_vocab, B: int, S: int = 2048, dev: str = "cuda"):
     """A call(i) running one head draft step at ``cfg``'s shape (bf16, cuda) for B rows, and its weight bytes."""
     dt = torch.bfloat16
     hc = HeadConfig.for_target(cfg, draft_vocab=draft_vocab)
-    net = HeadNet(hc, dt).to(dev)
+    net = HeadNet(hc, dt).to(dev).requires_grad_(False)      # frozen, as a FeatureHead drafts with it
     embed = torch.randn(cfg.vocab_size, cfg.hidden_size, device=dev, dtype=dt) * 0.02
     lm_head = torch.randn(cfg.vocab_size, cfg.hidden_size, device=dev, dtype=dt) * 0.02
     kc = torch.zeros(B, cfg.num_kv_heads, S, cfg.head_dim, device=dev, dtype=dt)

@@ -347,9 +347,9 @@ def test_the_heads_propose_and_commit_do_not_synchronize_on_the_gpu():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: the runtime's attention kernels run on CUDA")
 def test_a_chain_on_cuda_runs_the_runtime_attention_batch_invariantly(monkeypatch):
     """``HeadNet.cached`` on CUDA, a chain (the draft loop's and the commits' passes: row b's entries at consecutive
-    positions from its own base): the runtime's fused RoPE + K/V write and split-KV attention. Its outputs agree with
-    the SDPA form within bf16 rounding, and a row's outputs are the same bits alone and among others, at T = 3 and
-    T = 1 (the promise the drafts rest on)."""
+    positions from its own base): the runtime's fused RoPE + K/V write, split-KV attention, add + RMSNorm and
+    SiLU-multiply. Its outputs agree with the torch form within bf16 rounding, and a row's outputs are the same bits
+    alone and among others, at T = 3 and T = 1 (the promise the drafts rest on)."""
     from verispec.runtime.cache import StaticKVCache
     from verispec.runtime.transformer import rope_table
 
@@ -372,9 +372,13 @@ def test_a_chain_on_cuda_runs_the_runtime_attention_batch_invariantly(monkeypatc
         rope = rope_table(mc, cache.capacity, "cuda")
         k, v = cache.k[0][:len(rows)], cache.v[0][:len(rows)]
         pos = base[rows, None] + torch.arange(3, device="cuda")
-        a = net.cached(feats[rows, :3], tokens[rows, :3], pos, embed, k, v, rope)             # T = 3
-        b = net.cached(feats[rows, 3:], tokens[rows, 3:], base[rows, None] + 3, embed, k, v, rope)   # T = 1
-        return torch.cat([a, b], dim=1)
+        with torch.no_grad():
+            a = net.cached(feats[rows, :3], tokens[rows, :3], pos, embed, k, v, rope)         # T = 3
+            b = net.cached(feats[rows, 3:], tokens[rows, 3:], base[rows, None] + 3, embed, k, v, rope)   # T = 1
+            out = torch.cat([a, b], dim=1)
+            return torch.cat([out, net.logits(out.reshape(-1, 128), torch.randn(64, 128, device="cuda",
+                              generator=torch.Generator(device="cuda").manual_seed(1)).bfloat16(),
+                              invariant=True).view(len(rows), 4, 64)], dim=-1)
 
     every = [0, 1, 2]
     fused, sdpa = passes(every, True), passes(every, False)

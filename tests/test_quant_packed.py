@@ -181,8 +181,8 @@ def test_packed_kernel_arguments_are_checked_before_any_launch():
     with pytest.raises(ValueError, match=r"rows of 512 weights need Q4_K blocks uint8 \[N, 288\], got torch.uint8 "
                                          r"\(4, 144\)"):
         packed_dequantize(blocks, 12, 512, torch.bfloat16)
-    with pytest.raises(ValueError, match=r"variant must be 0 \(the default\) or one of \(1, 2, 3, 4\), got 5"):
-        packed_matmul(x, blocks, 12, variant=5)
+    with pytest.raises(ValueError, match=r"variant must be 0 \(the default\) or one of \(1, 2, 3, 4, 5\), got 6"):
+        packed_matmul(x, blocks, 12, variant=6)
     with pytest.raises(ValueError, match=r"x must be float32/bfloat16/float16, got torch.int64"):
         packed_matmul(x.long(), blocks, 12)
     with pytest.raises(ValueError, match=r"x and blocks must be on one CUDA device, got cpu, cpu"):

@@ -189,8 +189,13 @@ class HeadNet(nn.Module):
         qk = apply_rope(qkv[:, :H + KV], rope[:, None, 0], rope[:, None, 1])
         return qk[:, :H], qk[:, H:], qkv[:, H + KV:]
 
-    def _out(self, residual: Tensor, o: Tensor, invariant: bool = False) -> Tensor:
-        """residual [N, E] (``_input``'s), o attention output [N, H*D] -> out [N, E]."""
+    def _out(self, residual: Tensor, o: Tensor, invariant: bool = False, kernels: bool = False) -> Tensor:
+        """residual [N, E] (``_input``'s), o attention output [N, H*D] -> out [N, E]. ``kernels``: the runtime's
+        fused add + RMSNorm and SiLU-multiply (CUDA, no autograd: drafting)."""
+        if kernels:
+            h, hn = ops.add_rmsnorm(residual.contiguous(), _linear(o, self.wo, invariant), self.ffn_norm,
+                                    self.cfg.rms_norm_eps)
+            return h + _linear(ops.silu_mul(_linear(hn, self.w13, invariant)), self.w2, invariant)
         h = residual + _linear(o, self.wo, invariant)
         gate, up = _linear(rms_norm(h, self.ffn_norm, self.cfg.rms_norm_eps), self.w13, invariant).chunk(2, dim=-1)
         return h + _linear(F.silu(gate) * up, self.w2, invariant)
@@ -200,7 +205,12 @@ class HeadNet(nn.Module):
         [V, E], dense or packed) when the vocabulary is shared; with a draft vocabulary its own [Vd, E] head,
         scattered to the target ids d2t (every other id -inf: never drafted, q = 0 there). ``invariant``: out is
         [B, E] and each row's logits must not depend on B (drafting: see ``_linear``). eagle1: no norm here."""
-        h = out if self.eagle1 else rms_norm(out, self.norm, self.cfg.rms_norm_eps)
+        if self.eagle1:
+            h = out
+        elif invariant and out.is_cuda and out.dim() == 2 and self._kernel_shape and self._no_autograd():
+            h = ops.add_rmsnorm(out.contiguous(), None, self.norm, self.cfg.rms_norm_eps)[1]   # drafting: one kernel
+        else:
+            h = rms_norm(out, self.norm, self.cfg.rms_norm_eps)
         if self.lm_head is None:
             return ops.linear(h, target_lm_head, invariant=True) if invariant else packed.linear(h, target_lm_head)
         small = _linear(h, self.lm_head, invariant)                                       # [..., Vd]
@@ -226,14 +236,14 @@ class HeadNet(nn.Module):
         G, S = H // KV, k_cache.shape[2]
         emb = packed.embedding(tokens.reshape(-1), embed).to(feats.dtype)                  # [N, E]
         x, residual = self._input(feats.reshape(B * T, E), emb, invariant)
-        if invariant and visible is None and slots is None and self._runtime_attention(feats, k_cache):
+        if invariant and visible is None and slots is None and self._runtime_kernels(feats, k_cache):
             # a chain on CUDA (row b's entries at pos[b, 0], pos[b, 0] + 1, ...: the draft loop's and the commits'
             # passes): the runtime's fused RoPE + K/V write and its split-KV decode attention, a query row's result
             # the same bits whatever B and T (ops.decode_attention), instead of SDPA over a mask of the whole cache
             qkv = _linear(x, self.wqkv, invariant)
             q = ops.rope_kv_write(qkv, rope, pos.reshape(-1), k_cache, v_cache, T, H, KV, D)
             o = ops.decode_attention(q, k_cache, v_cache, pos[:, 0].contiguous(), T, D ** -0.5)    # [B*T, H*D]
-            return self._out(residual, o, invariant).view(B, T, E)
+            return self._out(residual, o, invariant, kernels=True).view(B, T, E)
         q, k, v = self._qkv(x, rope[pos.reshape(-1)], invariant)
         batch = torch.arange(B, device=feats.device)[:, None]
         slots = pos if slots is None else slots
@@ -247,10 +257,15 @@ class HeadNet(nn.Module):
         o = o.view(B, KV, G, T, D).permute(0, 3, 1, 2, 4).reshape(B * T, H * D)
         return self._out(residual, o, invariant).view(B, T, E)
 
-    def _runtime_attention(self, feats: Tensor, k_cache: Tensor) -> bool:
-        """Whether ``cached`` may run a chain through the runtime's attention kernels: CUDA, a head shape they cover
-        (``ops.supports``), a cache whose slots are contiguous vectors."""
-        return feats.is_cuda and self._kernel_shape and k_cache.stride(3) == 1
+    def _runtime_kernels(self, feats: Tensor, k_cache: Tensor) -> bool:
+        """Whether ``cached`` may run a chain through the runtime's kernels (attention, add + RMSNorm, SiLU-multiply):
+        CUDA, a head shape they cover (``ops.supports``), a cache whose slots are contiguous vectors, no autograd (the
+        Triton kernels have no backward: training runs ``unrolled``)."""
+        return feats.is_cuda and self._kernel_shape and k_cache.stride(3) == 1 and self._no_autograd()
+
+    def _no_autograd(self) -> bool:
+        """No gradient can flow through the head (its weights are frozen, as a FeatureHead's, or grad mode is off)."""
+        return not (torch.is_grad_enabled() and self.wqkv.requires_grad)
 
     def unrolled(self, feats: Tensor, tokens: Tensor, embed, steps: int) -> list[Tensor]:
         """Training's forward: ``steps`` draft steps over whole sequences (EAGLE-3's training-time test).
