@@ -87,11 +87,7 @@ packed_matmul_walk_kernel(const __nv_bfloat16* __restrict__ x,     // [M, K]
     pdl_wait();                                                  // x comes from the previous kernel
 
     const uint16_t* xr[NT];
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-        const long long tok = tok0 + 8 * j + g;
-        xr[j] = reinterpret_cast<const uint16_t*>(x) + (tok < M ? tok : (long long)M - 1) * K;
-    }
+    v3_token_rows<NT>(x, tok0, g, M, K, xr);
     float acc[1][NT][4];
     int i = 0;                                                   // the stream's item computed next
     for (int k = 0; k < my_tiles; ++k) {
@@ -120,23 +116,7 @@ packed_matmul_walk_kernel(const __nv_bfloat16* __restrict__ x,     // [M, K]
             }
             __syncwarp();                                        // the stage is free for item i + ST
             if constexpr (QT == PK_Q4_K && SHARE) {
-                float mine[2][4];                                // sub-blocks 2t, 2t + 1: rows g, g + 8
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    v3_q4k_scales(cur[0][0].head, 2 * t + e, mine[e][0], mine[e][1]);
-                    v3_q4k_scales(cur[0][1].head, 2 * t + e, mine[e][2], mine[e][3]);
-                }
-                const int quad = lane & ~3;
-                v3_unit_of<QT, 1, NT>([&](int, int j, uint32_t (&ag)[4], uint32_t (&ah)[4], float& sg0, float& sg1,
-                                          float& sh0, float& sh1) {
-                    v3_q4k_frags(cur[0][0], j, ag);
-                    v3_q4k_frags(cur[0][1], j, ah);
-                    const int from = quad | (j >> 1);
-                    sg0 = __shfl_sync(VS_FULL_MASK, mine[j & 1][0], from);
-                    sg1 = __shfl_sync(VS_FULL_MASK, mine[j & 1][1], from);
-                    sh0 = __shfl_sync(VS_FULL_MASK, mine[j & 1][2], from);
-                    sh1 = __shfl_sync(VS_FULL_MASK, mine[j & 1][3], from);
-                }, u, nch, xr, t, acc);
+                v3_unit_q4k_shared<NT>(cur, u, nch, xr, t, acc);
             } else {
                 v3_unit<QT, 1, NT>(cur, u, nch, xr, t, acc);
             }
@@ -208,11 +188,7 @@ packed_matmul_walk_reg_kernel(const __nv_bfloat16* __restrict__ x,     // [M, K]
     pdl_wait();                                                  // x comes from the previous kernel
 
     const uint16_t* xr[NT];
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-        const long long tok = tok0 + 8 * j + g;
-        xr[j] = reinterpret_cast<const uint16_t*>(x) + (tok < M ? tok : (long long)M - 1) * K;
-    }
+    v3_token_rows<NT>(x, tok0, g, M, K, xr);
     float acc[1][NT][4];
     int i = 0;
     for (int k = 0; k < my_tiles; ++k) {
@@ -236,23 +212,7 @@ packed_matmul_walk_reg_kernel(const __nv_bfloat16* __restrict__ x,     // [M, K]
                 for (int e = 0; e < (int)(sizeof(Raw) / 4); ++e) h ^= a[e] ^ b[e];
                 acc[0][0][0] += __uint_as_float(h & 0x007fffffu);
             } else if constexpr (QT == PK_Q4_K && SHARE) {
-                float mine[2][4];
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    v3_q4k_scales(cur[0][0].head, 2 * t + e, mine[e][0], mine[e][1]);
-                    v3_q4k_scales(cur[0][1].head, 2 * t + e, mine[e][2], mine[e][3]);
-                }
-                const int quad = lane & ~3;
-                v3_unit_of<QT, 1, NT>([&](int, int j, uint32_t (&ag)[4], uint32_t (&ah)[4], float& sg0, float& sg1,
-                                          float& sh0, float& sh1) {
-                    v3_q4k_frags(cur[0][0], j, ag);
-                    v3_q4k_frags(cur[0][1], j, ah);
-                    const int from = quad | (j >> 1);
-                    sg0 = __shfl_sync(VS_FULL_MASK, mine[j & 1][0], from);
-                    sg1 = __shfl_sync(VS_FULL_MASK, mine[j & 1][1], from);
-                    sh0 = __shfl_sync(VS_FULL_MASK, mine[j & 1][2], from);
-                    sh1 = __shfl_sync(VS_FULL_MASK, mine[j & 1][3], from);
-                }, u, nch, xr, t, acc);
+                v3_unit_q4k_shared<NT>(cur, u, nch, xr, t, acc);
             } else {
                 v3_unit<QT, 1, NT>(cur, u, nch, xr, t, acc);
             }
@@ -263,33 +223,20 @@ packed_matmul_walk_reg_kernel(const __nv_bfloat16* __restrict__ x,     // [M, K]
     }
 }
 
-// walk's grid (as packed.cu's v5): tok_tiles x G blocks, G row-tile walkers for each token tile, as many as are resident at once
-// (occupancy x SMs, looked up once per instantiation, before any capture) and cut so that every walker has the same
-// number of tiles (the last wave is whole).
+// walk's grid: packed.cu's walkers (pk_walkers), as v5's.
 template <int QT, int NT, bool A4, int ST, int MINB, bool SHARE>
 static cudaError_t pk_launch_walk_shape(const void* x, const void* w, const void* b, void* y, int M, int N, int K,
-                                      cudaStream_t stream, int pdl) {
+                                        cudaStream_t stream, int pdl) {
     const long long tok_tiles = ((long long)M + 8 * NT - 1) / (8 * NT), row_tiles = ((long long)N + 15) / 16;
-    if (tok_tiles > 0x7fffffffLL || row_tiles > 0x7fffffffLL || reinterpret_cast<uintptr_t>(x) % 8 ||
-        reinterpret_cast<uintptr_t>(w) % 16)
+    if (tok_tiles > 0x7fffffffLL || reinterpret_cast<uintptr_t>(x) % 8 || reinterpret_cast<uintptr_t>(w) % 16)
         return cudaErrorInvalidValue;
     constexpr int smem = WALK_SMEM<QT, NT, ST>;
     auto kernel = packed_matmul_walk_kernel<QT, NT, A4, ST, MINB, SHARE>;
     static int occupancy = 0;
-    if (occupancy == 0) {
-        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-        if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occupancy, kernel, 32 * V3_SLICES, smem);
-        if (e != cudaSuccess) return e;
-        if (occupancy < 1) return cudaErrorInvalidConfiguration;
-    }
-    int device = 0, sms = 0;
-    cudaError_t e = cudaGetDevice(&device);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    unsigned walkers = 0;
+    const cudaError_t e = pk_walkers(kernel, 32 * V3_SLICES, smem, tok_tiles, row_tiles, occupancy, walkers);
     if (e != cudaSuccess) return e;
-    const long long slots = std::max(1LL, (long long)occupancy * sms / tok_tiles);
-    const long long per = (row_tiles + slots - 1) / slots;              // tiles a walker
-    const long long walkers = std::min(65535LL, (row_tiles + per - 1) / per);
-    return launch_kernel(kernel, dim3((unsigned)tok_tiles, (unsigned)walkers), dim3(32 * V3_SLICES), (unsigned)smem,
+    return launch_kernel(kernel, dim3((unsigned)tok_tiles, walkers), dim3(32 * V3_SLICES), (unsigned)smem,
                          stream, pdl, (const __nv_bfloat16*)x, (const uint8_t*)w, (const __nv_bfloat16*)b,
                          (__nv_bfloat16*)y, M, N, K);
 }
@@ -303,19 +250,10 @@ static cudaError_t pk_launch_walk_reg_shape(const void* x, const void* w, const 
         return cudaErrorInvalidValue;
     auto kernel = packed_matmul_walk_reg_kernel<QT, NT, MINB, SHARE, MODE, PF>;
     static int occupancy = 0;
-    if (occupancy == 0) {
-        const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occupancy, kernel, 32 * V3_SLICES, 0);
-        if (e != cudaSuccess) return e;
-        if (occupancy < 1) return cudaErrorInvalidConfiguration;
-    }
-    int device = 0, sms = 0;
-    cudaError_t e = cudaGetDevice(&device);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    unsigned walkers = 0;
+    const cudaError_t e = pk_walkers(kernel, 32 * V3_SLICES, 0, tok_tiles, row_tiles, occupancy, walkers);
     if (e != cudaSuccess) return e;
-    const long long slots = std::max(1LL, (long long)occupancy * sms / tok_tiles);
-    const long long per = (row_tiles + slots - 1) / slots;
-    const long long walkers = std::min(65535LL, (row_tiles + per - 1) / per);
-    return launch_kernel(kernel, dim3((unsigned)tok_tiles, (unsigned)walkers), dim3(32 * V3_SLICES), 0, stream, pdl,
+    return launch_kernel(kernel, dim3((unsigned)tok_tiles, walkers), dim3(32 * V3_SLICES), 0, stream, pdl,
                          (const __nv_bfloat16*)x, (const uint8_t*)w, (const __nv_bfloat16*)b, (__nv_bfloat16*)y, M, N,
                          K);
 }

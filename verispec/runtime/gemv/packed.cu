@@ -287,6 +287,43 @@ __device__ __forceinline__ void v3_store(const float (&acc)[RT][NT][4], float4 (
     }
 }
 
+// xr[n] = token g of n = 8 tile n of the block's tokens from tok0 (tokens past M repeat token M - 1: valid memory, never
+// stored)
+template <int NT>
+__device__ __forceinline__ void v3_token_rows(const __nv_bfloat16* x, long long tok0, int g, int M, int K,
+                                              const uint16_t* (&xr)[NT]) {
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+        const long long tok = tok0 + 8 * n + g;
+        xr[n] = reinterpret_cast<const uint16_t*>(x) + (tok < M ? tok : (long long)M - 1) * K;
+    }
+}
+
+// v3_unit for Q4_K with the scales shared: a sub-block's scale and min are the same for the 4 lanes of a row, so lane
+// (g, t) computes those of sub-blocks 2t and 2t + 1 of rows g and g + 8 (v3_q4k_scales: dequantize.py's products) and
+// the others read them by shuffle (the same values: v3's bits).
+template <int NT>
+__device__ __forceinline__ void v3_unit_q4k_shared(const V3RawQ4K (&cur)[1][2], int u, int nch,
+                                                   const uint16_t* const (&xr)[NT], int t, float (&acc)[1][NT][4]) {
+    float sc[2][4];                                              // sub-blocks 2t, 2t + 1: rows g, g + 8
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        v3_q4k_scales(cur[0][0].head, 2 * t + e, sc[e][0], sc[e][1]);
+        v3_q4k_scales(cur[0][1].head, 2 * t + e, sc[e][2], sc[e][3]);
+    }
+    const int quad = (threadIdx.x & 31) & ~3;
+    v3_unit_of<PK_Q4_K, 1, NT>([&](int, int c, uint32_t (&ag)[4], uint32_t (&ah)[4], float& sg0, float& sg1,
+                                   float& sh0, float& sh1) {
+        v3_q4k_frags(cur[0][0], c, ag);
+        v3_q4k_frags(cur[0][1], c, ah);
+        const int from = quad | (c >> 1);
+        sg0 = __shfl_sync(VS_FULL_MASK, sc[c & 1][0], from);
+        sg1 = __shfl_sync(VS_FULL_MASK, sc[c & 1][1], from);
+        sh0 = __shfl_sync(VS_FULL_MASK, sc[c & 1][2], from);
+        sh1 = __shfl_sync(VS_FULL_MASK, sc[c & 1][3], from);
+    }, u, nch, xr, t, acc);
+}
+
 template <int QT, int RT, int NT>
 __global__ void __launch_bounds__(32 * V3_SLICES, 2)   // two blocks an SM: <= 128 registers a thread
 packed_matmul_v3_kernel(const __nv_bfloat16* __restrict__ x,     // [M, K]
@@ -311,11 +348,7 @@ packed_matmul_v3_kernel(const __nv_bfloat16* __restrict__ x,     // [M, K]
             wr[r][hf] = w + (rr < N ? rr : (long long)N - 1) * row_bytes;
         }
     const uint16_t* xr[NT];                                      // token g of each n = 8 tile
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-        const long long tok = tok0 + 8 * j + g;
-        xr[j] = reinterpret_cast<const uint16_t*>(x) + (tok < M ? tok : (long long)M - 1) * K;
-    }
+    v3_token_rows<NT>(x, tok0, g, M, K, xr);
     float acc[RT][NT][4];
 #pragma unroll
     for (int r = 0; r < RT; ++r)
@@ -466,11 +499,7 @@ packed_matmul_v4_kernel(const __nv_bfloat16* __restrict__ x,     // [M, K]
     pdl_wait();                                                  // x comes from the previous kernel
 
     const uint16_t* xr[NT];
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-        const long long tok = tok0 + 8 * j + g;
-        xr[j] = reinterpret_cast<const uint16_t*>(x) + (tok < M ? tok : (long long)M - 1) * K;
-    }
+    v3_token_rows<NT>(x, tok0, g, M, K, xr);
     float acc[1][NT][4];
 #pragma unroll
     for (int j = 0; j < NT; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.0f;
@@ -515,9 +544,8 @@ packed_matmul_v4_kernel(const __nv_bfloat16* __restrict__ x,     // [M, K]
 // block walks its row tiles blockIdx.y, blockIdx.y + gridDim.y, ..., so the producer's stream of copies runs on across
 // tiles while the consumers sum a tile through shared memory (s_part has two buffers; named barrier 1, the producer
 // does not take part).
-//   Q4_K: a sub-block's scale and min are the same for the 4 lanes of a row; lane (g, t) computes those of sub-blocks
-// 2t and 2t + 1 of rows g and g + 8 (v3_q4k_scales, dequantize.py's products) and the others read them by shuffle:
-// the same values, a quarter of the work.
+//   Q4_K: the scales shared by shuffle across each row's 4 lanes (v3_unit_q4k_shared: the same values, a quarter of
+// the work).
 __device__ __forceinline__ void mb_init(uint32_t bar, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }
@@ -600,11 +628,7 @@ packed_matmul_v5_kernel(const __nv_bfloat16* __restrict__ x, const uint8_t* __re
     const long long tok0 = (long long)blockIdx.x * (8 * NT);
     pdl_wait();
     const uint16_t* xr[NT];
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-        const long long tok = tok0 + 8 * n + g;
-        xr[n] = reinterpret_cast<const uint16_t*>(x) + (tok < M ? tok : (long long)M - 1) * K;
-    }
+    v3_token_rows<NT>(x, tok0, g, M, K, xr);
     float acc[1][NT][4];
     int it = 0;
     for (int k = 0; k < my_tiles; ++k) {
@@ -625,23 +649,7 @@ packed_matmul_v5_kernel(const __nv_bfloat16* __restrict__ x, const uint8_t* __re
             if (lane == 0) mb_arrive(bars + 8 * (S + s));
             if (mine) {
                 if constexpr (QT == PK_Q4_K) {
-                    float sc[2][4];                              // sub-blocks 2t, 2t + 1: rows g, g + 8
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        v3_q4k_scales(cur[0][0].head, 2 * t + e, sc[e][0], sc[e][1]);
-                        v3_q4k_scales(cur[0][1].head, 2 * t + e, sc[e][2], sc[e][3]);
-                    }
-                    const int quad = lane & ~3;
-                    v3_unit_of<QT, 1, NT>([&](int, int c, uint32_t (&ag)[4], uint32_t (&ah)[4], float& sg0,
-                                              float& sg1, float& sh0, float& sh1) {
-                        v3_q4k_frags(cur[0][0], c, ag);
-                        v3_q4k_frags(cur[0][1], c, ah);
-                        const int from = quad | (c >> 1);
-                        sg0 = __shfl_sync(VS_FULL_MASK, sc[c & 1][0], from);
-                        sg1 = __shfl_sync(VS_FULL_MASK, sc[c & 1][1], from);
-                        sh0 = __shfl_sync(VS_FULL_MASK, sc[c & 1][2], from);
-                        sh1 = __shfl_sync(VS_FULL_MASK, sc[c & 1][3], from);
-                    }, u, K / 32, xr, t, acc);
+                    v3_unit_q4k_shared<NT>(cur, u, K / 32, xr, t, acc);
                 } else {
                     v3_unit<QT, 1, NT>(cur, u, K / 32, xr, t, acc);
                 }
@@ -781,6 +789,28 @@ static cudaError_t pk_launch_v4(const void* x, const void* w, const void* b, voi
     return pk_launch_v4_shape<QT, 2, false>(x, w, b, y, M, N, K, stream, pdl);
 }
 
+// A walker grid's height (gridDim.y): as many row-tile walkers a token tile as are resident at once (``occupancy``
+// blocks an SM of ``kernel`` with ``threads`` and ``smem`` bytes, looked up into the caller's per-instantiation
+// static the first time, before any capture), cut so that every walker has the same number of row tiles.
+template <typename Kernel>
+static cudaError_t pk_walkers(Kernel kernel, int threads, int smem, long long tok_tiles, long long row_tiles,
+                              int& occupancy, unsigned& walkers) {
+    if (occupancy == 0) {
+        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occupancy, kernel, threads, smem);
+        if (e != cudaSuccess) return e;
+        if (occupancy < 1) return cudaErrorInvalidConfiguration;
+    }
+    int device = 0, sms = 0;
+    cudaError_t e = cudaGetDevice(&device);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (e != cudaSuccess) return e;
+    const long long slots = std::max(1LL, (long long)occupancy * sms / tok_tiles);
+    const long long per = (row_tiles + slots - 1) / slots;
+    walkers = (unsigned)std::min(65535LL, (row_tiles + per - 1) / per);
+    return cudaSuccess;
+}
+
 template <int QT, int NT, int S, int MINB>
 static cudaError_t pk_launch_v5_shape(const void* x, const void* w, const void* b, void* y, int M, int N, int K,
                                       cudaStream_t stream, int pdl) {
@@ -794,24 +824,12 @@ static cudaError_t pk_launch_v5_shape(const void* x, const void* w, const void* 
     constexpr int smem = V5_SMEM<QT, NT, S>;
     auto kernel = packed_matmul_v5_kernel<QT, NT, S, MINB>;
     static int occupancy = 0;                    // once per instantiation, before any capture (warm-up runs first)
-    if (occupancy == 0) {
-        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-        if (e == cudaSuccess)
-            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occupancy, kernel, 32 * (V3_SLICES + 1), smem);
-        if (e != cudaSuccess) return e;
-        if (occupancy < 1) return cudaErrorInvalidConfiguration;
-    }
-    int device = 0, sms = 0;
-    cudaError_t e = cudaGetDevice(&device);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    unsigned walkers = 0;
+    const cudaError_t e = pk_walkers(kernel, 32 * (V3_SLICES + 1), smem, tok_tiles, row_tiles, occupancy, walkers);
     if (e != cudaSuccess) return e;
-    // as many walkers a token tile as are resident at once, each with the same number of row tiles
-    const long long slots = std::max(1LL, (long long)occupancy * sms / tok_tiles);
-    const long long per = (row_tiles + slots - 1) / slots;
-    const long long walkers = std::min(65535LL, (row_tiles + per - 1) / per);
-    return launch_kernel(kernel, dim3((unsigned)tok_tiles, (unsigned)walkers), dim3(32 * (V3_SLICES + 1)),
-                         (unsigned)smem, stream, pdl, (const __nv_bfloat16*)x, (const uint8_t*)w,
-                         (const __nv_bfloat16*)b, (__nv_bfloat16*)y, M, N, K);
+    return launch_kernel(kernel, dim3((unsigned)tok_tiles, walkers), dim3(32 * (V3_SLICES + 1)), (unsigned)smem,
+                         stream, pdl, (const __nv_bfloat16*)x, (const uint8_t*)w, (const __nv_bfloat16*)b,
+                         (__nv_bfloat16*)y, M, N, K);
 }
 
 // v5 for Q4_K and Q6_K, and Q8_0 at one row of x; v4 where v5 does not apply or does not pay (H200,
