@@ -546,16 +546,37 @@ packed_matmul_v4_kernel(const __nv_bfloat16* __restrict__ x,     // [M, K]
 // does not take part).
 //   Q4_K: the scales shared by shuffle across each row's 4 lanes (v3_unit_q4k_shared: the same values, a quarter of
 // the work).
+// The mbarrier and bulk-copy instructions are sm_90's (the Hopper TMA): v5 launches only there (pk_launch_v5 sends
+// older GPUs to v4), and an older build compiles these to a trap.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define V5_SM90 1
+#else
+#define V5_SM90 0
+#endif
 __device__ __forceinline__ void mb_init(uint32_t bar, int count) {
+#if V5_SM90
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+#else
+    __trap();
+#endif
+}
+__device__ __forceinline__ void mb_init_fence() {
+#if V5_SM90
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
 }
 __device__ __forceinline__ void mb_expect_tx(uint32_t bar, int bytes) {
+#if V5_SM90
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+#endif
 }
 __device__ __forceinline__ void mb_arrive(uint32_t bar) {
+#if V5_SM90
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+#endif
 }
 __device__ __forceinline__ void mb_wait(uint32_t bar, int parity) {
+#if V5_SM90
     asm volatile(
         "{\n"
         ".reg .pred done;\n"
@@ -563,10 +584,13 @@ __device__ __forceinline__ void mb_wait(uint32_t bar, int parity) {
         "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
         "@!done bra WAIT_%=;\n"
         "}\n" ::"r"(bar), "r"(parity) : "memory");
+#endif
 }
 __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, int bytes, uint32_t bar) {
+#if V5_SM90
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                  ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+#endif
 }
 
 // a row's 8 units + 32 bytes (a multiple of 16 that starts the 8 rows a warp reads in different banks)
@@ -598,7 +622,7 @@ packed_matmul_v5_kernel(const __nv_bfloat16* __restrict__ x, const uint8_t* __re
             mb_init(bars + 8 * s, 1);
             mb_init(bars + 8 * (S + s), V3_SLICES);
         }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        mb_init_fence();
     }
     __syncthreads();
     pdl_launch_dependents();
@@ -789,6 +813,13 @@ static cudaError_t pk_launch_v4(const void* x, const void* w, const void* b, voi
     return pk_launch_v4_shape<QT, 2, false>(x, w, b, y, M, N, K, stream, pdl);
 }
 
+// Whether the current device has the TMA's bulk copies and mbarrier transactions (compute capability 9.0+).
+static bool pk_sm90() {
+    int device = 0, major = 0;
+    return cudaGetDevice(&device) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9;
+}
+
 // A walker grid's height (gridDim.y): as many row-tile walkers a token tile as are resident at once (``occupancy``
 // blocks an SM of ``kernel`` with ``threads`` and ``smem`` bytes, looked up into the caller's per-instantiation
 // static the first time, before any capture), cut so that every walker has the same number of row tiles.
@@ -836,7 +867,7 @@ static cudaError_t pk_launch_v5_shape(const void* x, const void* w, const void* 
 // benchmarks/results/quant_v5_ablation.md): other types, Q8_0 at more rows (its x loads for several tokens cost more
 // than v5 saves: 8B gate+up at M = 5 65.0 us vs v4's 57.3), fewer than 2048 rows of W (64 row tiles leave most SMs
 // idle: 8B k/v 4.2 us vs 3.8), K not a multiple of 256, rows or 8-unit segments that are not whole 16-byte vectors
-// (the bulk copy's unit), more than 16 rows of x.
+// (the bulk copy's unit), more than 16 rows of x, a GPU older than sm_90.
 // S = 3 slots, registers for 2 blocks an SM: the fastest of the configurations timed (quant_v5_ablation.md).
 template <int QT, int S = 3, int MINB = 2>
 static cudaError_t pk_launch_v5(const void* x, const void* w, const void* b, void* y, int M, int N, int K,
@@ -848,7 +879,7 @@ static cudaError_t pk_launch_v5(const void* x, const void* w, const void* b, voi
         const long long row_bytes = (long long)(K / 256) * V3<QT>::UNIT;
         const bool fits = K % 256 == 0 && row_bytes % 16 == 0 && ((K / 256) % 8) * V3<QT>::UNIT % 16 == 0 &&
                           reinterpret_cast<uintptr_t>(w) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 8 == 0;
-        if (!fits || M > 16 || N < 2048 || (QT == PK_Q8_0 && M > 1))
+        if (!fits || M > 16 || N < 2048 || (QT == PK_Q8_0 && M > 1) || !pk_sm90())
             return pk_launch_v4<QT>(x, w, b, y, M, N, K, stream, pdl);
         if (M <= 8) return pk_launch_v5_shape<QT, 1, S, MINB>(x, w, b, y, M, N, K, stream, pdl);
         return pk_launch_v5_shape<QT, 2, S, MINB>(x, w, b, y, M, N, K, stream, pdl);
