@@ -1,4 +1,4 @@
-"""benchmarks/ablation/packed_v5.py's report on the CPU: its tables and its computed reading from a saved run's rows
+"""benchmarks/packed_v5.py's report on the CPU: its tables and its computed reading from a saved run's rows
 (the kernels themselves run on a GPU: tests/test_quant_gpu.py checks v5 == v3; the ablation's own .cu compiles in
 tests/test_cuda_compile.py)."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.ablation.packed_v5 import V5, WALKS, findings, markdown  # noqa: E402
+from benchmarks.packed_v5 import V5, WALKS, findings, markdown  # noqa: E402
 
 
 def _row(shape, typ, v3, v4, v5, walk, split=None, same=True):
@@ -47,8 +47,8 @@ def test_a_kernel_that_differs_from_v3_is_reported():
 
 
 def test_markdown_has_one_column_per_configuration():
-    table = markdown(_res([_row("q/o", "Q4_K", 7.3, 7.3, 6.8, 7.3)]), "python benchmarks/ablation/packed_v5.py")
+    table = markdown(_res([_row("q/o", "Q4_K", 7.3, 7.3, 6.8, 7.3)]), "python benchmarks/packed_v5.py")
     cells = next(line for line in table if line.startswith("| shape")).strip("| ").split(" | ")
     assert sum(c.startswith("v5 ") and c.endswith("b") for c in cells) == len(V5)
     assert sum(c.startswith("walk") for c in cells) == len(WALKS)
-    assert "Command: `python benchmarks/ablation/packed_v5.py`." in table
+    assert "Command: `python benchmarks/packed_v5.py`." in table

@@ -1,4 +1,4 @@
-// packed_v5.cu: the ablation behind packed.cu's v5 (benchmarks/ablation/packed_v5.py runs it; results in
+// packed_v5.cu: the ablation behind packed.cu's v5 (benchmarks/packed_v5.py runs it; results in
 // benchmarks/results/quant_v5_ablation.md). packed.cu is included whole, so its vs_packed_matmul (v3, v4, v5) and v5's
 // kernel in other configurations (ab_v5) are here, beside two experimental kernels that compute v3's bits too and were
 // not faster than v3 / v4, so they live here only:

@@ -3,7 +3,7 @@ ring of shared-memory slots) on the 8B matmul shapes: v3, v4, v5 in four configu
 and two experimental kernels that compute v3's bits too, walk (v4's staging, a grid that holds the GPU, shared Q4_K
 scales) and walk_reg (the walker with v3's register loads), with walk_reg's loads alone and arithmetic alone.
 
-    python benchmarks/ablation/packed_v5.py [--lib build/libpackedv5.so] [--out DIR] [--write]
+    python benchmarks/packed_v5.py [--lib build/libpackedv5.so] [--out DIR] [--write]
 
 The kernels come from ``packed_v5.cu`` (beside this file, which includes packed.cu) built into a shared library by nvcc alone (no torch
 extension, so the whole of packed.cu builds once, here or on the GPU machine: ``--lib`` names a library built before,
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import copy_bandwidth, environment, environment_line, graph_us_per_call, markdown_table  # noqa: E402
@@ -222,7 +222,7 @@ def main(argv=None) -> None:
     if not torch.cuda.is_available():
         raise SystemExit("packed_v5.py times CUDA kernels: no GPU here")
     res = run(args)
-    cmd = "python benchmarks/ablation/packed_v5.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    cmd = "python benchmarks/packed_v5.py " + " ".join(argv if argv is not None else sys.argv[1:])
     text = "\n".join(markdown(res, cmd)) + "\n"
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "quant_v5_ablation.json").write_text(json.dumps(res, indent=1))

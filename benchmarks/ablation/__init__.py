@@ -1,1 +1,0 @@
-"""Ablations: one script per kernel decision, each with the sources it builds (see its docstring)."""
