@@ -593,7 +593,7 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, int byt
 #endif
 }
 
-// a row's 8 units + 32 bytes (a multiple of 16 that starts the 8 rows a warp reads in different banks)
+// a row's 8 units + 32 bytes: a multiple of 16 (the bulk copy's unit) that starts consecutive rows in different banks
 template <int QT> constexpr int V5_PITCH = 8 * V3<QT>::UNIT + 32;
 template <int QT, int NT, int S>
 constexpr int V5_SMEM = S * 16 * V5_PITCH<QT> + 2 * V3_SLICES * NT * 32 * (int)sizeof(float4) + 2 * S * 8;
