@@ -29,10 +29,10 @@ constexpr int WALK_SMEM = V3_SLICES * ST * 16 * V4_PITCH<QT> + 2 * V3_SLICES * N
 template <int QT, int NT, bool A4, int ST, int MINB, bool SHARE>
 __global__ void __launch_bounds__(32 * V3_SLICES, MINB)
 packed_matmul_walk_kernel(const __nv_bfloat16* __restrict__ x,     // [M, K]
-                        const uint8_t* __restrict__ w,           // [N, row bytes], 16-byte aligned
-                        const __nv_bfloat16* __restrict__ bias,  // [N] or nullptr
-                        __nv_bfloat16* __restrict__ y,           // [M, N]
-                        int M, int N, int K) {
+                          const uint8_t* __restrict__ w,           // [N, row bytes], 16-byte aligned
+                          const __nv_bfloat16* __restrict__ bias,  // [N] or nullptr
+                          __nv_bfloat16* __restrict__ y,           // [M, N]
+                          int M, int N, int K) {
     using Tr = V3<QT>;
     using Raw = typename Tr::Raw;
     constexpr bool KQUANT = QT == PK_Q4_K || QT == PK_Q6_K;
@@ -131,10 +131,10 @@ packed_matmul_walk_kernel(const __nv_bfloat16* __restrict__ x,     // [M, K]
 template <int QT, int NT, int MINB, bool SHARE, int MODE = 0, int PF = 0>
 __global__ void __launch_bounds__(32 * V3_SLICES, MINB)
 packed_matmul_walk_reg_kernel(const __nv_bfloat16* __restrict__ x,     // [M, K]
-                         const uint8_t* __restrict__ w,           // [N, row bytes]
-                         const __nv_bfloat16* __restrict__ bias,  // [N] or nullptr
-                         __nv_bfloat16* __restrict__ y,           // [M, N]
-                         int M, int N, int K) {
+                              const uint8_t* __restrict__ w,           // [N, row bytes]
+                              const __nv_bfloat16* __restrict__ bias,  // [N] or nullptr
+                              __nv_bfloat16* __restrict__ y,           // [M, N]
+                              int M, int N, int K) {
     using Tr = V3<QT>;
     using Raw = typename Tr::Raw;
     constexpr bool KQUANT = QT == PK_Q4_K || QT == PK_Q6_K;
@@ -232,7 +232,7 @@ static cudaError_t pk_launch_walk_shape(const void* x, const void* w, const void
         return cudaErrorInvalidValue;
     constexpr int smem = WALK_SMEM<QT, NT, ST>;
     auto kernel = packed_matmul_walk_kernel<QT, NT, A4, ST, MINB, SHARE>;
-    static int occupancy = 0;
+    static std::atomic<int> occupancy{0};
     unsigned walkers = 0;
     const cudaError_t e = pk_walkers(kernel, 32 * V3_SLICES, smem, tok_tiles, row_tiles, occupancy, walkers);
     if (e != cudaSuccess) return e;
@@ -243,13 +243,13 @@ static cudaError_t pk_launch_walk_shape(const void* x, const void* w, const void
 
 template <int QT, int NT, int MINB, bool SHARE, int MODE = 0, int PF = 0>
 static cudaError_t pk_launch_walk_reg_shape(const void* x, const void* w, const void* b, void* y, int M, int N, int K,
-                                       cudaStream_t stream, int pdl) {
+                                            cudaStream_t stream, int pdl) {
     const long long tok_tiles = ((long long)M + 8 * NT - 1) / (8 * NT), row_tiles = ((long long)N + 15) / 16;
     if (tok_tiles > 0x7fffffffLL || reinterpret_cast<uintptr_t>(x) % 8 ||
         (QT == PK_Q4_K && reinterpret_cast<uintptr_t>(w) % 16))
         return cudaErrorInvalidValue;
     auto kernel = packed_matmul_walk_reg_kernel<QT, NT, MINB, SHARE, MODE, PF>;
-    static int occupancy = 0;
+    static std::atomic<int> occupancy{0};
     unsigned walkers = 0;
     const cudaError_t e = pk_walkers(kernel, 32 * V3_SLICES, 0, tok_tiles, row_tiles, occupancy, walkers);
     if (e != cudaSuccess) return e;

@@ -219,6 +219,16 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default=".")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args(argv)
+    bad = [t for t in args.types.split(",") if t not in GGML]
+    if bad:
+        ap.error(f"--types: {bad} not among {list(GGML)}")
+    try:
+        if min(int(m) for m in args.ms.split(",")) < 1:
+            raise ValueError
+    except ValueError:
+        ap.error(f"--ms: comma-separated row counts >= 1, got {args.ms!r}")
+    if args.calls < 1 or args.reps < 1 or args.rotate_mb < 1:
+        ap.error("--calls, --reps and --rotate-mb must be >= 1")
     if not torch.cuda.is_available():
         raise SystemExit("packed_v5.py times CUDA kernels: no GPU here")
     res = run(args)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -52,3 +54,13 @@ def test_markdown_has_one_column_per_configuration():
     assert sum(c.startswith("v5 ") and c.endswith("b") for c in cells) == len(V5)
     assert sum(c.startswith("walk") for c in cells) == len(WALKS)
     assert "Command: `python benchmarks/packed_v5.py`." in table
+
+
+@pytest.mark.parametrize("argv, message", [(["--types", "Q4_0"], "--types"), (["--ms", "0"], "--ms"),
+                                           (["--ms", "1,x"], "--ms"), (["--calls", "0"], "--calls")])
+def test_bad_flags_are_refused_by_name(argv, message, capsys):
+    from benchmarks.packed_v5 import main
+
+    with pytest.raises(SystemExit):
+        main(argv)
+    assert message in capsys.readouterr().err

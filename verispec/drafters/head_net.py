@@ -207,7 +207,7 @@ class HeadNet(nn.Module):
         [B, E] and each row's logits must not depend on B (drafting: see ``_linear``). eagle1: no norm here."""
         if self.eagle1:
             h = out
-        elif invariant and out.is_cuda and out.dim() == 2 and self._kernel_shape and self._no_autograd():
+        elif invariant and out.dim() == 2 and self._runtime_kernels(out):
             h = ops.add_rmsnorm(out.contiguous(), None, self.norm, self.cfg.rms_norm_eps)[1]   # drafting: one kernel
         else:
             h = rms_norm(out, self.norm, self.cfg.rms_norm_eps)
@@ -236,7 +236,8 @@ class HeadNet(nn.Module):
         G, S = H // KV, k_cache.shape[2]
         emb = packed.embedding(tokens.reshape(-1), embed).to(feats.dtype)                  # [N, E]
         x, residual = self._input(feats.reshape(B * T, E), emb, invariant)
-        if invariant and visible is None and slots is None and self._runtime_kernels(feats, k_cache):
+        chain = visible is None and slots is None
+        if invariant and chain and k_cache.stride(3) == 1 and self._runtime_kernels(feats):
             # a chain on CUDA (row b's entries at pos[b, 0], pos[b, 0] + 1, ...: the draft loop's and the commits'
             # passes): the runtime's fused RoPE + K/V write and its split-KV decode attention, a query row's result
             # the same bits whatever B and T (ops.decode_attention), instead of SDPA over a mask of the whole cache
@@ -257,15 +258,12 @@ class HeadNet(nn.Module):
         o = o.view(B, KV, G, T, D).permute(0, 3, 1, 2, 4).reshape(B * T, H * D)
         return self._out(residual, o, invariant).view(B, T, E)
 
-    def _runtime_kernels(self, feats: Tensor, k_cache: Tensor) -> bool:
-        """Whether ``cached`` may run a chain through the runtime's kernels (attention, add + RMSNorm, SiLU-multiply):
-        CUDA, a head shape they cover (``ops.supports``), a cache whose slots are contiguous vectors, no autograd (the
-        Triton kernels have no backward: training runs ``unrolled``)."""
-        return feats.is_cuda and self._kernel_shape and k_cache.stride(3) == 1 and self._no_autograd()
-
-    def _no_autograd(self) -> bool:
-        """No gradient can flow through the head (its weights are frozen, as a FeatureHead's, or grad mode is off)."""
-        return not (torch.is_grad_enabled() and self.wqkv.requires_grad)
+    def _runtime_kernels(self, x: Tensor) -> bool:
+        """Whether a drafting pass over ``x`` may take the runtime's kernels (attention, add + RMSNorm, SiLU-multiply):
+        CUDA, a head shape they cover (``ops.supports``), and no gradient that could flow through the head (its
+        weights frozen, as a FeatureHead's, or grad mode off: the Triton kernels have no backward; training runs
+        ``unrolled``)."""
+        return x.is_cuda and self._kernel_shape and not (torch.is_grad_enabled() and self.wqkv.requires_grad)
 
     def unrolled(self, feats: Tensor, tokens: Tensor, embed, steps: int) -> list[Tensor]:
         """Training's forward: ``steps`` draft steps over whole sequences (EAGLE-3's training-time test).

@@ -49,6 +49,7 @@
 #include "gemv_common.cuh"
 
 #include <algorithm>
+#include <atomic>
 #include <type_traits>
 
 #define PK_WARPS 4        // rows of W per block (one warp each)
@@ -813,11 +814,35 @@ static cudaError_t pk_launch_v4(const void* x, const void* w, const void* b, voi
     return pk_launch_v4_shape<QT, 2, false>(x, w, b, y, M, N, K, stream, pdl);
 }
 
+// The current device's SM count and compute capability, read once per device (every v5 launch needs them; a launch
+// in a pass must not pay two attribute queries). Concurrent first calls store the same values.
+struct PkDevice {
+    int sms, major;
+};
+static cudaError_t pk_device(PkDevice& out) {
+    constexpr int MAX_DEVICES = 64;
+    static std::atomic<int> sms[MAX_DEVICES], major[MAX_DEVICES];   // 0: not read yet
+    int device = 0;
+    cudaError_t e = cudaGetDevice(&device);
+    if (e != cudaSuccess) return e;
+    if (device >= MAX_DEVICES) return cudaErrorInvalidDevice;
+    if (sms[device].load(std::memory_order_relaxed) == 0) {
+        int s = 0, m = 0;
+        e = cudaDeviceGetAttribute(&s, cudaDevAttrMultiProcessorCount, device);
+        if (e == cudaSuccess) e = cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, device);
+        if (e != cudaSuccess) return e;
+        major[device].store(m, std::memory_order_relaxed);
+        sms[device].store(s, std::memory_order_release);
+    }
+    out.sms = sms[device].load(std::memory_order_acquire);
+    out.major = major[device].load(std::memory_order_relaxed);
+    return cudaSuccess;
+}
+
 // Whether the current device has the TMA's bulk copies and mbarrier transactions (compute capability 9.0+).
 static bool pk_sm90() {
-    int device = 0, major = 0;
-    return cudaGetDevice(&device) == cudaSuccess &&
-           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9;
+    PkDevice d{};
+    return pk_device(d) == cudaSuccess && d.major >= 9;
 }
 
 // A walker grid's height (gridDim.y): as many row-tile walkers a token tile as are resident at once (``occupancy``
@@ -825,18 +850,19 @@ static bool pk_sm90() {
 // static the first time, before any capture), cut so that every walker has the same number of row tiles.
 template <typename Kernel>
 static cudaError_t pk_walkers(Kernel kernel, int threads, int smem, long long tok_tiles, long long row_tiles,
-                              int& occupancy, unsigned& walkers) {
-    if (occupancy == 0) {
+                              std::atomic<int>& occupancy, unsigned& walkers) {
+    if (occupancy.load(std::memory_order_relaxed) == 0) {
+        int blocks = 0;
         cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-        if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occupancy, kernel, threads, smem);
+        if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem);
         if (e != cudaSuccess) return e;
-        if (occupancy < 1) return cudaErrorInvalidConfiguration;
+        if (blocks < 1) return cudaErrorInvalidConfiguration;
+        occupancy.store(blocks, std::memory_order_relaxed);
     }
-    int device = 0, sms = 0;
-    cudaError_t e = cudaGetDevice(&device);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    PkDevice d{};
+    const cudaError_t e = pk_device(d);
     if (e != cudaSuccess) return e;
-    const long long slots = std::max(1LL, (long long)occupancy * sms / tok_tiles);
+    const long long slots = std::max(1LL, (long long)occupancy.load(std::memory_order_relaxed) * d.sms / tok_tiles);
     const long long per = (row_tiles + slots - 1) / slots;
     walkers = (unsigned)std::min(65535LL, (row_tiles + per - 1) / per);
     return cudaSuccess;
@@ -854,7 +880,7 @@ static cudaError_t pk_launch_v5_shape(const void* x, const void* w, const void* 
         return cudaErrorInvalidValue;
     constexpr int smem = V5_SMEM<QT, NT, S>;
     auto kernel = packed_matmul_v5_kernel<QT, NT, S, MINB>;
-    static int occupancy = 0;                    // once per instantiation, before any capture (warm-up runs first)
+    static std::atomic<int> occupancy{0};        // once per instantiation, before any capture (warm-up runs first)
     unsigned walkers = 0;
     const cudaError_t e = pk_walkers(kernel, 32 * (V3_SLICES + 1), smem, tok_tiles, row_tiles, occupancy, walkers);
     if (e != cudaSuccess) return e;
