@@ -19,6 +19,10 @@ path). The weight matmuls go through ``linear``: verispec/runtime/gemv/invariant
 8-row chunks (fp32), both batch-invariant: a token's logits do not depend on how many rows the pass has (see
 ``matmul_path``). The attention is batch-invariant too (``ATTN_SPLIT``).
 
+The drafters' greedy choice has one kernel here too (``argmax_rows``: torch.argmax's index, one program a row,
+optionally through a draft vocabulary's id map; verification's argmax, verify/triton/greedy.py, reports NaN as a
+fault where this one, like torch, takes it as the maximum).
+
 The prefill (``Transformer.prefill_kernels``) reuses ``add_rmsnorm`` and ``silu_mul``, runs its matmuls on
 cuBLAS and its attention in torch's SDPA (``prefill_attention``), and has one kernel of its own:
   * ``prefill_rope_kv_write`` RoPE on the q and k heads of B prompts' fused QKV output, token t at position t;
@@ -68,6 +72,9 @@ def use_pdl(device: torch.device) -> bool:
 def _launch_options(device: torch.device) -> dict:
     """Keyword arguments of a Triton launch: the PDL constexpr and, when on, the launch attribute."""
     return dict(PDL=True, launch_pdl=True) if use_pdl(device) else dict(PDL=False)
+
+
+ARGMAX_BLOCK = 8192   # argmax_rows: ids a program reads per step (16 warps x 512)
 
 
 def _pow2(n: int) -> int:
@@ -289,6 +296,35 @@ if AVAILABLE:
         y = gate / (1.0 + tl.exp(-gate)) * up
         tl.store(o_ptr + row * I + offs, y.to(o_ptr.dtype.element_ty), mask=msk)
 
+    @triton.jit
+    def _argmax_kernel(x_ptr, map_ptr, out_ptr, V, stride, HAS_MAP: tl.constexpr, BLOCK: tl.constexpr,
+                       PDL: tl.constexpr):
+        if PDL:                                        # see use_pdl: start early, wait for the predecessor
+            gdc_launch_dependents()
+            gdc_wait()
+        row = tl.program_id(0).to(tl.int64)
+        offs = tl.arange(0, BLOCK)
+        # each lane keeps its own first maximum and first NaN over the blocks (ascending ids, strict >: the
+        # earlier wins a tie); one reduction across lanes at the end
+        best = tl.full([BLOCK], float("-inf"), tl.float32)
+        best_i = offs
+        nan_i = tl.full([BLOCK], 0, tl.int32) + V
+        for start in range(0, V, BLOCK):
+            idx = start + offs
+            msk = idx < V
+            x = tl.load(x_ptr + row * stride + idx, mask=msk, other=float("-inf")).to(tl.float32)
+            isnan = x != x
+            nan_i = tl.where(isnan & (nan_i == V), idx, nan_i)
+            better = (x > best) & msk
+            best_i = tl.where(better, idx, best_i)
+            best = tl.where(better, x, best)
+        first_nan = tl.min(nan_i, axis=0)
+        m = tl.max(best, axis=0)
+        res = tl.where(first_nan < V, first_nan, tl.min(tl.where(best == m, best_i, V), axis=0))
+        if HAS_MAP:
+            res = tl.load(map_ptr + res)
+        tl.store(out_ptr + row, res.to(tl.int64))
+
 
 # --------------------------------------------------------------------------------------------- wrappers
 def supports(cfg) -> bool:
@@ -307,6 +343,20 @@ def add_rmsnorm(x: Tensor, delta: Tensor | None, weight: Tensor, eps: float) -> 
                               HAS_ADD=delta is not None, BLOCK=BLOCK, num_warps=8 if BLOCK >= 4096 else 4,
                               **_launch_options(x.device))
     return xo, h
+
+
+def argmax_rows(x: Tensor, index_map: Tensor | None = None) -> Tensor:
+    """x [R, V] -> [R] int64: x.argmax(-1) (the first maximum; NaN counts as the maximum, as in torch), one program a
+    row; with ``index_map`` [V] int64, index_map[argmax] (a draft vocabulary's ids to the target's)."""
+    R, V = x.shape
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    out = torch.empty(R, dtype=torch.int64, device=x.device)
+    BLOCK = min(_pow2(V), ARGMAX_BLOCK)
+    _argmax_kernel[(R,)](x, index_map if index_map is not None else out, out, V, x.stride(0),
+                         HAS_MAP=index_map is not None, BLOCK=BLOCK, num_warps=max(1, min(16, BLOCK // 256)),
+                         **_launch_options(x.device))
+    return out
 
 
 def rope_kv_write(qkv: Tensor, rope: Tensor, pos: Tensor, k_cache: Tensor, v_cache: Tensor, T: int,
