@@ -55,10 +55,11 @@ TARGET_8B_STEP_MS = 5.8
 # wide and shallow, and deep and thin: on the CPU (2 held-out prompts) the head's depth-1 coverage grew 0.50 -> 0.64
 # from its top-1 to its top-3 and not at all to its top-4, while its deeper positions kept ~0.5-0.75
 DEFAULT_TREES = ((2, 2, 1), (3, 2, 2, 1), (4, 2, 2, 1), (2, 2, 1, 1, 1, 1), (3, 2, 2, 1, 1, 1))
+DEFAULT_CHAIN_KS = (2, 4, 6)
 
 
 def acceptance_rows(model_source: str | None, head_dir: str | None, num_prompts: int, max_new_tokens: int,
-                    trees=DEFAULT_TREES, others: bool = True) -> list[list]:
+                    trees=DEFAULT_TREES, others: bool = True, chain_ks=DEFAULT_CHAIN_KS) -> list[list]:
     """One row per drafter: [name, k or the tree, tokens / round, acceptance per position, tok/s, speedup, = plain].
     ``others``: also prompt lookup, self-speculation and the eager-loop head (else plain and the head only)."""
     model = load_model(model_source)
@@ -67,7 +68,7 @@ def acceptance_rows(model_source: str | None, head_dir: str | None, num_prompts:
     if others:
         drafters += [("prompt lookup", lambda: PromptLookup(3, 2), 8, None),
                      ("self-spec (10 layers)", lambda: SelfSpeculative(10), 3, None)]
-    drafters += [(f"head, chain k={k}", lambda: FeatureHead(head_dir), k, None) for k in (2, 4, 6)]
+    drafters += [(f"head, chain k={k}", lambda: FeatureHead(head_dir), k, None) for k in chain_ks]
     if model.use_graphs and others:   # the same head with its draft loop run eagerly: what the captured loop saves
         drafters.append(("head, chain k=2, eager loop", lambda: _eager(FeatureHead(head_dir)), 2, None))
     drafters += [(f"head, tree {','.join(map(str, t))}", lambda: FeatureHead(head_dir), 0, tuple(t)) for t in trees]
@@ -102,6 +103,17 @@ def acceptance_rows(model_source: str | None, head_dir: str | None, num_prompts:
     return rows
 
 
+def _chain_ks(text: str) -> tuple[int, ...]:
+    """'2,4,8' -> (2, 4, 8): each k in 1..16."""
+    try:
+        ks = tuple(int(k) for k in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--chain-ks: comma-separated integers, got {text!r}") from None
+    if not ks or any(not 1 <= k <= 16 for k in ks):
+        raise argparse.ArgumentTypeError(f"--chain-ks: each k must be in 1..16, got {text!r}")
+    return ks
+
+
 def _trees(text: str) -> tuple[tuple[int, ...], ...]:
     """'2,2,1;4,2,2,1' -> ((2, 2, 1), (4, 2, 2, 1)); '' -> ()."""
     try:
@@ -134,7 +146,7 @@ def _head_step(cfg, draft_vocab, B: int, S: int = 2048, dev: str = "cuda"):
 
     def call(i):
         out = net.cached(feats, tok, pos, embed, kc, vc, rope)
-        return net.logits(out[:, 0], lm_head, invariant=True).argmax(-1)   # as FeatureHead drafts
+        return net.greedy(out[:, 0], lm_head)   # as FeatureHead drafts greedily
 
     # a draft step reads every weight of the head but fc (which fuses the target's states, once per round)
     weights = sum(p.numel() * p.element_size() for name, p in net.named_parameters() if name != "fc")
@@ -210,6 +222,8 @@ def main(argv=None) -> int:
     p.add_argument("--trees", type=_trees, default=DEFAULT_TREES,
                    help="the head's tree shapes, ';'-separated (default "
                    "'2,2,1;3,2,2,1;4,2,2,1;2,2,1,1,1,1;3,2,2,1,1,1'; '' for none)")
+    p.add_argument("--chain-ks", type=_chain_ks, default=DEFAULT_CHAIN_KS,
+                   help="the head's chain lengths, comma-separated (default '2,4,6')")
     p.add_argument("--trees-only", action="store_true", help="plain decoding and the head's chains and trees only "
                    "(no other drafter, no step costs): feature_head_trees.md (_cpu.md without a GPU)")
     args = p.parse_args(argv)
@@ -224,7 +238,8 @@ def main(argv=None) -> int:
     if not args.skip_acceptance:
         n = args.prompts or (24 if gpu else 6)
         t0 = time.perf_counter()
-        rows = acceptance_rows(args.model, args.head, n, args.max_new_tokens, args.trees, not args.trees_only)
+        rows = acceptance_rows(args.model, args.head, n, args.max_new_tokens, args.trees, not args.trees_only,
+                               args.chain_ks)
         lines += [f"## Held-out free-form prompts: SmolLM2-135M-Instruct, {n} prompts alone, greedy, "
                   f"{args.max_new_tokens} new tokens ({time.perf_counter() - t0:.0f} s)", ""]
         lines += markdown_table(["drafter", "k / tree", "tokens / round", "acceptance per position", "decode tok/s",

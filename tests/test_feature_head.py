@@ -78,6 +78,32 @@ def test_greedy_with_a_draft_vocabulary_equals_plain_decoding():
     assert len(out.tokens) == 12
 
 
+def test_greedy_drafts_are_the_argmax_of_the_full_logits_without_the_scatter(monkeypatch):
+    """``HeadNet.greedy`` (the draft loop's greedy choice) = greedy_tokens of the scattered V-wide logits, ties
+    included (duplicate LM-head rows: the first maximum in target order wins); with an ascending d2t it never builds
+    the V-wide row, with any other d2t it falls back to it; a copy into d2t is seen."""
+    from verispec.drafters.base import greedy_tokens
+
+    net = random_head(draft_vocab=12)
+    with torch.no_grad():
+        net.lm_head[7].copy_(net.lm_head[2])   # draft ids 2 and 7 tie on every row
+        net.lm_head[9].copy_(net.lm_head[2])
+    out = torch.randn(64, CFG.hidden_size, generator=torch.Generator().manual_seed(0))
+    scatters = []
+    original = HeadNet._scatter
+    monkeypatch.setattr(HeadNet, "_scatter", lambda self, small: scatters.append(1) or original(self, small))
+    for d2t in (torch.arange(0, 36, 3), torch.tensor([40, 3, 30, 9, 1, 2, 44, 5, 8, 0, 7, 6])):
+        net.d2t.copy_(d2t)
+        with torch.no_grad():
+            full = net.logits(out, None, invariant=True)
+            scatters.clear()
+            got = net.greedy(out)
+        assert torch.equal(got, greedy_tokens(full)), d2t
+        assert net.d2t_ascending == bool((d2t[1:] > d2t[:-1]).all())
+        assert len(scatters) == (0 if net.d2t_ascending else 1)
+    assert (torch.isin(greedy_tokens(full), d2t[[2, 7, 9]])).any()   # the tie was exercised
+
+
 def test_seeded_sampling_is_reproducible_and_batch_independent():
     model = target()
     with torch.no_grad():   # peaked q: a random head's near-uniform q would draw the same drafts from any state

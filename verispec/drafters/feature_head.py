@@ -153,6 +153,7 @@ class FeatureHead(Drafter):
         self.check_fits(target)
         self.net = self.net.to(device=target.device, dtype=target.dtype).eval()
         self.net.requires_grad_(False)
+        self.net.d2t_ascending   # read back here, before any graph capture of the draft loop needs it
         if self.net.eagle1:   # it reads the target's states after the target's own final norm
             self.net.feature_norm.copy_(target.net.norm)
             self.net.feature_norm_eps = target.config.rms_norm_eps
@@ -242,22 +243,23 @@ class FeatureHead(Drafter):
     def _draft_body(self, inputs: Tensor, k: int, choose) -> tuple[Tensor, "Tensor | None"]:
         """The draft loop over the first R = inputs.shape[0] rows (the program a graph captures: device ops only).
         inputs [R, 3] int64 on the device (``_inputs``); choose(i, logits [R, V], inputs) -> (tokens [R], q [R, V]
-        | None) -> (drafts [R, k] int64, q [R, k, V] float32 | None). d_1 from ``last``; entry L-1+i = (the
-        previous output, d_{i+1}) -> d_{i+2}, written past ``valid`` (dead after the round)."""
+        | None), or None for greedy rows (``HeadNet.greedy``: no V-wide logits) -> (drafts [R, k] int64, q [R, k, V]
+        float32 | None). d_1 from ``last``; entry L-1+i = (the previous output, d_{i+1}) -> d_{i+2}, written past
+        ``valid`` (dead after the round)."""
         R = inputs.shape[0]
         lm_head = self.target.net.lm_head_weight
-        last = self._last_buf[:R]                                                           # [R, E]
         base = inputs[:, 0]
-        out = last[:, None]                                                                 # [R, 1, E]
-        logits = self.net.logits(last, lm_head, invariant=True)                             # [R, V]
+        out = self._last_buf[:R][:, None]                                                   # [R, 1, E]
         tokens, probs = [], []
         for i in range(k):
-            d, q = choose(i, logits, inputs)
+            if i:
+                out = self._feed(0, out, tokens[-1][:, None], (base + i - 1)[:, None])
+            if choose is None:
+                d, q = self.net.greedy(out[:, 0], lm_head), None
+            else:
+                d, q = choose(i, self.net.logits(out[:, 0], lm_head, invariant=True), inputs)
             tokens.append(d)
             probs.append(q)
-            if i < k - 1:
-                out = self._feed(0, out, d[:, None], (base + i)[:, None])
-                logits = self.net.logits(out[:, 0], lm_head, invariant=True)
         return torch.stack(tokens, dim=1), None if probs[0] is None else torch.stack(probs, dim=1)
 
     @torch.no_grad()
@@ -282,7 +284,7 @@ class FeatureHead(Drafter):
                 graph_key = ("draft", rows, steps, key)
                 if graph_key in self._graphs or self._graphs.count("draft") >= MAX_DRAFT_GRAPHS:
                     continue
-                choose = _choose(key, seed_column=1)
+                choose = _head_choose(key)
                 dummy = torch.tensor([[dead, 0, 0]] * rows, dtype=torch.long)
                 self._graphs.ensure(graph_key, lambda static, steps=steps, choose=choose:
                                     self._draft_body(static, steps, choose), dummy, rows)
@@ -300,7 +302,7 @@ class FeatureHead(Drafter):
         key = self._loop_key(k)
         if key is not None:   # one graph replay: the inputs go in one copy
             rows = self.target.graph_rows(B)
-            choose = _choose(key, seed_column=1)
+            choose = _head_choose(key)
             draft_tokens, q = self._graphs.replay(("draft", rows, k, key),
                                                   lambda static: self._draft_body(static, k, choose),
                                                   self._inputs(rows), rows)
@@ -309,7 +311,8 @@ class FeatureHead(Drafter):
             sampling, steps = self._sampling, [r.step for r in self._rows]
             draft_tokens, q = self._draft_body(
                 to_device(self._inputs(B), device), k,
-                lambda i, logits, inputs: draw(logits, sampling, [s + i for s in steps]))
+                None if sampling.all_greedy else lambda i, logits, inputs: draw(logits, sampling,
+                                                                                [s + i for s in steps]))
         for r, n in zip(self._rows, max_num_draft):
             r.step += n
         if q is None:
@@ -507,6 +510,11 @@ class FeatureHead(Drafter):
         n = len(order)
         self._last_buf[:n] = self._last_buf[to_device(order, self._last_buf.device, torch.long)]
         self._rows = [self._rows[i] for i in order]
+
+
+def _head_choose(key: tuple):
+    """``draft_model._choose`` for the head's draft loop: None (``HeadNet.greedy``) for the greedy key."""
+    return None if key == GREEDY_KEY else _choose(key, seed_column=1)
 
 
 def _no_step(tokens: Tensor) -> Tensor:

@@ -42,6 +42,7 @@ from ..runtime import ops
 from ..runtime.config import ModelConfig
 from ..runtime.quant import packed
 from ..runtime.transformer import apply_rope, rms_norm, rope_table
+from .base import greedy_tokens
 
 FORMAT = "verispec-feature-head-1"
 VARIANTS = ("eagle3", "eagle1")
@@ -148,6 +149,7 @@ class HeadNet(nn.Module):
         self.norm = None if self.eagle1 else p(E)   # eagle1: none (its output goes to the target's LM head)
         self.lm_head = p(cfg.draft_vocab, E) if cfg.draft_vocab else None
         self.register_buffer("d2t", torch.arange(cfg.draft_vocab or 0, dtype=torch.long))   # draft id -> target id
+        self._d2t_ascending: tuple | None = None   # ((d2t's storage, version), whether it ascends): d2t_ascending
         self.reset_parameters()
 
     def reset_parameters(self, seed: int = 0) -> None:
@@ -169,16 +171,21 @@ class HeadNet(nn.Module):
         x = states.flatten(-2).to(self.fc.dtype)
         return _linear(x.reshape(-1, x.shape[-1]), self.fc, invariant).view(*x.shape[:-1], -1)
 
-    def _input(self, feats: Tensor, emb: Tensor, invariant: bool = False) -> tuple[Tensor, Tensor]:
-        """feats, emb [N, E] -> (the attention's input x [N, 2E] (eagle1: [N, E]), the residual [N, E])."""
+    def _input(self, feats: Tensor, emb: Tensor, invariant: bool = False,
+               kernels: bool = False) -> tuple[Tensor, Tensor]:
+        """feats, emb [N, E] -> (the attention's input x [N, 2E] (eagle1: [N, E]), the residual [N, E]).
+        ``kernels``: the two norms by the runtime's RMSNorm kernel (CUDA, no autograd: drafting)."""
         c = self.cfg
         if self.eagle1:
             x = _linear(torch.cat([emb, feats], dim=-1), self.fc, invariant)
             if self.fc_bias is not None:
                 x = x + self.fc_bias
             return x, x
-        x = torch.cat([rms_norm(emb, self.emb_norm, c.rms_norm_eps), rms_norm(feats, self.hidden_norm, c.rms_norm_eps)],
-                      dim=-1)                                                            # [N, 2E]
+        if kernels:
+            norm = lambda t, w: ops.add_rmsnorm(t.contiguous(), None, w, c.rms_norm_eps)[1]   # noqa: E731
+        else:
+            norm = lambda t, w: rms_norm(t, w, c.rms_norm_eps)                                 # noqa: E731
+        x = torch.cat([norm(emb, self.emb_norm), norm(feats, self.hidden_norm)], dim=-1)      # [N, 2E]
         return x, feats
 
     def _qkv(self, x: Tensor, rope: Tensor, invariant: bool = False) -> tuple[Tensor, Tensor, Tensor]:
@@ -205,6 +212,30 @@ class HeadNet(nn.Module):
         [V, E], dense or packed) when the vocabulary is shared; with a draft vocabulary its own [Vd, E] head,
         scattered to the target ids d2t (every other id -inf: never drafted, q = 0 there). ``invariant``: out is
         [B, E] and each row's logits must not depend on B (drafting: see ``_linear``). eagle1: no norm here."""
+        logits = self._head_logits(out, target_lm_head, invariant)
+        return logits if self.lm_head is None else self._scatter(logits)
+
+    def greedy(self, out: Tensor, target_lm_head=None) -> Tensor:
+        """A drafting step's greedy tokens: out [B, E] -> greedy_tokens(logits(out, target_lm_head, invariant=True))
+        [B] int64, the same ids. With a draft vocabulary whose d2t ascends (a trained head's always does), the
+        argmax runs over the Vd draft logits and maps through d2t, skipping the V-wide scatter: the first maximum
+        in draft order is then the first in target order (a row of Vd -inf logits aside: no draft is then right)."""
+        if self.lm_head is not None and self.d2t_ascending:
+            return greedy_tokens(self._head_logits(out, target_lm_head, invariant=True), self.d2t)
+        return greedy_tokens(self.logits(out, target_lm_head, invariant=True))
+
+    @property
+    def d2t_ascending(self) -> bool:
+        """Whether d2t ascends: read from the device once per (d2t storage, version), so a copy into d2t (loading,
+        training) is seen, and kept (``FeatureHead.attach`` reads it before any graph capture, where a read-back
+        cannot run)."""
+        key = (self.d2t.data_ptr(), self.d2t._version)
+        if self._d2t_ascending is None or self._d2t_ascending[0] != key:
+            self._d2t_ascending = (key, bool((self.d2t[1:] > self.d2t[:-1]).all()))
+        return self._d2t_ascending[1]
+
+    def _head_logits(self, out: Tensor, target_lm_head, invariant: bool) -> Tensor:
+        """``logits`` before the scatter: [..., V] through the target's LM head, or [..., Vd] through the head's."""
         if self.eagle1:
             h = out
         elif invariant and out.dim() == 2 and self._runtime_kernels(out):
@@ -213,7 +244,10 @@ class HeadNet(nn.Module):
             h = rms_norm(out, self.norm, self.cfg.rms_norm_eps)
         if self.lm_head is None:
             return ops.linear(h, target_lm_head, invariant=True) if invariant else packed.linear(h, target_lm_head)
-        small = _linear(h, self.lm_head, invariant)                                       # [..., Vd]
+        return _linear(h, self.lm_head, invariant)                                         # [..., Vd]
+
+    def _scatter(self, small: Tensor) -> Tensor:
+        """Draft logits [..., Vd] -> [..., V]: small at the target ids d2t, every other id -inf."""
         full = torch.full((*small.shape[:-1], self.cfg.vocab_size), float("-inf"), dtype=small.dtype,
                           device=small.device)
         return full.index_copy_(-1, self.d2t, small)
@@ -235,9 +269,10 @@ class HeadNet(nn.Module):
         H, KV, D = c.num_heads, c.num_kv_heads, c.head_dim
         G, S = H // KV, k_cache.shape[2]
         emb = packed.embedding(tokens.reshape(-1), embed).to(feats.dtype)                  # [N, E]
-        x, residual = self._input(feats.reshape(B * T, E), emb, invariant)
         chain = visible is None and slots is None
-        if invariant and chain and k_cache.stride(3) == 1 and self._runtime_kernels(feats):
+        kernels = invariant and chain and k_cache.stride(3) == 1 and self._runtime_kernels(feats)
+        x, residual = self._input(feats.reshape(B * T, E), emb, invariant, kernels=kernels)
+        if kernels:
             # a chain on CUDA (row b's entries at pos[b, 0], pos[b, 0] + 1, ...: the draft loop's and the commits'
             # passes): the runtime's fused RoPE + K/V write and its split-KV decode attention, a query row's result
             # the same bits whatever B and T (ops.decode_attention), instead of SDPA over a mask of the whole cache
