@@ -46,6 +46,11 @@ def test_a_strided_row_is_read_as_itself():
     assert torch.equal(ops.argmax_rows(x.t().contiguous().t()), x.argmax(-1))        # column-major: copied
 
 
+def test_no_rows_give_no_ids():
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    assert ops.argmax_rows(torch.zeros(0, 50, device=device)).shape == (0,)
+
+
 def test_on_the_cpu_it_is_torchs_argmax():
     x = _hard_rows(32000, 1)
     assert torch.equal(greedy_tokens(x), x.argmax(dim=-1))

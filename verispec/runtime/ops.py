@@ -352,6 +352,8 @@ def argmax_rows(x: Tensor, index_map: Tensor | None = None) -> Tensor:
     if x.stride(1) != 1:
         x = x.contiguous()
     out = torch.empty(R, dtype=torch.int64, device=x.device)
+    if R == 0:
+        return out
     BLOCK = min(_pow2(V), ARGMAX_BLOCK)
     _argmax_kernel[(R,)](x, index_map if index_map is not None else out, out, V, x.stride(0),
                          HAS_MAP=index_map is not None, BLOCK=BLOCK, num_warps=max(1, min(16, BLOCK // 256)),
