@@ -15,6 +15,7 @@ import torch
 
 from stats import chi2_pvalue
 from verispec.drafters import FeatureHead, SamplingParams
+from verispec.drafters.base import greedy_tokens
 from verispec.drafters.head_net import HeadConfig, HeadNet, default_layers
 from verispec.engine import generate
 from verispec.runtime import ModelConfig, load_model
@@ -82,8 +83,6 @@ def test_greedy_drafts_are_the_argmax_of_the_full_logits_without_the_scatter(mon
     """``HeadNet.greedy`` (the draft loop's greedy choice) = greedy_tokens of the scattered V-wide logits, ties
     included (duplicate LM-head rows: the first maximum in target order wins); with an ascending d2t it never builds
     the V-wide row, with any other d2t it falls back to it; a copy into d2t is seen."""
-    from verispec.drafters.base import greedy_tokens
-
     net = random_head(draft_vocab=12)
     with torch.no_grad():
         net.lm_head[7].copy_(net.lm_head[2])   # draft ids 2 and 7 tie on every row
@@ -102,6 +101,21 @@ def test_greedy_drafts_are_the_argmax_of_the_full_logits_without_the_scatter(mon
         assert net.d2t_ascending == bool((d2t[1:] > d2t[:-1]).all())
         assert len(scatters) == (0 if net.d2t_ascending else 1)
     assert (torch.isin(greedy_tokens(full), d2t[[2, 7, 9]])).any()   # the tie was exercised
+
+
+def test_a_head_made_under_inference_mode_drafts():
+    """Tensors made under torch.inference_mode track no version counter: the d2t order is still read, and a
+    head whose d2t was rewritten there is read afresh when it is attached."""
+    with torch.inference_mode():
+        net = random_head(draft_vocab=12)
+        out = torch.randn(4, CFG.hidden_size)
+        assert torch.equal(net.greedy(out), greedy_tokens(net.logits(out, None, invariant=True)))
+        net.d2t.copy_(torch.tensor([40, 3, 30, 9, 1, 2, 44, 5, 8, 0, 7, 6]))
+        head = FeatureHead(net)
+        head.attach(target())
+        assert not head.net.d2t_ascending
+        out = out.to(head.net.d2t.device)
+        assert torch.equal(head.net.greedy(out), greedy_tokens(head.net.logits(out, None, invariant=True)))
 
 
 def test_seeded_sampling_is_reproducible_and_batch_independent():

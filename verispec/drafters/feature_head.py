@@ -153,7 +153,7 @@ class FeatureHead(Drafter):
         self.check_fits(target)
         self.net = self.net.to(device=target.device, dtype=target.dtype).eval()
         self.net.requires_grad_(False)
-        self.net.d2t_ascending   # read back here, before any graph capture of the draft loop needs it
+        self.net.read_d2t_order()   # here, before any graph capture of the draft loop needs it
         if self.net.eagle1:   # it reads the target's states after the target's own final norm
             self.net.feature_norm.copy_(target.net.norm)
             self.net.feature_norm_eps = target.config.rms_norm_eps

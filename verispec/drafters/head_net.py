@@ -227,12 +227,22 @@ class HeadNet(nn.Module):
     @property
     def d2t_ascending(self) -> bool:
         """Whether d2t ascends: read from the device once per (d2t storage, version), so a copy into d2t (loading,
-        training) is seen, and kept (``FeatureHead.attach`` reads it before any graph capture, where a read-back
-        cannot run)."""
-        key = (self.d2t.data_ptr(), self.d2t._version)
-        if self._d2t_ascending is None or self._d2t_ascending[0] != key:
-            self._d2t_ascending = (key, bool((self.d2t[1:] > self.d2t[:-1]).all()))
+        training) is seen, and kept (``FeatureHead.attach`` reads it afresh before any graph capture, where a
+        read-back cannot run)."""
+        if self._d2t_ascending is None or self._d2t_ascending[0] != self._d2t_key():
+            self.read_d2t_order()
         return self._d2t_ascending[1]
+
+    def read_d2t_order(self) -> bool:
+        """``d2t_ascending`` read from the device now (a host sync), whatever was kept."""
+        self._d2t_ascending = (self._d2t_key(), bool((self.d2t[1:] > self.d2t[:-1]).all()))
+        return self._d2t_ascending[1]
+
+    def _d2t_key(self) -> tuple:
+        try:
+            return self.d2t.data_ptr(), self.d2t._version
+        except RuntimeError:   # a tensor made under torch.inference_mode tracks no version: its storage alone
+            return self.d2t.data_ptr(), None
 
     def _head_logits(self, out: Tensor, target_lm_head, invariant: bool) -> Tensor:
         """``logits`` before the scatter: [..., V] through the target's LM head, or [..., Vd] through the head's."""
