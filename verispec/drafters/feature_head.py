@@ -262,7 +262,6 @@ class FeatureHead(Drafter):
             probs.append(q)
         return torch.stack(tokens, dim=1), None if probs[0] is None else torch.stack(probs, dim=1)
 
-    @torch.no_grad()
     @property
     def graph_captures(self) -> int:
         return self._graphs.captures
