@@ -7,12 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
-import subprocess
-import sys
-import time
-import urllib.request
 
 import pytest
 import torch
@@ -22,6 +17,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("prometheus_client")
 
 import verispec.cli as cli  # noqa: E402
+from served import serve_cli  # noqa: E402
 from verispec.runtime import ModelConfig, load_model  # noqa: E402
 
 ALPHA = 0.8
@@ -57,35 +53,9 @@ def server(checkpoint):
         tokenizer = embedded_gguf_path()
     except FileNotFoundError as e:
         pytest.skip(str(e))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(cli.__file__)))
-    env = {**os.environ, "PYTHONPATH": root, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "verispec.cli", "serve", "--model", str(checkpoint), "--tokenizer", str(tokenizer),
-           "--draft", f"oracle:{ALPHA}", "-k", "4", "--port", str(port), "--max-batch-size", "4",
-           "--max-seq-len", "128", "--threads", "1", "--device", "cpu"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                urllib.request.urlopen(base + "/health", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.3)
-        else:
-            pytest.fail("the server did not come up in 120 s")
+    with serve_cli(["--model", str(checkpoint), "--tokenizer", str(tokenizer), "--draft", f"oracle:{ALPHA}", "-k", "4",
+                    "--max-batch-size", "4", "--max-seq-len", "128", "--threads", "1", "--device", "cpu"]) as (base, _):
         yield base
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def test_bench_serve_measures_every_request(server, tmp_path, capsys):

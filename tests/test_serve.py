@@ -5,11 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 import urllib.request
 
@@ -21,15 +17,10 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 pytest.importorskip("prometheus_client")
 
+from served import serve_cli  # noqa: E402
+
 K = 4
 MAX_SEQ_LEN = 256
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -40,33 +31,9 @@ def server():
         embedded_gguf_path()
     except FileNotFoundError as e:
         pytest.skip(str(e))
-    port = _free_port()
-    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "verispec.cli", "serve", "--draft-lookup", "-k", str(K), "--port", str(port),
-           "--max-batch-size", "4", "--max-seq-len", str(MAX_SEQ_LEN), "--max-waiting", "32", "--threads", "1",
-           "--device", "cpu"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                urllib.request.urlopen(base + "/health", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.5)
-        else:
-            pytest.fail("the server did not come up in 120 s")
-        yield base, proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    with serve_cli(["--draft-lookup", "-k", str(K), "--max-batch-size", "4", "--max-seq-len", str(MAX_SEQ_LEN),
+                    "--max-waiting", "32", "--threads", "1", "--device", "cpu"]) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")

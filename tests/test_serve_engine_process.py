@@ -10,7 +10,6 @@ import multiprocessing
 import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -27,40 +26,16 @@ import fake_server  # noqa: E402
 from fake_server import call as _call, completion as _completion, until as _until  # noqa: E402
 from fake_server import NAME, free_port  # noqa: E402
 from fakes import FakeModel, greedy_reference  # noqa: E402
+from served import start, stop  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-ENV = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
-
-
-def _start(cmd: list[str], base: str) -> subprocess.Popen:
-    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 120
-    while True:
-        assert proc.poll() is None, proc.stdout.read()
-        try:
-            urllib.request.urlopen(base + "/health", timeout=1)
-            return proc
-        except OSError:
-            assert time.monotonic() < deadline, "the server did not come up in 120 s"
-            time.sleep(0.1)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _fake_server(*argv: str):
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    proc = _start([sys.executable, os.path.join(HERE, "fake_server.py"), "--port", str(port), "--engine-process",
-                   *argv], base)
+    proc = start([sys.executable, os.path.join(HERE, "fake_server.py"), "--port", str(port), "--engine-process",
+                  *argv], base)
     return proc, base
 
 
@@ -97,7 +72,7 @@ def fake():
     try:
         yield proc, base
     finally:
-        _stop(proc)
+        stop(proc)
 
 
 # ------------------------------------------------------------------------------------------ exactness
@@ -114,7 +89,7 @@ def test_embedded_chat_streamed_and_whole_equals_plain_greedy():
         pytest.skip(str(e))
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    proc = _start([sys.executable, "-m", "verispec.cli", "serve", "--engine-process", "--draft-lookup", "-k", "4",
+    proc = start([sys.executable, "-m", "verispec.cli", "serve", "--engine-process", "--draft-lookup", "-k", "4",
                    "--port", str(port), "--max-batch-size", "2", "--max-seq-len", "256", "--threads", "1",
                    "--device", "cpu"], base)
     try:
@@ -135,7 +110,7 @@ def test_embedded_chat_streamed_and_whole_equals_plain_greedy():
         assert whole.choices[0].token_ids == ref.tokens and whole.choices[0].message.content == ref.text
         assert ids == ref.tokens and "".join(pieces) == ref.text
     finally:
-        _stop(proc)
+        stop(proc)
     assert proc.returncode == 0, proc.stdout.read()
 
 

@@ -6,21 +6,14 @@ start and stop; the head's was once a method, and `serve --draft-head` failed to
 from __future__ import annotations
 
 import concurrent.futures as cf
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 
 import pytest
 import torch
 
+from served import serve_cli
 from verispec.drafters import FeatureHead, PromptLookup, SelfSpeculative
 from verispec.drafters.base import Drafter
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAME = "SmolLM2-135M-Instruct"
 QUESTIONS = ["Explain glaciers to a ten-year-old.", "Why do owls hunt at night?"]
 
@@ -28,12 +21,6 @@ QUESTIONS = ["Explain glaciers to a ten-year-old.", "Why do owls hunt at night?"
 def test_every_drafters_graph_captures_is_a_count():
     for drafter in (Drafter(), PromptLookup(), SelfSpeculative(2), FeatureHead()):
         assert isinstance(drafter.graph_captures, int), type(drafter).__name__
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -47,32 +34,9 @@ def base():
         embedded_gguf_path()
     except FileNotFoundError as e:
         pytest.skip(str(e))
-    port = _free_port()
-    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "verispec.cli", "serve", "--draft-head", "-k", "2", "--port", str(port), "--max-batch-size", "4",
-           "--max-seq-len", "256", "--threads", "1", "--device", "cpu"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                urllib.request.urlopen(url + "/health", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.5)
-        else:
-            pytest.fail("the server did not come up in 120 s")
+    with serve_cli(["--draft-head", "-k", "2", "--max-batch-size", "4", "--max-seq-len", "256", "--threads", "1",
+                    "--device", "cpu"]) as (url, _):
         yield url
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 @pytest.fixture(scope="module")
