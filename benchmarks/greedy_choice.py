@@ -48,7 +48,8 @@ def rows_of_cells(bandwidth: float) -> list[list]:
             x = torch.randn(R, V, device="cuda").bfloat16()
             ref = x.argmax(dim=-1)
             assert torch.equal(two_pass(x), ref)
-            cells = [graph_us_per_call(lambda i: x.argmax(dim=-1), 50, 20), graph_us_per_call(lambda i: two_pass(x), 50, 20)]
+            cells = [graph_us_per_call(lambda i: x.argmax(dim=-1), 50, 20),
+                     graph_us_per_call(lambda i: two_pass(x), 50, 20)]
             for block in BLOCKS:
                 ops.ARGMAX_BLOCK = block
                 try:

@@ -175,18 +175,20 @@ class HeadNet(nn.Module):
                kernels: bool = False) -> tuple[Tensor, Tensor]:
         """feats, emb [N, E] -> (the attention's input x [N, 2E] (eagle1: [N, E]), the residual [N, E]).
         ``kernels``: the two norms by the runtime's RMSNorm kernel (CUDA, no autograd: drafting)."""
-        c = self.cfg
         if self.eagle1:
             x = _linear(torch.cat([emb, feats], dim=-1), self.fc, invariant)
             if self.fc_bias is not None:
                 x = x + self.fc_bias
             return x, x
-        if kernels:
-            norm = lambda t, w: ops.add_rmsnorm(t.contiguous(), None, w, c.rms_norm_eps)[1]   # noqa: E731
-        else:
-            norm = lambda t, w: rms_norm(t, w, c.rms_norm_eps)                                 # noqa: E731
-        x = torch.cat([norm(emb, self.emb_norm), norm(feats, self.hidden_norm)], dim=-1)      # [N, 2E]
+        x = torch.cat([self._norm(emb, self.emb_norm, kernels), self._norm(feats, self.hidden_norm, kernels)],
+                      dim=-1)                                                            # [N, 2E]
         return x, feats
+
+    def _norm(self, x: Tensor, weight: Tensor, kernels: bool) -> Tensor:
+        """RMSNorm(x) * weight; ``kernels``: the runtime's RMSNorm kernel (x [N, E] on CUDA, no autograd: drafting)."""
+        if kernels:
+            return ops.add_rmsnorm(x.contiguous(), None, weight, self.cfg.rms_norm_eps)[1]
+        return rms_norm(x, weight, self.cfg.rms_norm_eps)
 
     def _qkv(self, x: Tensor, rope: Tensor, invariant: bool = False) -> tuple[Tensor, Tensor, Tensor]:
         """x [N, 2E] (``_input``; eagle1 [N, E]), rope [N, 2, D] -> q [N, H, D], k, v [N, KV, D]."""
@@ -246,12 +248,8 @@ class HeadNet(nn.Module):
 
     def _head_logits(self, out: Tensor, target_lm_head, invariant: bool) -> Tensor:
         """``logits`` before the scatter: [..., V] through the target's LM head, or [..., Vd] through the head's."""
-        if self.eagle1:
-            h = out
-        elif invariant and out.dim() == 2 and self._runtime_kernels(out):
-            h = ops.add_rmsnorm(out.contiguous(), None, self.norm, self.cfg.rms_norm_eps)[1]   # drafting: one kernel
-        else:
-            h = rms_norm(out, self.norm, self.cfg.rms_norm_eps)
+        kernels = invariant and out.dim() == 2 and self._runtime_kernels(out)     # drafting: one kernel
+        h = out if self.eagle1 else self._norm(out, self.norm, kernels)
         if self.lm_head is None:
             return ops.linear(h, target_lm_head, invariant=True) if invariant else packed.linear(h, target_lm_head)
         return _linear(h, self.lm_head, invariant)                                         # [..., Vd]
