@@ -118,6 +118,28 @@ def test_a_head_made_under_inference_mode_drafts():
         assert torch.equal(head.net.greedy(out), greedy_tokens(head.net.logits(out, None, invariant=True)))
 
 
+def test_tree_children_are_the_top_w_of_the_full_logits(monkeypatch):
+    """``HeadNet.top_children`` (a tree depth's children) = the top-w ids of the scattered V-wide logits, as a set
+    per row (topk's order among ties is unspecified), w = 1 the greedy id; a draft vocabulary skips the scatter."""
+    out = torch.randn(16, CFG.hidden_size, generator=torch.Generator().manual_seed(3))
+    lm_head = torch.randn(CFG.vocab_size, CFG.hidden_size, generator=torch.Generator().manual_seed(4))   # shared
+    scatters = []
+    original = HeadNet._scatter
+    monkeypatch.setattr(HeadNet, "_scatter", lambda self, small: scatters.append(1) or original(self, small))
+    for net in (random_head(), random_head(draft_vocab=12)):
+        if net.lm_head is not None:
+            net.d2t.copy_(torch.tensor([40, 3, 30, 9, 1, 2, 44, 5, 8, 0, 7, 6]))
+        with torch.no_grad():
+            full = net.logits(out, lm_head, invariant=True)
+            for w in (1, 2, 4):
+                scatters.clear()
+                got = net.top_children(out, w, lm_head)
+                assert got.shape == (16, w)
+                want = full.topk(w, dim=-1).indices
+                assert torch.equal(got.sort(dim=-1).values, want.sort(dim=-1).values), w
+                assert not scatters or net.lm_head is None or w == 1 and not net.d2t_ascending
+
+
 def test_seeded_sampling_is_reproducible_and_batch_independent():
     model = target()
     with torch.no_grad():   # peaked q: a random head's near-uniform q would draw the same drafts from any state

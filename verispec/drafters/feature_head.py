@@ -61,8 +61,7 @@ from ..runtime.graphs import GraphCache
 from ..runtime.model import GRAPH_MAX_TOKENS, MAX_DRAFT_GRAPHS
 from ..runtime.transformer import rope_table
 from ..verify.sampling import is_greedy
-from .base import (Drafter, Proposal, Sampling, SamplingParams, TreeProposal, draw, full_tree, greedy_tokens,
-                   one_setting)
+from .base import Drafter, Proposal, Sampling, SamplingParams, TreeProposal, draw, full_tree, one_setting
 from .draft_model import _choose
 from .head_net import HeadNet
 
@@ -449,11 +448,10 @@ class FeatureHead(Drafter):
         S = self.cache.capacity
         base = inputs[:, 0]                                                                 # [R]
         out = self._last_buf[:R, None]                                                      # [R, 1, E]
-        logits = self.net.logits(out[:, 0], lm_head, invariant=True)                        # [R, V]
         levels, start = [], 0
         for d, w in enumerate(widths):
             # each node's top-w children, in node order (w = 1: the argmax, the chain's choice)
-            new = (greedy_tokens(logits)[:, None] if w == 1 else logits.topk(w, dim=-1).indices).view(R, -1)
+            new = self.net.top_children(out.reshape(-1, out.shape[-1]), w, lm_head).view(R, -1)
             levels.append(new)                                                              # [R, n_{d+1}]
             if d == len(widths) - 1:
                 break
@@ -467,7 +465,6 @@ class FeatureHead(Drafter):
             k = self.cache.k[0][:R]
             v = self.cache.v[0][:R]
             out = self.net.cached(feats, new, pos, self.target.net.embed, k, v, self._rope, True, slots, visible)
-            logits = self.net.logits(out.reshape(R * n, -1), lm_head, invariant=True)         # [R * n, V]
             start += n
         return torch.cat(levels, dim=1)
 

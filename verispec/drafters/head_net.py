@@ -226,6 +226,17 @@ class HeadNet(nn.Module):
             return greedy_tokens(self._head_logits(out, target_lm_head, invariant=True), self.d2t)
         return greedy_tokens(self.logits(out, target_lm_head, invariant=True))
 
+    def top_children(self, out: Tensor, w: int, target_lm_head=None) -> Tensor:
+        """A tree drafting step's w children: out [B, E] -> [B, w] int64 target ids, the top-w of
+        logits(out, target_lm_head, invariant=True); w = 1: ``greedy``'s id. With a draft vocabulary of at least w
+        ids the top-w run over the Vd draft logits, mapped through d2t (no V-wide scatter): the same ids, in an
+        order that may differ among tied values (torch.topk's order among ties is unspecified either way)."""
+        if w == 1:
+            return self.greedy(out, target_lm_head)[:, None]
+        if self.lm_head is not None and self.cfg.draft_vocab >= w:
+            return self.d2t[self._head_logits(out, target_lm_head, invariant=True).topk(w, dim=-1).indices]
+        return self.logits(out, target_lm_head, invariant=True).topk(w, dim=-1).indices
+
     @property
     def d2t_ascending(self) -> bool:
         """Whether d2t ascends: read from the device once per (d2t storage, version), so a copy into d2t (loading,
