@@ -79,6 +79,35 @@ def test_kernels_match_torch_path_gpu_bf16_long(T, B):
         assert rel(a, b) <= 2e-2
 
 
+@pytest.mark.parametrize("device", _devices())
+def test_decode_attention_dead_splits_and_capacity(device):
+    """A cache of three splits where the rows' live slots end in split 0, 1 and 2: each row equals attention over
+    its live prefix, whatever number of programs walks the splits (bit for bit), and equals, bit for bit, the same
+    row computed in a cache of one split (the splits past a row's live slots are neither stored nor read)."""
+    torch.manual_seed(0)
+    B, KV, G, T, D = 3, 2, 2, 2, 16
+    S = 3 * ops.ATTN_SPLIT
+    lengths = torch.tensor([5, ops.ATTN_SPLIT + 40, 2 * ops.ATTN_SPLIT + 9], device=device)
+    kc = torch.randn(B, KV, S, D, device=device)
+    vc = torch.randn(B, KV, S, D, device=device)
+    q = torch.randn(B * T, KV * G, D, device=device)
+    o = ops.decode_attention(q, kc, vc, lengths, T, D ** -0.5).view(B, T, KV * G, D)
+    for b in range(B):
+        n = int(lengths[b]) + T
+        qb = q.view(B, T, KV * G, D)[b].transpose(0, 1)                              # [H, T, D]
+        k = kc[b, :, :n].repeat_interleave(G, 0)
+        v = vc[b, :, :n].repeat_interleave(G, 0)
+        mask = torch.arange(n, device=device)[None, :] <= (n - T + torch.arange(T, device=device))[:, None]
+        ref = torch.nn.functional.scaled_dot_product_attention(qb, k, v, attn_mask=mask)
+        assert rel(o[b].transpose(0, 1), ref) <= 1e-5, b
+    for programs in (1, 2, 3):
+        again = ops.decode_attention(q, kc, vc, lengths, T, D ** -0.5, programs=programs)
+        assert torch.equal(again.view(B, T, KV * G, D), o), programs
+    small = ops.decode_attention(q.view(B, T, -1, D)[:1].reshape(T, -1, D), kc[:1, :, :ops.ATTN_SPLIT].contiguous(),
+                                 vc[:1, :, :ops.ATTN_SPLIT].contiguous(), lengths[:1], T, D ** -0.5)
+    assert torch.equal(small.view(T, KV * G, D), o[0])
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("D", [64, 128])
 def test_decode_attention_vs_sdpa_gpu(D):

@@ -85,6 +85,8 @@ def test_tree_attention_kernel_reads_each_path_as_the_chain_kernel(G, parents):
     lay = trees.tree_layout((parents, parents), T)
     q = torch.randn(B * T, KV * G, D)
     o = tree_attention(q, k, v, root, lay.depth, lay.path, 0.25).view(B, T, -1)
+    for programs in (1, 2):          # programs walking the live splits: the same partials, the same bits
+        assert torch.equal(tree_attention(q, k, v, root, lay.depth, lay.path, 0.25, programs).view(B, T, -1), o)
     exact = G == 1 and parents == tuple(range(-1, T - 1))
     for n, path in enumerate(trees.depths_and_paths(parents)):
         kc, vc, idx = k.clone(), v.clone(), torch.tensor(path)

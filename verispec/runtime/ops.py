@@ -214,7 +214,7 @@ if AVAILABLE:
         return m_i, l_i, acc
 
     @triton.jit
-    def _attn_split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, acc_ptr, ml_ptr, T, H, KV, G, NSPLIT, ROWS,
+    def _attn_split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, acc_ptr, ml_ptr, T, H, KV, G, NSPLIT, NPROG, ROWS,
                            s_cb, s_ch, s_cs, scale_log2,
                            D: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                            PREC: tl.constexpr, PDL: tl.constexpr):
@@ -222,7 +222,7 @@ if AVAILABLE:
             gdc_launch_dependents()
             gdc_wait()
         bk = tl.program_id(0)                          # b * KV + kv head
-        sp = tl.program_id(1)                          # split of the cache slots
+        prog = tl.program_id(1)                        # computes splits prog, prog + NPROG, ... of the live ones
         rt = tl.program_id(2)                          # tile of BLOCK_M query rows
         b = bk // KV
         kvh = bk % KV
@@ -234,26 +234,31 @@ if AVAILABLE:
         qpos = L + i                                   # [BLOCK_M] position of each row's token
         offs_d = tl.arange(0, D)
         n_tok = (b * T + i).to(tl.int64)
+        # only splits that hold live slots are computed and stored (the combine reads those alone): a cache of S
+        # slots has S / SPLIT splits, most of them dead for short sequences, and the grid's NPROG programs per
+        # (sequence, head) walk the live ones. Each split's partial is the same whatever program computes it.
+        nlive = tl.minimum((L + T + SPLIT - 1) // SPLIT, NSPLIT)
         q = tl.load(q_ptr + ((n_tok * H + kvh * G + g) * D)[:, None] + offs_d[None, :],
-                    mask=row_ok[:, None], other=0.0)
+                    mask=row_ok[:, None] & (prog < nlive), other=0.0)
         kbase = k_ptr + b.to(tl.int64) * s_cb + kvh.to(tl.int64) * s_ch
         vbase = v_ptr + b.to(tl.int64) * s_cb + kvh.to(tl.int64) * s_ch
-        start = sp * SPLIT
-        end = tl.minimum(start + SPLIT, L + T)         # live slots only
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, D], tl.float32)
-        for j0 in range(start, end, BLOCK_N):
-            m_i, l_i, acc = _attn_block(q, kbase, vbase, offs_d, j0, end, qpos, s_cs, scale_log2, m_i, l_i, acc,
-                                        BLOCK_N, PREC)
-        part = (bk * NSPLIT + sp).to(tl.int64) * ROWS + rows
-        tl.store(acc_ptr + part[:, None] * D + offs_d[None, :], acc)
-        tl.store(ml_ptr + part * 2, m_i)
-        tl.store(ml_ptr + part * 2 + 1, l_i)
+        for sp in range(prog, nlive, NPROG):
+            start = sp * SPLIT
+            end = tl.minimum(start + SPLIT, L + T)     # live slots only
+            m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            l_i = tl.zeros([BLOCK_M], tl.float32)
+            acc = tl.zeros([BLOCK_M, D], tl.float32)
+            for j0 in range(start, end, BLOCK_N):
+                m_i, l_i, acc = _attn_block(q, kbase, vbase, offs_d, j0, end, qpos, s_cs, scale_log2, m_i, l_i,
+                                            acc, BLOCK_N, PREC)
+            part = (bk * NSPLIT + sp).to(tl.int64) * ROWS + rows
+            tl.store(acc_ptr + part[:, None] * D + offs_d[None, :], acc)
+            tl.store(ml_ptr + part * 2, m_i)
+            tl.store(ml_ptr + part * 2 + 1, l_i)
 
     @triton.jit
-    def _attn_combine_kernel(acc_ptr, ml_ptr, o_ptr, T, H, KV, G, NSPLIT, ROWS,
-                             D: tl.constexpr, PDL: tl.constexpr):
+    def _attn_combine_kernel(acc_ptr, ml_ptr, o_ptr, live_ptr, LIVE_ADD, T, H, KV, G, NSPLIT, ROWS,
+                             D: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr):
         if PDL:                                        # see use_pdl: start early, wait for the predecessor
             gdc_launch_dependents()
             gdc_wait()
@@ -264,17 +269,19 @@ if AVAILABLE:
         g = r // T
         i = r % T
         base = (bk * NSPLIT).to(tl.int64) * ROWS + r
-        # NOTE: splits are merged one at a time in split order (not a tree over a power-of-two block): splits past
-        # the live slots hold m = -inf, l = 0, acc = 0 and add exact zeros, so the result does not depend on how
-        # many splits the cache capacity has (a sequence's logits then do not depend on its batch's max_seq_len).
+        # NOTE: splits are merged one at a time in split order (not a tree over a power-of-two block), and only the
+        # splits that hold live slots (the live ones of sequence b end at slot live_ptr[b] + LIVE_ADD; the split
+        # kernels store nothing past them), so the result does not depend on how many splits the cache capacity has
+        # (a sequence's logits then do not depend on its batch's max_seq_len).
+        nlive = tl.minimum((tl.load(live_ptr + b).to(tl.int32) + LIVE_ADD + SPLIT - 1) // SPLIT, NSPLIT)
         m_max = tl.load(ml_ptr + base * 2)             # split 0 always holds slot 0: finite
-        for s in range(1, NSPLIT):
+        for s in range(1, nlive):
             m_max = tl.maximum(m_max, tl.load(ml_ptr + (base + s * ROWS) * 2))
         offs_d = tl.arange(0, D)
         w0 = tl.exp2(tl.load(ml_ptr + base * 2) - m_max)
         num = tl.load(acc_ptr + base * D + offs_d) * w0
         den = tl.load(ml_ptr + base * 2 + 1) * w0
-        for s in range(1, NSPLIT):
+        for s in range(1, nlive):
             part = base + s * ROWS
             m = tl.load(ml_ptr + part * 2)
             w = tl.where(m == float("-inf"), 0.0, tl.exp2(m - m_max))
@@ -442,10 +449,24 @@ def attention_splits(S: int) -> int:
     return -(-S // ATTN_SPLIT)
 
 
-def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, lengths: Tensor, T: int, scale: float) -> Tensor:
+SPLIT_CTAS_PER_SM = 4   # split_programs: programs of a split kernel per SM that the grid aims for
+
+
+def split_programs(nsplit: int, groups: int, device: torch.device) -> int:
+    """Programs per (sequence, KV head, row tile) of a split kernel: enough for ~SPLIT_CTAS_PER_SM programs an SM
+    over the ``groups`` of the grid, at most one per split. Each walks the live splits prog, prog + n, ...; dead
+    programs exit. The choice changes no result (each split's partial is computed alone), only the grid: a long
+    cache at a small batch keeps its splits in parallel, a large batch does not launch a program per dead split."""
+    sms = sm_count(device) if device.type == "cuda" else 1
+    return max(1, min(nsplit, -(-SPLIT_CTAS_PER_SM * sms // groups)))
+
+
+def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, lengths: Tensor, T: int, scale: float,
+                     programs: int | None = None) -> Tensor:
     """q [N=B*T, H, D] (token i of sequence b at position lengths[b] + i, already in the cache) ->
     o [N, H*D]: softmax(q K^T * scale) V over cache slots j <= lengths[b] + i. Each query row's result is the
-    same bits whatever B, T and the cache capacity are (see ATTN_SPLIT)."""
+    same bits whatever B, T and the cache capacity are (see ATTN_SPLIT), and whatever ``programs`` (the split
+    kernel's programs per sequence and head; None: ``split_programs``)."""
     N, H, D = q.shape
     B = N // T
     KV, S = k_cache.shape[1], k_cache.shape[2]
@@ -455,12 +476,13 @@ def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, lengths: Tenso
     fp32 = q.dtype == torch.float32
     block_n = attention_block_n(q.dtype, D)
     nsplit, tiles, rows, acc, ml = _attn_partials(q, B, KV, G, T, S)
-    _attn_split_kernel[(B * KV, nsplit, tiles)](
-        q, k_cache, v_cache, lengths, acc, ml, T, H, KV, G, nsplit, rows,
+    nprog = split_programs(nsplit, B * KV * tiles, q.device) if programs is None else min(programs, nsplit)
+    _attn_split_kernel[(B * KV, nprog, tiles)](
+        q, k_cache, v_cache, lengths, acc, ml, T, H, KV, G, nsplit, nprog, rows,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), scale * 1.4426950408889634,
         D=D, SPLIT=ATTN_SPLIT, BLOCK_M=ATTN_BLOCK_M, BLOCK_N=block_n, PREC="ieee" if fp32 else "tf32", num_warps=4,
         **_launch_options(q.device))
-    return _attn_combine(q, acc, ml, B, T, KV, G, nsplit, rows)
+    return _attn_combine(q, acc, ml, B, T, KV, G, nsplit, rows, lengths, T)
 
 
 # The split kernels' partials and their combine, shared by decode_attention and tree_attention.tree_attention
@@ -479,12 +501,14 @@ def _attn_partials(q: Tensor, B: int, KV: int, G: int, T: int, S: int) -> tuple[
 
 
 def _attn_combine(q: Tensor, acc: Tensor, ml: Tensor, B: int, T: int, KV: int, G: int, nsplit: int,
-                  rows: int) -> Tensor:
-    """The splits' partials (``_attn_partials``, row g * T + i) merged in split order -> o [N=B*T, H*D], q's dtype."""
+                  rows: int, live: Tensor, live_add: int) -> Tensor:
+    """The splits' partials (``_attn_partials``, row g * T + i) merged in split order -> o [N=B*T, H*D], q's dtype.
+    live [B] int64 + live_add: where sequence b's live slots end (the split kernel's bound); later splits are
+    dead and not read."""
     N, H, D = q.shape
     o = torch.empty(N, H * D, device=q.device, dtype=q.dtype)
-    _attn_combine_kernel[(B * KV, G * T)](acc, ml, o, T, H, KV, G, nsplit, rows, D=D, num_warps=1,
-                                          **_launch_options(q.device))
+    _attn_combine_kernel[(B * KV, G * T)](acc, ml, o, live, live_add, T, H, KV, G, nsplit, rows, D=D,
+                                          SPLIT=ATTN_SPLIT, num_warps=1, **_launch_options(q.device))
     return o
 
 

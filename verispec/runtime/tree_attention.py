@@ -60,7 +60,7 @@ if ops.AVAILABLE:
 
     @triton.jit
     def _tree_attn_split_kernel(q_ptr, k_ptr, v_ptr, root_ptr, depth_ptr, path_ptr, acc_ptr, ml_ptr,
-                                T, H, KV, NSPLIT, ROWS, P, s_cb, s_ch, s_cs, scale_log2,
+                                T, H, KV, NSPLIT, NPROG, ROWS, P, s_cb, s_ch, s_cs, scale_log2,
                                 G: tl.constexpr, TOKENS: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
                                 PDL: tl.constexpr):
@@ -68,7 +68,7 @@ if ops.AVAILABLE:
             gdc_launch_dependents()
             gdc_wait()
         bk = tl.program_id(0)                          # b * KV + kv head
-        sp = tl.program_id(1)                          # split of the (virtual) cache slots
+        prog = tl.program_id(1)                        # walks the live splits prog, prog + NPROG, ... (as ops')
         rt = tl.program_id(2)                          # tile of BLOCK_M query rows
         b = bk // KV
         kvh = bk % KV
@@ -82,49 +82,53 @@ if ops.AVAILABLE:
         qpos = R + dep                                 # [BLOCK_M] position of each row's token
         offs_d = tl.arange(0, D)
         n_tok = (b * T + i_safe).to(tl.int64)
+        nlive = tl.minimum((R + P + SPLIT - 1) // SPLIT, NSPLIT)   # splits with live (virtual) slots (ops' reasons)
         q = tl.load(q_ptr + ((n_tok * H + kvh * G + g) * D)[:, None] + offs_d[None, :],
-                    mask=row_ok[:, None], other=0.0)
+                    mask=row_ok[:, None] & (prog < nlive), other=0.0)
         kbase = k_ptr + b.to(tl.int64) * s_cb + kvh.to(tl.int64) * s_ch
         vbase = v_ptr + b.to(tl.int64) * s_cb + kvh.to(tl.int64) * s_ch
-        start = sp * SPLIT
-        end = tl.minimum(start + SPLIT, R + P)         # virtual slots past every row's path are masked
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, D], tl.float32)
-        # blocks wholly below the root: the prefix, one shared key tile (the chain kernel's loop body)
-        shared_end = tl.minimum(end, start + (tl.maximum(R - start, 0) // BLOCK_N) * BLOCK_N)
-        for j0 in range(start, shared_end, BLOCK_N):
-            m_i, l_i, acc = ops._attn_block(q, kbase, vbase, offs_d, j0, end, qpos, s_cs, scale_log2, m_i, l_i, acc,
-                                            BLOCK_N, PREC)
-        # blocks that reach the tree: the tile's rows of one token at a time read that token's path (see the
-        # module docstring); the other rows of the dot are zeros and its result is kept for that token's rows only
-        first = (rt * BLOCK_M) // G                    # the tile's first token; TOKENS covers the rest
-        for j0 in range(shared_end, end, BLOCK_N):
-            slots = j0 + tl.arange(0, BLOCK_N)
-            smask = slots < end
-            s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-            for j in tl.static_range(TOKENS):
-                mine, phys, ok_j = _token_path(depth_ptr, path_ptr, b, T, P, R, first + j, i, row_ok, slots, smask)
-                k_j = tl.load(kbase + phys[:, None] * s_cs + offs_d[None, :], mask=ok_j[:, None], other=0.0)
-                q_j = tl.where(mine[:, None], q, tl.zeros_like(q))                      # keeps q's dtype
-                s = tl.where(mine[:, None], tl.dot(q_j, tl.trans(k_j), input_precision=PREC), s)
-            pr, alpha, m_new, l_i = ops._attn_softmax_step(s * scale_log2, slots, smask, qpos, m_i, l_i)
-            scaled = acc * alpha[:, None]
-            for j in tl.static_range(TOKENS):
-                mine, phys, ok_j = _token_path(depth_ptr, path_ptr, b, T, P, R, first + j, i, row_ok, slots, smask)
-                v_j = tl.load(vbase + phys[:, None] * s_cs + offs_d[None, :], mask=ok_j[:, None], other=0.0)
-                pr_j = tl.where(mine[:, None], pr, 0.0).to(v_j.dtype)
-                acc = tl.where(mine[:, None], scaled + tl.dot(pr_j, v_j, input_precision=PREC), acc)
-            m_i = m_new
-        # partials in the chain kernel's row layout (g * T + i), which ops._attn_combine_kernel reads
-        part = (bk * NSPLIT + sp).to(tl.int64) * ROWS + g * T + i_safe
-        tl.store(acc_ptr + part[:, None] * D + offs_d[None, :], acc, mask=row_ok[:, None])
-        tl.store(ml_ptr + part * 2, m_i, mask=row_ok)
-        tl.store(ml_ptr + part * 2 + 1, l_i, mask=row_ok)
+        for sp in range(prog, nlive, NPROG):
+            start = sp * SPLIT
+            end = tl.minimum(start + SPLIT, R + P)     # virtual slots past every row's path are masked
+            m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            l_i = tl.zeros([BLOCK_M], tl.float32)
+            acc = tl.zeros([BLOCK_M, D], tl.float32)
+            # blocks wholly below the root: the prefix, one shared key tile (the chain kernel's loop body)
+            shared_end = tl.minimum(end, start + (tl.maximum(R - start, 0) // BLOCK_N) * BLOCK_N)
+            for j0 in range(start, shared_end, BLOCK_N):
+                m_i, l_i, acc = ops._attn_block(q, kbase, vbase, offs_d, j0, end, qpos, s_cs, scale_log2, m_i, l_i,
+                                                acc, BLOCK_N, PREC)
+            # blocks that reach the tree: the tile's rows of one token at a time read that token's path (see the
+            # module docstring); the other rows of the dot are zeros and its result is kept for that token's rows
+            first = (rt * BLOCK_M) // G                # the tile's first token; TOKENS covers the rest
+            for j0 in range(shared_end, end, BLOCK_N):
+                slots = j0 + tl.arange(0, BLOCK_N)
+                smask = slots < end
+                s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+                for j in tl.static_range(TOKENS):
+                    mine, phys, ok_j = _token_path(depth_ptr, path_ptr, b, T, P, R, first + j, i, row_ok, slots,
+                                                   smask)
+                    k_j = tl.load(kbase + phys[:, None] * s_cs + offs_d[None, :], mask=ok_j[:, None], other=0.0)
+                    q_j = tl.where(mine[:, None], q, tl.zeros_like(q))                  # keeps q's dtype
+                    s = tl.where(mine[:, None], tl.dot(q_j, tl.trans(k_j), input_precision=PREC), s)
+                pr, alpha, m_new, l_i = ops._attn_softmax_step(s * scale_log2, slots, smask, qpos, m_i, l_i)
+                scaled = acc * alpha[:, None]
+                for j in tl.static_range(TOKENS):
+                    mine, phys, ok_j = _token_path(depth_ptr, path_ptr, b, T, P, R, first + j, i, row_ok, slots,
+                                                   smask)
+                    v_j = tl.load(vbase + phys[:, None] * s_cs + offs_d[None, :], mask=ok_j[:, None], other=0.0)
+                    pr_j = tl.where(mine[:, None], pr, 0.0).to(v_j.dtype)
+                    acc = tl.where(mine[:, None], scaled + tl.dot(pr_j, v_j, input_precision=PREC), acc)
+                m_i = m_new
+            # partials in the chain kernel's row layout (g * T + i), which ops._attn_combine_kernel reads
+            part = (bk * NSPLIT + sp).to(tl.int64) * ROWS + g * T + i_safe
+            tl.store(acc_ptr + part[:, None] * D + offs_d[None, :], acc, mask=row_ok[:, None])
+            tl.store(ml_ptr + part * 2, m_i, mask=row_ok)
+            tl.store(ml_ptr + part * 2 + 1, l_i, mask=row_ok)
 
 
 def tree_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, root: Tensor, depth: Tensor, path: Tensor,
-                   scale: float) -> Tensor:
+                   scale: float, programs: int | None = None) -> Tensor:
     """q [N=B*T, H, D] (the pass's tokens, their K/V already in the cache), root [B] int64 (each sequence's root
     slot), depth [B, T] int64, path [B, T, P] int64 (node offsets from the root of each token's root-to-token path,
     root first; entries past the token's depth are not read) -> o [N, H*D]: softmax(q K^T * scale) V over the
@@ -139,9 +143,11 @@ def tree_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, root: Tensor, de
     assert D == ops._pow2(D) and D >= 16, "head_dim must be a power of two >= 16"
     fp32 = q.dtype == torch.float32
     nsplit, tiles, rows, acc, ml = ops._attn_partials(q, B, KV, G, T, S)
-    _tree_attn_split_kernel[(B * KV, nsplit, tiles)](
-        q, k_cache, v_cache, root, depth, path, acc, ml, T, H, KV, nsplit, rows, P,
+    nprog = ops.split_programs(nsplit, B * KV * tiles, q.device) if programs is None else min(programs, nsplit)
+    _tree_attn_split_kernel[(B * KV, nprog, tiles)](
+        q, k_cache, v_cache, root, depth, path, acc, ml, T, H, KV, nsplit, nprog, rows, P,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), scale * 1.4426950408889634,
-        G=G, TOKENS=(ops.ATTN_BLOCK_M - 1) // G + 2, D=D, SPLIT=ops.ATTN_SPLIT, BLOCK_M=ops.ATTN_BLOCK_M, BLOCK_N=ops.attention_block_n(q.dtype, D),
+        G=G, TOKENS=(ops.ATTN_BLOCK_M - 1) // G + 2, D=D, SPLIT=ops.ATTN_SPLIT, BLOCK_M=ops.ATTN_BLOCK_M,
+        BLOCK_N=ops.attention_block_n(q.dtype, D),
         PREC="ieee" if fp32 else "tf32", num_warps=4, **ops._launch_options(q.device))
-    return ops._attn_combine(q, acc, ml, B, T, KV, G, nsplit, rows)
+    return ops._attn_combine(q, acc, ml, B, T, KV, G, nsplit, rows, root, P)
