@@ -219,3 +219,24 @@ def test_decode_rejects_wrong_shapes(model):
                                             ("qwen2.5-0.5b", 0.494), ("smollm2-135m", 0.1345)])
 def test_named_shapes_match_public_parameter_counts(name, billions):
     assert named_shape(name).num_params / 1e9 == pytest.approx(billions, rel=0.01)
+
+
+def test_keep_copies_only_the_slots_below_the_bound():
+    """A moved row copies slots [0, slots) of every layer's K and V and nothing past them; rows that stay are not
+    written; slots=None copies every slot."""
+    from verispec.runtime.cache import StaticKVCache
+
+    cache = StaticKVCache(CFG, 4, 40, torch.device("cpu"), torch.float32)
+    cache.reset(0, 40)
+    cache.admit([5, 9, 3, 7])
+    cache.kv.copy_(torch.randn_like(cache.kv))
+    before = cache.kv.clone()
+    cache.keep([3, 1], slots=10)                     # row 3 moves to 0; row 1 stays
+    assert torch.equal(cache.kv[:, :, 0, :, :10], before[:, :, 3, :, :10])
+    assert torch.equal(cache.kv[:, :, 0, :, 10:], before[:, :, 0, :, 10:])     # past the bound: untouched
+    assert torch.equal(cache.kv[:, :, 1], before[:, :, 1])
+    assert cache.lengths.tolist() == [7, 9]
+    cache.admit([4, 4])
+    cache.kv.copy_(before)
+    cache.keep([2, 1, 0])
+    assert torch.equal(cache.kv[:, :, 0], before[:, :, 2]) and torch.equal(cache.kv[:, :, 2], before[:, :, 0])

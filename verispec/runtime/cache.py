@@ -99,13 +99,15 @@ class StaticKVCache:
         self.max_len_bound = max(self.max_len_bound, max(lengths))
         return first
 
-    def keep(self, batch_indices) -> None:
+    def keep(self, batch_indices, slots: int | None = None) -> None:
         """Move sequences ``batch_indices`` (in that order) to the prefix [:B'] and make B = B'.
 
         Only rows whose position changes are copied (all K/V buffers of every layer: at B=32 a full
         compaction moves ~1 GB for an 8B model), so an order that leaves kept rows in place and fills the
         holes from the tail (``fill_order``) costs a few row copies. Host indices (a list or a CPU tensor)
-        let that be decided without a device sync; indices on the device are copied in full."""
+        let that be decided without a device sync; indices on the device are copied in full. ``slots``: a moved
+        row copies only its slots [0, slots) -- the caller's bound on every row's length (``Model.keep`` passes
+        ``max_len_bound``): an 8B row of a 2048-slot cache is 268 MB, its live slots a few MB. None: every slot."""
         idx = torch.as_tensor(batch_indices, dtype=torch.long)
         n = idx.shape[0]
         if n > self.batch_size:
@@ -119,8 +121,9 @@ class StaticKVCache:
             if moves:
                 dst = to_device([m[0] for m in moves], device, torch.long)
                 src = to_device([m[1] for m in moves], device, torch.long)
-                for buf in self.k + self.v:
-                    buf[dst] = buf[src]                   # gather first (a copy), then write
+                live = self.capacity if slots is None else min(max(int(slots), 0), self.capacity)
+                # every layer's K and V at once ([2, layers, B, KV, S, D]): gather first (a copy), then write
+                self.kv[:, :, dst, :, :live] = self.kv[:, :, src, :, :live]
         else:
             idx = idx.to(device=device, dtype=torch.long)
             for buf in self.k + self.v:

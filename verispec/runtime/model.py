@@ -697,8 +697,10 @@ class Model:
     @torch.no_grad()
     def keep(self, batch_indices) -> None:
         """Compact the cache to sequences ``batch_indices`` (in that order); B becomes len(batch_indices).
-        Host indices (list / CPU tensor) copy only the rows that move (see ``cache.fill_order``)."""
-        self._need_cache().keep(batch_indices)
+        Host indices (list / CPU tensor) copy only the rows that move (see ``cache.fill_order``), and of those
+        only the slots below ``max_len_bound`` (no row holds K/V past it)."""
+        cache = self._need_cache()
+        cache.keep(batch_indices, slots=cache.max_len_bound)
         if self._prompt_hidden:   # prompt states not yet taken move with their rows
             order = torch.as_tensor(batch_indices).tolist()
             self._prompt_hidden = {new: self._prompt_hidden[old] for new, old in enumerate(order)
