@@ -102,12 +102,12 @@ class StaticKVCache:
     def keep(self, batch_indices, slots: int | None = None) -> None:
         """Move sequences ``batch_indices`` (in that order) to the prefix [:B'] and make B = B'.
 
-        Only rows whose position changes are copied (all K/V buffers of every layer: at B=32 a full
-        compaction moves ~1 GB for an 8B model), so an order that leaves kept rows in place and fills the
-        holes from the tail (``fill_order``) costs a few row copies. Host indices (a list or a CPU tensor)
-        let that be decided without a device sync; indices on the device are copied in full. ``slots``: a moved
-        row copies only its slots [0, slots) -- the caller's bound on every row's length (``Model.keep`` passes
-        ``max_len_bound``): an 8B row of a 2048-slot cache is 268 MB, its live slots a few MB. None: every slot."""
+        Only rows whose position changes are copied (every layer's K and V: 268 MB a row for the 8B shape in a
+        2048-slot cache), so an order that leaves kept rows in place and fills the holes from the tail
+        (``fill_order``) costs a few row copies. Host indices (a list or a CPU tensor) let that be decided without a
+        device sync; indices on the device are copied in full. ``slots``: a moved row copies only its slots
+        [0, slots) -- the caller's bound on every row's length (``Model.keep`` passes ``max_len_bound``; a few MB a
+        row for the 8B shape at a few hundred tokens). None: every slot."""
         idx = torch.as_tensor(batch_indices, dtype=torch.long)
         n = idx.shape[0]
         if n > self.batch_size:
