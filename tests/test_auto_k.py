@@ -399,3 +399,15 @@ def test_a_stale_measurement_expires():
     ks = _loaded_batch_ks(round_memory=64)
     assert sum(1 for k in ks[100:] if k) <= 8
     assert all(_loaded_batch_ks(round_memory=10**9)[100:])
+
+
+@given(st.lists(st.tuples(st.floats(0, 50), st.floats(0, 50)), max_size=10), st.integers(0, 12),
+       st.floats(0, 1), st.floats(0.01, 8))
+@settings(max_examples=200, deadline=None)
+def test_chain_alphas_fast_path_equals_the_general_one(evidence, k_max, prior_alpha, prior_strength):
+    """RowState.alphas without tree evidence (its one-pass branch) gives the general loop's values bit for bit."""
+    from verispec.engine.auto_k import RowState
+    fast = RowState(accepted=[min(a, t) for a, t in evidence], tested=[t for _, t in evidence])
+    general = RowState(accepted=list(fast.accepted), tested=list(fast.tested), wide_tested={2: []},
+                       wide_accepted={2: []})     # a width never tested anywhere: the general loop, the same values
+    assert fast.alphas(k_max, prior_alpha, prior_strength) == general.alphas(k_max, prior_alpha, prior_strength)

@@ -399,6 +399,11 @@ class RowState:
         only trees have tested thus leaves the prior's optimistic alpha as their rounds come in, and so does every
         width's coverage there (never below alpha)."""
         prior = prior_alpha * prior_strength
+        if not self.wide_tested:         # chain evidence alone (every round of a chain policy): one pass, same values
+            acc, tst = self.accepted, self.tested          # always of one length (``_grow``)
+            n = min(k_max, len(tst))
+            return ([(acc[i] + prior) / (tst[i] + prior_strength) for i in range(n)]
+                    + [(0.0 + prior) / (0.0 + prior_strength)] * (k_max - n))
         out = []
         for i in range(k_max):
             accepted = self.accepted[i] if i < len(self.accepted) else 0.0
