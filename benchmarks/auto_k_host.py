@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
 BATCHES = (1, 8, 32)
 ROUNDS, WARM = 600, 100
 
@@ -96,7 +95,7 @@ def main(argv=None) -> int:
     ap.add_argument("--write", action="store_true", help="also write benchmarks/results/auto_k_host.md")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    from benchmarks.common import environment, environment_line, markdown_table
+    from benchmarks.common import environment, environment_line, markdown_table, write_page
 
     t0 = time.perf_counter()
     now = measure()
@@ -112,11 +111,7 @@ def main(argv=None) -> int:
     lines += markdown_table(["k_max", "general loop us", "chain-only pass us", "general / chain-only"],
                             [[k, f"{g:.2f}", f"**{f:.2f}**", f"{g / f:.1f}x"] for k, g, f in alphas_us()])
     text = "\n".join(lines) + "\n"
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "auto_k_host.md").write_text(text)
-    if args.write:
-        (RESULTS / "auto_k_host.md").write_text(text)
-    print(text)
+    write_page(text, args.out, "auto_k_host.md", args.write)
     return 0
 
 

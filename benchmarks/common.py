@@ -18,6 +18,7 @@ import platform
 import statistics
 import time
 import urllib.request
+from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
@@ -171,3 +172,12 @@ def wait_health(base: str, timeout_s: float, poll_s: float) -> None:
             pass
         time.sleep(poll_s)
     raise RuntimeError(f"the server at {base} did not come up in {timeout_s:.0f} s")
+
+
+def write_page(text: str, out: Path, name: str, write: bool) -> None:
+    """A results page: ``out``/``name`` always, benchmarks/results/``name`` too with ``write``; printed."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / name).write_text(text)
+    if write:
+        (Path(__file__).resolve().parent / "results" / name).write_text(text)
+    print(text)

@@ -27,7 +27,6 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
 KV, G, D = 8, 4, 128                                   # llama-3.1-8b's attention
 SHAPES = ((1, 1, 500, 2048), (1, 1, 4000, 4096), (1, 1, 4000, 8192), (1, 8, 4000, 8192), (8, 1, 160, 2048),
           (32, 1, 160, 2048), (32, 1, 160, 4096), (32, 4, 160, 2048), (32, 1, 1900, 2048), (64, 1, 160, 2048))
@@ -156,18 +155,14 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU")
     sys.path.insert(0, str(ROOT))
-    from benchmarks.common import copy_bandwidth
+    from benchmarks.common import copy_bandwidth, write_page
 
     t0 = time.perf_counter()
     before = measure_other_root(args.compare_root, args.steps) if args.compare_root else None
     now = measure(args.steps)
     peer = sdpa_us()
     text = page(args, now, before, peer, copy_bandwidth(), time.perf_counter() - t0)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "decode_attention.md").write_text(text)
-    if args.write:
-        (RESULTS / "decode_attention.md").write_text(text)
-    print(text)
+    write_page(text, args.out, "decode_attention.md", args.write)
     return 0
 
 
