@@ -65,3 +65,12 @@ def test_on_cuda_it_equals_argmax(V):
     assert torch.equal(greedy_tokens(x), x.argmax(dim=-1))
     assert torch.equal(greedy_tokens(x.view(3, 3, V)), x.view(3, 3, V).argmax(dim=-1))   # [B, T, V]
     assert greedy_tokens(x[:0]).shape == (0,)
+
+
+def test_a_map_that_does_not_fit_is_refused_by_name():
+    """The kernel reads index_map[argmax] unchecked: a map of the wrong length or dtype is refused before it runs."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    x = torch.randn(2, 50, device=device)
+    for bad in (torch.arange(49, device=device), torch.arange(50, device=device, dtype=torch.int32)):
+        with pytest.raises(ValueError, match="index_map must be"):
+            ops.argmax_rows(x, bad)

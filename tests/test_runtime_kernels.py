@@ -103,6 +103,8 @@ def test_decode_attention_dead_splits_and_capacity(device):
     for programs in (1, 2, 3):
         again = ops.decode_attention(q, kc, vc, lengths, T, D ** -0.5, programs=programs)
         assert torch.equal(again.view(B, T, KV * G, D), o), programs
+    with pytest.raises(ValueError, match="programs must be >= 1"):
+        ops.decode_attention(q, kc, vc, lengths, T, D ** -0.5, programs=0)
     small = ops.decode_attention(q.view(B, T, -1, D)[:1].reshape(T, -1, D), kc[:1, :, :ops.ATTN_SPLIT].contiguous(),
                                  vc[:1, :, :ops.ATTN_SPLIT].contiguous(), lengths[:1], T, D ** -0.5)
     assert torch.equal(small.view(T, KV * G, D), o[0])

@@ -356,6 +356,11 @@ def argmax_rows(x: Tensor, index_map: Tensor | None = None) -> Tensor:
     """x [R, V] -> [R] int64: x.argmax(-1) (the first maximum; NaN counts as the maximum, as in torch), one program a
     row; with ``index_map`` [V] int64, index_map[argmax] (a draft vocabulary's ids to the target's)."""
     R, V = x.shape
+    if index_map is not None and (index_map.shape != (V,) or index_map.dtype != torch.int64
+                                  or index_map.device != x.device):
+        # the kernel reads index_map[argmax] unchecked: a short or foreign map would be read out of bounds
+        raise ValueError(f"argmax_rows: index_map must be [{V}] int64 on {x.device}, got "
+                         f"{list(index_map.shape)} {index_map.dtype} on {index_map.device}")
     if x.stride(1) != 1:
         x = x.contiguous()
     out = torch.empty(R, dtype=torch.int64, device=x.device)
@@ -452,11 +457,16 @@ def attention_splits(S: int) -> int:
 SPLIT_CTAS_PER_SM = 4   # split_programs: programs of a split kernel per SM that the grid aims for
 
 
-def split_programs(nsplit: int, groups: int, device: torch.device) -> int:
+def split_programs(nsplit: int, groups: int, device: torch.device, programs: int | None = None) -> int:
     """Programs per (sequence, KV head, row tile) of a split kernel: enough for ~SPLIT_CTAS_PER_SM programs an SM
     over the ``groups`` of the grid, at most one per split. Each walks the live splits prog, prog + n, ...; dead
     programs exit. The choice changes no result (each split's partial is computed alone), only the grid: a long
-    cache at a small batch keeps its splits in parallel, a large batch does not launch a program per dead split."""
+    cache at a small batch keeps its splits in parallel, a large batch does not launch a program per dead split.
+    ``programs``: the caller's count instead (at most nsplit; >= 1: with none, no partial would be written)."""
+    if programs is not None:
+        if programs < 1:
+            raise ValueError(f"split kernel programs must be >= 1, got {programs}")
+        return min(programs, nsplit)
     sms = sm_count(device) if device.type == "cuda" else 1
     return max(1, min(nsplit, -(-SPLIT_CTAS_PER_SM * sms // groups)))
 
@@ -476,7 +486,7 @@ def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, lengths: Tenso
     fp32 = q.dtype == torch.float32
     block_n = attention_block_n(q.dtype, D)
     nsplit, tiles, rows, acc, ml = _attn_partials(q, B, KV, G, T, S)
-    nprog = split_programs(nsplit, B * KV * tiles, q.device) if programs is None else min(programs, nsplit)
+    nprog = split_programs(nsplit, B * KV * tiles, q.device, programs)
     _attn_split_kernel[(B * KV, nprog, tiles)](
         q, k_cache, v_cache, lengths, acc, ml, T, H, KV, G, nsplit, nprog, rows,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), scale * 1.4426950408889634,

@@ -143,7 +143,7 @@ def tree_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, root: Tensor, de
     assert D == ops._pow2(D) and D >= 16, "head_dim must be a power of two >= 16"
     fp32 = q.dtype == torch.float32
     nsplit, tiles, rows, acc, ml = ops._attn_partials(q, B, KV, G, T, S)
-    nprog = ops.split_programs(nsplit, B * KV * tiles, q.device) if programs is None else min(programs, nsplit)
+    nprog = ops.split_programs(nsplit, B * KV * tiles, q.device, programs)
     _tree_attn_split_kernel[(B * KV, nprog, tiles)](
         q, k_cache, v_cache, root, depth, path, acc, ml, T, H, KV, nsplit, nprog, rows, P,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), scale * 1.4426950408889634,
