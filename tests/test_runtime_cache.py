@@ -240,3 +240,5 @@ def test_keep_copies_only_the_slots_below_the_bound():
     cache.kv.copy_(before)
     cache.keep([2, 1, 0])
     assert torch.equal(cache.kv[:, :, 0], before[:, :, 2]) and torch.equal(cache.kv[:, :, 2], before[:, :, 0])
+    with pytest.raises(ValueError, match="slots must be >= 0"):
+        cache.keep([0], slots=-1)

@@ -108,6 +108,8 @@ class StaticKVCache:
         device sync; indices on the device are copied in full. ``slots``: a moved row copies only its slots
         [0, slots) -- the caller's bound on every row's length (``Model.keep`` passes ``max_len_bound``; a few MB a
         row for the 8B shape at a few hundred tokens). None: every slot."""
+        if slots is not None and slots < 0:
+            raise ValueError(f"keep: slots must be >= 0 (the live slots a moved row copies), got {slots}")
         idx = torch.as_tensor(batch_indices, dtype=torch.long)
         n = idx.shape[0]
         if n > self.batch_size:
@@ -121,7 +123,7 @@ class StaticKVCache:
             if moves:
                 dst = to_device([m[0] for m in moves], device, torch.long)
                 src = to_device([m[1] for m in moves], device, torch.long)
-                live = self.capacity if slots is None else min(max(int(slots), 0), self.capacity)
+                live = self.capacity if slots is None else min(int(slots), self.capacity)
                 # every layer's K and V at once ([2, layers, B, KV, S, D]): gather first (a copy), then write
                 self.kv[:, :, dst, :, :live] = self.kv[:, :, src, :, :live]
         else:
