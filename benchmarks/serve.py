@@ -11,8 +11,9 @@ serves the same requests. Request i is submitted at its planned arrival time and
 no HTTP server, no tokenization on the request path.
 
 Methods: AR (no drafter), SD with a fixed K, and k="auto" (``AutoK`` over a ``CostTable`` that
-``measure_costs`` measures at startup). Each method runs once at the highest rate to warm up (CUDA graphs)
-before the sweep. Metrics per rate and method: throughput = generated tokens / (first arrival .. last end);
+``measure_costs`` measures at startup). Every run captures the CUDA graphs its rounds and admissions can replay
+before its clock starts (``Scheduler.warm_up``, as ``verispec serve`` does at startup), and each method runs once
+with every request at once before the sweep. Metrics per rate and method: throughput = generated tokens / (first arrival .. last end);
 TTFT = submission to first token (queue + prefill); TPOT = (end - first token) / (tokens - 1) per request;
 mean accepted length = accepted drafts per round per request; mean k = the k the policy gave per round.
 "identical" checks that every request's greedy tokens equal plain decoding's.
@@ -106,15 +107,18 @@ def row_cells(r: dict) -> list:
 def sweep(target, methods, prompts, outputs, rates, args, reference) -> list[dict]:
     """Every (rate, method) open-loop run; ``methods``: (name, drafter factory, k, policy factory)."""
     rows = []
-    for name, make_drafter, k, make_policy in methods:      # warm-up: every batch shape the sweep meets
+    # every run captures its graphs before its clock starts (``warm_up``), as ``verispec serve`` does at startup:
+    # under Poisson arrivals k=auto meets (batch, k) shapes and draft-model prefill lengths no earlier run met, and
+    # a capture inside a request is a server that was not warmed up, not the policy's cost
+    for name, make_drafter, k, make_policy in methods:      # warm-up: the first run of each method's shapes
         run_engine(target, make_drafter(), prompts, k=k, max_new_tokens=outputs, k_policy=make_policy(),
-                   arrivals=[0.0] * len(prompts), max_batch=args.max_batch)
+                   arrivals=[0.0] * len(prompts), max_batch=args.max_batch, warm_up=True)
     for rate in rates:
         arrivals = poisson_arrivals(len(prompts), rate, args.seed + 1)
         for name, make_drafter, k, make_policy in methods:
             policy = RecordK(make_policy())
             run = run_engine(target, make_drafter(), prompts, k=k, max_new_tokens=outputs, k_policy=policy,
-                             arrivals=arrivals, max_batch=args.max_batch)
+                             arrivals=arrivals, max_batch=args.max_batch, warm_up=True)
             row = summarize(name, rate, run, policy.ks if k else [], reference, len(prompts))
             rows.append(row)
             print(" | ".join(str(c) for c in row_cells(row)), flush=True)

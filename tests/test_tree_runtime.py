@@ -206,3 +206,39 @@ def test_accept_path_kernel_equals_the_torch_moves():
     assert torch.equal(torch_moves.lengths, one_launch.lengths)
     for a, b in zip(torch_moves.k + torch_moves.v, one_launch.k + one_launch.v):
         assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(not ops.AVAILABLE or os.environ.get("TRITON_INTERPRET") != "1" and not GPU,
+                    reason="needs triton (the interpreter or a GPU)")
+def test_warm_accept_path_moves_nothing():
+    """The warm-up launch (one row, nothing accepted) leaves every K/V bit and every length as they were, with rows
+    running: ``Model.warm_up_tree`` calls it while sequences run."""
+    device = "cuda" if GPU else "cpu"
+    m, tokens = _model(device)
+    m.append_tree(tokens.to(device), [TREE, TREE])
+    before = copy.deepcopy(m.cache)
+    trees.warm_accept_path(m.cache, kernel=True)
+    assert torch.equal(m.cache.lengths, before.lengths)
+    for a, b in zip(m.cache.k + m.cache.v, before.k + before.v):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(not GPU, reason="Triton compiles kernels only on a GPU")
+def test_tree_rounds_of_any_depth_compile_nothing_after_the_warm_up():
+    """After ``Model.warm_up_tree`` the compaction of a tree of any depth (a draft model's paths are one node shorter
+    than the target's: depth 1 among them) compiles no kernel inside a round (one did, ~80 ms on the H200)."""
+    import triton
+
+    m, tokens = _model("cuda", torch.bfloat16, lens=(5, 40, 17))
+    m.warm_up_tree(3, TREE, len(TREE))
+    compiled = []
+    hook, triton.knobs.runtime.jit_post_compile_hook = (triton.knobs.runtime.jit_post_compile_hook,
+                                                        lambda **kw: compiled.append(kw["repr"]))
+    try:
+        for D in (1, 2, 3, 4, 5):
+            path = torch.ones(3, D, dtype=torch.long, device="cuda")
+            trees.accept_path(m.cache, 3, path, torch.zeros(3, dtype=torch.long, device="cuda"), 1)
+        torch.cuda.synchronize()
+    finally:
+        triton.knobs.runtime.jit_post_compile_hook = hook
+    assert compiled == []

@@ -120,11 +120,15 @@ class StaticKVCache:
             if len(set(src_host)) != n or not all(0 <= i < self.batch_size for i in src_host):
                 raise ValueError(f"keep: batch_indices must be distinct rows in [0, {self.batch_size}), got {src_host}")
             moves = [(dst, src) for dst, src in enumerate(src_host) if dst != src]
-            if moves:
+            live = self.capacity if slots is None else min(int(slots), self.capacity)
+            if moves and {m[0] for m in moves}.isdisjoint(m[1] for m in moves):
+                # no row is both read and written (fill_order's moves: the tail fills the holes): one strided copy
+                # of every layer's K and V ([2, layers, B, KV, S, D]) per moved row, no index kernels
+                for d, s in moves:
+                    self.kv[:, :, d, :, :live].copy_(self.kv[:, :, s, :, :live])
+            elif moves:      # a permutation: gather first (a copy), then write
                 dst = to_device([m[0] for m in moves], device, torch.long)
                 src = to_device([m[1] for m in moves], device, torch.long)
-                live = self.capacity if slots is None else min(int(slots), self.capacity)
-                # every layer's K and V at once ([2, layers, B, KV, S, D]): gather first (a copy), then write
                 self.kv[:, :, dst, :, :live] = self.kv[:, :, src, :, :live]
         else:
             idx = idx.to(device=device, dtype=torch.long)

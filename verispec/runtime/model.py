@@ -590,12 +590,14 @@ class Model:
 
     @torch.no_grad()
     def warm_up_tree(self, max_batch_size: int, parents: tuple[int, ...], num_tokens: int, exact: bool = False) -> int:
-        """Capture (only) the graphs ``append_tree(tokens [B, num_tokens], [parents] * B)`` replays for every batch
-        bucket up to ``max_batch_size``; safe while sequences run (as ``warm_up``). Returns how many were captured.
+        """Capture the graphs ``append_tree(tokens [B, num_tokens], [parents] * B)`` replays for every batch
+        bucket up to ``max_batch_size``, and compile the round's KV compaction (``tree.warm_accept_path``); safe while
+        sequences run (as ``warm_up``). Returns how many graphs were captured.
         ``exact=True``: the graphs of exactly ``num_tokens`` tokens, which ``append_tree`` then prefers to the
         bucket's width: a drafter whose trees always have this shape (a draft model's depths, a full tree's target
         pass) pays for no padding node, which at B = 8 costs about as much as a real one."""
         cache = self._need_cache()
+        trees.warm_accept_path(cache)         # the compaction after each tree round: compiled here, not in a round
         if not self.use_graphs:
             return 0
         width = num_tokens if exact else trees.tree_width(num_tokens)

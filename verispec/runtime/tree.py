@@ -195,7 +195,10 @@ if ops.AVAILABLE:
     import triton
     import triton.language as tl
 
-    @triton.jit
+    # D (the path's depth) is not specialized on: a draft model's paths are one node shorter than the target's, so
+    # depth 1 (a tree of depth 2) and depths >= 2 would be two compilations, the second inside the first deeper
+    # round (about 80 ms on the H200); ``warm_accept_path`` compiles the one there is before the rounds
+    @triton.jit(do_not_specialize=["D"])
     def _accept_path_kernel(table_ptr, root_ptr, path_ptr, num_accepted_ptr, D, s_cb, s_ch, s_cs,
                             HEAD_DIM: tl.constexpr, WORD: tl.constexpr):
         # program (buffer, row, kv head): the row's accepted nodes, one depth at a time in increasing order. Move t
@@ -241,14 +244,9 @@ def accept_path(cache, rows: int, path: Tensor, num_accepted: Tensor, tree_size:
     D = path.shape[1]
     root = (lengths - tree_size).clamp_(min=0)                                   # padding rows: length 0
     if kernel is None:
-        head_dim = cache.k[0].shape[3]
-        kernel = ops.AVAILABLE and path.is_cuda and head_dim == ops._pow2(head_dim)
+        kernel = path.is_cuda and _kernel_fits(cache)
     if kernel and D and rows:
-        k0 = cache.k[0]
-        word = {2: tl.int16, 4: tl.int32}[k0.element_size()]
-        _accept_path_kernel[(2 * len(cache.k), rows, k0.shape[1])](
-            _buffer_table(cache), root, path.contiguous(), num_accepted, D, k0.stride(0), k0.stride(1), k0.stride(2),
-            HEAD_DIM=k0.shape[3], WORD=word, num_warps=1)
+        _launch_accept_path(cache, rows, root, path, num_accepted)
     elif D:
         t = torch.arange(1, D + 1, device=path.device)                          # [D] depths
         take = t[None, :] <= num_accepted[:, None]                               # [rows, D]
@@ -258,3 +256,32 @@ def accept_path(cache, rows: int, path: Tensor, num_accepted: Tensor, tree_size:
         for buf in cache.k + cache.v:
             buf[batch, :, dst] = buf[batch, :, src]
     torch.minimum(lengths, root + 1 + num_accepted, out=lengths)
+
+
+def _kernel_fits(cache) -> bool:
+    """Whether the one-launch compaction serves this cache (Triton there, and a power-of-two head size)."""
+    head_dim = cache.k[0].shape[3]
+    return ops.AVAILABLE and head_dim == ops._pow2(head_dim)
+
+
+def _launch_accept_path(cache, rows: int, root: Tensor, path: Tensor, num_accepted: Tensor) -> None:
+    """``_accept_path_kernel`` over ``rows`` rows: root [rows], path [rows, D], num_accepted [rows] int64."""
+    k0 = cache.k[0]
+    word = {2: tl.int16, 4: tl.int32}[k0.element_size()]
+    _accept_path_kernel[(2 * len(cache.k), rows, k0.shape[1])](
+        _buffer_table(cache), root, path.contiguous(), num_accepted, path.shape[1], k0.stride(0), k0.stride(1),
+        k0.stride(2), HEAD_DIM=k0.shape[3], WORD=word, num_warps=1)
+
+
+def warm_accept_path(cache, kernel: bool | None = None) -> None:
+    """Compile ``accept_path``'s kernel for this cache before the first tree round (``Model.warm_up_tree``): one launch
+    over one row that accepted nothing, so it moves nothing and leaves every length as it was (safe while sequences
+    run). ``kernel`` as in ``accept_path`` (default: on CUDA); without the kernel there is nothing to compile."""
+    if kernel is None:
+        kernel = cache.k[0].is_cuda
+    if not (kernel and _kernel_fits(cache)):
+        return
+    device = cache.k[0].device
+    # three tensors of their own: Triton also specializes on each pointer's 16-byte alignment, as a round's are
+    root, path, accepted = (torch.zeros(shape, dtype=torch.long, device=device) for shape in ((1,), (1, 2), (1,)))
+    _launch_accept_path(cache, 1, root, path, accepted)
