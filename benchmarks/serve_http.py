@@ -26,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from benchmarks.common import environment, environment_line, markdown_table, wait_health  # noqa: E402
+from verispec.serve.cli import MAX_SEQ_LEN  # noqa: E402  (the server's cache length: the bound runs the same cache)
 
 CONFIGS = {"plain": [], "lookup k=4": ["--draft-lookup", "-k", "4"], "lookup k=auto": ["--draft-lookup"]}
 
@@ -101,7 +102,8 @@ def chat_prompts(args, tok) -> tuple[list[list[int]], list[int]]:
 def in_process(args) -> dict:
     """The HTTP runs' requests in-process: the same prompts (``verispec bench serve``'s workload, seed 0) through
     the model's chat template, the same max_tokens, EOS ending a request as in the server, all submitted at once
-    to one ``Scheduler`` of ``concurrency`` rows (``run_engine``). Output tok/s over the whole run (the second, warm
+    to one ``Scheduler`` of ``concurrency`` rows (``run_engine``) with the server's cache length (``--max-seq-len``'s
+    default: attention and retirements see the same capacity). Output tok/s over the whole run (the second, warm
     one), measured like the client's: tokens / wall seconds from the first submission to the last token."""
     from verispec import PromptLookup, load_model
     from verispec.bench.measure import run_engine
@@ -114,14 +116,14 @@ def in_process(args) -> dict:
             continue
         for _ in range(2):   # the second run is the warm one
             run = run_engine(model, drafter() if drafter else None, prompts, k=k, max_new_tokens=limits,
-                             arrivals=[0.0] * len(prompts), max_batch=args.concurrency)
+                             arrivals=[0.0] * len(prompts), max_batch=args.concurrency, max_seq_len=MAX_SEQ_LEN)
         rows[name] = run.tokens_per_s
     return rows
 
 
 def in_process_oracle(args) -> dict:
     """The oracle configurations through ``run_engine`` at saturation (all requests at once, ``concurrency``
-    rows): output tok/s per configuration, on the model the server makes (peaked, same successor oracle)."""
+    rows, the server's cache length): output tok/s per configuration, on the model the server makes (peaked, same successor oracle)."""
     import random
 
     import torch
@@ -156,7 +158,7 @@ def in_process_oracle(args) -> dict:
             if drafter is not None:
                 drafter.attach(target)
             run = run_engine(target, drafter, prompts, k=k, max_new_tokens=args.max_tokens, k_policy=policy,
-                             arrivals=[0.0] * len(prompts), max_batch=args.concurrency)
+                             arrivals=[0.0] * len(prompts), max_batch=args.concurrency, max_seq_len=MAX_SEQ_LEN)
         rows[name] = run.tokens_per_s
     return rows
 

@@ -10,6 +10,7 @@ import socket
 import sys
 
 LOOPBACK_NAMES = {"localhost"}
+MAX_SEQ_LEN = 2048         # the cache's slots per row unless --max-seq-len says otherwise
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -61,7 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "most every MS milliseconds, each with the tokens of the rounds since the last (the first at "
                    "once; the text is the same); 0 = one chunk per round. Fewer chunks: less event-loop work "
                    "beside the engine, and fewer for the client to parse")
-    p.add_argument("--max-seq-len", type=int, default=2048, help="prompt + generated tokens per request")
+    p.add_argument("--max-seq-len", type=int, default=MAX_SEQ_LEN, help="prompt + generated tokens per request")
     p.add_argument("--max-waiting", type=int, default=64, help="queued requests beyond which new ones get 429")
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:i; None = cuda if available, else cpu")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16; None = bf16 on cuda, fp32 on cpu")
