@@ -13,7 +13,8 @@ no HTTP server, no tokenization on the request path.
 Methods: AR (no drafter), SD with a fixed K, and k="auto" (``AutoK`` over a ``CostTable`` that
 ``measure_costs`` measures at startup). Every run captures the CUDA graphs its rounds and admissions can replay
 before its clock starts (``Scheduler.warm_up``, as ``verispec serve`` does at startup), and each method runs once
-with every request at once before the sweep. Metrics per rate and method: throughput = generated tokens / (first arrival .. last end);
+with every request at once before the sweep. Metrics per rate and method: throughput = generated tokens / (first
+arrival .. last end);
 TTFT = submission to first token (queue + prefill); TPOT = (end - first token) / (tokens - 1) per request;
 mean accepted length = accepted drafts per round per request; mean k = the k the policy gave per round.
 "identical" checks that every request's greedy tokens equal plain decoding's.

@@ -123,7 +123,8 @@ def in_process(args) -> dict:
 
 def in_process_oracle(args) -> dict:
     """The oracle configurations through ``run_engine`` at saturation (all requests at once, ``concurrency``
-    rows, the server's cache length): output tok/s per configuration, on the model the server makes (peaked, same successor oracle)."""
+    rows, the server's cache length): output tok/s per configuration, on the model the server makes (peaked, same
+    successor oracle)."""
     import random
 
     import torch
