@@ -229,7 +229,16 @@ def main(argv=None) -> None:
     order = sorted(configs.items(), key=lambda kv: kv[0] != "k=auto")
     results = [r for i, (name, extra) in enumerate(order) for r in run_config(name, extra, args, 8100 + i, out)]
     results.sort(key=lambda r: (list(configs).index(r["config"]), args.rates.index(r["rate"])))
+    # the page is written once the HTTP runs are done and again with the in-process bound: a run cut short in the
+    # in-process part (a device's time running out) keeps its HTTP figures
+    write(args, results, None, order, out, t0)
     engine = in_process_oracle(args) if args.oracle is not None else in_process(args)
+    print(write(args, results, engine, order, out, t0))
+
+
+def write(args, results: list[dict], engine: dict | None, order, out: Path, t0: float) -> str:
+    """The page (into ``out``, and into benchmarks/results with --write) from the HTTP runs' ``results`` and the
+    in-process bound ``engine`` (configuration -> tok/s; None: not measured yet); returns its text."""
     name = ("serve_http_8b" if args.oracle is not None else "serve_http") + ("_engine_process" if args.engine_process else "")
     model = Path(args.model).name if os.path.exists(args.model) else args.model
     command = (f"python benchmarks/serve_http.py --model {model} --num-prompts {args.num_prompts} --concurrency "
@@ -267,13 +276,15 @@ def main(argv=None) -> None:
     lines += markdown_table(["server", "rate req/s", "output tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms",
                              "TPOT p99 ms", "E2EL p99 ms"], rows)
     where = "`run_engine`: the same requests all at once, the same rows, the warm second run"
-    lines += ["", f"In-process ({where}): " + ", ".join(f"{k} {v:.0f} tok/s" for k, v in engine.items()), ""]
+    bound = "not measured (the run stopped before it)" if engine is None else \
+        ", ".join(f"{k} {v:.0f} tok/s" for k, v in engine.items())
+    lines += ["", f"In-process ({where}): {bound}", ""]
     lines += server_log_lines(order, out)
     text = "\n".join(lines)
     (out / f"{name}.md").write_text(text)
     if args.write:
         (Path(__file__).resolve().parent / "results" / f"{name}.md").write_text(text)
-    print(text)
+    return text
 
 
 if __name__ == "__main__":
