@@ -272,6 +272,7 @@ def main(argv=None, target=None, draft=None) -> list[dict]:
     rows = sweep(target, methods, prompts, outputs, rates, args, reference)
     steady = []
     if not cpu:
+        write(args, rows, steady, desc, command, time.perf_counter() - t0)   # kept if the steady state is cut short
         for c in (c for c in (8, 32) if len(prompts) >= 2 * c):   # a steady window needs a queue behind C
             ar_tps, _ = closed_loop(target, None, prompts, outputs, 0, c)
             sd_tps, alpha = closed_loop(target, make_drafter(), prompts, outputs, args.k, c)
