@@ -174,10 +174,12 @@ def wait_health(base: str, timeout_s: float, poll_s: float) -> None:
     raise RuntimeError(f"the server at {base} did not come up in {timeout_s:.0f} s")
 
 
-def write_page(text: str, out: Path, name: str, write: bool) -> None:
-    """A results page: ``out``/``name`` always, benchmarks/results/``name`` too with ``write``; printed."""
+def write_page(text: str, out: Path, name: str, write: bool, echo: bool = True) -> None:
+    """A results page: ``out``/``name`` always, benchmarks/results/``name`` too with ``write``; printed with ``echo``
+    (a page written early, to be kept if the run is cut short, need not be)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / name).write_text(text)
     if write:
         (Path(__file__).resolve().parent / "results" / name).write_text(text)
-    print(text)
+    if echo:
+        print(text)

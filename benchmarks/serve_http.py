@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from benchmarks.common import environment, environment_line, markdown_table, wait_health  # noqa: E402
+from benchmarks.common import environment, environment_line, markdown_table, wait_health, write_page  # noqa: E402
 from verispec.serve.cli import MAX_SEQ_LEN  # noqa: E402  (the server's cache length: the bound runs the same cache)
 
 CONFIGS = {"plain": [], "lookup k=4": ["--draft-lookup", "-k", "4"], "lookup k=auto": ["--draft-lookup"]}
@@ -231,14 +231,14 @@ def main(argv=None) -> None:
     results.sort(key=lambda r: (list(configs).index(r["config"]), args.rates.index(r["rate"])))
     # the page is written once the HTTP runs are done and again with the in-process bound: a run cut short in the
     # in-process part (a device's time running out) keeps its HTTP figures
-    write(args, results, None, order, out, t0)
+    write(args, results, None, order, out, t0, echo=False)
     engine = in_process_oracle(args) if args.oracle is not None else in_process(args)
-    print(write(args, results, engine, order, out, t0))
+    write(args, results, engine, order, out, t0)
 
 
-def write(args, results: list[dict], engine: dict | None, order, out: Path, t0: float) -> str:
-    """The page (into ``out``, and into benchmarks/results with --write) from the HTTP runs' ``results`` and the
-    in-process bound ``engine`` (configuration -> tok/s; None: not measured yet); returns its text."""
+def write(args, results: list[dict], engine: dict | None, order, out: Path, t0: float, echo: bool = True) -> None:
+    """The page (``write_page``: into ``out``, and into benchmarks/results with --write) from the HTTP runs'
+    ``results`` and the in-process bound ``engine`` (configuration -> tok/s; None: not measured yet)."""
     name = ("serve_http_8b" if args.oracle is not None else "serve_http") + ("_engine_process" if args.engine_process else "")
     model = Path(args.model).name if os.path.exists(args.model) else args.model
     command = (f"python benchmarks/serve_http.py --model {model} --num-prompts {args.num_prompts} --concurrency "
@@ -280,11 +280,7 @@ def write(args, results: list[dict], engine: dict | None, order, out: Path, t0: 
         ", ".join(f"{k} {v:.0f} tok/s" for k, v in engine.items())
     lines += ["", f"In-process ({where}): {bound}", ""]
     lines += server_log_lines(order, out)
-    text = "\n".join(lines)
-    (out / f"{name}.md").write_text(text)
-    if args.write:
-        (Path(__file__).resolve().parent / "results" / f"{name}.md").write_text(text)
-    return text
+    write_page("\n".join(lines), out, f"{name}.md", args.write, echo)
 
 
 if __name__ == "__main__":
