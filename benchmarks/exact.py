@@ -92,7 +92,7 @@ def kernel_part(args) -> dict:
                     lambda i: vg.gemv_cuda(xm, ws[i % copies], version=1, rows=4, split=4 if K >= 4096 else 8,
                                            pdl=True), 20, 30)
             if args.sweep and M in sweep_ms and model in sweep_models:
-                cands = range(1, 13) if M <= 8 else (range(5, 10) if M <= 32 else (8, 10, 11, 12))
+                cands = range(1, 13) if M <= 8 else ((*range(5, 10), 13, 14) if M <= 32 else (8, *range(10, 17)))
                 row["variants"] = {v: graph_us_per_call(
                     lambda i: vg.invariant_matmul(xm, ws[i % copies], variant=v, pdl=True), 10, 10) for v in cands}
             row["auto"] = vg.invariant_config(M, N, K)
@@ -127,9 +127,9 @@ def kernel_markdown(res: dict) -> list[str]:
         trows.append((r["model"], r["matrix"], r["M"], f"{r['floor_us']:.1f}", f"{r['cublas_us']:.1f}",
                       f"{r.get('gemv_v1_us', float('nan')):.1f}", f"{r['invariant_us']:.1f}",
                       f"{r['invariant_us'] / r['cublas_us']:.2f}", f"{r['floor_us'] / r['invariant_us']:.0%}",
-                      f"v{a['variant']} ({a['rt']},{a['nt']},{a['u']})", best_var))
+                      f"v{a['variant']} ({a['rt']},{a['nt']},{a['u']}" + (f",{a['wr']}w" if a.get("wr") else "") + ")", best_var))
     lines += markdown_table(["model", "matrix", "M", "floor", "cuBLAS", "gemv v1", "invariant", "inv/cuBLAS",
-                             "inv % floor", "auto variant (RT,NT,U)", "best variant"], trows)
+                             "inv % floor", "auto variant (RT,NT,U[,WR w])", "best variant"], trows)
     return lines
 
 
@@ -447,8 +447,9 @@ NOTES = """## Notes (hand-written, 2026-11-25, same H100 kind)
 - Programmatic dependent launch hurts invariant.cu inside the pass (8B, B = 1: 7.15 ms with it, 6.30 ms
   without; the kernels alone are not slower); it is launched without (`ops.INVARIANT_PDL`).
 - The gap past ~32 rows: each block re-reads x[tokens, K] for only 16-32 rows of W, and each of the 8 slice
-  warps keeps its own partial tile. Next: a thread-block cluster of 8 blocks (one slice each) over a 128 x 128
-  tile, reducing through distributed shared memory in slice order.
+  warps keeps its own partial tile. The cluster kernel (2026-11-29: 8 blocks, one slice each, over a 128-256 x 64
+  tile, reducing through distributed shared memory in slice order) takes 1.1-1.3x off the wide matrices on an
+  H200 (benchmarks/results/invariant_cluster.md); the tables above predate it.
 - First call: graph captures are gone from the request (warm-up, reported apart); what remains in the first run
   is first-use work outside the graphs (Triton specializations of the verification kernels for new draft
   counts, pinned host buffers); with a 1B random model and 64 tokens the first run measured 1.23x (plain) and

@@ -109,3 +109,20 @@ def test_cpu_padded_pass_keeps_lengths_and_logits():
     assert padded.shape == exact.shape == (2, 4, 50)
     assert m.lengths.tolist() == [8, 6]
     torch.testing.assert_close(padded, exact, rtol=1e-4, atol=1e-5)   # CPU BLAS: not bitwise across widths
+
+
+def test_the_cluster_kernel_is_picked_only_past_32_rows_of_long_wide_matrices():
+    """``invariant_variant``: the cluster kernel (speed only; same bits) never runs a decode or a short verify pass
+    (<= 32 rows, where the slice-warp kernel is within 1.2x cuBLAS), nor rows shorter than CLUSTER_MIN_K (its blocks
+    would walk a few steps each), and it does run the 8B shape's wide matrices at 64 rows."""
+    from verispec.runtime import gemv
+
+    shapes = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096), (3072, 2048), (2048, 8192),
+              (49152, 576), (3072, 576)]
+    for M in (1, 2, 8, 9, 16, 17, 32):
+        assert all(gemv.invariant_variant(M, N, K) < gemv.CLUSTER_VARIANT for N, K in shapes), M
+    for M in (33, 64, 65, 128, 129, 512):
+        assert gemv.invariant_variant(M, 49152, 576) < gemv.CLUSTER_VARIANT
+        assert gemv.invariant_variant(M, 3072, 576) < gemv.CLUSTER_VARIANT
+    assert [gemv.invariant_variant(64, N, 4096) for N in (6144, 28672, 128256)] == [gemv.CLUSTER_VARIANT] * 3
+    assert gemv.invariant_variant(64, 4096, 4096) < gemv.CLUSTER_VARIANT

@@ -181,14 +181,22 @@ def invariant_matmul(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = 
     return y.view(out_shape) if out is None else out
 
 
-# The variant invariant_matmul runs for M rows of w [N, K] (speed only: every variant computes the same bits):
-# (max M, variant when N <= 8192, variant when N > 8192), first match; measured on an H100 (benchmarks/results/
-# exact.md, the kernel sweep). Variants 1-12 of invariant.cu: (RT, NT, U) = row tiles, token tiles, unroll.
-VARIANT_RULE = ((8, 2, 4), (16, 5, 6), (32, 8, 8), (64, 12, 12), (1 << 31, 8, 8))
+# The variant invariant_matmul runs for M rows of w [N, K] (speed only: every variant computes the same bits).
+# Variants 1-12: invariant.cu's slice-warp kernel, (RT, NT, U) = row tiles, token tiles, unroll; VARIANT_RULE =
+# (max M, variant when N <= 8192, variant when N > 8192), first match (the H100 sweep of 2026-11-25, exact.md; 33-64
+# rows from the H200 sweep of 2026-11-29, invariant_cluster.md). Variant 13: its cluster kernel (sm_90; elsewhere
+# variant 12 runs instead), which that H200 sweep has faster past 32 rows for matrices wider than CLUSTER_RULE's N
+# (max M, N), with rows of at least CLUSTER_MIN_K (shorter rows leave each slice's block too few steps).
+VARIANT_RULE = ((8, 2, 4), (16, 5, 6), (32, 8, 8), (64, 10, 12), (1 << 31, 8, 8))
+CLUSTER_VARIANT, CLUSTER_MIN_K = 13, 2048
+CLUSTER_RULE = ((32, 1 << 62), (128, 4096), (1 << 31, 2048))
 
 
 def invariant_variant(M: int, N: int, K: int) -> int:
-    """The variant of ``VARIANT_RULE`` for M rows and w [N, K]."""
+    """The variant for M rows and w [N, K]: ``CLUSTER_VARIANT`` where ``CLUSTER_RULE`` and ``CLUSTER_MIN_K`` pick
+    it, else ``VARIANT_RULE``'s."""
+    if K >= CLUSTER_MIN_K and N > next(n for max_m, n in CLUSTER_RULE if M <= max_m):
+        return CLUSTER_VARIANT
     for max_m, small_n, large_n in VARIANT_RULE:
         if M <= max_m:
             return small_n if N <= 8192 else large_n
@@ -197,9 +205,10 @@ def invariant_variant(M: int, N: int, K: int) -> int:
 
 def invariant_config(M: int, N: int, K: int, variant: int = 0) -> dict:
     """What ``invariant_matmul`` runs for M rows and w [N, K]: the order's slice count and the variant's tile
-    shape, e.g. ``{"slices": 8, "variant": 1, "rt": 1, "nt": 1, "u": 4}``."""
-    s, v, rt, nt, u = load().inv_config(int(M), int(N), int(K), int(variant or invariant_variant(M, N, K)))
-    return dict(slices=s, variant=v, rt=rt, nt=nt, u=u)
+    shape, e.g. ``{"slices": 8, "variant": 1, "rt": 1, "nt": 1, "u": 4, "wr": 0}`` (wr: the warps of a block of the
+    cluster kernel, 0 for the slice-warp kernel; invariant.cu's header)."""
+    s, v, rt, nt, u, wr = load().inv_config(int(M), int(N), int(K), int(variant or invariant_variant(M, N, K)))
+    return dict(slices=s, variant=v, rt=rt, nt=nt, u=u, wr=wr)
 
 
 def invariant_variants() -> int:

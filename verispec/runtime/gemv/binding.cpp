@@ -11,7 +11,7 @@ cudaError_t vs_gemv(const void* x, const void* w, const void* b, void* y, int dt
 int vs_inv_slices(int K);
 int vs_inv_num_variants();
 int vs_inv_variant(int M, int N, int K);
-void vs_inv_variant_shape(int variant, int* rt, int* nt, int* u);
+void vs_inv_variant_shape(int variant, int* rt, int* nt, int* u, int* wr);
 cudaError_t vs_inv_matmul(const void* x, const void* w, const void* b, void* y, int dtype, int M, int N, int K,
                           int variant, int slices, cudaStream_t stream, int pdl);
 int vs_packed_block_size(int qtype);
@@ -102,12 +102,12 @@ at::Tensor inv_matmul(const at::Tensor& x, const at::Tensor& w, const std::optio
     return y;
 }
 
-// [slices, variant, RT, NT, U] that inv_matmul uses for M rows of x and w [N, K] (variant 0 = automatic).
+// [slices, variant, RT, NT, U, WR] that inv_matmul uses for M rows of x and w [N, K] (variant 0 = automatic).
 std::vector<int64_t> inv_config(int64_t M, int64_t N, int64_t K, int64_t variant) {
     const int v = variant == 0 ? vs_inv_variant((int)M, (int)N, (int)K) : (int)variant;
-    int rt = 0, nt = 0, u = 0;
-    vs_inv_variant_shape(v, &rt, &nt, &u);
-    return {vs_inv_slices((int)K), v, rt, nt, u};
+    int rt = 0, nt = 0, u = 0, wr = 0;
+    vs_inv_variant_shape(v, &rt, &nt, &u, &wr);
+    return {vs_inv_slices((int)K), v, rt, nt, u, wr};
 }
 
 // ---- packed (GGUF block) matmul ---------------------------------------------------------------
@@ -177,7 +177,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "verispec decode GEMV (see verispec/runtime/gemv/gemv.cu)";
     m.def("gemv", &gemv, "y = x @ w^T (+ b) for M <= 8 rows of x (version, rows, split: 0 = auto; pdl: programmatic dependent launch)");
     m.def("inv_matmul", &inv_matmul, "y = x @ w^T (+ b) in the batch-invariant order, any M (variant, slices: 0 = auto)");
-    m.def("inv_config", &inv_config, "[slices, variant, RT, NT, U] of inv_matmul for (M, N, K, variant)");
+    m.def("inv_config", &inv_config, "[slices, variant, RT, NT, U, WR] of inv_matmul for (M, N, K, variant)");
     m.def("inv_num_variants", &vs_inv_num_variants, "how many variants inv_matmul has (1..n)");
     m.def("gemv_config", &gemv_config, "the automatic (version, rows, split) of vs_gemv for w [N, K] and M rows");
     m.def("packed_matmul", &packed_matmul, "y = x @ W^T (+ b), W as GGUF blocks, in packed.cu's fixed order, any M "

@@ -3,6 +3,8 @@
 // tensor-core MMA and the rounding stores. Plain CUDA C++ (nvcc only, no torch headers).
 #pragma once
 
+#include <atomic>
+
 #include "cuda_dtypes.cuh"
 
 // 16 bytes of W, read once: no L1 allocation, non-coherent path.
@@ -33,22 +35,70 @@ __device__ __forceinline__ void pdl_wait() {
 // Pull 16 bytes into L2 (no register, no wait): the weights do not depend on the previous kernel.
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
+// The current device's SM count and compute capability, read once per device (launchers that pick by them must not pay
+// two attribute queries a launch in a pass). Concurrent first calls store the same values.
+struct VsDevice {
+    int sms, major;
+};
+static inline cudaError_t vs_device(VsDevice& out) {
+    constexpr int MAX_DEVICES = 64;
+    static std::atomic<int> sms[MAX_DEVICES], major[MAX_DEVICES];   // 0: not read yet
+    int device = 0;
+    cudaError_t e = cudaGetDevice(&device);
+    if (e != cudaSuccess) return e;
+    if (device >= MAX_DEVICES) return cudaErrorInvalidDevice;
+    if (sms[device].load(std::memory_order_relaxed) == 0) {
+        int s = 0, m = 0;
+        e = cudaDeviceGetAttribute(&s, cudaDevAttrMultiProcessorCount, device);
+        if (e == cudaSuccess) e = cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, device);
+        if (e != cudaSuccess) return e;
+        major[device].store(m, std::memory_order_relaxed);
+        sms[device].store(s, std::memory_order_release);
+    }
+    out.sms = sms[device].load(std::memory_order_acquire);
+    out.major = major[device].load(std::memory_order_relaxed);
+    return cudaSuccess;
+}
+
+// Whether the current device is sm_90+ (compute capability 9.0+): the TMA's bulk copies, mbarrier transactions,
+// thread-block clusters.
+static inline bool vs_sm90() {
+    VsDevice d{};
+    return vs_device(d) == cudaSuccess && d.major >= 9;
+}
+
 // One launch of `kernel` on `stream`; pdl: with the programmatic-stream-serialization attribute, so that the kernel may
-// start before the previous kernel on the stream completes (see pdl_wait).
+// start before the previous kernel on the stream completes (see pdl_wait); cluster_x > 0: in thread-block clusters of
+// cluster_x consecutive blocks along x (sm_90+; gridDim.x a multiple of it).
 template <typename... Params, typename... Args>
-static cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, unsigned smem, cudaStream_t stream,
-                                 int pdl, Args... args) {
+static cudaError_t launch_kernel_ex(void (*kernel)(Params...), dim3 grid, dim3 block, unsigned smem,
+                                    cudaStream_t stream, int pdl, unsigned cluster_x, Args... args) {
     cudaLaunchConfig_t config = {};
     config.gridDim = grid;
     config.blockDim = block;
     config.dynamicSmemBytes = smem;
     config.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute attr[2];
+    int n = 0;
+    if (pdl) {
+        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[n++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster_x > 0) {
+        attr[n].id = cudaLaunchAttributeClusterDimension;
+        attr[n].val.clusterDim.x = cluster_x;
+        attr[n].val.clusterDim.y = 1;
+        attr[n++].val.clusterDim.z = 1;
+    }
     config.attrs = attr;
-    config.numAttrs = pdl ? 1 : 0;
+    config.numAttrs = n;
     return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+}
+
+template <typename... Params, typename... Args>
+static cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, unsigned smem, cudaStream_t stream,
+                                 int pdl, Args... args) {
+    return launch_kernel_ex(kernel, grid, block, smem, stream, pdl, 0u, args...);
 }
 
 __device__ __forceinline__ void store_float(float* p, float v) { *p = v; }

@@ -814,37 +814,6 @@ static cudaError_t pk_launch_v4(const void* x, const void* w, const void* b, voi
     return pk_launch_v4_shape<QT, 2, false>(x, w, b, y, M, N, K, stream, pdl);
 }
 
-// The current device's SM count and compute capability, read once per device (every v5 launch needs them; a launch
-// in a pass must not pay two attribute queries). Concurrent first calls store the same values.
-struct PkDevice {
-    int sms, major;
-};
-static cudaError_t pk_device(PkDevice& out) {
-    constexpr int MAX_DEVICES = 64;
-    static std::atomic<int> sms[MAX_DEVICES], major[MAX_DEVICES];   // 0: not read yet
-    int device = 0;
-    cudaError_t e = cudaGetDevice(&device);
-    if (e != cudaSuccess) return e;
-    if (device >= MAX_DEVICES) return cudaErrorInvalidDevice;
-    if (sms[device].load(std::memory_order_relaxed) == 0) {
-        int s = 0, m = 0;
-        e = cudaDeviceGetAttribute(&s, cudaDevAttrMultiProcessorCount, device);
-        if (e == cudaSuccess) e = cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, device);
-        if (e != cudaSuccess) return e;
-        major[device].store(m, std::memory_order_relaxed);
-        sms[device].store(s, std::memory_order_release);
-    }
-    out.sms = sms[device].load(std::memory_order_acquire);
-    out.major = major[device].load(std::memory_order_relaxed);
-    return cudaSuccess;
-}
-
-// Whether the current device has the TMA's bulk copies and mbarrier transactions (compute capability 9.0+).
-static bool pk_sm90() {
-    PkDevice d{};
-    return pk_device(d) == cudaSuccess && d.major >= 9;
-}
-
 // A walker grid's height (gridDim.y): as many row-tile walkers a token tile as are resident at once (``occupancy``
 // blocks an SM of ``kernel`` with ``threads`` and ``smem`` bytes, looked up into the caller's per-instantiation
 // static the first time, before any capture), cut so that every walker has the same number of row tiles.
@@ -859,8 +828,8 @@ static cudaError_t pk_walkers(Kernel kernel, int threads, int smem, long long to
         if (blocks < 1) return cudaErrorInvalidConfiguration;
         occupancy.store(blocks, std::memory_order_relaxed);
     }
-    PkDevice d{};
-    const cudaError_t e = pk_device(d);
+    VsDevice d{};
+    const cudaError_t e = vs_device(d);
     if (e != cudaSuccess) return e;
     const long long slots = std::max(1LL, (long long)occupancy.load(std::memory_order_relaxed) * d.sms / tok_tiles);
     const long long per = (row_tiles + slots - 1) / slots;
@@ -905,7 +874,7 @@ static cudaError_t pk_launch_v5(const void* x, const void* w, const void* b, voi
         const long long row_bytes = (long long)(K / 256) * V3<QT>::UNIT;
         const bool fits = K % 256 == 0 && row_bytes % 16 == 0 && ((K / 256) % 8) * V3<QT>::UNIT % 16 == 0 &&
                           reinterpret_cast<uintptr_t>(w) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 8 == 0;
-        if (!fits || M > 16 || N < 2048 || (QT == PK_Q8_0 && M > 1) || !pk_sm90())
+        if (!fits || M > 16 || N < 2048 || (QT == PK_Q8_0 && M > 1) || !vs_sm90())
             return pk_launch_v4<QT>(x, w, b, y, M, N, K, stream, pdl);
         if (M <= 8) return pk_launch_v5_shape<QT, 1, S, MINB>(x, w, b, y, M, N, K, stream, pdl);
         return pk_launch_v5_shape<QT, 2, S, MINB>(x, w, b, y, M, N, K, stream, pdl);
