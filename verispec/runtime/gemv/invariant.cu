@@ -56,100 +56,6 @@ namespace cg = cooperative_groups;
 #define INV_MAX_SLICES 8
 #define INV_CHUNK 8       // fragments reduced per shared-memory round
 
-// The W rows (a: rows 16 r + g, b: + 8) and x tokens (8 j + g) lane g of a warp reads for its tile of RT m16 tiles
-// from row0 and NT n8 tiles from tok0. Rows past N read row N - 1 and tokens past M token M - 1 (valid memory):
-// their results are never stored.
-template <typename T, int RT, int NT>
-__device__ __forceinline__ void inv_tile_pointers(const T* x, const T* w, long long row0, long long tok0, int M, int N,
-                                                  int K, int g, const T* (&wa)[RT], const T* (&wb)[RT],
-                                                  const T* (&xr)[NT]) {
-#pragma unroll
-    for (int r = 0; r < RT; ++r) {
-        const long long ra = row0 + 16 * r + g, rb = ra + 8;
-        wa[r] = w + (ra < N ? ra : (long long)N - 1) * K;
-        wb[r] = w + (rb < N ? rb : (long long)N - 1) * K;
-    }
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-        const long long tok = tok0 + 8 * j + g;
-        xr[j] = x + (tok < M ? tok : (long long)M - 1) * K;
-    }
-}
-
-// Under programmatic dependent launch: let the next kernel launch, pull slice p's first U steps of W into L2 (W does
-// not depend on the previous kernel), then wait for x.
-template <typename T, int RT, int U>
-__device__ __forceinline__ void inv_prefetch_then_wait(const T* const (&wa)[RT], const T* const (&wb)[RT], int K,
-                                                       int p, int S, int t) {
-    pdl_launch_dependents();
-    const int full_steps = K / INV_STEP;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const int step = p + u * S;
-        if (step < full_steps) {
-#pragma unroll
-            for (int r = 0; r < RT; ++r) {
-                prefetch_l2(wa[r] + step * INV_STEP + 8 * t);
-                prefetch_l2(wb[r] + step * INV_STEP + 8 * t);
-            }
-        }
-    }
-    pdl_wait();
-}
-
-// Slice p's partial sum P_p for one warp's tile: the MMA chain over steps p, p + S, p + 2 S, ... in increasing
-// order, from acc = 0 (the order's contract, above). U steps' W loads are issued before their MMAs.
-template <typename T, int RT, int NT, int U>
-__device__ __forceinline__ void inv_slice_partial(float (&acc)[RT][NT][4], const T* const (&wa)[RT],
-                                                  const T* const (&wb)[RT], const T* const (&xr)[NT], int K, int p,
-                                                  int S, int t) {
-#pragma unroll
-    for (int r = 0; r < RT; ++r)
-#pragma unroll
-        for (int j = 0; j < NT; ++j) acc[r][j][0] = acc[r][j][1] = acc[r][j][2] = acc[r][j][3] = 0.0f;
-    const int nsteps = (K + INV_STEP - 1) / INV_STEP;
-    const int full_steps = K / INV_STEP;
-    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-    // one step: for every token tile, the x vector of its token g, then 2 MMAs per row tile
-    auto mma_step = [&](const uint4 (&va)[RT], const uint4 (&vb)[RT], int col, bool in_k) {
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            const uint4 vx = in_k ? __ldg(reinterpret_cast<const uint4*>(xr[j] + col)) : zero;
-#pragma unroll
-            for (int r = 0; r < RT; ++r) {
-                mma_16816<T>(acc[r][j], va[r].x, vb[r].x, va[r].y, vb[r].y, vx.x, vx.y);
-                mma_16816<T>(acc[r][j], va[r].z, vb[r].z, va[r].w, vb[r].w, vx.z, vx.w);
-            }
-        }
-    };
-    int step = p;
-    // full steps unpredicated so that all U steps' W loads are issued before the first MMA
-    for (; step + (U - 1) * S < full_steps; step += U * S) {
-        uint4 va[U][RT], vb[U][RT];
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-#pragma unroll
-            for (int r = 0; r < RT; ++r) {
-                const int col = (step + u * S) * INV_STEP + 8 * t;
-                va[u][r] = load_stream16(reinterpret_cast<const uint4*>(wa[r] + col));
-                vb[u][r] = load_stream16(reinterpret_cast<const uint4*>(wb[r] + col));
-            }
-#pragma unroll
-        for (int u = 0; u < U; ++u) mma_step(va[u], vb[u], (step + u * S) * INV_STEP + 8 * t, true);
-    }
-    for (; step < nsteps; step += S) {   // the rest, one step at a time; the last may be partial
-        const int col = step * INV_STEP + 8 * t;
-        const bool ok = col < K;
-        uint4 va[RT], vb[RT];
-#pragma unroll
-        for (int r = 0; r < RT; ++r) {
-            va[r] = ok ? load_stream16(reinterpret_cast<const uint4*>(wa[r] + col)) : zero;
-            vb[r] = ok ? load_stream16(reinterpret_cast<const uint4*>(wb[r] + col)) : zero;
-        }
-        mma_step(va, vb, col, ok);
-    }
-}
-
 // Store one summed fragment of lane l (the m16n8 accumulator layout: (d0, d1) row g, tokens 2t, 2t + 1; (d2, d3)
 // row g + 8) for the m16 tile at row0 and the n8 tile at tok0: + bias, rounded once to T; outside [N) x [M) dropped.
 template <typename T>
@@ -169,6 +75,8 @@ __device__ __forceinline__ void inv_store_fragment(T* y, const T* bias, float4 v
 }
 
 // The slice-warp kernel: a block is S warps, warp p = slice p, all on one tile; the partials meet in shared memory.
+// Its loop stays written out here, not shared with the cluster kernel's: moved into helper functions it compiled to
+// other register allocations, and variants 2 and 7 (decode) ran up to 1.35x slower (results/invariant_cluster.md).
 template <typename T, int RT, int NT, int U>
 __global__ void __launch_bounds__(32 * INV_MAX_SLICES)
 inv_matmul_kernel(const T* __restrict__ x,     // [M, K]
@@ -183,20 +91,85 @@ inv_matmul_kernel(const T* __restrict__ x,     // [M, K]
     const int g = lane >> 2, t = lane & 3;
     const long long tok0 = (long long)blockIdx.x * (8 * NT);
     const long long row0 = (long long)blockIdx.y * (16 * RT);
+
     const T* wa[RT];
     const T* wb[RT];
+#pragma unroll
+    for (int r = 0; r < RT; ++r) {   // rows past N read row N - 1 (valid memory) and are not stored
+        const long long ra = row0 + 16 * r + g, rb = ra + 8;
+        wa[r] = w + (ra < N ? ra : (long long)N - 1) * K;
+        wb[r] = w + (rb < N ? rb : (long long)N - 1) * K;
+    }
     const T* xr[NT];
-    inv_tile_pointers<T, RT, NT>(x, w, row0, tok0, M, N, K, g, wa, wb, xr);
-    inv_prefetch_then_wait<T, RT, U>(wa, wb, K, p, S, t);
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {   // tokens past M read token M - 1: their columns are never stored
+        const long long tok = tok0 + 8 * j + g;
+        xr[j] = x + (tok < M ? tok : (long long)M - 1) * K;
+    }
+    const int nsteps = (K + INV_STEP - 1) / INV_STEP;
+    const int full_steps = K / INV_STEP;
+
+    pdl_launch_dependents();
+#pragma unroll
+    for (int u = 0; u < U; ++u) {    // W does not depend on the previous kernel: start pulling it now
+        const int step = p + u * S;
+        if (step < full_steps) {
+#pragma unroll
+            for (int r = 0; r < RT; ++r) {
+                prefetch_l2(wa[r] + step * INV_STEP + 8 * t);
+                prefetch_l2(wb[r] + step * INV_STEP + 8 * t);
+            }
+        }
+    }
+    pdl_wait();
 
     float acc[RT][NT][4];
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) acc[r][j][0] = acc[r][j][1] = acc[r][j][2] = acc[r][j][3] = 0.0f;
+
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    // one step: for every token tile, the x vector of its token g, then 2 MMAs per row tile
+    auto mma_step = [&](const uint4 (&va)[RT], const uint4 (&vb)[RT], int col, bool in_k) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const uint4 vx = in_k ? __ldg(reinterpret_cast<const uint4*>(xr[j] + col)) : zero;
+#pragma unroll
+            for (int r = 0; r < RT; ++r) {
+                mma_16816<T>(acc[r][j], va[r].x, vb[r].x, va[r].y, vb[r].y, vx.x, vx.y);
+                mma_16816<T>(acc[r][j], va[r].z, vb[r].z, va[r].w, vb[r].w, vx.z, vx.w);
+            }
+        }
+    };
+
     if (row0 < N && tok0 < M) {
-        inv_slice_partial<T, RT, NT, U>(acc, wa, wb, xr, K, p, S, t);
-    } else {
+        int step = p;
+        // full steps unpredicated so that all U steps' W loads are issued before the first MMA
+        for (; step + (U - 1) * S < full_steps; step += U * S) {
+            uint4 va[U][RT], vb[U][RT];
 #pragma unroll
-        for (int r = 0; r < RT; ++r)
+            for (int u = 0; u < U; ++u)
 #pragma unroll
-            for (int j = 0; j < NT; ++j) acc[r][j][0] = acc[r][j][1] = acc[r][j][2] = acc[r][j][3] = 0.0f;
+                for (int r = 0; r < RT; ++r) {
+                    const int col = (step + u * S) * INV_STEP + 8 * t;
+                    va[u][r] = load_stream16(reinterpret_cast<const uint4*>(wa[r] + col));
+                    vb[u][r] = load_stream16(reinterpret_cast<const uint4*>(wb[r] + col));
+                }
+#pragma unroll
+            for (int u = 0; u < U; ++u) mma_step(va[u], vb[u], (step + u * S) * INV_STEP + 8 * t, true);
+        }
+        for (; step < nsteps; step += S) {   // the rest, one step at a time; the last may be partial
+            const int col = step * INV_STEP + 8 * t;
+            const bool ok = col < K;
+            uint4 va[RT], vb[RT];
+#pragma unroll
+            for (int r = 0; r < RT; ++r) {
+                va[r] = ok ? load_stream16(reinterpret_cast<const uint4*>(wa[r] + col)) : zero;
+                vb[r] = ok ? load_stream16(reinterpret_cast<const uint4*>(wb[r] + col)) : zero;
+            }
+            mma_step(va, vb, col, ok);
+        }
     }
 
     // The fixed-order sum over slices, CH fragments (f = r * NT + j) at a time.
@@ -219,7 +192,19 @@ inv_matmul_kernel(const T* __restrict__ x,     // [M, K]
                 v.z += part.z;
                 v.w += part.w;
             }
-            inv_store_fragment(y, bias, v, row0 + 16 * (f / NT), tok0 + 8 * (f % NT), l, M, N);
+            const int lg = l >> 2, lt = l & 3;
+            const long long row = row0 + 16 * (f / NT) + lg;
+            const long long tok = tok0 + 8 * (f % NT) + 2 * lt;
+            const float out[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {   // (d0, d1): row, tokens 2t, 2t + 1; (d2, d3): row + 8
+                const long long rr = row + (e >= 2 ? 8 : 0), tt = tok + (e & 1);
+                if (rr < N && tt < M) {
+                    float o = out[e];
+                    if (bias != nullptr) o += to_float(bias[rr]);
+                    store_float(y + tt * N + rr, o);
+                }
+            }
         }
         __syncthreads();   // s_part is rewritten by the next chunk
     }
@@ -234,8 +219,17 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int PENDING>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory"); }
 
+// acc = 0 (every fragment of a warp's tile).
+template <int RT, int NT>
+__device__ __forceinline__ void inv_zero(float (&acc)[RT][NT][4]) {
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) acc[r][j][0] = acc[r][j][1] = acc[r][j][2] = acc[r][j][3] = 0.0f;
+}
+
 // Slice p's partial sum for a block's tile of ROWS = 16 RT WR rows of W (from tile_row0) x TOKS = 8 NT tokens (from
-// tok0), warp w on rows [16 RT w, 16 RT (w + 1)) of it: the same MMAs on the same operands as inv_slice_partial, with
+// tok0), warp w on rows [16 RT w, 16 RT (w + 1)) of it: the same MMAs on the same operands as the slice-warp kernel's, with
 // each step's W and x lines (32 columns each; a chunk past K reads as zero, rows past N and tokens past M repeat the
 // last) staged by the whole block through a ring of STAGES shared-memory buffers, STAGES - 1 steps ahead.
 template <typename T, int RT, int NT, int WR, int STAGES>
@@ -267,10 +261,7 @@ __device__ __forceinline__ void inv_slice_partial_staged(float (&acc)[RT][NT][4]
         }
         cp_async_commit();
     };
-#pragma unroll
-    for (int r = 0; r < RT; ++r)
-#pragma unroll
-        for (int j = 0; j < NT; ++j) acc[r][j][0] = acc[r][j][1] = acc[r][j][2] = acc[r][j][3] = 0.0f;
+    inv_zero(acc);
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) stage(i);
     for (int i = 0; i < count; ++i) {
