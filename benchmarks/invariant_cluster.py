@@ -62,8 +62,8 @@ def page(out: Path, command: str) -> str:
              "of its steps read once by the block), the 8 partials summed in slice order through distributed shared "
              "memory. Same bits (checked below).", "",
              "## Bit checks", "",
-             "Rows of the product for M in 1..512 equal the 512-row product's, under a permutation, alone, and in every "
-             "variant (M = 1, 9, 40, 130); `slices=1` (another order) differs (the check has teeth):", ""]
+             "Rows of the product for M in 1..512 equal the 512-row product's, under a permutation, alone, and in "
+             "every variant (M = 1, 9, 40, 130); `slices=1` (another order) differs (the check has teeth):", ""]
     rows = [(c["model"], c["matrix"], f"{c['N']}x{c['K']}", "yes" if not c["bad_m"] else f"NO {c['bad_m']}",
              "yes" if c["permuted_equal"] and c["alone_equal"] else "NO",
              "yes" if not c["bad_variants"] else f"NO {c['bad_variants'][:4]}",

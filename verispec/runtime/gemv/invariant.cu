@@ -75,8 +75,8 @@ __device__ __forceinline__ void inv_store_fragment(T* y, const T* bias, float4 v
 }
 
 // The slice-warp kernel: a block is S warps, warp p = slice p, all on one tile; the partials meet in shared memory.
-// Its loop stays written out here, not shared with the cluster kernel's: moved into helper functions it compiled to
-// other register allocations, and variants 2 and 7 (decode) ran up to 1.35x slower (results/invariant_cluster.md).
+// Its loop and stores stay written out here, not shared with the cluster kernel's: moved into helper functions they
+// compiled to other register allocations, and variants 2 and 7 (decode) ran up to 1.35x slower (results/invariant_cluster.md).
 template <typename T, int RT, int NT, int U>
 __global__ void __launch_bounds__(32 * INV_MAX_SLICES)
 inv_matmul_kernel(const T* __restrict__ x,     // [M, K]
@@ -229,9 +229,9 @@ __device__ __forceinline__ void inv_zero(float (&acc)[RT][NT][4]) {
 }
 
 // Slice p's partial sum for a block's tile of ROWS = 16 RT WR rows of W (from tile_row0) x TOKS = 8 NT tokens (from
-// tok0), warp w on rows [16 RT w, 16 RT (w + 1)) of it: the same MMAs on the same operands as the slice-warp kernel's, with
-// each step's W and x lines (32 columns each; a chunk past K reads as zero, rows past N and tokens past M repeat the
-// last) staged by the whole block through a ring of STAGES shared-memory buffers, STAGES - 1 steps ahead.
+// tok0), warp w on rows [16 RT w, 16 RT (w + 1)) of it: the same MMAs on the same operands as the slice-warp
+// kernel's, with each step's W and x lines (32 columns each; a chunk past K reads as zero, rows past N and tokens past
+// M repeat the last) staged by the whole block through a ring of STAGES shared-memory buffers, STAGES - 1 steps ahead.
 template <typename T, int RT, int NT, int WR, int STAGES>
 __device__ __forceinline__ void inv_slice_partial_staged(float (&acc)[RT][NT][4], uint4* ring, const T* x, const T* w,
                                                          long long tile_row0, long long tok0, int M, int N, int K,
@@ -289,7 +289,8 @@ __device__ __forceinline__ void inv_slice_partial_staged(float (&acc)[RT][NT][4]
     __syncthreads();   // the ring is free: the caller reuses it
 }
 
-// Shared memory of the cluster kernel: the ring of staged steps, later the block's partial tile (the larger of the two).
+// Shared memory of the cluster kernel: the ring of staged steps, later the block's partial tile (the larger of
+// the two).
 template <int RT, int NT, int WR, int STAGES>
 constexpr unsigned inv_cluster_smem() {
     constexpr unsigned ring = STAGES * (16 * RT * WR + 8 * NT) * 64, part = WR * RT * NT * 32 * 16;
