@@ -50,6 +50,10 @@ def test_invariant_matmul_refuses_what_it_cannot_do():
         vg.invariant_matmul(x, torch.randn(8, 12, device="cuda", dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="bf16/fp16"):
         vg.invariant_matmul(x.float()[:, :8], torch.randn(8, 8, device="cuda"))
+    x8, w8 = x[:, :8].contiguous(), torch.randn(8, 8, device="cuda", dtype=torch.bfloat16)
+    for bad in (-1, vg.invariant_variants() + 1):
+        with pytest.raises(ValueError, match="variant must be 0"):
+            vg.invariant_matmul(x8, w8, variant=bad)
 
 
 def test_fp32_linear_is_invariant_in_8_row_chunks():
