@@ -70,7 +70,7 @@ packed_matmul_walk_kernel(const __nv_bfloat16* __restrict__ x,     // [M, K]
                 const uint8_t* src = a0 + 16 * (2 * c + copy_half);
                 if (src < unit + ubytes) {
                     const long long left = w_end - src;
-                    v4_cp16(dst + (uint32_t)(32 * c), src, left >= 16 ? 16 : (int)left);
+                    cp_async16(dst + (uint32_t)(32 * c), src, left >= 16 ? 16 : (int)left);
                 }
             }
             if (++next_j == upw) {
@@ -80,7 +80,7 @@ packed_matmul_walk_kernel(const __nv_bfloat16* __restrict__ x,     // [M, K]
             }
         }
         ++next;
-        v4_commit();
+        cp_async_commit();
     };
 #pragma unroll
     for (int i = 0; i < ST - 1; ++i) issue();
@@ -98,7 +98,7 @@ packed_matmul_walk_kernel(const __nv_bfloat16* __restrict__ x,     // [M, K]
         for (int j = 0; j < NT; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.0f;
         for (int u = p; u < nunits; ++i, u += V3_SLICES) {
             issue();
-            v4_wait<ST - 1>();                                   // item i's copies (this lane's) have landed
+            cp_async_wait<ST - 1>();                                   // item i's copies (this lane's) have landed
             __syncwarp();                                        // ... and every lane's
             const int valid = KQUANT ? 8 : min(8, nch - 8 * u);
             const uint32_t stage = stage0 + (uint32_t)((i % ST) * STAGE);
@@ -123,7 +123,7 @@ packed_matmul_walk_kernel(const __nv_bfloat16* __restrict__ x,     // [M, K]
         }
         v3_store<1, NT>(acc, s_part[k & 1], bias, y, row0, tok0, M, N);
     }
-    v4_wait<0>();
+    cp_async_wait<0>();
 }
 
 // walk_reg: walk's walker with v3's register loads (each lane reads its own bytes of the next item straight from global

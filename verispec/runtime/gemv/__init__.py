@@ -172,7 +172,7 @@ def invariant_matmul(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = 
         raise ValueError(f"invariant_matmul: out must be a contiguous {out_shape} {x.dtype} tensor on {x.device}")
     if slices not in (0, 1, 2, 4, 8):
         raise ValueError(f"invariant_matmul: slices must be 0, 1, 2, 4 or 8, got {slices}")
-    if not 0 <= variant <= invariant_variants():
+    if variant and not 1 <= variant <= invariant_variants():   # 0 (the product's): nothing to ask the extension
         raise ValueError(f"invariant_matmul: variant must be 0 (automatic) or 1..{invariant_variants()}, got {variant}")
     x2 = x.reshape(-1, K).contiguous()
     if x2.data_ptr() % 16:

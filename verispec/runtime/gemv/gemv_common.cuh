@@ -32,6 +32,19 @@ __device__ __forceinline__ void pdl_wait() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+// cp.async (sm_80+): 16 bytes global -> shared (dst: a shared-space address, or a generic pointer) through L2
+// only, no register held; src_bytes < 16 fills the rest with zeros (0: all zeros, src not read). One commit group a
+// stage; wait<N>: at most N of this thread's groups still in flight.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {   // dst: a generic pointer
+    cp_async16((uint32_t)__cvta_generic_to_shared(dst), src, src_bytes);
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
 // Pull 16 bytes into L2 (no register, no wait): the weights do not depend on the previous kernel.
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 

@@ -76,7 +76,8 @@ __device__ __forceinline__ void inv_store_fragment(T* y, const T* bias, float4 v
 
 // The slice-warp kernel: a block is S warps, warp p = slice p, all on one tile; the partials meet in shared memory.
 // Its loop and stores stay written out here, not shared with the cluster kernel's: moved into helper functions they
-// compiled to other register allocations, and variants 2 and 7 (decode) ran up to 1.35x slower (results/invariant_cluster.md).
+// compiled to other register allocations, and variants 2 and 7 (decode) ran up to 1.35x slower
+// (results/invariant_cluster.md).
 template <typename T, int RT, int NT, int U>
 __global__ void __launch_bounds__(32 * INV_MAX_SLICES)
 inv_matmul_kernel(const T* __restrict__ x,     // [M, K]
@@ -209,15 +210,6 @@ inv_matmul_kernel(const T* __restrict__ x,     // [M, K]
         __syncthreads();   // s_part is rewritten by the next chunk
     }
 }
-
-// cp.async (sm_80+): 16 bytes global -> shared through L2 only; src_bytes 0 fills the 16 bytes with zeros.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory"); }
 
 // acc = 0 (every fragment of a warp's tile).
 template <int RT, int NT>

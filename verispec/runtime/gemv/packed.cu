@@ -445,13 +445,6 @@ struct V4Shared {
     }
 };
 
-__device__ __forceinline__ void v4_cp16(uint32_t dst, const uint8_t* src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void v4_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void v4_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
-
 template <int QT, int NT, bool A4>
 __global__ void __launch_bounds__(32 * V3_SLICES, NT >= 4 ? 1 : 2)   // 32 tokens' accumulators: one block an SM
 packed_matmul_v4_kernel(const __nv_bfloat16* __restrict__ x,     // [M, K]
@@ -489,11 +482,11 @@ packed_matmul_v4_kernel(const __nv_bfloat16* __restrict__ x,     // [M, K]
                 const uint8_t* src = a0 + 16 * v;
                 if (src < unit + ubytes) {
                     const long long left = w_end - src;
-                    v4_cp16(stage + (uint32_t)(r * PITCH + 16 * v), src, left >= 16 ? 16 : (int)left);
+                    cp_async16(stage + (uint32_t)(r * PITCH + 16 * v), src, left >= 16 ? 16 : (int)left);
                 }
             }
         }
-        v4_commit();
+        cp_async_commit();
     };
 #pragma unroll
     for (int i = 0; i < ST - 1; ++i) issue(i);
@@ -509,7 +502,7 @@ packed_matmul_v4_kernel(const __nv_bfloat16* __restrict__ x,     // [M, K]
 
     for (int i = 0, u = p; u < nunits; ++i, u += V3_SLICES) {
         issue(i + ST - 1);
-        v4_wait<ST - 1>();                                       // unit i's copies (this lane's) have landed
+        cp_async_wait<ST - 1>();                                       // unit i's copies (this lane's) have landed
         __syncwarp();                                            // ... and every lane's
         const int valid = KQUANT ? 8 : min(8, nch - 8 * u);
         const uint32_t stage = stage0 + (uint32_t)((i % ST) * 16 * PITCH);
@@ -528,7 +521,7 @@ packed_matmul_v4_kernel(const __nv_bfloat16* __restrict__ x,     // [M, K]
         __syncwarp();                                            // the stage is free for unit i + ST
         v3_unit<QT, 1, NT>(cur, u, nch, xr, t, acc);
     }
-    v4_wait<0>();
+    cp_async_wait<0>();
     v3_store<1, NT>(acc, s_part, bias, y, row0, tok0, M, N);
 }
 
