@@ -122,6 +122,9 @@ def main(argv=None) -> None:
     command = "python benchmarks/invariant_cluster.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.mode == "report":
         out = Path(args.dir or args.out or ".")
+        missing = [n for n in ("kernel.json", "pass_cluster.json", "pass_slice_warp.json") if not (out / n).is_file()]
+        if missing:
+            ap.error(f"report: {out} lacks {', '.join(missing)} (the files a run writes there)")
     else:
         if not torch.cuda.is_available():
             sys.exit("benchmarks/invariant_cluster.py measures a GPU: no CUDA device is available")
