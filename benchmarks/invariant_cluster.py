@@ -47,6 +47,17 @@ def run(out: Path, ms: str, sweep_ms: str, tokens: str) -> None:
         gemv.CLUSTER_MIN_K = min_k
 
 
+def weights_floor_ms(model: str, bandwidth: float) -> float:
+    """ms to read ``model``'s bf16 matrices once (exact.py's SHAPES: each layer's, then the LM head) at
+    ``bandwidth`` bytes/s."""
+    from benchmarks.exact import SHAPES
+    from verispec.runtime.config import NAMED_SHAPES
+
+    layers = NAMED_SHAPES[model].num_layers
+    elements = sum(N * K * (1 if matrix == "lm_head" else layers) for name, matrix, N, K in SHAPES if name == model)
+    return 2 * elements / bandwidth * 1e3
+
+
 def page(out: Path, command: str) -> str:
     kernel = json.loads((out / "kernel.json").read_text())
     new = json.loads((out / "pass_cluster.json").read_text())
@@ -93,6 +104,9 @@ def page(out: Path, command: str) -> str:
               "product's rule, `without` = the slice-warp rule alone (the code before), cuBLAS (not batch-invariant) "
               "the peer. `vs 1 token` = the pass over the 1-token pass at the same B (issue 22's flat-pass goal: "
               "<= 1.2x up to 64 tokens at B = 1, <= 1.3x up to 32 tokens a sequence at B = 8).", ""]
+    floor = weights_floor_ms("llama-3.1-8b", kernel["bandwidth"])
+    lines[-2] += (f" Floor: the weights' bytes (every layer's matrices and the LM head) / the copy bandwidth = "
+                  f"{floor:.2f} ms, the least any pass can take.")
     before = {(c["B"], c["T"]): c for c in old["models"][0]["cells"]}
     one = {c["B"]: c["invariant"] for c in new["models"][0]["cells"] if c["T"] == 1}
     rows = []
