@@ -1,12 +1,14 @@
 """Token trees on a GPU (issue 22): what a tree pass costs, what tree verification costs, and what trees buy.
 
-Four parts, each one device call that writes ``<out>/trees_<part>.json`` and a markdown section; ``report`` joins
+Five parts, each one device call that writes ``<out>/trees_<part>.json`` and a markdown section; ``report`` joins
 the sections present; ``--write`` (on ``report``) writes ``benchmarks/results/trees.md``:
 
     python benchmarks/trees.py pass --out DIR      8B shape (random bf16 weights), context 512: ms of a captured
                                                    chain pass (Transformer.append) and tree pass (tree.tree_pass) of
                                                    T tokens per sequence, T = 1..64, B = 1, 8, 32; the tree mask's
                                                    overhead (tree / chain); bit checks: each node vs its path as a chain
+    python benchmarks/trees.py attention --out DIR the tree attention alone (8B heads, bf16): packed vs padded
+                                                   tiles vs the chain kernel, B = 1, 8, cached 200 / 512 / 1500 tokens
     python benchmarks/trees.py verify --out DIR    verify_tree_greedy (Triton) vs verify_greedy at the same node count,
                                                    V = 128256, B = 1, 8, 32: device us per call (CUDA-graph replay)
                                                    and eager us (host work included), the logits' byte floor
@@ -49,7 +51,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from benchmarks.common import capture_graph, environment, environment_line, markdown_table, time_calls  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-PARTS = ("pass", "verify", "e2e", "accept")
+PARTS = ("pass", "attention", "verify", "e2e", "accept")
 
 
 def bushy_tree(T: int) -> tuple[int, ...]:
@@ -71,8 +73,11 @@ def bushy_tree(T: int) -> tuple[int, ...]:
 def pass_part(args) -> dict:
     from verispec import load_model
     from verispec.runtime import tree as trees
+    from verispec.runtime import tree_attention
 
     model = load_model(args.model, device="cuda", dtype=torch.bfloat16)
+    KV = model.config.num_kv_heads
+    G = model.config.num_heads // KV
     out = dict(env=environment(), model=args.model, cells=[], bits=[])
     V = model.config.vocab_size
     gen = torch.Generator().manual_seed(0)
@@ -95,7 +100,14 @@ def pass_part(args) -> dict:
                                                          cache, model.num_active_layers), 2)
             tree_ms = time_calls(tree.replay, iters=20, warmup=3) * 1e3
             del tree
-            cell = dict(B=B, T=T, chain_ms=chain_ms, tree_ms=tree_ms)
+            padded = tree_attention.tree_tile_rows(G, B * KV * T, tokens.device) != G
+            cell = dict(B=B, T=T, chain_ms=chain_ms, tree_ms=tree_ms, tiles="padded" if padded else "packed")
+            tree_attention.TILES = "packed" if padded else "padded"          # the other layout, for the page
+            other = capture_graph(lambda: trees.tree_pass(model.net, tokens, depth, path, lengths, lengths,
+                                                          model._rope, cache, model.num_active_layers), 2)
+            cell["other_ms"] = time_calls(other.replay, iters=20, warmup=3) * 1e3
+            tree_attention.TILES = "auto"
+            del other
             out["cells"].append(cell)
             print("pass", json.dumps(cell), flush=True)
     out["bits"] = _bit_checks(model)
@@ -144,18 +156,66 @@ def pass_markdown(res: dict) -> list[str]:
              environment_line(res["env"]), "",
              "ms of one captured pass of T tokens for each of B sequences (median of 20 replays): `chain` = "
              "`Transformer.append` (causal), `tree` = `tree.tree_pass` over a bushy tree of T nodes (<= 4 children per "
-             "node). `tree / chain` is the tree attention's overhead; `vs T=1` the tree pass over the 1-token "
-             "pass.", ""]
-    one = {c["B"]: c["tree_ms"] for c in res["cells"] if c["T"] == 1}
+             "node). `tree / chain` is the tree attention's overhead; `vs 1 token` the tree pass over the 1-token "
+             "chain pass (a decode step). `tiles`: the tree attention's layout that `tree_tile_rows` picks (padded: "
+             "a tile per token; packed: 16 / G tokens a tile), `other tiles ms` the same pass with the other one "
+             "(the same bits).", ""]
+    one = {c["B"]: c["chain_ms"] for c in res["cells"] if c["T"] == 1}
     rows = [(c["B"], c["T"], f"{c['chain_ms']:.2f}", f"{c['tree_ms']:.2f}", f"{c['tree_ms'] / c['chain_ms']:.2f}",
-             f"{c['tree_ms'] / one[c['B']]:.2f}" if c["B"] in one else "") for c in res["cells"]]
-    lines += markdown_table(["B", "T", "chain ms", "tree ms", "tree / chain", "vs T=1"], rows)
+             f"{c['tree_ms'] / one[c['B']]:.2f}" if c["B"] in one else "", c.get("tiles", ""),
+             f"{c['other_ms']:.2f}" if "other_ms" in c else "") for c in res["cells"]]
+    lines += markdown_table(["B", "T", "chain ms", "tree ms", "tree / chain", "vs 1 token", "tiles", "other tiles ms"],
+                            rows)
     lines += ["", "Bit checks (`Model.append_tree` with graphs vs `Model.append` of each root-to-node path, 3 ragged "
               "sequences of 900, 41, 260 tokens):", ""]
     lines += markdown_table(["T", "nodes bit-equal", "max abs diff"],
                             [(c["T"], f"{c['nodes_equal']}/{c['nodes']}", f"{c['max_abs_diff']:.3g}")
                              for c in res["bits"]])
     return lines + [""]
+
+
+# --------------------------------------------------------------------------------------------- attention
+def attention_part(args) -> dict:
+    """The tree attention alone (bf16, the 8B model's heads): packed vs padded tiles vs the chain kernel over the same
+    T tokens, per (B, cached tokens R, T); which layout ``tree_tile_rows`` picks."""
+    from benchmarks.common import graph_us_per_call
+    from verispec.runtime import named_shape, ops
+    from verispec.runtime import tree as trees
+    from verispec.runtime.tree_attention import tree_attention, tree_tile_rows
+
+    cfg = named_shape(args.model)
+    KV, G, D = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads, cfg.head_dim
+    out = dict(env=environment(), model=args.model, cells=[])
+    torch.manual_seed(0)
+    for B in (1, 8):
+        k = torch.randn(B, KV, 2048, D, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        for R in (200, 512, 1500):
+            root = torch.full((B,), R, device="cuda")
+            for T in (1, 3, 7, 13, 17, 33):
+                lay = trees.tree_layout((bushy_tree(T),) * B, T)
+                depth, path = lay.depth.cuda(), lay.path.cuda()
+                q = torch.randn(B * T, KV * G, D, device="cuda", dtype=torch.bfloat16)
+                cell = dict(B=B, R=R, T=T, picks="padded" if tree_tile_rows(G, B * KV * T, q.device) != G else "packed")
+                for name, rows in (("packed", G), ("padded", -(-G // ops.ATTN_BLOCK_M) * ops.ATTN_BLOCK_M)):
+                    cell[name + "_us"] = graph_us_per_call(
+                        lambda i: tree_attention(q, k, v, root, depth, path, D ** -0.5, token_rows=rows), 20, 10)
+                cell["chain_us"] = graph_us_per_call(lambda i: ops.decode_attention(q, k, v, root, T, D ** -0.5), 20, 10)
+                out["cells"].append(cell)
+                print("attention", json.dumps(cell), flush=True)
+    return out
+
+
+def attention_markdown(res: dict) -> list[str]:
+    lines = [f"## The tree attention ({res['model']} heads, bf16)", "", environment_line(res["env"]), "",
+             "us per call of `tree_attention` over a bushy tree of T nodes for each of B sequences whose root sits "
+             "at cached slot R (CUDA graph of 20 calls, median), with packed tiles (16 / G tokens a tile of query "
+             "rows) and padded ones (a tile per token), beside `ops.decode_attention` of T chain tokens at the same "
+             "R (the causal kernel a chain pass runs). `picks`: `tree_tile_rows`'s choice.", ""]
+    rows = [(c["B"], c["R"], c["T"], f"{c['packed_us']:.1f}", f"{c['padded_us']:.1f}", f"{c['chain_us']:.1f}",
+             c["picks"], f"{min(c['packed_us'], c['padded_us']) / c[c['picks'] + '_us']:.2f}") for c in res["cells"]]
+    return lines + markdown_table(["B", "R", "T", "packed us", "padded us", "chain us", "picks",
+                                   "best / picked"], rows) + [""]
 
 
 # ------------------------------------------------------------------------------------------------ verify
@@ -479,7 +539,7 @@ def accept_markdown(res: dict) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------ report
-MARKDOWN = dict(zip(PARTS, (pass_markdown, verify_markdown, e2e_markdown, accept_markdown)))
+MARKDOWN = dict(zip(PARTS, (pass_markdown, attention_markdown, verify_markdown, e2e_markdown, accept_markdown)))
 
 
 def report(folder: Path, missing: bool = True) -> list[str]:
@@ -540,7 +600,7 @@ def main(argv=None) -> None:
     torch.set_num_threads(1)
     folder = Path(args.out or tempfile.mkdtemp(prefix="trees_"))
     folder.mkdir(parents=True, exist_ok=True)
-    res = dict(pass_=pass_part, verify=verify_part, e2e=e2e_part, accept=accept_part)[
+    res = dict(pass_=pass_part, attention=attention_part, verify=verify_part, e2e=e2e_part, accept=accept_part)[
         "pass_" if args.part == "pass" else args.part](args)
     (folder / f"trees_{args.part}.json").write_text(json.dumps(res, indent=1))
     (folder / f"trees_{args.part}.md").write_text("\n".join(MARKDOWN[args.part](res)) + "\n")

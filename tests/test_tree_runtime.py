@@ -70,11 +70,12 @@ def test_tree_pass_equals_each_path_as_a_chain_torch():
 
 @pytest.mark.skipif(not ops.AVAILABLE or os.environ.get("TRITON_INTERPRET") != "1", reason="the interpreter run")
 @pytest.mark.parametrize("G, parents", [(1, (-1, 0, 1, 2)), (3, TREE)])
-def test_tree_attention_kernel_reads_each_path_as_the_chain_kernel(G, parents):
+@pytest.mark.parametrize("padded", [False, True])
+def test_tree_attention_kernel_reads_each_path_as_the_chain_kernel(G, parents, padded):
     """Each node's attention output equals the chain kernel's over its path laid out at slots R, R + 1, ...; bit
-    for bit where the node's query rows sit in the same lanes of their tiles in both (G = 1 and a chain-shaped
-    tree: numpy's BLAS under the interpreter rounds by lane, an MMA does not), else within 1e-6. G = 3 puts tokens
-    across tile boundaries."""
+    for bit where the node's query rows sit in the same lanes of their tiles in both (G = 1 packed and a
+    chain-shaped tree: numpy's BLAS under the interpreter rounds by lane, an MMA does not), else within 1e-6. G = 3
+    packed puts tokens across tile boundaries; padded gives each token a tile of its own."""
     from verispec.runtime.tree_attention import tree_attention
 
     torch.manual_seed(0)
@@ -84,10 +85,12 @@ def test_tree_attention_kernel_reads_each_path_as_the_chain_kernel(G, parents):
     T = len(parents)
     lay = trees.tree_layout((parents, parents), T)
     q = torch.randn(B * T, KV * G, D)
-    o = tree_attention(q, k, v, root, lay.depth, lay.path, 0.25).view(B, T, -1)
+    rows = ops.ATTN_BLOCK_M if padded else G
+    o = tree_attention(q, k, v, root, lay.depth, lay.path, 0.25, token_rows=rows).view(B, T, -1)
     for programs in (1, 2):          # programs walking the live splits: the same partials, the same bits
-        assert torch.equal(tree_attention(q, k, v, root, lay.depth, lay.path, 0.25, programs).view(B, T, -1), o)
-    exact = G == 1 and parents == tuple(range(-1, T - 1))
+        again = tree_attention(q, k, v, root, lay.depth, lay.path, 0.25, programs, token_rows=rows)
+        assert torch.equal(again.view(B, T, -1), o)
+    exact = G == 1 and parents == tuple(range(-1, T - 1)) and not padded
     for n, path in enumerate(trees.depths_and_paths(parents)):
         kc, vc, idx = k.clone(), v.clone(), torch.tensor(path)
         for b, R in enumerate(root.tolist()):          # the chain: the path's K/V at slots R, R + 1, ...
@@ -97,6 +100,22 @@ def test_tree_attention_kernel_reads_each_path_as_the_chain_kernel(G, parents):
         if exact and n == T - 1:                       # the chain's last token: the same lanes, the same bits
             assert torch.equal(o[:, n], chain)
         torch.testing.assert_close(o[:, n], chain, rtol=1e-6, atol=1e-6)
+
+
+def test_tree_attention_tiles():
+    """A token's rows in the split kernel's tiles: padded to whole tiles while the padded grid is small, packed
+    beyond; the tokens one tile can touch; a layout that is neither is refused by name."""
+    from verispec.runtime.tree_attention import tile_tokens, tree_attention, tree_tile_rows
+
+    cpu = torch.device("cpu")
+    assert tree_tile_rows(4, 1, cpu) == ops.ATTN_BLOCK_M          # a CPU counts as one SM
+    assert tree_tile_rows(4, 2, cpu) == 4
+    assert tree_tile_rows(20, 1, cpu) == 2 * ops.ATTN_BLOCK_M
+    assert [tile_tokens(r) for r in (1, 4, 3, 5, 16, 32)] == [16, 4, 7, 5, 1, 1]
+    lay = trees.tree_layout(((-1, 0),), 2)
+    q, kv = torch.zeros(2, 4, 16), torch.zeros(1, 1, 64, 16)
+    with pytest.raises(ValueError, match="token_rows must be 4"):
+        tree_attention(q, kv, kv, torch.tensor([3]), lay.depth, lay.path, 1.0, token_rows=8)
 
 
 @pytest.mark.skipif(not ops.AVAILABLE or os.environ.get("TRITON_INTERPRET") != "1", reason="the interpreter run")
@@ -185,6 +204,32 @@ def test_gpu_bf16_tree_pass_is_bit_equal_to_each_path_as_a_chain(use_graphs):
     for n, path in enumerate(trees.depths_and_paths(TREE)):
         chain = _chain_logits(m, base, tokens, path, m.append)
         assert torch.equal(logits[:, n], chain), f"node {n} (path {path})"
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU (the MMA's bits do not depend on the lane)")
+def test_gpu_tree_attention_layouts_are_the_chain_kernels_bits():
+    """bf16 on the GPU, 8B heads (G = 4, D = 128): packed tiles and padded tiles give every node the bits of the
+    chain kernel over its root-to-node path, in splits before, across and after the split boundary."""
+    from verispec.runtime.tree_attention import tree_attention
+
+    torch.manual_seed(0)
+    B, KV, G, D, S = 3, 8, 4, 128, 1024
+    k = torch.randn(B, KV, S, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    root = torch.tensor([5, 250, 700], device="cuda")
+    T = len(TREE)
+    lay = trees.tree_layout((TREE,) * B, T)
+    depth, path = lay.depth.cuda(), lay.path.cuda()
+    q = torch.randn(B * T, KV * G, D, device="cuda", dtype=torch.bfloat16)
+    outs = [tree_attention(q, k, v, root, depth, path, 0.125, token_rows=r).view(B, T, -1) for r in (G, 16)]
+    assert torch.equal(outs[0], outs[1])
+    for n, p in enumerate(trees.depths_and_paths(TREE)):
+        kc, vc, idx = k.clone(), v.clone(), torch.tensor(p, device="cuda")
+        for b, R in enumerate(root.tolist()):
+            kc[b, :, R:R + len(p)], vc[b, :, R:R + len(p)] = k[b, :, R + idx], v[b, :, R + idx]
+        qc = q.view(B, T, -1, D)[:, idx].reshape(-1, KV * G, D).contiguous()
+        chain = ops.decode_attention(qc, kc, vc, root, len(p), 0.125).view(B, len(p), -1)[:, -1]
+        assert torch.equal(outs[0][:, n], chain), f"node {n} (path {p})"
 
 
 @pytest.mark.skipif(not ops.AVAILABLE or os.environ.get("TRITON_INTERPRET") != "1" and not GPU,

@@ -17,12 +17,14 @@ each key sits in its blocks (the online softmax meets blocks of BLOCK_N slots in
 slot 0). Reading the path at the chain's slots puts every key in the block and the column a chain pass (and plain
 decoding) would put it in, so the same products are summed in the same order. Blocks wholly below R are read
 once per tile, as in ``ops._attn_split_kernel``. A block that reaches R is read token by token: the query rows are
-token-major (row i * G + g: the G heads of one token side by side, so a tile of 16 rows holds 16 / G tokens), and
-for each token of the tile one dot of the same [16, D] x [D, BLOCK_N] shape as the chain's runs on the tile with the
-other tokens' rows zeroed, against that token's own keys; its result is kept for that token's rows (an MMA computes
-each output element from its own row and column alone, so the zeroed rows and the row's lane change nothing). The
-values then go through the chain's online-softmax update; the P V product likewise. A mixed block costs 16 / G + 1
-or 2 dots per tile instead of one (Llama-3 8B: G = 4): at most two mixed blocks per split for trees of <= 64 nodes.
+token-major (row i * GR + g: the G heads of one token side by side; GR = G packs 16 / G tokens in a tile of 16 rows,
+GR = G padded to 16 gives each token a tile of its own: ``tree_tile_rows`` picks), and for each token of the tile
+one dot of the same [16, D] x [D, BLOCK_N] shape as the chain's runs on the tile with the other tokens' rows zeroed,
+against that token's own keys; its result is kept for that token's rows (an MMA computes each output element from
+its own row and column alone, so the zeroed rows and the row's lane change nothing). The values then go through the
+chain's online-softmax update; the P V product likewise. A mixed block costs a dot per token of the tile for K and
+again for V instead of one (packed, Llama-3 8B: G = 4, 4 each; padded: 1 each, as a chain's decode step, at the
+price of reading the prefix once per token): at most two mixed blocks per split for trees of <= 64 nodes.
 (Under the CPU interpreter numpy's BLAS rounds by lane, so there the bits match the chain kernel only where a row
 keeps its lane; tests/test_tree_runtime.py checks both, and the bf16 GPU test checks every node.)
 
@@ -61,7 +63,8 @@ if ops.AVAILABLE:
     @triton.jit
     def _tree_attn_split_kernel(q_ptr, k_ptr, v_ptr, root_ptr, depth_ptr, path_ptr, acc_ptr, ml_ptr,
                                 T, H, KV, NSPLIT, NPROG, ROWS, P, s_cb, s_ch, s_cs, scale_log2,
-                                G: tl.constexpr, TOKENS: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
+                                G: tl.constexpr, GR: tl.constexpr, TOKENS: tl.constexpr, D: tl.constexpr,
+                                SPLIT: tl.constexpr,
                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
                                 PDL: tl.constexpr):
         if PDL:                                        # see ops.use_pdl: start early, wait for the predecessor
@@ -72,10 +75,10 @@ if ops.AVAILABLE:
         rt = tl.program_id(2)                          # tile of BLOCK_M query rows
         b = bk // KV
         kvh = bk % KV
-        rows = rt * BLOCK_M + tl.arange(0, BLOCK_M)    # token-major: row r = i * G + g (token i, query head g)
-        g = rows % G
-        i = rows // G
-        row_ok = rows < G * T
+        rows = rt * BLOCK_M + tl.arange(0, BLOCK_M)    # token-major: row r = i * GR + g (token i, query head g)
+        g = rows % GR                                  # GR = G (packed) or G padded to whole tiles (tree_tile_rows)
+        i = rows // GR
+        row_ok = (g < G) & (i < T)
         i_safe = tl.where(row_ok, i, 0)
         R = tl.load(root_ptr + b).to(tl.int32)         # the root's slot: position of depth 0
         dep = tl.load(depth_ptr + b * T + i_safe).to(tl.int32)
@@ -100,7 +103,7 @@ if ops.AVAILABLE:
                                                 acc, BLOCK_N, PREC)
             # blocks that reach the tree: the tile's rows of one token at a time read that token's path (see the
             # module docstring); the other rows of the dot are zeros and its result is kept for that token's rows
-            first = (rt * BLOCK_M) // G                # the tile's first token; TOKENS covers the rest
+            first = (rt * BLOCK_M) // GR               # the tile's first token; TOKENS covers the rest
             for j0 in range(shared_end, end, BLOCK_N):
                 slots = j0 + tl.arange(0, BLOCK_N)
                 smask = slots < end
@@ -127,12 +130,43 @@ if ops.AVAILABLE:
             tl.store(ml_ptr + part * 2 + 1, l_i, mask=row_ok)
 
 
+TILES = "auto"   # tree_tile_rows: "auto", or "packed" / "padded" everywhere (benchmarks/trees.py times both)
+
+
+def tree_tile_rows(G: int, groups: int, device: torch.device) -> int:
+    """Query rows a token takes in the split kernel's tiles (its ``GR``): G packed (ATTN_BLOCK_M / G tokens a tile),
+    or G padded to whole tiles (one token a tile: a block that reaches the root costs one dot for K and one for V, as
+    in a chain's decode step, but every token's program reads the prefix). Padded while ``groups`` = sequences x KV
+    heads x tokens is at most the SM count (a latency-bound pass: one sequence of a few nodes), packed beyond: on an
+    H200 padded was 1.3-1.6x faster for 1 sequence of 3-13 nodes at 200 cached tokens and up to 1.3x slower for 17
+    nodes at 512-1500 or 8 sequences of 7 nodes (benchmarks/results/trees.md, "The tree attention"). The choice
+    changes no result: each output element of a dot comes from its own row and column (the module docstring)."""
+    padded = -(-G // ops.ATTN_BLOCK_M) * ops.ATTN_BLOCK_M
+    if TILES != "auto":
+        return padded if TILES == "padded" else G
+    sms = ops.sm_count(device) if device.type == "cuda" else 1
+    return padded if groups <= sms else G
+
+
+def tile_tokens(GR: int) -> int:
+    """The most tokens one tile of ATTN_BLOCK_M rows touches when a token takes GR rows (the kernel's TOKENS, at
+    most the pass's T: a tile never holds more tokens than the pass has)."""
+    m = ops.ATTN_BLOCK_M
+    if m % GR == 0:
+        return m // GR
+    if GR % m == 0:
+        return 1
+    return (m - 1) // GR + 2
+
+
 def tree_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, root: Tensor, depth: Tensor, path: Tensor,
-                   scale: float, programs: int | None = None) -> Tensor:
+                   scale: float, programs: int | None = None, token_rows: int | None = None) -> Tensor:
     """q [N=B*T, H, D] (the pass's tokens, their K/V already in the cache), root [B] int64 (each sequence's root
     slot), depth [B, T] int64, path [B, T, P] int64 (node offsets from the root of each token's root-to-token path,
     root first; entries past the token's depth are not read) -> o [N, H*D]: softmax(q K^T * scale) V over the
-    prefix slots < root and the token's path. Same tiles, blocks and splits as ``ops.decode_attention``."""
+    prefix slots < root and the token's path. Same blocks and splits as ``ops.decode_attention``.
+    ``token_rows``: the tiles' rows a token takes (G or G padded to a multiple of ATTN_BLOCK_M; default
+    ``tree_tile_rows``'s choice): the grid only, never the result."""
     N, H, D = q.shape
     B, T = depth.shape
     P = path.shape[2]
@@ -141,13 +175,18 @@ def tree_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, root: Tensor, de
     assert N == B * T and q.is_contiguous() and depth.is_contiguous() and path.is_contiguous()
     assert k_cache.stride(3) == 1 and k_cache.stride() == v_cache.stride()
     assert D == ops._pow2(D) and D >= 16, "head_dim must be a power of two >= 16"
+    GR = tree_tile_rows(G, B * KV * T, q.device) if token_rows is None else token_rows
+    if GR != G and GR % ops.ATTN_BLOCK_M or GR < G:
+        raise ValueError(f"tree_attention: token_rows must be {G} (packed) or a multiple of {ops.ATTN_BLOCK_M} "
+                         f">= {G}, got {GR}")
     fp32 = q.dtype == torch.float32
-    nsplit, tiles, rows, acc, ml = ops._attn_partials(q, B, KV, G, T, S)
+    nsplit, _, rows, acc, ml = ops._attn_partials(q, B, KV, G, T, S)
+    tiles = -(-(GR * T) // ops.ATTN_BLOCK_M)
     nprog = ops.split_programs(nsplit, B * KV * tiles, q.device, programs)
     _tree_attn_split_kernel[(B * KV, nprog, tiles)](
         q, k_cache, v_cache, root, depth, path, acc, ml, T, H, KV, nsplit, nprog, rows, P,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), scale * 1.4426950408889634,
-        G=G, TOKENS=(ops.ATTN_BLOCK_M - 1) // G + 2, D=D, SPLIT=ops.ATTN_SPLIT, BLOCK_M=ops.ATTN_BLOCK_M,
+        G=G, GR=GR, TOKENS=min(tile_tokens(GR), T), D=D, SPLIT=ops.ATTN_SPLIT, BLOCK_M=ops.ATTN_BLOCK_M,
         BLOCK_N=ops.attention_block_n(q.dtype, D),
         PREC="ieee" if fp32 else "tf32", num_warps=4, **ops._launch_options(q.device))
     return ops._attn_combine(q, acc, ml, B, T, KV, G, nsplit, rows, root, P)
