@@ -40,8 +40,10 @@
 // at 64-256 rows: each block walks only K / S of the steps, so its ring's fill and drain and the cluster's
 // reduction are a large share of its life. Tried and measured slower (git history): a slice-major pass over K in
 // one block (commit 27d9bae; again on 2026-11-29 as a tiled kernel computing the S slices one after another with
-// two accumulator tiles: 2-7x slower, too few blocks for the bandwidth), and contiguous slices (785af21; decode
-// 1.2-1.4x slower: each warp streams a separate region of a row).
+// two accumulator tiles: 2-7x slower, too few blocks for the bandwidth), contiguous slices (785af21; decode
+// 1.2-1.4x slower: each warp streams a separate region of a row), and the cluster kernel on 16-token tiles for
+// 9-16 rows (2026-11-29, H200, 13 rows: 1.1-1.5x slower than variants 5 / 6 on every 8B and 1B matrix, e.g. 8B down
+// 48 vs 43 us; there 13 rows cost the 8B down 43 us against 32 at one row: x re-read by each 16-row tile).
 //
 // Requirements (checked by vs_inv_matmul; the Python wrapper only calls it when they hold): bf16 or fp16,
 // K % 8 == 0 (16-byte rows), x and W contiguous and 16-byte aligned, 1 <= M, N < 2^31 / 16 row tiles.
