@@ -200,7 +200,8 @@ def attention_part(args) -> dict:
                 for name, rows in (("packed", G), ("padded", -(-G // ops.ATTN_BLOCK_M) * ops.ATTN_BLOCK_M)):
                     cell[name + "_us"] = graph_us_per_call(
                         lambda i: tree_attention(q, k, v, root, depth, path, D ** -0.5, token_rows=rows), 20, 10)
-                cell["chain_us"] = graph_us_per_call(lambda i: ops.decode_attention(q, k, v, root, T, D ** -0.5), 20, 10)
+                cell["chain_us"] = graph_us_per_call(
+                    lambda i: ops.decode_attention(q, k, v, root, T, D ** -0.5), 20, 10)
                 out["cells"].append(cell)
                 print("attention", json.dumps(cell), flush=True)
     return out

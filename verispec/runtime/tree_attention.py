@@ -138,9 +138,9 @@ def tree_tile_rows(G: int, groups: int, device: torch.device) -> int:
     or G padded to whole tiles (one token a tile: a block that reaches the root costs one dot for K and one for V, as
     in a chain's decode step, but every token's program reads the prefix). Padded while ``groups`` = sequences x KV
     heads x tokens is at most the SM count (a latency-bound pass: one sequence of a few nodes), packed beyond: on an
-    H200 padded was 1.3-1.6x faster for 1 sequence of 3-13 nodes at 200 cached tokens and up to 1.3x slower for 17
-    nodes at 512-1500 or 8 sequences of 7 nodes (benchmarks/results/trees.md, "The tree attention"). The choice
-    changes no result: each output element of a dot comes from its own row and column (the module docstring)."""
+    H200 padded was 1.5-1.6x faster for 1 sequence of 3-13 nodes at 200 cached tokens and up to 1.25x slower for 17
+    nodes at 512-1500 or 8 sequences of 3-7 nodes at 1500 (benchmarks/results/trees.md, "The tree attention"). The
+    choice changes no result: each output element of a dot comes from its own row and column (module docstring)."""
     padded = -(-G // ops.ATTN_BLOCK_M) * ops.ATTN_BLOCK_M
     if TILES != "auto":
         return padded if TILES == "padded" else G
@@ -149,8 +149,8 @@ def tree_tile_rows(G: int, groups: int, device: torch.device) -> int:
 
 
 def tile_tokens(GR: int) -> int:
-    """The most tokens one tile of ATTN_BLOCK_M rows touches when a token takes GR rows (the kernel's TOKENS, at
-    most the pass's T: a tile never holds more tokens than the pass has)."""
+    """The most tokens one tile of ATTN_BLOCK_M rows touches when a token takes GR rows (the kernel's TOKENS is this
+    or the pass's T, whichever is smaller: a tile never holds more tokens than the pass has)."""
     m = ops.ATTN_BLOCK_M
     if m % GR == 0:
         return m // GR
