@@ -43,7 +43,9 @@
 // two accumulator tiles: 2-7x slower, too few blocks for the bandwidth), contiguous slices (785af21; decode
 // 1.2-1.4x slower: each warp streams a separate region of a row), and the cluster kernel on 16-token tiles for
 // 9-16 rows (2026-11-29, H200, 13 rows: 1.1-1.5x slower than variants 5 / 6 on every 8B and 1B matrix, e.g. 8B down
-// 48 vs 43 us; there 13 rows cost the 8B down 43 us against 32 at one row: x re-read by each 16-row tile).
+// 48 vs 43 us; there 13 rows cost the 8B down 43 us against 32 at one row), and two warp groups a block on adjacent
+// 16-row tiles, the second reading the slice's x lines through L1 (2026-11-29, H200, 13 rows: 1.04-1.1x slower than
+// variants 5 / 6 on the 8B matrices; the slice-warp kernels' PTX was unchanged by the template parameter).
 //
 // Requirements (checked by vs_inv_matmul; the Python wrapper only calls it when they hold): bf16 or fp16,
 // K % 8 == 0 (16-byte rows), x and W contiguous and 16-byte aligned, 1 <= M, N < 2^31 / 16 row tiles.
