@@ -127,7 +127,8 @@ def kernel_markdown(res: dict) -> list[str]:
         trows.append((r["model"], r["matrix"], r["M"], f"{r['floor_us']:.1f}", f"{r['cublas_us']:.1f}",
                       f"{r.get('gemv_v1_us', float('nan')):.1f}", f"{r['invariant_us']:.1f}",
                       f"{r['invariant_us'] / r['cublas_us']:.2f}", f"{r['floor_us'] / r['invariant_us']:.0%}",
-                      f"v{a['variant']} ({a['rt']},{a['nt']},{a['u']}" + (f",{a['wr']}w" if a.get("wr") else "") + ")", best_var))
+                      f"v{a['variant']} ({a['rt']},{a['nt']},{a['u']}" + (f",{a['wr']}w" if a.get("wr") else "") + ")",
+                      best_var))
     lines += markdown_table(["model", "matrix", "M", "floor", "cuBLAS", "gemv v1", "invariant", "inv/cuBLAS",
                              "inv % floor", "auto variant (RT,NT,U[,WR w])", "best variant"], trows)
     return lines

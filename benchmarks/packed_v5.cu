@@ -98,7 +98,7 @@ packed_matmul_walk_kernel(const __nv_bfloat16* __restrict__ x,     // [M, K]
         for (int j = 0; j < NT; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.0f;
         for (int u = p; u < nunits; ++i, u += V3_SLICES) {
             issue();
-            cp_async_wait<ST - 1>();                                   // item i's copies (this lane's) have landed
+            cp_async_wait<ST - 1>();                             // item i's copies (this lane's) have landed
             __syncwarp();                                        // ... and every lane's
             const int valid = KQUANT ? 8 : min(8, nch - 8 * u);
             const uint32_t stage = stage0 + (uint32_t)((i % ST) * STAGE);

@@ -103,10 +103,12 @@ def pass_part(args) -> dict:
             padded = tree_attention.tree_tile_rows(G, B * KV * T, tokens.device) != G
             cell = dict(B=B, T=T, chain_ms=chain_ms, tree_ms=tree_ms, tiles="padded" if padded else "packed")
             tree_attention.TILES = "packed" if padded else "padded"          # the other layout, for the page
-            other = capture_graph(lambda: trees.tree_pass(model.net, tokens, depth, path, lengths, lengths,
-                                                          model._rope, cache, model.num_active_layers), 2)
+            try:
+                other = capture_graph(lambda: trees.tree_pass(model.net, tokens, depth, path, lengths, lengths,
+                                                              model._rope, cache, model.num_active_layers), 2)
+            finally:
+                tree_attention.TILES = "auto"
             cell["other_ms"] = time_calls(other.replay, iters=20, warmup=3) * 1e3
-            tree_attention.TILES = "auto"
             del other
             out["cells"].append(cell)
             print("pass", json.dumps(cell), flush=True)
@@ -181,7 +183,7 @@ def attention_part(args) -> dict:
     from benchmarks.common import graph_us_per_call
     from verispec.runtime import named_shape, ops
     from verispec.runtime import tree as trees
-    from verispec.runtime.tree_attention import tree_attention, tree_tile_rows
+    from verispec.runtime.tree_attention import padded_token_rows, tree_attention, tree_tile_rows
 
     cfg = named_shape(args.model)
     KV, G, D = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads, cfg.head_dim
@@ -197,7 +199,7 @@ def attention_part(args) -> dict:
                 depth, path = lay.depth.cuda(), lay.path.cuda()
                 q = torch.randn(B * T, KV * G, D, device="cuda", dtype=torch.bfloat16)
                 cell = dict(B=B, R=R, T=T, picks="padded" if tree_tile_rows(G, B * KV * T, q.device) != G else "packed")
-                for name, rows in (("packed", G), ("padded", -(-G // ops.ATTN_BLOCK_M) * ops.ATTN_BLOCK_M)):
+                for name, rows in (("packed", G), ("padded", padded_token_rows(G))):
                     cell[name + "_us"] = graph_us_per_call(
                         lambda i: tree_attention(q, k, v, root, depth, path, D ** -0.5, token_rows=rows), 20, 10)
                 cell["chain_us"] = graph_us_per_call(

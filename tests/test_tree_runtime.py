@@ -68,6 +68,17 @@ def test_tree_pass_equals_each_path_as_a_chain_torch():
         torch.testing.assert_close(logits[:, n], chain, rtol=1e-5, atol=1e-5)
 
 
+def _chain_attention(q, k, v, root, path, scale):
+    """The chain kernel's output for the last node of ``path`` (node offsets from each row's root slot), that path's
+    K/V laid out as a chain at slots R, R + 1, ... of a copy of the cache: q [B*T, H, D] -> [B, H*D]."""
+    B, KV, _, D = k.shape
+    kc, vc, idx = k.clone(), v.clone(), torch.tensor(path, device=k.device)
+    for b, R in enumerate(root.tolist()):
+        kc[b, :, R:R + len(path)], vc[b, :, R:R + len(path)] = k[b, :, R + idx], v[b, :, R + idx]
+    qc = q.view(B, q.shape[0] // B, -1, D)[:, idx].reshape(-1, q.shape[1], D).contiguous()
+    return ops.decode_attention(qc, kc, vc, root, len(path), scale).view(B, len(path), -1)[:, -1]
+
+
 @pytest.mark.skipif(not ops.AVAILABLE or os.environ.get("TRITON_INTERPRET") != "1", reason="the interpreter run")
 @pytest.mark.parametrize("G, parents", [(1, (-1, 0, 1, 2)), (3, TREE)])
 @pytest.mark.parametrize("padded", [False, True])
@@ -92,19 +103,16 @@ def test_tree_attention_kernel_reads_each_path_as_the_chain_kernel(G, parents, p
         assert torch.equal(again.view(B, T, -1), o)
     exact = G == 1 and parents == tuple(range(-1, T - 1)) and not padded
     for n, path in enumerate(trees.depths_and_paths(parents)):
-        kc, vc, idx = k.clone(), v.clone(), torch.tensor(path)
-        for b, R in enumerate(root.tolist()):          # the chain: the path's K/V at slots R, R + 1, ...
-            kc[b, :, R:R + len(path)], vc[b, :, R:R + len(path)] = k[b, :, R + idx], v[b, :, R + idx]
-        qc = q.view(B, T, -1, D)[:, idx].reshape(-1, KV * G, D).contiguous()
-        chain = ops.decode_attention(qc, kc, vc, root, len(path), 0.25).view(B, len(path), -1)[:, -1]
+        chain = _chain_attention(q, k, v, root, path, 0.25)
         if exact and n == T - 1:                       # the chain's last token: the same lanes, the same bits
             assert torch.equal(o[:, n], chain)
         torch.testing.assert_close(o[:, n], chain, rtol=1e-6, atol=1e-6)
 
 
-def test_tree_attention_tiles():
+def test_tree_attention_tiles(monkeypatch):
     """A token's rows in the split kernel's tiles: padded to whole tiles while the padded grid is small, packed
     beyond; the tokens one tile can touch; a layout that is neither is refused by name."""
+    from verispec.runtime import tree_attention as tree_attention_module
     from verispec.runtime.tree_attention import tile_tokens, tree_attention, tree_tile_rows
 
     cpu = torch.device("cpu")
@@ -116,6 +124,9 @@ def test_tree_attention_tiles():
     q, kv = torch.zeros(2, 4, 16), torch.zeros(1, 1, 64, 16)
     with pytest.raises(ValueError, match="token_rows must be 4"):
         tree_attention(q, kv, kv, torch.tensor([3]), lay.depth, lay.path, 1.0, token_rows=8)
+    monkeypatch.setattr(tree_attention_module, "TILES", "paded")
+    with pytest.raises(ValueError, match="TILES must be one of"):
+        tree_tile_rows(4, 1, cpu)
 
 
 @pytest.mark.skipif(not ops.AVAILABLE or os.environ.get("TRITON_INTERPRET") != "1", reason="the interpreter run")
@@ -224,11 +235,7 @@ def test_gpu_tree_attention_layouts_are_the_chain_kernels_bits():
     outs = [tree_attention(q, k, v, root, depth, path, 0.125, token_rows=r).view(B, T, -1) for r in (G, 16)]
     assert torch.equal(outs[0], outs[1])
     for n, p in enumerate(trees.depths_and_paths(TREE)):
-        kc, vc, idx = k.clone(), v.clone(), torch.tensor(p, device="cuda")
-        for b, R in enumerate(root.tolist()):
-            kc[b, :, R:R + len(p)], vc[b, :, R:R + len(p)] = k[b, :, R + idx], v[b, :, R + idx]
-        qc = q.view(B, T, -1, D)[:, idx].reshape(-1, KV * G, D).contiguous()
-        chain = ops.decode_attention(qc, kc, vc, root, len(p), 0.125).view(B, len(p), -1)[:, -1]
+        chain = _chain_attention(q, k, v, root, p, 0.125)
         assert torch.equal(outs[0][:, n], chain), f"node {n} (path {p})"
 
 

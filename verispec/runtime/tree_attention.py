@@ -131,6 +131,12 @@ if ops.AVAILABLE:
 
 
 TILES = "auto"   # tree_tile_rows: "auto", or "packed" / "padded" everywhere (benchmarks/trees.py times both)
+TILE_LAYOUTS = ("auto", "packed", "padded")
+
+
+def padded_token_rows(G: int) -> int:
+    """A token's G query rows padded to whole tiles of ATTN_BLOCK_M: the padded layout's rows per token."""
+    return -(-G // ops.ATTN_BLOCK_M) * ops.ATTN_BLOCK_M
 
 
 def tree_tile_rows(G: int, groups: int, device: torch.device) -> int:
@@ -141,7 +147,9 @@ def tree_tile_rows(G: int, groups: int, device: torch.device) -> int:
     H200 padded was 1.5-1.6x faster for 1 sequence of 3-13 nodes at 200 cached tokens and up to 1.25x slower for 17
     nodes at 512-1500 or 8 sequences of 3-7 nodes at 1500 (benchmarks/results/trees.md, "The tree attention"). The
     choice changes no result: each output element of a dot comes from its own row and column (module docstring)."""
-    padded = -(-G // ops.ATTN_BLOCK_M) * ops.ATTN_BLOCK_M
+    if TILES not in TILE_LAYOUTS:
+        raise ValueError(f"tree_attention.TILES must be one of {TILE_LAYOUTS}, got {TILES!r}")
+    padded = padded_token_rows(G)
     if TILES != "auto":
         return padded if TILES == "padded" else G
     sms = ops.sm_count(device) if device.type == "cuda" else 1

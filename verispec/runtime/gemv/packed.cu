@@ -502,7 +502,7 @@ packed_matmul_v4_kernel(const __nv_bfloat16* __restrict__ x,     // [M, K]
 
     for (int i = 0, u = p; u < nunits; ++i, u += V3_SLICES) {
         issue(i + ST - 1);
-        cp_async_wait<ST - 1>();                                       // unit i's copies (this lane's) have landed
+        cp_async_wait<ST - 1>();                                 // unit i's copies (this lane's) have landed
         __syncwarp();                                            // ... and every lane's
         const int valid = KQUANT ? 8 : min(8, nch - 8 * u);
         const uint32_t stage = stage0 + (uint32_t)((i % ST) * 16 * PITCH);
