@@ -48,7 +48,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from benchmarks.common import capture_graph, environment, environment_line, markdown_table, time_calls  # noqa: E402
+from benchmarks.common import (capture_graph, copy_bandwidth, environment, environment_line,  # noqa: E402
+                               markdown_table, time_calls)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PARTS = ("pass", "attention", "verify", "e2e", "accept")
@@ -78,7 +79,7 @@ def pass_part(args) -> dict:
     model = load_model(args.model, device="cuda", dtype=torch.bfloat16)
     KV = model.config.num_kv_heads
     G = model.config.num_heads // KV
-    out = dict(env=environment(), model=args.model, cells=[], bits=[])
+    out = dict(env=environment(), model=args.model, cells=[], bits=[], bandwidth=copy_bandwidth())
     V = model.config.vocab_size
     gen = torch.Generator().manual_seed(0)
     model.setup_cache(32, 512 + 80, empty=True)
@@ -168,6 +169,12 @@ def pass_markdown(res: dict) -> list[str]:
              f"{c['other_ms']:.2f}" if "other_ms" in c else "") for c in res["cells"]]
     lines += markdown_table(["B", "T", "chain ms", "tree ms", "tree / chain", "vs 1 token", "tiles", "other tiles ms"],
                             rows)
+    if "bandwidth" in res:
+        from benchmarks.invariant_cluster import weights_floor_ms
+
+        lines += ["", f"Floor: the weights' bytes / the measured copy bandwidth ({res['bandwidth'] / 1e12:.2f} TB/s) = "
+                  f"{weights_floor_ms(res['model'], res['bandwidth']):.2f} ms a pass at any T (the KV cache's bytes "
+                  "not counted)."]
     lines += ["", "Bit checks (`Model.append_tree` with graphs vs `Model.append` of each root-to-node path, 3 ragged "
               "sequences of 900, 41, 260 tokens):", ""]
     lines += markdown_table(["T", "nodes bit-equal", "max abs diff"],
@@ -187,7 +194,7 @@ def attention_part(args) -> dict:
 
     cfg = named_shape(args.model)
     KV, G, D = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads, cfg.head_dim
-    out = dict(env=environment(), model=args.model, cells=[])
+    out = dict(env=environment(), model=args.model, head_dim=D, kv_heads=KV, cells=[], bandwidth=copy_bandwidth())
     torch.manual_seed(0)
     for B in (1, 8):
         k = torch.randn(B, KV, 2048, D, device="cuda", dtype=torch.bfloat16)
@@ -214,10 +221,19 @@ def attention_markdown(res: dict) -> list[str]:
              "us per call of `tree_attention` over a bushy tree of T nodes for each of B sequences whose root sits "
              "at cached slot R (CUDA graph of 20 calls, median), with packed tiles (16 / G tokens a tile of query "
              "rows) and padded ones (a tile per token), beside `ops.decode_attention` of T chain tokens at the same "
-             "R (the causal kernel a chain pass runs). `picks`: `tree_tile_rows`'s choice.", ""]
-    rows = [(c["B"], c["R"], c["T"], f"{c['packed_us']:.1f}", f"{c['padded_us']:.1f}", f"{c['chain_us']:.1f}",
-             c["picks"], f"{min(c['packed_us'], c['padded_us']) / c[c['picks'] + '_us']:.2f}") for c in res["cells"]]
-    return lines + markdown_table(["B", "R", "T", "packed us", "padded us", "chain us", "picks",
+             "R (the causal kernel a chain pass runs). `picks`: `tree_tile_rows`'s choice. floor = the K and V bytes "
+             "of the R + T slots each sequence reads, bf16, / the measured copy bandwidth.", ""]
+
+    def floor_us(c) -> str:
+        if "bandwidth" not in res:
+            return ""
+        kv_bytes = 2 * 2 * c["B"] * res["kv_heads"] * (c["R"] + c["T"]) * res["head_dim"]
+        return f"{kv_bytes / res['bandwidth'] * 1e6:.2f}"
+
+    rows = [(c["B"], c["R"], c["T"], floor_us(c), f"{c['packed_us']:.1f}", f"{c['padded_us']:.1f}",
+             f"{c['chain_us']:.1f}", c["picks"], f"{min(c['packed_us'], c['padded_us']) / c[c['picks'] + '_us']:.2f}")
+            for c in res["cells"]]
+    return lines + markdown_table(["B", "R", "T", "floor us", "packed us", "padded us", "chain us", "picks",
                                    "best / picked"], rows) + [""]
 
 
