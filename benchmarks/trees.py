@@ -380,20 +380,27 @@ def round_costs(policy) -> dict:
 
 
 def e2e_cells(target, draft, batch_sizes, prompt_tokens: int, new_tokens: int, configs,
-              synchronize=lambda: None, rates: dict[int, float] = TREE_RATES) -> list[dict]:
-    """Each config of ``configs`` (``e2e_configs``) at each batch size: a warm-up call, then the timed call. The
-    oracle's rates: ``rates`` {width: rate}, the chain's alpha at width 1 (``OracleDraft``'s ``tree_rates``).
+              synchronize=lambda: None, rates: dict[int, float] = TREE_RATES, repeats: int = 1) -> list[dict]:
+    """Each config of ``configs`` (``e2e_configs``) at each batch size: a warm-up call, then ``repeats`` timed calls.
+    The oracle's rates: ``rates`` {width: rate}, the chain's alpha at width 1 (``OracleDraft``'s ``tree_rates``).
+
+    Every config is warmed up first, then the timed calls go round the configs ``repeats`` times, each time in a
+    rotated order: a drift of the machine's speed (clocks, another tenant) spreads over every config instead of
+    landing on the ones timed last. A cell's ``tok_s`` is its median over the repeats (``tok_s_runs``: each one, in
+    repeat order, so that cells compare repeat by repeat); its other figures are the median call's.
 
     Every call (the references too) gets one max_seq_len, the longest any config needs (a tree pass holds at most
     MAX_TREE_TOKENS tokens): a call that needs a larger cache than the one before re-allocates it, and with it
-    re-captures every graph of the target and the draft. ``captured`` counts the graphs the timed call captured
-    (0: its warm-up covered every shape it ran); ``tok_s`` excludes the timed call's own warm-up
+    re-captures every graph of the target and the draft. ``captured`` counts the graphs the timed calls captured
+    (0: the warm-ups covered every shape they ran); ``tok_s`` excludes a timed call's own warm-up
     (``Stats.warmup_s``: with nothing to capture, the verification kernels' warm-up runs), ``wall_tok_s`` does not.
     """
     from verispec.drafters import DraftModel, OracleDraft
     from verispec.engine import SpeculativeDecoder, generate
     from verispec.runtime.tree import MAX_TREE_TOKENS
 
+    if repeats < 1:
+        raise ValueError(f"e2e_cells: repeats must be >= 1, got {repeats}")
     V = target.config.vocab_size
     max_seq_len = prompt_tokens + new_tokens + MAX_TREE_TOKENS + 1
     models = [m for m in (target, draft) if m is not None]
@@ -403,6 +410,7 @@ def e2e_cells(target, draft, batch_sizes, prompt_tokens: int, new_tokens: int, c
         prompts = [torch.randint(0, V, (prompt_tokens,), generator=gen).tolist() for _ in range(B)]
         refs = [g.tokens for g in generate(target, prompts, drafter=None, max_new_tokens=new_tokens,
                                            max_seq_len=max_seq_len)]
+        runs = []
         for name, k, tree, *by in configs:
             if by == [DRAFT_MODEL]:        # the draft model itself drafts (its passes, its acceptance)
                 drafter = DraftModel(draft)
@@ -411,26 +419,44 @@ def e2e_cells(target, draft, batch_sizes, prompt_tokens: int, new_tokens: int, c
                     refs, rates[1], cost_model=draft, seed=0, tree_rates=rates)
             dec = SpeculativeDecoder(target, drafter, k=k or 4, tree=tree)
             dec.generate(prompts, max_new_tokens=min(new_tokens, WARM_TOKENS), max_seq_len=max_seq_len)   # warm-up
-            captures = sum(m.graph_captures for m in models)
-            synchronize()
-            t0 = time.perf_counter()
-            gens = dec.generate(prompts, max_new_tokens=new_tokens, max_seq_len=max_seq_len)
-            synchronize()
-            seconds = time.perf_counter() - t0
-            stats = dec.last_stats
-            chosen = dec.last_policy.chosen if tree == "auto" else {}
-            cell = dict(B=B, config=name, tok_s=B * new_tokens / (seconds - stats.warmup_s),
-                        wall_tok_s=B * new_tokens / seconds, warmup_s=stats.warmup_s,
-                        captured=sum(m.graph_captures for m in models) - captures, rounds=stats.rounds,
-                        tokens_per_round=sum(len(g.tokens) for g in gens) / max(stats.rounds, 1) / B,
-                        ms_per_round=1e3 * (seconds - stats.warmup_s) / max(stats.rounds, 1),
-                        cost_only=by == [DRAFT_MODEL], exact=[g.tokens for g in gens] == refs)
-            if chosen:        # the timed call's rounds of each shape (a tree's widths, or a chain's k; 0 = plain)
-                cell["shapes"] = {shape_name(s): n for s, n in sorted(chosen.items(), key=lambda item: -item[1])}
-                cell["round_ms"] = round_costs(dec.last_policy)
-            cells.append(cell)
-            print("e2e", json.dumps(cell), flush=True)
+            runs.append((name, tree, by == [DRAFT_MODEL], dec, []))
+        for r in range(repeats):
+            for name, tree, cost_only, dec, samples in runs[r % len(runs):] + runs[:r % len(runs)]:
+                samples.append(_timed_call(dec, prompts, refs, new_tokens, max_seq_len, models, synchronize,
+                                           tree == "auto"))
+                print("e2e", json.dumps(dict(B=B, config=name, repeat=r, **samples[-1])), flush=True)
+        for name, tree, cost_only, dec, samples in runs:
+            cells.append(_cell(B, name, cost_only, samples))
     return cells
+
+
+def _timed_call(dec, prompts, refs, new_tokens: int, max_seq_len: int, models, synchronize, auto: bool) -> dict:
+    """One timed ``generate`` of ``dec`` (see ``e2e_cells``) -> its figures."""
+    captures = sum(m.graph_captures for m in models)
+    synchronize()
+    t0 = time.perf_counter()
+    gens = dec.generate(prompts, max_new_tokens=new_tokens, max_seq_len=max_seq_len)
+    synchronize()
+    seconds = time.perf_counter() - t0
+    stats, B = dec.last_stats, len(prompts)
+    out = dict(tok_s=B * new_tokens / (seconds - stats.warmup_s), wall_tok_s=B * new_tokens / seconds,
+               warmup_s=stats.warmup_s, captured=sum(m.graph_captures for m in models) - captures,
+               rounds=stats.rounds, tokens_per_round=sum(len(g.tokens) for g in gens) / max(stats.rounds, 1) / B,
+               ms_per_round=1e3 * (seconds - stats.warmup_s) / max(stats.rounds, 1),
+               exact=[g.tokens for g in gens] == refs)
+    chosen = dec.last_policy.chosen if auto else {}
+    if chosen:        # the call's rounds of each shape (a tree's widths, or a chain's k; 0 = plain)
+        out["shapes"] = {shape_name(s): n for s, n in sorted(chosen.items(), key=lambda item: -item[1])}
+        out["round_ms"] = round_costs(dec.last_policy)
+    return out
+
+
+def _cell(B: int, config: str, cost_only: bool, samples: list[dict]) -> dict:
+    """A config's cell from its timed calls: the median call's figures, ``tok_s_runs`` every call's tok/s (repeat
+    order), ``captured`` summed, ``exact`` only if every call was."""
+    median = sorted(samples, key=lambda s: s["tok_s"])[(len(samples) - 1) // 2]
+    return dict(median, B=B, config=config, cost_only=cost_only, tok_s_runs=[s["tok_s"] for s in samples],
+                captured=sum(s["captured"] for s in samples), exact=all(s["exact"] for s in samples))
 
 
 def draft_shape(name: str, layers: int | None):
@@ -464,7 +490,7 @@ def e2e_part(args) -> dict:
                new_tokens=args.new_tokens, command="python benchmarks/trees.py " + " ".join(sys.argv[1:]))
     configs = parse_configs(args.configs) if args.configs else e2e_configs()
     out["cells"] = e2e_cells(target, draft, (1, 8), 128, args.new_tokens, configs, torch.cuda.synchronize,
-                             rates=rates)
+                             rates=rates, repeats=args.repeats)
     return out
 
 
@@ -478,35 +504,59 @@ def e2e_markdown(res: dict) -> list[str]:
              f"timed call captured); `wall tok/s` includes it. `exact`: the output equals plain decoding's.", ""]
     if res.get("command"):
         lines += [f"Command: `{res['command']}`.", ""]
+    repeats = max(len(c.get("tok_s_runs", [0])) for c in res["cells"])
+    if repeats > 1:
+        lines += [f"Each config ran {repeats} timed calls, the configs in turn (a rotated order each time): `tok/s` is "
+                  f"the median call's, `range` the slowest and fastest; the other columns are the median call's.", ""]
     for B in sorted({c["B"] for c in res["cells"]}):
         cells = [c for c in res["cells"] if c["B"] == B]
         chains = [c for c in cells if c["config"].startswith("chain")]
         best_chain = max(chains or cells, key=lambda c: c["tok_s"])
-        rows = [(c["config"] + (" *" if c.get("cost_only") else ""), f"{c['tok_s']:.1f}",
-                 f"{c.get('wall_tok_s', c['tok_s']):.1f}", f"{c['tokens_per_round']:.2f}",
-                 f"{c['ms_per_round']:.2f}" if "ms_per_round" in c else "?",
-                 f"{c['tok_s'] / best_chain['tok_s']:.2f}", c.get("captured", "?"),
-                 "yes" if c["exact"] else "NO") for c in cells]
+        rows = [(c["config"] + (" *" if c.get("cost_only") else ""), f"{c['tok_s']:.1f}")
+                + ((_range(c),) if repeats > 1 else ())
+                + (f"{c.get('wall_tok_s', c['tok_s']):.1f}", f"{c['tokens_per_round']:.2f}",
+                   f"{c['ms_per_round']:.2f}" if "ms_per_round" in c else "?",
+                   f"{c['tok_s'] / best_chain['tok_s']:.2f}", c.get("captured", "?"), "yes" if c["exact"] else "NO")
+                for c in cells]
         lines += [f"### B = {B} (best chain: {best_chain['config']})", ""]
-        lines += markdown_table(["config", "tok/s", "wall tok/s", "tokens per round", "ms per round",
-                                 "vs best chain", "captured", "exact"], rows) + [""]
+        lines += markdown_table(["config", "tok/s"] + (["range"] if repeats > 1 else [])
+                                + ["wall tok/s", "tokens per round", "ms per round", "vs best chain", "captured",
+                                   "exact"], rows) + [""]
         if any(c.get("cost_only") for c in cells):
             lines += [f"\\* cost only: drafted by the {res['draft']} draft model itself, whose random weights accept "
                       f"next to nothing against this target: its tok/s and tokens per round mean nothing; `ms per "
                       f"round` is the cost of its round (draft passes + the target's tree pass + verification), "
                       f"comparable between its dynamic tree and a static tree of its own (`dm-...`).", ""]
+        trees = [c for c in cells if c["config"].startswith("tree") and not c.get("cost_only")]
+        if trees and chains and len(best_chain.get("tok_s_runs", ())) > 1:
+            best_tree = max(trees, key=lambda c: c["tok_s"])
+            lines += [_paired(best_tree["config"], best_tree, best_chain), ""]
         fixed = [c for c in cells if c["config"] != "auto"]
         for c in cells:
             if c["config"] == "auto" and fixed:
                 best = max(fixed, key=lambda f: f["tok_s"])
                 shapes = ", ".join(f"{s}: {n}" for s, n in c.get("shapes", {}).items())
                 lines += [f"auto: {c['tok_s'] / best['tok_s']:.2f}x the best fixed config here ({best['config']}, "
-                          f"{best['tok_s']:.1f} tok/s); rounds by shape: {shapes}", ""]
+                          f"{best['tok_s']:.1f} tok/s); rounds by shape (the median call): {shapes}", ""]
+                if len(c.get("tok_s_runs", ())) > 1:
+                    lines += [_paired("auto", c, best_chain), ""]
                 if c.get("round_ms"):
                     lines += ["auto's measured rounds by shape (the rounds that paid no one-time work), median ms: "
                               "measured / its cost table's: " + ", ".join(
                                   f"{s}: {m:.2f} / {t:.2f} ({n})" for s, (n, m, t) in c["round_ms"].items()), ""]
     return lines
+
+
+def _range(cell: dict) -> str:
+    runs = cell.get("tok_s_runs", [cell["tok_s"]])
+    return f"{min(runs):.1f}-{max(runs):.1f}"
+
+
+def _paired(name: str, cell: dict, peer: dict) -> str:
+    """``cell`` over ``peer`` repeat by repeat (the calls timed in the same turn of ``e2e_cells``)."""
+    ratios = [a / b for a, b in zip(cell["tok_s_runs"], peer["tok_s_runs"])]
+    return (f"{name} / {peer['config']}, repeat by repeat: " + ", ".join(f"{r:.3f}" for r in ratios)
+            + f" (median {statistics.median(ratios):.3f})")
 
 
 # ------------------------------------------------------------------------------------------------ accept
@@ -590,6 +640,8 @@ def main(argv=None) -> None:
     ap.add_argument("--tokens", default="1,2,4,8,16,24,32,48,64", help="pass: tokens per sequence")
     ap.add_argument("--max-rows", type=int, default=2048, help="pass: skip B * T above this")
     ap.add_argument("--new-tokens", type=int, default=128, help="e2e, accept: tokens generated per sequence")
+    ap.add_argument("--repeats", type=int, default=3, help="e2e: timed calls of each config, in turn (a cell: "
+                    "their median)")
     ap.add_argument("--coverage-exponent", type=float, default=None, help="e2e: the oracle's top-w coverage "
                     "1 - (1 - 0.6) w^-X (0.4: the embedded head's measured law) instead of the assumed TREE_RATES")
     ap.add_argument("--configs", default=None, help="e2e: comma-separated plain, kN, W-W-... (a tree), auto, "
@@ -598,6 +650,8 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.coverage_exponent is not None and not args.coverage_exponent > 0:
         ap.error(f"--coverage-exponent must be > 0 (more children cover more), got {args.coverage_exponent}")
+    if args.repeats < 1:
+        ap.error(f"--repeats must be >= 1, got {args.repeats}")
     if args.configs:
         try:
             parse_configs(args.configs)

@@ -371,3 +371,29 @@ def test_benchmark_auto_config_is_exact_captures_nothing_and_reports_its_shapes(
     lines = trees.e2e_markdown(dict(env=environment(), model="tiny", draft="tiny", rates=trees.TREE_RATES, cells=cells))
     assert any(line.startswith("auto: ") and "rounds by shape" in line for line in lines)
     assert any(line.startswith("auto's measured rounds by shape") for line in lines)
+
+
+def test_benchmark_repeats_interleave_the_configs_and_report_medians_and_pairs():
+    """``benchmarks/trees.py e2e --repeats 3``: each config timed three times, in turn; a cell's tok/s is the median
+    of its calls (each kept, repeat order), every call exact and capturing nothing; the page shows the range and the
+    best tree and auto over the best chain repeat by repeat."""
+    import statistics
+
+    from benchmarks import trees
+    from benchmarks.common import environment
+
+    target = load_model(CFG, device="cpu", dtype=torch.float32, seed=0)
+    draft = load_model(CFG.replace(num_layers=1), device="cpu", dtype=torch.float32, seed=1)
+    target.use_graphs = draft.use_graphs = True
+    cells = trees.e2e_cells(target, draft, (2,), prompt_tokens=12, new_tokens=12,
+                            configs=trees.parse_configs("auto,k2,2-2"), repeats=3)
+    assert [c["config"] for c in cells] == ["auto", "chain k=2", "tree [2, 2]"]
+    for c in cells:
+        assert len(c["tok_s_runs"]) == 3 and c["tok_s"] == statistics.median(c["tok_s_runs"])
+        assert c["captured"] == 0 and c["exact"]
+    lines = trees.e2e_markdown(dict(env=environment(), model="tiny", draft="tiny", rates=trees.TREE_RATES, cells=cells))
+    assert any("| config | tok/s | range |" in line for line in lines)
+    assert any(line.startswith("tree [2, 2] / chain k=2, repeat by repeat: ") for line in lines)
+    assert any(line.startswith("auto / chain k=2, repeat by repeat: ") for line in lines)
+    with pytest.raises(ValueError, match="repeats must be >= 1"):
+        trees.e2e_cells(target, draft, (2,), 12, 12, trees.parse_configs("k2"), repeats=0)
