@@ -92,7 +92,7 @@ def kernel_part(args) -> dict:
                     lambda i: vg.gemv_cuda(xm, ws[i % copies], version=1, rows=4, split=4 if K >= 4096 else 8,
                                            pdl=True), 20, 30)
             if args.sweep and M in sweep_ms and model in sweep_models:
-                cands = range(1, 13) if M <= 16 else ((*range(5, 10), 13, 14) if M <= 32 else (8, *range(10, 17)))
+                cands = (*range(1, 13), *range(17, vg.invariant_variants() + 1)) if M <= 16 else ((*range(5, 10), 13, 14) if M <= 32 else (8, *range(10, 17)))
                 row["variants"] = {v: graph_us_per_call(
                     lambda i: vg.invariant_matmul(xm, ws[i % copies], variant=v, pdl=True), 10, 10) for v in cands}
             row["auto"] = vg.invariant_config(M, N, K)
@@ -513,8 +513,14 @@ def main(argv=None) -> None:
     ap.add_argument("--random-model", default=None, help="generate: a named shape with random weights, e.g. llama-3.1-8b")
     ap.add_argument("--ks", default="1,2,3,4,5,6,7,8", help="generate: drafts per round")
     ap.add_argument("--max-new", type=int, default=128, help="generate: new tokens per prompt")
+    ap.add_argument("--results", default="exact.md", help="report: the results file's name (e.g. exact_h200.md for "
+                    "another device's run)")
     args = ap.parse_args(argv)
     if args.part == "report":
+        if args.dir is None:
+            ap.error("report needs the folder holding the exact_<part>.json files")
+        if Path(args.results).name != args.results or not args.results.endswith(".md"):
+            ap.error(f"--results must be a file name ending in .md, got {args.results!r}")
         src = Path(args.dir)
         lines = ["# Bitwise exact in bf16: the batch-invariant pass", "",
                  "Written by `benchmarks/exact.py report` from the parts below (each its own device call).", ""]
@@ -524,9 +530,10 @@ def main(argv=None) -> None:
         for name, (_, md) in PARTS.items():
             if name in parts:
                 lines += md(parts[name]) + [""]
-        lines += NOTES
-        (RESULTS / "exact.md").write_text("\n".join(lines))
-        print("wrote", RESULTS / "exact.md")
+        if args.results == "exact.md":      # the notes are that page's (its H100 runs)
+            lines += NOTES
+        (RESULTS / args.results).write_text("\n".join(lines))
+        print("wrote", RESULTS / args.results)
         return
     if not torch.cuda.is_available():
         sys.exit("benchmarks/exact.py measures a GPU: no CUDA device is available")

@@ -56,6 +56,20 @@ def test_invariant_matmul_refuses_what_it_cannot_do():
             vg.invariant_matmul(x8, w8, variant=bad)
 
 
+def test_the_rules_variants_are_the_extensions_kernels():
+    """``gemv.CLUSTER_VARIANTS`` are the extension's cluster-kernel variants and the rest its slice-warp kernel's
+    (``invariant_variant`` relies on it), and every variant the rule picks exists."""
+    from verispec.runtime import gemv as vg
+
+    n = vg.invariant_variants()
+    sm90 = torch.cuda.get_device_capability() >= (9, 0)
+    for v in range(1, n + 1):
+        if sm90:
+            assert (vg.invariant_config(1, 4096, 4096, variant=v)["wr"] > 0) == (v in vg.CLUSTER_VARIANTS), v
+    assert {vg.invariant_variant(M, N, 4096) for M in (1, 9, 17, 33, 65) for N in (4096, 6144, 28672)} <= set(
+        range(1, n + 1))
+
+
 def test_fp32_linear_is_invariant_in_8_row_chunks():
     from verispec.runtime import ops
 

@@ -184,13 +184,17 @@ def invariant_matmul(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = 
 
 
 # The variant invariant_matmul runs for M rows of w [N, K] (speed only: every variant computes the same bits).
-# Variants 1-12: invariant.cu's slice-warp kernel, (RT, NT, U) = row tiles, token tiles, unroll; VARIANT_RULE =
-# (max M, variant when N <= 8192, variant when N > 8192), first match (the H100 sweep of 2026-11-25, exact.md; 33-64
-# rows from the H200 sweep of 2026-11-29, invariant_cluster.md). Variant 13: its cluster kernel (sm_90; elsewhere
-# variant 12 runs instead), which that H200 sweep has faster past 32 rows for matrices wider than CLUSTER_RULE's N
-# (max M, N), with rows of at least CLUSTER_MIN_K (shorter rows leave each slice's block too few steps).
-VARIANT_RULE = ((8, 2, 4), (16, 5, 6), (32, 8, 8), (64, 10, 12), (1 << 31, 8, 8))
+# Variants 1-12 and 17-20: invariant.cu's slice-warp kernel, (RT, NT, U) = row tiles, token tiles, unroll;
+# VARIANT_RULE = (max M, variant for N <= 4096, for N <= 8192, for N > 8192), first match: the H200 sweep of
+# 2026-11-29 for M <= 16 (benchmarks/results/exact_h200.md: the 8B qkv, N = 6144, on v4 at one row, 16.9 against v2's
+# 19.3 us; the wide matrices on v18, 64 rows of W a block, at 9-16 rows: the 8B gate/up 63.3 against v6's 67.2), the
+# H100 sweep of 2026-11-25 (exact.md) for 17-32 rows and the H200 sweep of invariant_cluster.md for 33-64. Variant 13:
+# its cluster kernel (sm_90; elsewhere variant 12 runs instead), which that H200 sweep has faster past 32 rows for
+# matrices wider than CLUSTER_RULE's N (max M, N), with rows of at least CLUSTER_MIN_K (shorter rows leave each
+# slice's block too few steps).
+VARIANT_RULE = ((8, 2, 4, 18), (16, 5, 6, 18), (32, 8, 8, 8), (64, 10, 10, 12), (1 << 31, 8, 8, 8))
 CLUSTER_VARIANT, CLUSTER_MIN_K = 13, 2048
+CLUSTER_VARIANTS = (13, 14, 15, 16)   # invariant.cu's cluster-kernel variants (the rest: its slice-warp kernel)
 CLUSTER_RULE = ((32, 1 << 62), (128, 4096), (1 << 31, 2048))
 
 
@@ -199,9 +203,9 @@ def invariant_variant(M: int, N: int, K: int) -> int:
     it, else ``VARIANT_RULE``'s."""
     if K >= CLUSTER_MIN_K and N > next(n for max_m, n in CLUSTER_RULE if M <= max_m):
         return CLUSTER_VARIANT
-    for max_m, small_n, large_n in VARIANT_RULE:
+    for max_m, narrow, middle, wide in VARIANT_RULE:
         if M <= max_m:
-            return small_n if N <= 8192 else large_n
+            return narrow if N <= 4096 else middle if N <= 8192 else wide
     raise AssertionError("VARIANT_RULE ends with an unbounded row")
 
 

@@ -16,7 +16,7 @@
 // repeat token M - 1 and are never stored).
 //
 // Variants (what may change with M: only speed), two kernels:
-// * the slice-warp kernel (variants 1-12): a block is S warps, warp p = slice p, all on one tile of 16 * RT rows of
+// * the slice-warp kernel (variants 1-12, 17-20): a block is S warps, warp p = slice p, all on one tile of 16 * RT rows of
 //   W and 8 * NT tokens; grid = (token tiles, row tiles), token tiles fastest, so the blocks that read one row tile
 //   run together and share it through L2 when M > 8 * NT.
 //     RT  m16 tiles (16 rows of W each) per warp: more rows per x vector (x reuse), more W loads in flight;
@@ -45,7 +45,10 @@
 // 9-16 rows (2026-11-29, H200, 13 rows: 1.1-1.5x slower than variants 5 / 6 on every 8B and 1B matrix, e.g. 8B down
 // 48 vs 43 us; there 13 rows cost the 8B down 43 us against 32 at one row), and two warp groups a block on adjacent
 // 16-row tiles, the second reading the slice's x lines through L1 (2026-11-29, H200, 13 rows: 1.04-1.1x slower than
-// variants 5 / 6 on the 8B matrices; the slice-warp kernels' PTX was unchanged by the template parameter).
+// variants 5 / 6 on the 8B matrices; the slice-warp kernels' PTX was unchanged by the template parameter). Variants
+// 17-20 (RT = 4: 64 rows of W a block, x read a quarter as often as at RT = 1) win only on the wide matrices (H200,
+// 13 rows: 8B gate/up 63.3 vs 67.2 us, 1B gate/up 18.8 vs 23.1); on the narrow ones their fewer blocks lose (8B down
+// 52-62 vs 43 us): so x traffic is not what holds the 9-16-row down back.
 //
 // Requirements (checked by vs_inv_matmul; the Python wrapper only calls it when they hold): bf16 or fp16,
 // K % 8 == 0 (16-byte rows), x and W contiguous and 16-byte aligned, 1 <= M, N < 2^31 / 16 row tiles.
@@ -359,6 +362,7 @@ static const int INV_VARIANTS[][4] = {
     {1, 4, 2, 0}, {2, 4, 2, 0}, {2, 4, 1, 0},                  // 32
     {1, 8, 2, 0}, {2, 8, 1, 0}, {2, 8, 2, 0},                  // 64
     {2, 8, 4, 4}, {2, 8, 3, 8}, {1, 8, 4, 8}, {2, 8, 6, 4},    // clusters: (16 RT WR) rows of W x 64 tokens
+    {4, 2, 2, 0}, {4, 2, 1, 0}, {2, 2, 4, 0}, {4, 1, 2, 0},    // 17-20: 64 rows of W a block (x read a quarter as often)
 };
 #define INV_NUM_VARIANTS ((int)(sizeof(INV_VARIANTS) / sizeof(INV_VARIANTS[0])))
 #define INV_CLUSTER_FALLBACK 12
@@ -440,6 +444,10 @@ static cudaError_t inv_dispatch(int variant, const void* x, const void* w, const
         case 14: return inv_launch_cluster<T, 2, 8, 3, 8>(x, w, b, y, M, N, K, S, stream, pdl);
         case 15: return inv_launch_cluster<T, 1, 8, 4, 8>(x, w, b, y, M, N, K, S, stream, pdl);
         case 16: return inv_launch_cluster<T, 2, 8, 6, 4>(x, w, b, y, M, N, K, S, stream, pdl);
+        case 17: return inv_launch<T, 4, 2, 2>(x, w, b, y, M, N, K, S, stream, pdl);
+        case 18: return inv_launch<T, 4, 2, 1>(x, w, b, y, M, N, K, S, stream, pdl);
+        case 19: return inv_launch<T, 2, 2, 4>(x, w, b, y, M, N, K, S, stream, pdl);
+        case 20: return inv_launch<T, 4, 1, 2>(x, w, b, y, M, N, K, S, stream, pdl);
         default: return cudaErrorInvalidValue;
     }
 }
