@@ -404,21 +404,19 @@ class RowState:
             n = min(k_max, len(tst))
             return ([(acc[i] + prior) / (tst[i] + prior_strength) for i in range(n)]
                     + [(0.0 + prior) / (0.0 + prior_strength)] * (k_max - n))
+        acc, tst, n = self.accepted, self.tested, len(self.tested)
+        wides = [(w ** -COVERAGE_EXPONENT, self.wide_accepted[w], t) for w, t in self.wide_tested.items()]
+        prior_misses = (1.0 - prior_alpha) * prior_strength
         out = []
         for i in range(k_max):
-            accepted = self.accepted[i] if i < len(self.accepted) else 0.0
-            tested = self.tested[i] if i < len(self.tested) else 0.0
-            wide = [(w, self.wide_accepted[w][i], tst[i]) for w, tst in self.wide_tested.items()
-                    if i < len(tst) and tst[i] > 0.0]
-            if not wide:
-                out.append((accepted + prior) / (tested + prior_strength))
-                continue
-            misses = tested - accepted + (1.0 - prior_alpha) * prior_strength
-            weight = tested + prior_strength
-            for w, acc, tst in wide:
-                misses += tst - acc
-                weight += tst * w ** -COVERAGE_EXPONENT
-            out.append(max(0.0, 1.0 - misses / weight))
+            accepted, tested = (acc[i], tst[i]) if i < n else (0.0, 0.0)
+            misses, weight, wide = tested - accepted + prior_misses, tested + prior_strength, False
+            for scale, w_acc, w_tst in wides:
+                if i < len(w_tst) and w_tst[i] > 0.0:
+                    misses += w_tst[i] - w_acc[i]
+                    weight += w_tst[i] * scale
+                    wide = True
+            out.append(max(0.0, 1.0 - misses / weight) if wide else (accepted + prior) / (tested + prior_strength))
         return out
 
 
@@ -582,10 +580,11 @@ class AutoK:
             # a tree whose rate loses to the best chain's even if every node were accepted is not worth its
             # coverage estimates (at a large batch a wide pass costs too much: every tree, and the estimates would
             # be most of this round's host work)
-            trees = []
-            for tree in self.trees:
+            trees, fewest = [], min(remaining)
+            for tree, cost in zip(self.trees, self._tree_rounds(batch)):
                 if len(tree) <= cap:
-                    most, cost = sum(1 + min(len(tree), r) for r in remaining), self._tree_round(batch, tree)
+                    most = batch * (1 + len(tree)) if fewest >= len(tree) else sum(
+                        1 + min(len(tree), r) for r in remaining)
                     if most / (cost + per_token * most) > rate:
                         trees.append((tree, cost))
             for (tree, cost), tokens in zip(trees, self._tree_tokens(greedy, alphas, remaining, trees)):
@@ -606,18 +605,21 @@ class AutoK:
                      trees: list[tuple[tuple[int, ...], float]]) -> list[float]:
         """The expected tokens of a round of each of ``trees`` summed over the rows ``greedy`` (each row's E(tree) =
         1 + c_0 + c_0 c_1 + ..., its depth cut to the tokens it may still emit). A row's coverage of a (depth, width)
-        is looked up once for all the trees that share it: this runs every round, on the host, before the drafts.
-        ``remaining``: each row's ``_remaining``; ``trees``: (widths, round cost) pairs."""
+        is computed once for all the trees that share it: this runs every round, on the host, before the drafts.
+        ``remaining``: each row's ``_remaining``; ``trees``: (widths, round cost) pairs. The rows' states are up to
+        date (``alphas`` was computed from them this round)."""
+        pairs = sorted({(d, w) for tree, _ in trees for d, w in enumerate(tree)})
+        index = {pair: i for i, pair in enumerate(pairs)}
+        paths = [[index[d, w] for d, w in enumerate(tree)] for tree, _ in trees]
         totals = [0.0] * len(trees)
         for seq, a, room in zip(greedy, alphas, remaining):
-            st, cov = self.state(seq), {}
-            for i, (tree, _) in enumerate(trees):
+            st = seq.k_state
+            cov = [st.coverage(d, w, a[d], self.prior_strength) if d < room else 0.0 for d, w in pairs]
+            room = max(room, 0)
+            for i, path in enumerate(paths):
                 reach = tokens = 1.0
-                for d in range(min(len(tree), room)):
-                    c = cov.get((d, tree[d]))
-                    if c is None:
-                        c = cov[d, tree[d]] = st.coverage(d, tree[d], a[d], self.prior_strength)
-                    reach *= c
+                for j in path[:room]:
+                    reach *= cov[j]
                     tokens += reach
                 totals[i] += tokens
         return totals
@@ -640,25 +642,30 @@ class AutoK:
                                   + self.costs.overhead(batch, tokens))
         return self._round_s[key]
 
-    def _tree_round(self, batch: int, tree: tuple[int, ...]) -> float:
-        """The cost of a round of ``tree`` at ``batch`` rows: measured where one ran at that bucket (``observe_round``);
-        else the table's, scaled as the measured / table of the drafting shape (chain or tree) nearest in tokens
-        per row at that bucket, if one ran (as ``_measured_rounds`` prices an unmeasured k)."""
+    def _tree_rounds(self, batch: int) -> list[float]:
+        """The cost of a round of each of ``self.trees`` at ``batch`` rows: measured where one ran at that bucket
+        (``observe_round``); else the table's, scaled as the measured / table of the drafting shape (chain or tree)
+        nearest in tokens per row at that bucket, if one ran (as ``_measured_rounds`` prices an unmeasured k)."""
         bucket = self.costs.bucket(batch)
-        if self._fresh((bucket, tree)):
-            return self.measured_s[bucket, tree]
-        table = self.table_round(batch, tree)
-        near = [shape for (b, shape) in self.measured_s if b == bucket and shape_depth(shape) > 0
-                and self._fresh((b, shape))]
-        if not near:
-            return table
-        tokens = tree_nodes(tree) + 1
 
         def width(shape) -> int:
             return tree_nodes(shape) + 1 if isinstance(shape, tuple) else shape + 1
 
-        j = min(near, key=lambda shape: (abs(width(shape) - tokens), width(shape), str(shape)))
-        return table * self.measured_s[bucket, j] / self.table_round(batch, j)
+        near = sorted(((width(shape), str(shape), shape) for (b, shape) in self.measured_s if b == bucket
+                       and shape_depth(shape) > 0 and self._fresh((b, shape))), key=lambda item: item[:2])
+        out = []
+        for tree in self.trees:
+            if self._fresh((bucket, tree)):
+                out.append(self.measured_s[bucket, tree])
+                continue
+            table = self.table_round(batch, tree)
+            if not near:
+                out.append(table)
+                continue
+            tokens = tree_nodes(tree) + 1
+            j = min(near, key=lambda item: abs(item[0] - tokens))[2]     # ties: the narrower, then by name
+            out.append(table * self.measured_s[bucket, j] / self.table_round(batch, j))
+        return out
 
     def observe_tree(self, running: list[Sequence], widths: tuple[int, ...], depths: list[int],
                      accepted: list[int]) -> None:
