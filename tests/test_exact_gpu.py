@@ -54,6 +54,8 @@ def test_invariant_matmul_refuses_what_it_cannot_do():
     for bad in (-1, vg.invariant_variants() + 1):
         with pytest.raises(ValueError, match="variant must be 0"):
             vg.invariant_matmul(x8, w8, variant=bad)
+        with pytest.raises(ValueError, match="variant must be 0"):
+            vg.invariant_config(1, 8, 8, variant=bad)
 
 
 def test_the_rules_variants_are_the_extensions_kernels():

@@ -212,7 +212,9 @@ def invariant_variant(M: int, N: int, K: int) -> int:
 def invariant_config(M: int, N: int, K: int, variant: int = 0) -> dict:
     """What ``invariant_matmul`` runs for M rows and w [N, K]: the order's slice count and the variant's tile
     shape, e.g. ``{"slices": 8, "variant": 1, "rt": 1, "nt": 1, "u": 4, "wr": 0}`` (wr: the warps of a block of the
-    cluster kernel, 0 for the slice-warp kernel; invariant.cu's header)."""
+    cluster kernel, 0 for the slice-warp kernel; invariant.cu's header). variant: 0 = ``invariant_variant``'s."""
+    if variant and not 1 <= variant <= invariant_variants():
+        raise ValueError(f"invariant_config: variant must be 0 (automatic) or 1..{invariant_variants()}, got {variant}")
     s, v, rt, nt, u, wr = load().inv_config(int(M), int(N), int(K), int(variant or invariant_variant(M, N, K)))
     return dict(slices=s, variant=v, rt=rt, nt=nt, u=u, wr=wr)
 

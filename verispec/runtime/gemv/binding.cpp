@@ -10,7 +10,6 @@ cudaError_t vs_gemv(const void* x, const void* w, const void* b, void* y, int dt
                     int rows, int split, int num_sms, cudaStream_t stream, int pdl);
 int vs_inv_slices(int K);
 int vs_inv_num_variants();
-int vs_inv_variant(int M, int N, int K);
 void vs_inv_variant_shape(int variant, int* rt, int* nt, int* u, int* wr);
 cudaError_t vs_inv_matmul(const void* x, const void* w, const void* b, void* y, int dtype, int M, int N, int K,
                           int variant, int slices, cudaStream_t stream, int pdl);
@@ -102,9 +101,14 @@ at::Tensor inv_matmul(const at::Tensor& x, const at::Tensor& w, const std::optio
     return y;
 }
 
-// [slices, variant, RT, NT, U, WR] that inv_matmul uses for M rows of x and w [N, K] (variant 0 = automatic).
+// [slices, variant, RT, NT, U, WR] that inv_matmul runs for M rows of x and w [N, K] in ``variant`` (1..n; the rule
+// choosing it is gemv.invariant_variant in Python).
 std::vector<int64_t> inv_config(int64_t M, int64_t N, int64_t K, int64_t variant) {
-    const int v = variant == 0 ? vs_inv_variant((int)M, (int)N, (int)K) : (int)variant;
+    TORCH_CHECK(variant >= 1 && variant <= vs_inv_num_variants(), "inv_config: variant must be 1..",
+                vs_inv_num_variants(), ", got ", variant);
+    (void)M;
+    (void)N;
+    const int v = (int)variant;
     int rt = 0, nt = 0, u = 0, wr = 0;
     vs_inv_variant_shape(v, &rt, &nt, &u, &wr);
     return {vs_inv_slices((int)K), v, rt, nt, u, wr};

@@ -353,8 +353,9 @@ extern "C" int vs_inv_slices(int K) {
 }
 
 // Variant table: (RT, NT, U, WR); WR = 0: the slice-warp kernel (U: steps unrolled); WR > 0: the cluster kernel, WR
-// warps a block, U stages in its ring (sm_90; elsewhere INV_CLUSTER_FALLBACK runs instead). Index 0 = automatic
-// (vs_inv_variant); the sweep in benchmarks/exact.py times them all. Every variant computes the same bits.
+// warps a block, U stages in its ring (sm_90; elsewhere INV_CLUSTER_FALLBACK runs instead). Index 0 is no variant:
+// the choice is the caller's (gemv.invariant_variant, from the sweeps in benchmarks/results/exact*.md), and the sweep in
+// benchmarks/exact.py times them all. Every variant computes the same bits.
 static const int INV_VARIANTS[][4] = {
     {0, 0, 0, 0},
     {1, 1, 4, 0}, {1, 1, 8, 0}, {2, 1, 4, 0}, {2, 1, 2, 0},    // 1-8 tokens a tile
@@ -368,17 +369,6 @@ static const int INV_VARIANTS[][4] = {
 #define INV_CLUSTER_FALLBACK 12
 
 extern "C" int vs_inv_num_variants() { return INV_NUM_VARIANTS - 1; }
-
-// The automatic variant for M rows (speed only; the product's rule is invariant_variant in gemv/__init__.py, from
-// the sweep in benchmarks/results/exact.md).
-extern "C" int vs_inv_variant(int M, int N, int K) {
-    (void)N;
-    (void)K;
-    if (M <= 8) return 1;
-    if (M <= 16) return 5;
-    if (M <= 32) return 7;
-    return 10;
-}
 
 // The variant's tile shape (wr = 0 for the slice-warp kernel); a cluster variant off sm_90 reports its fallback's.
 extern "C" void vs_inv_variant_shape(int variant, int* rt, int* nt, int* u, int* wr) {
@@ -452,8 +442,8 @@ static cudaError_t inv_dispatch(int variant, const void* x, const void* w, const
     }
 }
 
-// y[M, N] = x[M, K] @ w[N, K]^T (+ b) in the invariant order. variant: 0 = vs_inv_variant(M, N, K), else an
-// index of INV_VARIANTS (benchmarks). slices: 0 = vs_inv_slices(K) (the product always passes 0; another
+// y[M, N] = x[M, K] @ w[N, K]^T (+ b) in the invariant order. variant: an index of INV_VARIANTS (the caller's
+// choice: gemv.invariant_variant in Python). slices: 0 = vs_inv_slices(K) (the product always passes 0; another
 // value computes a different, equally fixed order: tests only). Returns cudaErrorInvalidValue for anything
 // outside the requirements in the header (nothing is launched then).
 extern "C" cudaError_t vs_inv_matmul(const void* x, const void* w, const void* b, void* y, int dtype, int M, int N,
@@ -463,7 +453,6 @@ extern "C" cudaError_t vs_inv_matmul(const void* x, const void* w, const void* b
     if ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w)) & 15) return cudaErrorInvalidValue;
     const int S = slices == 0 ? vs_inv_slices(K) : slices;
     if (S != 1 && S != 2 && S != 4 && S != 8) return cudaErrorInvalidValue;
-    if (variant == 0) variant = vs_inv_variant(M, N, K);
     if (variant < 1 || variant >= INV_NUM_VARIANTS) return cudaErrorInvalidValue;
     if (N == 0) return cudaSuccess;
     return dtype == VS_BF16 ? inv_dispatch<__nv_bfloat16>(variant, x, w, b, y, M, N, K, S, stream, pdl)
