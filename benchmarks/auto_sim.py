@@ -1,6 +1,7 @@
 """tree="auto"'s choices alone, on the host: ``AutoK.decide`` round by round against measured round costs.
 
-    python benchmarks/auto_sim.py benchmarks/results/trees_e2e_h200.json [--rounds 160] [--seeds 8] [--write]
+    python benchmarks/auto_sim.py benchmarks/results/trees_e2e_h200.json [--prior measured|table] [--rounds 160]
+                                  [--seeds 8] [--write]
 
 A GPU run of ``benchmarks/trees.py e2e`` measures what every fixed shape's round costs (its ``ms per round``) and
 what auto reaches, but auto's result there mixes three things: its choices, its host time (``decide`` runs before
@@ -8,9 +9,10 @@ the round's first launch) and the run's one-time work. This script isolates the 
 as the scheduler does (``decide``, then ``observe_tree`` / ``observe_round``) on simulated rounds whose acceptance
 is the e2e run's oracle (the target's token among a node's w children with probability ``rates[w]``, depth by
 depth, i.i.d.) and whose cost is that run's measured ``ms per round`` of the shape. Its candidates are the shapes
-that run measured: the chains up to its largest measured k and its trees. Its cost table (the prior it prices an
-unmeasured shape by, as ``measure_costs``' table does in a real run) is right: every candidate at its measured
-round (so what is left is the choices, not a table's error).
+that run measured: the chains up to its largest measured k and its trees. Its prior (what it prices a shape by before
+running it) is by default right, every candidate at its measured round, so that what is left is the choices; with
+``--prior table`` it is the cost table the run's auto priced its shapes by (``measure_costs``' table, kept in the
+auto cell by trees.py), so that the table's error shows.
 
 Reported per batch size: each fixed shape's expected tok/s (B E(shape) / its round cost), auto's simulated tok/s
 (the median over --seeds runs of --rounds rounds) against the best fixed shape and the best chain, the rounds by
@@ -36,6 +38,7 @@ from verispec.engine import Request, Sequence, Stats  # noqa: E402
 from verispec.engine.auto_k import AutoK, CostTable  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
+PRIORS = ("measured", "table")
 
 
 def shape_of(config: str):
@@ -97,14 +100,19 @@ class _MeasuredPrior(AutoK):
         return super().table_round(batch, shape)
 
 
-def simulate(costs: dict, rates: dict[int, float], batch: int, rounds: int, seed: int) -> dict:
+def simulate(costs: dict, rates: dict[int, float], batch: int, rounds: int, seed: int,
+             table: CostTable | None = None) -> dict:
     """``rounds`` rounds of ``batch`` greedy rows under ``AutoK.decide`` (the candidates: ``costs[batch]``'s shapes)
-    -> tok/s, rounds by shape, decide's median host seconds."""
-    table = chain_table(costs)
+    -> tok/s, rounds by shape, decide's median host seconds. ``table``: the prior the policy prices a shape by
+    until it has run it (None: each candidate at its measured round)."""
     here = costs[batch]
     k_max = max(s for s in here if isinstance(s, int))
-    policy = _MeasuredPrior(table, trees=tuple(s for s in here if isinstance(s, tuple)))
-    policy.measured_table = here
+    trees = tuple(s for s in here if isinstance(s, tuple))
+    if table is None:
+        policy = _MeasuredPrior(chain_table(costs), trees=trees)
+        policy.measured_table = here
+    else:
+        policy = AutoK(table, trees=trees)
     rng = random.Random(seed)
     rows = []
     for i in range(batch):
@@ -138,13 +146,27 @@ def shape_name(shape) -> str:
     return f"tree {list(shape)}" if isinstance(shape, tuple) else ("plain" if shape == 0 else f"chain k={shape}")
 
 
-def run(e2e: dict, rounds: int, seeds: int) -> dict:
+def run_table(e2e: dict, batch: int) -> CostTable:
+    """The cost table the e2e run's auto cell at ``batch`` priced its shapes by (ValueError if it kept none)."""
+    cell = next((c for c in e2e["cells"] if c["B"] == batch and c["config"] == "auto" and "cost_table" in c), None)
+    if cell is None:
+        raise ValueError(f"auto_sim: --prior table needs the auto cell's cost table at B = {batch}; this e2e result "
+                         "has none (run benchmarks/trees.py e2e with auto among its --configs)")
+    return CostTable.from_json(json.dumps(cell["cost_table"]))
+
+
+def run(e2e: dict, rounds: int, seeds: int, prior: str = "measured") -> dict:
+    """Every batch size of ``e2e``: the fixed shapes' expected tok/s and ``seeds`` simulated runs of auto. ``prior``:
+    "measured" (each candidate priced at its measured round) or "table" (the run's own cost table)."""
+    if prior not in PRIORS:
+        raise ValueError(f"auto_sim: prior must be one of {PRIORS}, got {prior!r}")
     rates = {int(w): r for w, r in e2e["rates"].items()}
     costs = measured_costs(e2e)
     cells = []
     for B in sorted(costs):
         fixed = {shape_name(s): B * expected_tokens(s, rates) / c for s, c in costs[B].items()}
-        sims = [simulate(costs, rates, B, rounds, seed) for seed in range(seeds)]
+        table = run_table(e2e, B) if prior == "table" else None
+        sims = [simulate(costs, rates, B, rounds, seed, table) for seed in range(seeds)]
         measured_auto = next((c["tok_s"] for c in e2e["cells"] if c["B"] == B and c["config"] == "auto"), None)
         measured_chain = max((c["tok_s"] for c in e2e["cells"] if c["B"] == B and c["config"].startswith("chain")),
                              default=None)
@@ -153,7 +175,7 @@ def run(e2e: dict, rounds: int, seeds: int) -> dict:
                           measured_auto_vs_chain=measured_auto / measured_chain if measured_auto and measured_chain
                           else None))
     return dict(env=environment(), source=e2e.get("command", ""), source_env=e2e.get("env"), rates=rates,
-                rounds=rounds, seeds=seeds, cells=cells)
+                rounds=rounds, seeds=seeds, prior=prior, cells=cells)
 
 
 def markdown(res: dict, source_name: str) -> list[str]:
@@ -164,7 +186,11 @@ def markdown(res: dict, source_name: str) -> list[str]:
              + (f", {res['source_env'].get('device', '?')}, {res['source_env'].get('date', '?')}" if res.get(
                  "source_env") else "") + f"); the oracle's rates {res['rates']}. Each batch size: {res['seeds']} "
              f"seeds of {res['rounds']} rounds of `AutoK.decide` (its candidates the measured shapes), each round "
-             "costing its shape's measured round; `expected tok/s` of a fixed shape = B E(shape) / its round.", ""]
+             "costing its shape's measured round; `expected tok/s` of a fixed shape = B E(shape) / its round. "
+             + ("Its prior: each candidate at its measured round (`--prior measured`)."
+                if res.get("prior", "measured") == "measured" else
+                "Its prior: the run's own cost table (`--prior table`), as the product prices an unmeasured shape."),
+             ""]
     for c in res["cells"]:
         fixed = sorted(c["fixed"].items(), key=lambda kv: -kv[1])
         best_name, best = fixed[0]
@@ -188,6 +214,8 @@ def main(argv=None) -> None:
     ap.add_argument("e2e", help="a trees_e2e.json written by `benchmarks/trees.py e2e --out DIR`")
     ap.add_argument("--rounds", type=int, default=160, help="rounds a simulated run (the e2e runs' 256 tokens: ~160)")
     ap.add_argument("--seeds", type=int, default=8)
+    ap.add_argument("--prior", choices=PRIORS, default="measured", help="what the policy prices a shape by before "
+                    "running it: its measured round, or the e2e run's own cost table (the product's prior)")
     ap.add_argument("--out", default=None, help="folder for auto_sim.md (default: a temp folder)")
     ap.add_argument("--write", action="store_true", help="also write benchmarks/results/auto_sim.md")
     args = ap.parse_args(argv)
@@ -201,7 +229,7 @@ def main(argv=None) -> None:
     except (OSError, ValueError, KeyError, TypeError) as e:
         ap.error(f"{path}: not a trees.py e2e result ({type(e).__name__}: {e})")
     try:
-        res = run(e2e, args.rounds, args.seeds)
+        res = run(e2e, args.rounds, args.seeds, args.prior)
     except ValueError as e:
         ap.error(str(e))
     lines = markdown(res, path.name)

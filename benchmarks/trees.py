@@ -448,6 +448,8 @@ def _timed_call(dec, prompts, refs, new_tokens: int, max_seq_len: int, models, s
     if chosen:        # the call's rounds of each shape (a tree's widths, or a chain's k; 0 = plain)
         out["shapes"] = {shape_name(s): n for s, n in sorted(chosen.items(), key=lambda item: -item[1])}
         out["round_ms"] = round_costs(dec.last_policy)
+    if auto:          # the table auto priced its shapes by (benchmarks/auto_sim.py --prior table replays it)
+        out["cost_table"] = json.loads(dec.last_policy.costs.to_json())
     return out
 
 

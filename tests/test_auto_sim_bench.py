@@ -35,6 +35,24 @@ def test_the_policy_finds_the_dominant_shape_and_a_policy_without_it_falls_short
     assert any(line.startswith("auto, simulated: ") for line in lines)
 
 
+def test_the_runs_own_cost_table_can_be_the_prior(tmp_path, capsys):
+    """``--prior table``: the policy prices shapes by the auto cell's kept table (here one that prices the tree at a
+    chain as wide, 2.5x its measured round: the policy does not try it and stays at the chains' rate), against the
+    measured prior that finds it; without a kept table the option is refused by name."""
+    e2e = _e2e({1: COSTS[1]})
+    right = auto_sim.run(e2e, rounds=120, seeds=2)["cells"][0]
+    dear = auto_sim.CostTable((1,), (1, 2, 3, 7), ((5.0e-3, 6.3e-3, 7.5e-3, 19e-3),), (0.0,))
+    e2e["cells"].append(dict(B=1, config="auto", ms_per_round=7.0, tok_s=1.0, cost_table=json.loads(dear.to_json())))
+    table = auto_sim.run(e2e, rounds=120, seeds=2, prior="table")
+    assert table["prior"] == "table" and table["cells"][0]["chosen"].get((2, 2), 0) < 10
+    assert max(table["cells"][0]["auto"]) < min(right["auto"])
+    path = tmp_path / "e2e.json"
+    path.write_text(json.dumps(_e2e(COSTS)))
+    with pytest.raises(SystemExit):
+        auto_sim.main([str(path), "--prior", "table"])
+    assert "needs the auto cell's cost table at B = 1" in capsys.readouterr().err
+
+
 def test_bad_inputs_are_named(tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")

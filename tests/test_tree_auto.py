@@ -6,6 +6,7 @@ reproducible (sampled batches keep per-row chains), warm-up covering every candi
 from __future__ import annotations
 
 import collections
+import json
 
 import pytest
 import torch
@@ -364,6 +365,7 @@ def test_benchmark_auto_config_is_exact_captures_nothing_and_reports_its_shapes(
     auto = [c for c in cells if c["config"] == "auto"]
     assert len(auto) == 2 and all(c["captured"] == 0 and c["exact"] and c["shapes"] for c in auto)
     assert sum(auto[0]["shapes"].values()) == auto[0]["rounds"]
+    assert all(CostTable.from_json(json.dumps(c["cost_table"])).batch_sizes for c in auto)   # auto_sim --prior table
     # its measured rounds by shape: counts within the rounds, positive measured and table costs
     assert all(0 < n <= auto[0]["rounds"] and m > 0 and t > 0 for n, m, t in auto[0]["round_ms"].values())
     from benchmarks.common import environment
