@@ -36,6 +36,7 @@ cache size, less the timed call's own warm-up (``e2e_cells``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -327,6 +328,8 @@ def e2e_configs(trees=TREES, chain_ks=CHAIN_KS) -> list[tuple[str, int | None, t
 # The configs drafted by ``DraftModel(draft)`` instead of the oracle (``e2e_cells``' fourth entry): on random weights
 # the draft's acceptance means nothing, so their cells are cost-only (``cost_only``: the round's cost, not its tokens)
 DRAFT_MODEL = "draft model"
+# ``auto-ahead``: tree="auto" with its next shape planned during each round's pass (``AutoK.plan_ahead``)
+PLANNED_AHEAD = "planned ahead"
 
 
 def parse_configs(text: str) -> list[tuple]:
@@ -346,6 +349,8 @@ def parse_configs(text: str) -> list[tuple]:
             out.append(("plain", None, None))
         elif item == "auto":
             out.append(("auto", AUTO_K, "auto"))
+        elif item == "auto-ahead":
+            out.append((f"auto ({PLANNED_AHEAD})", AUTO_K, "auto", PLANNED_AHEAD))
         elif item.startswith("k") and item[1:].isdigit() and int(item[1:]) >= 1:
             out.append((f"chain k={int(item[1:])}", int(item[1:]), None))
         elif item.startswith("dyn-") and widths(item[4:]) is not None and len(widths(item[4:])) == 3:
@@ -359,6 +364,7 @@ def parse_configs(text: str) -> list[tuple]:
             out.append((f"tree {list(tree)}", None, tree))
         else:
             raise ValueError(f"--configs: {item!r} is none of plain, kN (e.g. k4), W-W-... (a tree, e.g. 2-2-1), auto, "
+                             f"auto-ahead, "
                              f"dyn-D-K-N (a dynamic tree, e.g. dyn-4-2-8), dm-W-W-... (a tree drafted by the draft "
                              f"model)")
     if not out:
@@ -418,16 +424,31 @@ def e2e_cells(target, draft, batch_sizes, prompt_tokens: int, new_tokens: int, c
                 drafter = None if k is None and tree is None else OracleDraft(
                     refs, rates[1], cost_model=draft, seed=0, tree_rates=rates)
             dec = SpeculativeDecoder(target, drafter, k=k or 4, tree=tree)
-            dec.generate(prompts, max_new_tokens=min(new_tokens, WARM_TOKENS), max_seq_len=max_seq_len)   # warm-up
-            runs.append((name, tree, by == [DRAFT_MODEL], dec, []))
+            ahead = by == [PLANNED_AHEAD]
+            with _plan_ahead(ahead):
+                dec.generate(prompts, max_new_tokens=min(new_tokens, WARM_TOKENS), max_seq_len=max_seq_len)  # warm-up
+            runs.append((name, tree, by == [DRAFT_MODEL], ahead, dec, []))
         for r in range(repeats):
-            for name, tree, cost_only, dec, samples in runs[r % len(runs):] + runs[:r % len(runs)]:
-                samples.append(_timed_call(dec, prompts, refs, new_tokens, max_seq_len, models, synchronize,
-                                           tree == "auto"))
+            for name, tree, cost_only, ahead, dec, samples in runs[r % len(runs):] + runs[:r % len(runs)]:
+                with _plan_ahead(ahead):
+                    samples.append(_timed_call(dec, prompts, refs, new_tokens, max_seq_len, models, synchronize,
+                                               tree == "auto"))
                 print("e2e", json.dumps(dict(B=B, config=name, repeat=r, **samples[-1])), flush=True)
-        for name, tree, cost_only, dec, samples in runs:
+        for name, tree, cost_only, ahead, dec, samples in runs:
             cells.append(_cell(B, name, cost_only, samples))
     return cells
+
+
+@contextlib.contextmanager
+def _plan_ahead(on: bool):
+    """``AutoK``s made inside (``generate`` makes one a call) plan ahead iff ``on`` (``auto_k.PLAN_AHEAD``)."""
+    from verispec.engine import auto_k
+
+    before, auto_k.PLAN_AHEAD = auto_k.PLAN_AHEAD, on
+    try:
+        yield
+    finally:
+        auto_k.PLAN_AHEAD = before
 
 
 def _timed_call(dec, prompts, refs, new_tokens: int, max_seq_len: int, models, synchronize, auto: bool) -> dict:
@@ -533,15 +554,16 @@ def e2e_markdown(res: dict) -> list[str]:
         if trees and chains and len(best_chain.get("tok_s_runs", ())) > 1:
             best_tree = max(trees, key=lambda c: c["tok_s"])
             lines += [_paired(best_tree["config"], best_tree, best_chain), ""]
-        fixed = [c for c in cells if c["config"] != "auto"]
+        fixed = [c for c in cells if not c["config"].startswith("auto")]
         for c in cells:
-            if c["config"] == "auto" and fixed:
+            if c["config"].startswith("auto") and fixed:
                 best = max(fixed, key=lambda f: f["tok_s"])
                 shapes = ", ".join(f"{s}: {n}" for s, n in c.get("shapes", {}).items())
-                lines += [f"auto: {c['tok_s'] / best['tok_s']:.2f}x the best fixed config here ({best['config']}, "
-                          f"{best['tok_s']:.1f} tok/s); rounds by shape (the median call): {shapes}", ""]
+                lines += [f"{c['config']}: {c['tok_s'] / best['tok_s']:.2f}x the best fixed config here "
+                          f"({best['config']}, {best['tok_s']:.1f} tok/s); rounds by shape (the median call): {shapes}",
+                          ""]
                 if len(c.get("tok_s_runs", ())) > 1:
-                    lines += [_paired("auto", c, best_chain), ""]
+                    lines += [_paired(c["config"], c, best_chain), ""]
                 if c.get("round_ms"):
                     lines += ["auto's measured rounds by shape (the rounds that paid no one-time work), median ms: "
                               "measured / its cost table's: " + ", ".join(

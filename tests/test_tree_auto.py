@@ -378,7 +378,7 @@ def test_benchmark_auto_config_is_exact_captures_nothing_and_reports_its_shapes(
 def test_benchmark_repeats_interleave_the_configs_and_report_medians_and_pairs():
     """``benchmarks/trees.py e2e --repeats 3``: each config timed three times, in turn; a cell's tok/s is the median
     of its calls (each kept, repeat order), every call exact and capturing nothing; the page shows the range and the
-    best tree and auto over the best chain repeat by repeat."""
+    best tree and each auto (``auto-ahead``: planned ahead) over the best chain repeat by repeat."""
     import statistics
 
     from benchmarks import trees
@@ -387,9 +387,12 @@ def test_benchmark_repeats_interleave_the_configs_and_report_medians_and_pairs()
     target = load_model(CFG, device="cpu", dtype=torch.float32, seed=0)
     draft = load_model(CFG.replace(num_layers=1), device="cpu", dtype=torch.float32, seed=1)
     target.use_graphs = draft.use_graphs = True
+    from verispec.engine import auto_k
+
     cells = trees.e2e_cells(target, draft, (2,), prompt_tokens=12, new_tokens=12,
-                            configs=trees.parse_configs("auto,k2,2-2"), repeats=3)
-    assert [c["config"] for c in cells] == ["auto", "chain k=2", "tree [2, 2]"]
+                            configs=trees.parse_configs("auto,auto-ahead,k2,2-2"), repeats=3)
+    assert [c["config"] for c in cells] == ["auto", "auto (planned ahead)", "chain k=2", "tree [2, 2]"]
+    assert auto_k.PLAN_AHEAD is False                    # restored after the planned-ahead config's calls
     for c in cells:
         assert len(c["tok_s_runs"]) == 3 and c["tok_s"] == statistics.median(c["tok_s_runs"])
         assert c["captured"] == 0 and c["exact"]
@@ -397,5 +400,57 @@ def test_benchmark_repeats_interleave_the_configs_and_report_medians_and_pairs()
     assert any("| config | tok/s | range |" in line for line in lines)
     assert any(line.startswith("tree [2, 2] / chain k=2, repeat by repeat: ") for line in lines)
     assert any(line.startswith("auto / chain k=2, repeat by repeat: ") for line in lines)
+    assert any(line.startswith("auto (planned ahead) / chain k=2, repeat by repeat: ") for line in lines)
     with pytest.raises(ValueError, match="repeats must be >= 1"):
         trees.e2e_cells(target, draft, (2,), 12, 12, trees.parse_configs("k2"), repeats=0)
+
+
+# ------------------------------------------------------------------------------------------------ planned ahead
+@pytest.mark.parametrize("name", ["oracle", "draft-model"])
+def test_planned_ahead_rounds_stay_exact_and_account_every_round(target, references, name, monkeypatch):
+    """``plan_ahead``: the next round's shape chosen during this round's pass (``Scheduler._launched_and_plan``),
+    adopted at the next round's start. Three requests through two rows (an admission once a row ends by its length,
+    no plan while one waits or near a row's end) and a cancellation the plan could not foresee (dropped): greedy
+    output equal to plain decoding (the cancelled request's a prefix of it), and ``chosen`` counts every round run
+    once: adopted plans plus fresh decisions, the dropped plan uncounted."""
+    from verispec.engine import auto_k
+
+    monkeypatch.setattr(AutoK, "observe_round", lambda self, *a, **kw: None)     # the table's prices alone
+    monkeypatch.setattr(auto_k, "PLAN_AHEAD", True)
+    policy = AutoK(mild_table(), trees=AUTO_TREES)
+    decided = []
+    decide = policy.decide
+    policy.decide = lambda running, k_max: decided.append(len(running)) or decide(running, k_max)
+    drafter = DRAFTERS[name](references)
+    drafter.attach(target)
+    sched = Scheduler(target, drafter, SchedulerConfig(2, 96, 4, tree="auto"), k_policy=policy)
+    lengths = [N_NEW, N_NEW - 7, N_NEW - 3]
+    seqs = [sched.submit(Request(p, n, id=i)) for i, (p, n) in enumerate(zip(PROMPTS, lengths))]
+    rounds = []
+
+    def after_round(s):
+        rounds.append(1)
+        if seqs[2].finish_reason is None and len(seqs[2].generated) >= 3 and s._plan is not None:
+            s.cancel(2)                                      # planned for: the plan must be dropped
+
+    sched.round_hook = after_round
+    sched.run()
+    assert [s.generated for s in seqs[:2]] == [r[:n] for r, n in zip(references[:2], lengths[:2])]
+    assert seqs[2].finish_reason == "cancelled" and seqs[2].generated == references[2][:len(seqs[2].generated)]
+    assert policy.plan_ahead and policy.plans_adopted > 0 and policy.plans_dropped > 0
+    assert sum(policy.chosen.values()) == len(decided) - policy.plans_dropped
+    assert sum(policy.chosen.values()) == len(rounds)
+
+
+def test_no_plan_for_a_sampled_row_or_a_row_that_may_end_this_round(target):
+    """``AutoK.plan`` plans only where a plan may stand: plan_ahead on, every row greedy, no row near its end."""
+    policy = AutoK(mild_table(), trees=AUTO_TREES, plan_ahead=True)
+    rows = sequences(2)
+    assert policy.plan(rows, 4) is not None
+    assert AutoK(mild_table(), trees=AUTO_TREES).plan(rows, 4) is None                    # PLAN_AHEAD off
+    assert policy.plan(sequences(2, temperature=0.8), 4) is None                            # a sampled row
+    near_end = sequences(2)
+    near_end[0] = Sequence(Request([1, 2], policy.last_k + 2, id=7), Stats())    # this round may be its last
+    assert policy.plan(near_end, 4) is None
+    plan = policy.plan(rows, 4)
+    assert policy.adopt(plan, rows[::-1], 4) is None and policy.plans_dropped == 1          # another batch: dropped

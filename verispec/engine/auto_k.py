@@ -112,6 +112,15 @@ its depth), and only when every row is greedy: a sampled row's tokens depend on 
 tree for the batch would make them depend on the other rows, so a batch with a sampled row runs ``__call__``'s
 chains.
 
+Planned ahead (``plan_ahead``, default ``PLAN_AHEAD``: off until measured on a GPU). ``decide`` runs on the host
+before a round's first launch, so the device waits for it: on an H200 about 0.15 ms a round, 1.5% of a B = 8 round
+and 2.4% at B = 1 on the 8B shape (benchmarks/results/trees.md). With ``plan_ahead`` the scheduler asks ``plan`` for
+the next round's shape once this round's target pass is launched (its host time then overlaps the device's) and
+``adopt``s it at the next round's start. The choice sees the evidence one round later than ``decide`` at the round's
+start would; for greedy rows that is exact (their tokens are the target's argmax whatever is drafted), so a plan is
+made only for an all-greedy batch in which no row can end by its length this round; a plan whose batch changed
+anyway (a row met EOS, a request was admitted) is dropped, uncounted, and the round decided afresh.
+
 The costs come from a ``CostTable``: measured on this machine at startup (``measure_costs``: target passes and a
 draft step timed alone, then whole ``Scheduler`` rounds with every row's k forced, whose excess over those passes
 is T_overhead) or given (synthetic tables in tests, a saved JSON table between runs; one saved before the
@@ -144,6 +153,8 @@ AUTO_TREES = ((2, 1), (2, 2, 1), (2, 2, 2, 1), (3, 2, 2, 1), (4, 2, 2, 1))
 # 1 - (1 - alpha)^w, promised 0.93 at w = 4 where the head covers 0.73, and the wide trees it tried first cost more
 # than a short generation recovered (benchmarks/results/trees_auto.md).
 COVERAGE_EXPONENT = 0.4
+# AutoK.plan_ahead's default (module docstring, "Planned ahead"): off until a GPU run has measured it
+PLAN_AHEAD = False
 ROUNDS_LOG = 4096             # AutoK.rounds_log's length
 
 
@@ -280,6 +291,16 @@ def _best_joint_rate(rows: list[tuple[list[float], int]], fixed: float, floor: i
         if rate > best_rate:
             best, best_rate = k, rate
     return best, best_rate
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A shape ``AutoK.plan`` chose for the next round: the rows it was chosen for (their ids, in row order), the shape
+    (a chain's widest k, or a tree's widths) and the draft debt its choice predicted."""
+
+    rows: tuple[int, ...]
+    shape: int | tuple[int, ...]
+    debt: float
 
 
 def shape_depth(shape) -> int:
@@ -479,6 +500,10 @@ class AutoK:
     # where the table (``table_round``) and the machine disagree (bounded: a server runs for days)
     rounds_log: collections.deque = field(default_factory=lambda: collections.deque(maxlen=ROUNDS_LOG),
                                           init=False, repr=False, compare=False)
+    # tree="auto": choose an all-greedy batch's next shape during this round's target pass (``plan`` / ``adopt``)
+    plan_ahead: bool = field(default_factory=lambda: PLAN_AHEAD)
+    plans_adopted: int = field(default=0, init=False, repr=False, compare=False)
+    plans_dropped: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if not 0.0 <= self.prior_alpha <= 1.0 or not self.prior_strength > 0:
@@ -539,6 +564,41 @@ class AutoK:
         key = shape if isinstance(shape, tuple) else max(ks, default=0)
         self.chosen[key] = self.chosen.get(key, 0) + 1
         return ks, shape if isinstance(shape, tuple) else None
+
+    def plan(self, running: list[Sequence], k_max: int) -> "Plan | None":
+        """The next round's shape, chosen now by ``decide`` (the scheduler calls this once this round's target pass
+        is launched, so that the choice's host time overlaps the device's; module docstring, "Planned ahead"), or
+        None where no plan may stand: ``plan_ahead`` off, a sampled row (its k must not depend on the batch, and
+        whether a plan is kept does), or a row that may end by its length this round (the next batch would differ)."""
+        if (not self.plan_ahead or not self.trees or not running or any(not seq.request.greedy for seq in running)
+                or any(_remaining(seq) <= self.last_k + 1 for seq in running)):
+            return None
+        debt = self._debt_round             # this round's, which observe_debt_round may still read
+        ks, tree = self.decide(running, k_max)
+        shape = tree if tree is not None else max(ks, default=0)
+        plan = Plan(tuple(map(id, running)), shape, self._debt_round)
+        self._debt_round = debt
+        return plan
+
+    def adopt(self, plan: "Plan", running: list[Sequence], k_max: int) -> tuple[list[int], tuple[int, ...] | None] | None:
+        """``plan``'s shape for this round (each row's k cut to its room now, as ``decide`` cuts it), or None if the
+        batch is no longer the one it was made for (a row ended, one was admitted): the plan is then dropped and
+        uncounted from ``chosen``, and the round is decided afresh."""
+        if plan.rows != tuple(map(id, running)):
+            self.drop(plan)
+            return None
+        self.plans_adopted += 1
+        self._debt_round = plan.debt
+        if isinstance(plan.shape, tuple):
+            return [min(len(plan.shape), _remaining(seq)) for seq in running], plan.shape
+        return [min(plan.shape, _room(seq, k_max)) for seq in running], None
+
+    def drop(self, plan: "Plan") -> None:
+        """Forget ``plan`` (its round was not run as planned): uncounted from ``chosen``."""
+        self.chosen[plan.shape] -= 1
+        if not self.chosen[plan.shape]:
+            del self.chosen[plan.shape]
+        self.plans_dropped += 1
 
     def _holding(self, running: list[Sequence]) -> bool:
         """A round of an all-greedy batch inside the greedy rows' hold, not its last round: k = 0 for every row, with

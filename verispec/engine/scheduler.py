@@ -126,6 +126,7 @@ class Scheduler:
         self.drafter_faults = 0                        # drafter exceptions that named no row, so far
         self._fault_rows: set[int] = set()             # ids of the requests running at the last such fault
         self._admitted = False                         # this step admitted requests (its round is no cost sample)
+        self._plan = None                              # tree="auto": the next round's shape, planned during this one
         target.setup_cache(config.max_batch_size, config.max_seq_len, empty=True)
         if drafter is not None:
             drafter.reserve(target, config.max_batch_size, config.max_seq_len)
@@ -336,19 +337,25 @@ class Scheduler:
         caught_up = getattr(drafter, "catch_up_passes", 0)
         if hasattr(self.k_policy, "debt_source"):     # what the rows owe before drafting (k=auto prices it)
             self.k_policy.debt_source = getattr(drafter, "draft_debt", None)
-        tree = self.tree
+        tree, planned, plan, self._plan = self.tree, None, self._plan, None
         if self.tree_auto and drafter is not None:
-            caps, tree = self.k_policy.decide(self.running, self.k_max)
+            if plan is not None:
+                planned = self.k_policy.adopt(plan, self.running, self.k_max)
+            caps, tree = planned or self.k_policy.decide(self.running, self.k_max)
         else:
+            if plan is not None:                      # the drafter was set aside since: the plan is void
+                self.k_policy.drop(plan)
             caps = (self.k_policy(self.running, self.k_max) if self.k_max and drafter is not None
                     else [0] * len(self.running))
+        launched = self.launched_hook
+        if self.tree_auto and drafter is not None and getattr(self.k_policy, "plan_ahead", False) and not self.waiting:
+            launched = self._launched_and_plan
         try:
             if tree is not None and drafter is not None:
                 result = run_tree_round(self.target, drafter, self.batch, tree, self.clock, self.verify_backend,
-                                        self.launched_hook)
+                                        launched)
             else:
-                result = run_round(self.target, drafter, self.batch, caps, self.clock, self.verify_backend,
-                                   self.launched_hook)
+                result = run_round(self.target, drafter, self.batch, caps, self.clock, self.verify_backend, launched)
         except Exception as e:  # noqa: BLE001 - the target pass is shared: every running request fails with it
             self._fail_running(e)
             return
@@ -383,6 +390,13 @@ class Scheduler:
                 seq.finish_reason, seq.error = "error", result.failed[b]
             else:
                 self._deliver(seq, chunk)
+
+    def _launched_and_plan(self) -> None:
+        """The round's target pass is launched: the caller's hook, then the next round's shape (``AutoK.plan``), on
+        the host while the device runs the pass."""
+        if self.launched_hook is not None:
+            self.launched_hook()
+        self._plan = self.k_policy.plan(self.running, self.k_max)
 
     # ------------------------------------------------------------------------------------ drafter faults
     def _call_drafter(self, what: str, *args) -> None:
