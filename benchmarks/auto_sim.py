@@ -16,7 +16,8 @@ auto cell by trees.py), so that the table's error shows.
 
 Reported per batch size: each fixed shape's expected tok/s (B E(shape) / its round cost), auto's simulated tok/s
 (the median over --seeds runs of --rounds rounds) against the best fixed shape and the best chain, the rounds by
-shape of the first seed, and ``decide``'s host time on this machine (us a round, median). No GPU: seconds on a CPU.
+shape of the first seed, ``decide``'s host time on this machine (us a round, median), and the same seeds planned
+ahead (``AutoK.plan_ahead``: each shape chosen from evidence one round older). No GPU: seconds on a CPU.
 Writes DIR/auto_sim.md (--out) and benchmarks/results/auto_sim.md with --write.
 """
 from __future__ import annotations
@@ -101,18 +102,20 @@ class _MeasuredPrior(AutoK):
 
 
 def simulate(costs: dict, rates: dict[int, float], batch: int, rounds: int, seed: int,
-             table: CostTable | None = None) -> dict:
+             table: CostTable | None = None, plan_ahead: bool = False) -> dict:
     """``rounds`` rounds of ``batch`` greedy rows under ``AutoK.decide`` (the candidates: ``costs[batch]``'s shapes)
     -> tok/s, rounds by shape, decide's median host seconds. ``table``: the prior the policy prices a shape by
-    until it has run it (None: each candidate at its measured round)."""
+    until it has run it (None: each candidate at its measured round). ``plan_ahead``: each round's shape chosen
+    during the round before, as ``Scheduler._launched_and_plan`` does (``AutoK.plan`` / ``adopt``: the evidence one
+    round older), so that what that lag costs the choices shows."""
     here = costs[batch]
     k_max = max(s for s in here if isinstance(s, int))
     trees = tuple(s for s in here if isinstance(s, tuple))
     if table is None:
-        policy = _MeasuredPrior(chain_table(costs), trees=trees)
+        policy = _MeasuredPrior(chain_table(costs), trees=trees, plan_ahead=plan_ahead)
         policy.measured_table = here
     else:
-        policy = AutoK(table, trees=trees)
+        policy = AutoK(table, trees=trees, plan_ahead=plan_ahead)
     rng = random.Random(seed)
     rows = []
     for i in range(batch):
@@ -120,11 +123,12 @@ def simulate(costs: dict, rates: dict[int, float], batch: int, rounds: int, seed
         seq.generated = [0]
         rows.append(seq)
     tokens = seconds = 0.0
-    host = []
+    host, plan = [], None
     for _ in range(rounds):
         t0 = time.perf_counter()
-        ks, tree = policy.decide(rows, k_max)
+        ks, tree = (plan is not None and policy.adopt(plan, rows, k_max)) or policy.decide(rows, k_max)
         host.append(time.perf_counter() - t0)
+        plan = policy.plan(rows, k_max)          # None unless plan_ahead: made before this round's evidence is in
         shape = tree if tree is not None else max(ks)
         if shape not in here:
             raise ValueError(f"auto_sim: the policy chose {shape}, which the e2e run did not measure at B = {batch}")
@@ -139,6 +143,8 @@ def simulate(costs: dict, rates: dict[int, float], batch: int, rounds: int, seed
             policy.observe_tree(rows, tree, ks, got)
         seconds += here[shape]
         policy.observe_round(batch, shape, here[shape])
+    if plan is not None:                         # planned for a round that never ran
+        policy.drop(plan)
     return dict(tok_s=tokens / seconds, chosen=dict(policy.chosen), host_s=statistics.median(host))
 
 
@@ -167,10 +173,11 @@ def run(e2e: dict, rounds: int, seeds: int, prior: str = "measured") -> dict:
         fixed = {shape_name(s): B * expected_tokens(s, rates) / c for s, c in costs[B].items()}
         table = run_table(e2e, B) if prior == "table" else None
         sims = [simulate(costs, rates, B, rounds, seed, table) for seed in range(seeds)]
+        ahead = [simulate(costs, rates, B, rounds, seed, table, plan_ahead=True)["tok_s"] for seed in range(seeds)]
         measured_auto = next((c["tok_s"] for c in e2e["cells"] if c["B"] == B and c["config"] == "auto"), None)
         measured_chain = max((c["tok_s"] for c in e2e["cells"] if c["B"] == B and c["config"].startswith("chain")),
                              default=None)
-        cells.append(dict(B=B, fixed=fixed, auto=[s["tok_s"] for s in sims], chosen=sims[0]["chosen"],
+        cells.append(dict(B=B, fixed=fixed, auto=[s["tok_s"] for s in sims], ahead=ahead, chosen=sims[0]["chosen"],
                           host_us=1e6 * statistics.median(s["host_s"] for s in sims),
                           measured_auto_vs_chain=measured_auto / measured_chain if measured_auto and measured_chain
                           else None))
@@ -206,6 +213,11 @@ def markdown(res: dict, source_name: str) -> list[str]:
                   f"{c['host_us']:.0f} us a round on this host."
                   + (f" The GPU run measured auto at {c['measured_auto_vs_chain']:.3f}x its best chain."
                      if c["measured_auto_vs_chain"] else ""), ""]
+        if c.get("ahead"):
+            ahead = statistics.median(c["ahead"])
+            lines += [f"Planned ahead (each shape chosen a round earlier, `AutoK.plan_ahead`): {ahead:.1f} tok/s, "
+                      f"{ahead / auto:.3f}x the same seeds decided at the round's start (the lag's cost to the "
+                      f"choices; its gain, the host time off the device's path, is not simulated).", ""]
     return lines
 
 

@@ -31,8 +31,10 @@ def test_the_policy_finds_the_dominant_shape_and_a_policy_without_it_falls_short
     no_tree = {B: {n: ms for n, ms in row.items() if not n.startswith("tree")} for B, row in COSTS.items()}
     chains_only = auto_sim.run(_e2e(no_tree), rounds=120, seeds=3)["cells"][0]
     assert max(chains_only["auto"]) < 0.97 * b1["fixed"]["tree [2, 2]"]
+    assert all(len(c["ahead"]) == 3 for c in res["cells"])          # the same seeds, planned ahead
     lines = auto_sim.markdown(res, "x.json")
     assert any(line.startswith("auto, simulated: ") for line in lines)
+    assert any(line.startswith("Planned ahead (") for line in lines)
 
 
 def test_the_runs_own_cost_table_can_be_the_prior(tmp_path, capsys):
