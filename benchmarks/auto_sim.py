@@ -251,7 +251,8 @@ def main(argv=None) -> None:
     if args.write:
         (RESULTS / "auto_sim.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    print(f"wrote {folder / 'auto_sim.md'}" + (f" and {RESULTS / 'auto_sim.md'}" if args.write else ""), file=sys.stderr)
+    print(f"wrote {folder / 'auto_sim.md'}" + (f" and {RESULTS / 'auto_sim.md'}" if args.write else ""),
+          file=sys.stderr)
 
 
 if __name__ == "__main__":

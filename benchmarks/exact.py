@@ -92,7 +92,8 @@ def kernel_part(args) -> dict:
                     lambda i: vg.gemv_cuda(xm, ws[i % copies], version=1, rows=4, split=4 if K >= 4096 else 8,
                                            pdl=True), 20, 30)
             if args.sweep and M in sweep_ms and model in sweep_models:
-                cands = (*range(1, 13), *range(17, vg.invariant_variants() + 1)) if M <= 16 else ((*range(5, 10), 13, 14) if M <= 32 else (8, *range(10, 17)))
+                slice_warp = [v for v in range(1, vg.invariant_variants() + 1) if v not in vg.CLUSTER_VARIANTS]
+                cands = slice_warp if M <= 16 else ((*range(5, 10), 13, 14) if M <= 32 else (8, *range(10, 17)))
                 row["variants"] = {v: graph_us_per_call(
                     lambda i: vg.invariant_matmul(xm, ws[i % copies], variant=v, pdl=True), 10, 10) for v in cands}
             row["auto"] = vg.invariant_config(M, N, K)

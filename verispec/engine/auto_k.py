@@ -580,7 +580,8 @@ class AutoK:
         self._debt_round = debt
         return plan
 
-    def adopt(self, plan: "Plan", running: list[Sequence], k_max: int) -> tuple[list[int], tuple[int, ...] | None] | None:
+    def adopt(self, plan: "Plan", running: list[Sequence],
+              k_max: int) -> tuple[list[int], tuple[int, ...] | None] | None:
         """``plan``'s shape for this round (each row's k cut to its room now, as ``decide`` cuts it), or None if the
         batch is no longer the one it was made for (a row ended, one was admitted): the plan is then dropped and
         uncounted from ``chosen``, and the round is decided afresh."""

@@ -16,9 +16,9 @@
 // repeat token M - 1 and are never stored).
 //
 // Variants (what may change with M: only speed), two kernels:
-// * the slice-warp kernel (variants 1-12, 17-20): a block is S warps, warp p = slice p, all on one tile of 16 * RT rows of
-//   W and 8 * NT tokens; grid = (token tiles, row tiles), token tiles fastest, so the blocks that read one row tile
-//   run together and share it through L2 when M > 8 * NT.
+// * the slice-warp kernel (variants 1-12, 17-20): a block is S warps, warp p = slice p, all on one tile of 16 * RT
+//   rows of W and 8 * NT tokens; grid = (token tiles, row tiles), token tiles fastest, so the blocks that read one
+//   row tile run together and share it through L2 when M > 8 * NT.
 //     RT  m16 tiles (16 rows of W each) per warp: more rows per x vector (x reuse), more W loads in flight;
 //     NT  n8 tiles (8 tokens each) per warp: 8 * NT tokens per weight read;
 //     U   steps per unrolled loop iteration: 2 * RT * U 16-byte W loads in flight per lane.
@@ -354,8 +354,8 @@ extern "C" int vs_inv_slices(int K) {
 
 // Variant table: (RT, NT, U, WR); WR = 0: the slice-warp kernel (U: steps unrolled); WR > 0: the cluster kernel, WR
 // warps a block, U stages in its ring (sm_90; elsewhere INV_CLUSTER_FALLBACK runs instead). Index 0 is no variant:
-// the choice is the caller's (gemv.invariant_variant, from the sweeps in benchmarks/results/exact*.md), and the sweep in
-// benchmarks/exact.py times them all. Every variant computes the same bits.
+// the choice is the caller's (gemv.invariant_variant, from the sweeps in benchmarks/results/exact*.md), and the
+// sweep in benchmarks/exact.py times them all. Every variant computes the same bits.
 static const int INV_VARIANTS[][4] = {
     {0, 0, 0, 0},
     {1, 1, 4, 0}, {1, 1, 8, 0}, {2, 1, 4, 0}, {2, 1, 2, 0},    // 1-8 tokens a tile
@@ -363,7 +363,7 @@ static const int INV_VARIANTS[][4] = {
     {1, 4, 2, 0}, {2, 4, 2, 0}, {2, 4, 1, 0},                  // 32
     {1, 8, 2, 0}, {2, 8, 1, 0}, {2, 8, 2, 0},                  // 64
     {2, 8, 4, 4}, {2, 8, 3, 8}, {1, 8, 4, 8}, {2, 8, 6, 4},    // clusters: (16 RT WR) rows of W x 64 tokens
-    {4, 2, 2, 0}, {4, 2, 1, 0}, {2, 2, 4, 0}, {4, 1, 2, 0},    // 17-20: 64 rows of W a block (x read a quarter as often)
+    {4, 2, 2, 0}, {4, 2, 1, 0}, {2, 2, 4, 0}, {4, 1, 2, 0},    // 17-20: 64 rows of W a block (x read 1/4 as often)
 };
 #define INV_NUM_VARIANTS ((int)(sizeof(INV_VARIANTS) / sizeof(INV_VARIANTS[0])))
 #define INV_CLUSTER_FALLBACK 12
