@@ -104,12 +104,9 @@ def pass_part(args) -> dict:
             del tree
             padded = tree_attention.tree_tile_rows(G, B * KV * T, tokens.device) != G
             cell = dict(B=B, T=T, chain_ms=chain_ms, tree_ms=tree_ms, tiles="padded" if padded else "packed")
-            tree_attention.TILES = "packed" if padded else "padded"          # the other layout, for the page
-            try:
+            with _setting(tree_attention, "TILES", "packed" if padded else "padded"):   # the other layout
                 other = capture_graph(lambda: trees.tree_pass(model.net, tokens, depth, path, lengths, lengths,
                                                               model._rope, cache, model.num_active_layers), 2)
-            finally:
-                tree_attention.TILES = "auto"
             cell["other_ms"] = time_calls(other.replay, iters=20, warmup=3) * 1e3
             del other
             out["cells"].append(cell)
@@ -440,15 +437,22 @@ def e2e_cells(target, draft, batch_sizes, prompt_tokens: int, new_tokens: int, c
 
 
 @contextlib.contextmanager
-def _plan_ahead(on: bool):
-    """``AutoK``s made inside (``generate`` makes one a call) plan ahead iff ``on`` (``auto_k.PLAN_AHEAD``)."""
-    from verispec.engine import auto_k
-
-    before, auto_k.PLAN_AHEAD = auto_k.PLAN_AHEAD, on
+def _setting(module, name: str, value):
+    """``module.name = value`` inside, its value before restored after: a process-wide setting a part varies
+    (``tree_attention.TILES``; ``auto_k.PLAN_AHEAD``, read by the ``AutoK`` each ``generate`` call makes)."""
+    before = getattr(module, name)
+    setattr(module, name, value)
     try:
         yield
     finally:
-        auto_k.PLAN_AHEAD = before
+        setattr(module, name, before)
+
+
+def _plan_ahead(on: bool):
+    """``AutoK``s made inside plan ahead iff ``on``."""
+    from verispec.engine import auto_k
+
+    return _setting(auto_k, "PLAN_AHEAD", on)
 
 
 def _timed_call(dec, prompts, refs, new_tokens: int, max_seq_len: int, models, synchronize, auto: bool) -> dict:
