@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import random
 import statistics
@@ -35,6 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from benchmarks.common import environment, environment_line, markdown_table  # noqa: E402
+from verispec.analysis import expected_tokens_from_positions  # noqa: E402
 from verispec.engine import Request, Sequence, Stats  # noqa: E402
 from verispec.engine.auto_k import AutoK, CostTable  # noqa: E402
 
@@ -66,7 +66,7 @@ def measured_costs(e2e: dict) -> dict[int, dict]:
 def expected_tokens(shape, rates: dict[int, float]) -> float:
     """E(shape) per row under the oracle: 1 + r_1 + r_1 r_2 + ..., r_d the rate of depth d's width (a chain: w = 1)."""
     widths = shape if isinstance(shape, tuple) else (1,) * shape
-    return 1.0 + sum(math.prod(rates[w] for w in widths[:d + 1]) for d in range(len(widths)))
+    return expected_tokens_from_positions([rates[w] for w in widths])
 
 
 def chain_table(costs: dict[int, dict]) -> CostTable:
@@ -109,13 +109,26 @@ def simulate(costs: dict, rates: dict[int, float], batch: int, rounds: int, seed
     during the round before, as ``Scheduler._launched_and_plan`` does (``AutoK.plan`` / ``adopt``: the evidence one
     round older), so that what that lag costs the choices shows."""
     here = costs[batch]
-    k_max = max(s for s in here if isinstance(s, int))
     trees = tuple(s for s in here if isinstance(s, tuple))
     if table is None:
         policy = _MeasuredPrior(chain_table(costs), trees=trees, plan_ahead=plan_ahead)
         policy.measured_table = here
     else:
         policy = AutoK(table, trees=trees, plan_ahead=plan_ahead)
+
+    def cost(shape) -> float:
+        if shape not in here:
+            raise ValueError(f"auto_sim: the policy chose {shape}, which the e2e run did not measure at B = {batch}")
+        return here[shape]
+
+    return run_policy(policy, rates, batch, max(s for s in here if isinstance(s, int)), rounds, seed, cost)
+
+
+def run_policy(policy: AutoK, rates: dict[int, float], batch: int, k_max: int, rounds: int, seed: int,
+               cost) -> dict:
+    """``rounds`` rounds of ``batch`` greedy rows under ``policy`` as the scheduler runs it (``adopt`` a plan or
+    ``decide``; ``plan`` the next; ``observe_tree`` / ``observe_round``), each row's acceptance the oracle's
+    (``accepted``), each round ``cost(shape)`` seconds -> tok/s, rounds by shape, decide's median host seconds."""
     rng = random.Random(seed)
     rows = []
     for i in range(batch):
@@ -130,8 +143,7 @@ def simulate(costs: dict, rates: dict[int, float], batch: int, rounds: int, seed
         host.append(time.perf_counter() - t0)
         plan = policy.plan(rows, k_max)          # None unless plan_ahead: made before this round's evidence is in
         shape = tree if tree is not None else max(ks)
-        if shape not in here:
-            raise ValueError(f"auto_sim: the policy chose {shape}, which the e2e run did not measure at B = {batch}")
+        round_s = cost(shape)
         got = []
         for seq, k in zip(rows, ks):
             a = accepted(tree if tree is not None else k, rates, rng)
@@ -141,8 +153,8 @@ def simulate(costs: dict, rates: dict[int, float], batch: int, rounds: int, seed
             tokens += a + 1
         if tree is not None:
             policy.observe_tree(rows, tree, ks, got)
-        seconds += here[shape]
-        policy.observe_round(batch, shape, here[shape])
+        seconds += round_s
+        policy.observe_round(batch, shape, round_s)
     if plan is not None:                         # planned for a round that never ran
         policy.drop(plan)
     return dict(tok_s=tokens / seconds, chosen=dict(policy.chosen), host_s=statistics.median(host))

@@ -128,38 +128,19 @@ def test_tree_rounds_alone_move_the_chain_estimate_through_the_coverage_law():
 
 def _simulated_rate(rates: dict, table: CostTable, seed: int, rounds: int = 300) -> float:
     """tree="auto" at B = 1 against a synthetic draft whose top-w covers the target's token with rates[w] at every
-    depth: emitted tokens per second of the table's rounds."""
-    import random
-    rng = random.Random(seed)
+    depth: emitted tokens per second of the table's rounds (``benchmarks/auto_sim.run_policy``)."""
+    from benchmarks.auto_sim import run_policy
+
     policy = AutoK(table, trees=AUTO_TREES)
-    seq = sequences(1, state=RowState)[0]
-    seq.request.max_tokens = 10 ** 6
-    tokens = seconds = 0.0
-    for _ in range(rounds):
-        ks, tree = policy.decide([seq], 8)
-        widths = tree or (1,) * ks[0]
-        accepted = 0
-        while accepted < len(widths) and rng.random() < rates[widths[accepted]]:
-            accepted += 1
-        seq.stats.add_round(len(widths), accepted)
-        if tree is not None:
-            policy.observe_tree([seq], tree, [len(tree)], [accepted])
-        tokens += accepted + 1
-        seconds += policy.table_round(1, tree or ks[0])
-    return tokens / seconds
+    return run_policy(policy, rates, 1, 8, rounds, seed, lambda shape: policy.table_round(1, shape))["tok_s"]
 
 
 def _best_fixed_rate(rates: dict, table: CostTable) -> float:
+    from benchmarks.auto_sim import expected_tokens
+
     policy = AutoK(table, trees=AUTO_TREES)
-    best = 0.0
-    for shape in list(range(9)) + list(AUTO_TREES):
-        widths = shape if isinstance(shape, tuple) else (1,) * shape
-        reach = tokens = 1.0
-        for w in widths:
-            reach *= rates[w]
-            tokens += reach
-        best = max(best, tokens / policy.table_round(1, shape))
-    return best
+    return max(expected_tokens(shape, rates) / policy.table_round(1, shape)
+               for shape in list(range(9)) + list(AUTO_TREES))
 
 
 @pytest.mark.parametrize("table", [flat_table, mild_table])
