@@ -57,9 +57,14 @@ def measured_costs(e2e: dict) -> dict[int, dict]:
     """{B: {shape: seconds a round}} of a trees.py e2e result's fixed configs (cost-only cells left out)."""
     out: dict[int, dict] = {}
     for c in e2e["cells"]:
-        shape = None if c.get("cost_only") else shape_of(c["config"])
-        if shape is not None:
-            out.setdefault(c["B"], {})[shape] = c["ms_per_round"] / 1e3
+        shape = None if c.get("cost_only") else shape_of(str(c.get("config")))
+        if shape is None:
+            continue
+        ms, B = c.get("ms_per_round"), c.get("B")
+        if not isinstance(B, int) or B < 1 or not isinstance(ms, (int, float)) or not 0 < ms < float("inf"):
+            raise ValueError(f"auto_sim: cell {c.get('config')!r} needs a batch size B >= 1 and a positive, finite "
+                             f"ms_per_round, got B={B!r}, ms_per_round={ms!r}")
+        out.setdefault(B, {})[shape] = ms / 1e3
     return out
 
 

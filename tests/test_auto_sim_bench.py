@@ -66,6 +66,11 @@ def test_bad_inputs_are_named(tmp_path, capsys):
     with pytest.raises(SystemExit):
         auto_sim.main([str(no_plain)])
     assert "needs plain and at least one chain" in capsys.readouterr().err
+    nan = tmp_path / "nan.json"
+    nan.write_text(json.dumps(_e2e({1: {"plain": 5.0, "chain k=1": float("nan")}})))
+    with pytest.raises(SystemExit):
+        auto_sim.main([str(nan)])
+    assert "'chain k=1' needs a batch size B >= 1 and a positive, finite ms_per_round" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         auto_sim.main([str(no_plain), "--rounds", "0"])
     assert "--rounds and --seeds must be >= 1" in capsys.readouterr().err

@@ -435,3 +435,6 @@ def test_no_plan_for_a_sampled_row_or_a_row_that_may_end_this_round(target):
     assert policy.plan(near_end, 4) is None
     plan = policy.plan(rows, 4)
     assert policy.adopt(plan, rows[::-1], 4) is None and policy.plans_dropped == 1          # another batch: dropped
+    other = AutoK(mild_table(), trees=AUTO_TREES, plan_ahead=True)
+    other.drop(policy.plan(rows, 4))                             # another policy's plan: nothing of its to uncount
+    assert other.chosen == {} and other.plans_dropped == 1

@@ -595,10 +595,12 @@ class AutoK:
         return [min(plan.shape, _room(seq, k_max)) for seq in running], None
 
     def drop(self, plan: "Plan") -> None:
-        """Forget ``plan`` (its round was not run as planned): uncounted from ``chosen``."""
-        self.chosen[plan.shape] -= 1
-        if not self.chosen[plan.shape]:
-            del self.chosen[plan.shape]
+        """Forget ``plan`` (its round was not run as planned): uncounted from ``chosen`` (where this policy counted
+        it: a plan of another policy uncounts nothing)."""
+        if self.chosen.get(plan.shape, 0) > 0:
+            self.chosen[plan.shape] -= 1
+            if not self.chosen[plan.shape]:
+                del self.chosen[plan.shape]
         self.plans_dropped += 1
 
     def _holding(self, running: list[Sequence]) -> bool:
