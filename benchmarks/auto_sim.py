@@ -34,6 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from benchmarks.common import environment, environment_line, markdown_table  # noqa: E402
+from benchmarks.trees import config_shape  # noqa: E402
 from verispec.analysis import expected_tokens_from_positions  # noqa: E402
 from verispec.engine import Request, Sequence, Stats  # noqa: E402
 from verispec.engine.auto_k import AutoK, CostTable  # noqa: E402
@@ -42,22 +43,11 @@ RESULTS = Path(__file__).resolve().parent / "results"
 PRIORS = ("measured", "table")
 
 
-def shape_of(config: str):
-    """A trees.py e2e config name -> its shape (0 = plain, k = a chain, widths = a tree), or None (auto, cost-only)."""
-    if config == "plain":
-        return 0
-    if config.startswith("chain k="):
-        return int(config[len("chain k="):])
-    if config.startswith("tree [") and config.endswith("]"):
-        return tuple(int(w) for w in config[len("tree ["):-1].split(","))
-    return None
-
-
 def measured_costs(e2e: dict) -> dict[int, dict]:
     """{B: {shape: seconds a round}} of a trees.py e2e result's fixed configs (cost-only cells left out)."""
     out: dict[int, dict] = {}
     for c in e2e["cells"]:
-        shape = None if c.get("cost_only") else shape_of(str(c.get("config")))
+        shape = None if c.get("cost_only") else config_shape(str(c.get("config")))
         if shape is None:
             continue
         ms, B = c.get("ms_per_round"), c.get("B")

@@ -369,6 +369,18 @@ def parse_configs(text: str) -> list[tuple]:
     return out
 
 
+def config_shape(config: str):
+    """An e2e cell's config name -> its shape (0 = plain, k = a chain, widths = a tree), or None (auto, a dynamic
+    tree, a draft model's): the inverse of the names ``parse_configs`` gives."""
+    if config == "plain":
+        return 0
+    if config.startswith("chain k="):
+        return int(config[len("chain k="):])
+    if config.startswith("tree [") and config.endswith("]"):
+        return tuple(int(w) for w in config[len("tree ["):-1].split(","))
+    return None
+
+
 def shape_name(shape) -> str:
     return f"tree {list(shape)}" if isinstance(shape, tuple) else f"k={shape}"
 
@@ -515,6 +527,12 @@ def e2e_part(args) -> dict:
         w: round(coverage(TREE_RATES[1], w, args.coverage_exponent), 4) for w in TREE_RATES}
     out = dict(env=environment(), model=args.model, draft=name, rates=rates, prompt_tokens=128,
                new_tokens=args.new_tokens, command="python benchmarks/trees.py " + " ".join(sys.argv[1:]))
+    if not args.draft_layers:       # the floor: each pass's weights read once at the measured copy bandwidth
+        from benchmarks.invariant_cluster import weights_floor_ms
+
+        bandwidth = copy_bandwidth()
+        out["floor_ms"] = dict(bandwidth=bandwidth, target=weights_floor_ms(args.model, bandwidth),
+                               draft=weights_floor_ms(args.draft, bandwidth))
     configs = parse_configs(args.configs) if args.configs else e2e_configs()
     out["cells"] = e2e_cells(target, draft, (1, 8), 128, args.new_tokens, configs, torch.cuda.synchronize,
                              rates=rates, repeats=args.repeats)
@@ -531,6 +549,11 @@ def e2e_markdown(res: dict) -> list[str]:
              f"timed call captured); `wall tok/s` includes it. `exact`: the output equals plain decoding's.", ""]
     if res.get("command"):
         lines += [f"Command: `{res['command']}`.", ""]
+    floor = res.get("floor_ms")
+    if floor:
+        lines += [f"`floor tok/s`: B x the cell's tokens per round / (the target's weights + one draft pass's weights "
+                  f"per depth, read once at the measured copy bandwidth {floor['bandwidth'] / 1e12:.2f} TB/s: "
+                  f"{floor['target']:.2f} + {floor['draft']:.2f} ms a depth); `% floor` = tok/s / it.", ""]
     repeats = max(len(c.get("tok_s_runs", [0])) for c in res["cells"])
     if repeats > 1:
         lines += [f"Each config ran {repeats} timed calls, the configs in turn (a rotated order each time): `tok/s` is "
@@ -544,11 +567,12 @@ def e2e_markdown(res: dict) -> list[str]:
                 + (f"{c.get('wall_tok_s', c['tok_s']):.1f}", f"{c['tokens_per_round']:.2f}",
                    f"{c['ms_per_round']:.2f}" if "ms_per_round" in c else "?",
                    f"{c['tok_s'] / best_chain['tok_s']:.2f}", c.get("captured", "?"), "yes" if c["exact"] else "NO")
+                + (_floor_cells(c, floor) if floor else ())
                 for c in cells]
         lines += [f"### B = {B} (best chain: {best_chain['config']})", ""]
         lines += markdown_table(["config", "tok/s"] + (["range"] if repeats > 1 else [])
                                 + ["wall tok/s", "tokens per round", "ms per round", "vs best chain", "captured",
-                                   "exact"], rows) + [""]
+                                   "exact"] + (["floor tok/s", "% floor"] if floor else []), rows) + [""]
         if any(c.get("cost_only") for c in cells):
             lines += [f"\\* cost only: drafted by the {res['draft']} draft model itself, whose random weights accept "
                       f"next to nothing against this target: its tok/s and tokens per round mean nothing; `ms per "
@@ -573,6 +597,16 @@ def e2e_markdown(res: dict) -> list[str]:
                               "measured / its cost table's: " + ", ".join(
                                   f"{s}: {m:.2f} / {t:.2f} ({n})" for s, (n, m, t) in c["round_ms"].items()), ""]
     return lines
+
+
+def _floor_cells(cell: dict, floor: dict) -> tuple[str, str]:
+    """(floor tok/s, % floor) of a fixed shape's cell (blank for auto, cost-only and dynamic cells)."""
+    shape = None if cell.get("cost_only") else config_shape(cell["config"])
+    if shape is None:
+        return "", ""
+    depth = len(shape) if isinstance(shape, tuple) else shape
+    best = cell["B"] * cell["tokens_per_round"] / (floor["target"] + depth * floor["draft"]) * 1e3
+    return f"{best:.1f}", f"{cell['tok_s'] / best:.0%}"
 
 
 def _range(cell: dict) -> str:

@@ -382,6 +382,15 @@ def test_benchmark_repeats_interleave_the_configs_and_report_medians_and_pairs()
     assert any(line.startswith("tree [2, 2] / chain k=2, repeat by repeat: ") for line in lines)
     assert any(line.startswith("auto / chain k=2, repeat by repeat: ") for line in lines)
     assert any(line.startswith("auto (planned ahead) / chain k=2, repeat by repeat: ") for line in lines)
+    # with the run's floor: a fixed shape's cell gets B x its tokens per round / (target + depth x draft passes' reads)
+    floor = dict(bandwidth=4e12, target=3.5, draft=0.6)
+    lines = trees.e2e_markdown(dict(env=environment(), model="tiny", draft="tiny", rates=trees.TREE_RATES, cells=cells,
+                                    floor_ms=floor))
+    assert any("| floor tok/s | % floor |" in line for line in lines)
+    k2 = next(c for c in cells if c["config"] == "chain k=2")
+    row = next(line for line in lines if line.startswith("| chain k=2 |"))
+    assert f"| {2 * k2['tokens_per_round'] / (3.5 + 2 * 0.6) * 1e3:.1f} |" in row
+    assert next(line for line in lines if line.startswith("| auto |")).endswith("|  |  |")
     with pytest.raises(ValueError, match="repeats must be >= 1"):
         trees.e2e_cells(target, draft, (2,), 12, 12, trees.parse_configs("k2"), repeats=0)
 
