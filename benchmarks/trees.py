@@ -19,7 +19,8 @@ the sections present; ``--write`` (on ``report``) writes ``benchmarks/results/tr
                                                    ``--configs auto,plain,k2,k4,2-2-1,3-2-2-1``: just those (kN: a
                                                    chain of N; W-W-...: a tree; auto: ``tree="auto"`` with chains of up
                                                    to 8, its cost table measured in the warm-up call; the rounds of
-                                                   each shape it ran are reported; dyn-D-K-N: a dynamic tree and
+                                                   each shape it ran are reported; auto-ahead: the same planned
+                                                   ahead; auto+2-2+4-2: with those trees among its choices; dyn-D-K-N: a dynamic tree and
                                                    dm-W-W-...: a static tree, both drafted by the draft model itself
                                                    (the oracle drafts no dynamic tree): cost only on random weights,
                                                    ``ms per round`` is their number)
@@ -329,11 +330,33 @@ DRAFT_MODEL = "draft model"
 PLANNED_AHEAD = "planned ahead"
 
 
+@dataclasses.dataclass(frozen=True)
+class AutoRun:
+    """A tree="auto" config's settings (``e2e_cells``' fourth entry): planned ahead or not, and the trees it may
+    choose besides ``auto_k.AUTO_TREES`` (``auto+2-2+4-2``)."""
+    ahead: bool = False
+    extra_trees: tuple[tuple[int, ...], ...] = ()
+
+    def name(self) -> str:
+        return " ".join(["auto"] + [f"+{list(t)}" for t in self.extra_trees]
+                        + ([f"({PLANNED_AHEAD})"] if self.ahead else []))
+
+    @contextlib.contextmanager
+    def applied(self):
+        """The process-wide settings the ``AutoK`` and candidate trees of each ``generate`` inside read."""
+        from verispec.engine import auto_k
+
+        trees = auto_k.AUTO_TREES + tuple(t for t in self.extra_trees if t not in auto_k.AUTO_TREES)
+        with _setting(auto_k, "PLAN_AHEAD", self.ahead), _setting(auto_k, "AUTO_TREES", trees):
+            yield
+
+
 def parse_configs(text: str) -> list[tuple]:
-    """``--configs``: comma-separated plain, kN (a chain of N drafts), W-W-... (a tree, e.g. 2-2-1), auto,
-    dyn-D-K-N (a dynamic tree, drafted by the draft model) or dm-W-W-... (a static tree drafted by the draft model: the
-    dynamic tree's cost peer) -> ``e2e_configs``' (name, k, tree) entries, with a fourth, ``DRAFT_MODEL``, for the
-    draft model's. ValueError naming a bad entry."""
+    """``--configs``: comma-separated plain, kN (a chain of N drafts), W-W-... (a tree, e.g. 2-2-1), auto or
+    auto-ahead (planned ahead), either followed by +W-W... (trees it may choose besides ``AUTO_TREES``), dyn-D-K-N (a
+    dynamic tree, drafted by the draft model) or dm-W-W-... (a static tree drafted by the draft model: the dynamic
+    tree's cost peer) -> ``e2e_configs``' (name, k, tree) entries, with a fourth, ``DRAFT_MODEL`` for the draft
+    model's, an ``AutoRun`` for auto's. ValueError naming a bad entry."""
     from verispec.drafters.dynamic_tree import DynamicTree
 
     def widths(text: str) -> tuple[int, ...] | None:
@@ -344,10 +367,9 @@ def parse_configs(text: str) -> list[tuple]:
     for item in (x.strip() for x in text.split(",")):
         if item == "plain":
             out.append(("plain", None, None))
-        elif item == "auto":
-            out.append(("auto", AUTO_K, "auto"))
-        elif item == "auto-ahead":
-            out.append((f"auto ({PLANNED_AHEAD})", AUTO_K, "auto", PLANNED_AHEAD))
+        elif item.split("+")[0] in ("auto", "auto-ahead") and all(widths(t) for t in item.split("+")[1:]):
+            run = AutoRun(item.split("+")[0] == "auto-ahead", tuple(widths(t) for t in item.split("+")[1:]))
+            out.append((run.name(), AUTO_K, "auto", run))
         elif item.startswith("k") and item[1:].isdigit() and int(item[1:]) >= 1:
             out.append((f"chain k={int(item[1:])}", int(item[1:]), None))
         elif item.startswith("dyn-") and widths(item[4:]) is not None and len(widths(item[4:])) == 3:
@@ -361,7 +383,7 @@ def parse_configs(text: str) -> list[tuple]:
             out.append((f"tree {list(tree)}", None, tree))
         else:
             raise ValueError(f"--configs: {item!r} is none of plain, kN (e.g. k4), W-W-... (a tree, e.g. 2-2-1), auto, "
-                             f"auto-ahead, "
+                             f"auto-ahead, either with +W-W... (more trees to choose from, e.g. auto+2-2+4-2), "
                              f"dyn-D-K-N (a dynamic tree, e.g. dyn-4-2-8), dm-W-W-... (a tree drafted by the draft "
                              f"model)")
     if not out:
@@ -433,17 +455,17 @@ def e2e_cells(target, draft, batch_sizes, prompt_tokens: int, new_tokens: int, c
                 drafter = None if k is None and tree is None else OracleDraft(
                     refs, rates[1], cost_model=draft, seed=0, tree_rates=rates)
             dec = SpeculativeDecoder(target, drafter, k=k or 4, tree=tree)
-            ahead = by == [PLANNED_AHEAD]
-            with _plan_ahead(ahead):
+            run = by[0] if by and isinstance(by[0], AutoRun) else AutoRun()
+            with run.applied():
                 dec.generate(prompts, max_new_tokens=min(new_tokens, WARM_TOKENS), max_seq_len=max_seq_len)  # warm-up
-            runs.append((name, tree, by == [DRAFT_MODEL], ahead, dec, []))
+            runs.append((name, tree, by == [DRAFT_MODEL], run, dec, []))
         for r in range(repeats):
-            for name, tree, cost_only, ahead, dec, samples in runs[r % len(runs):] + runs[:r % len(runs)]:
-                with _plan_ahead(ahead):
+            for name, tree, cost_only, run, dec, samples in runs[r % len(runs):] + runs[:r % len(runs)]:
+                with run.applied():
                     samples.append(_timed_call(dec, prompts, refs, new_tokens, max_seq_len, models, synchronize,
                                                tree == "auto"))
                 print("e2e", json.dumps(dict(B=B, config=name, repeat=r, **samples[-1])), flush=True)
-        for name, tree, cost_only, ahead, dec, samples in runs:
+        for name, tree, cost_only, run, dec, samples in runs:
             cells.append(_cell(B, name, cost_only, samples))
     return cells
 
@@ -451,20 +473,13 @@ def e2e_cells(target, draft, batch_sizes, prompt_tokens: int, new_tokens: int, c
 @contextlib.contextmanager
 def _setting(module, name: str, value):
     """``module.name = value`` inside, its value before restored after: a process-wide setting a part varies
-    (``tree_attention.TILES``; ``auto_k.PLAN_AHEAD``, read by the ``AutoK`` each ``generate`` call makes)."""
+    (``tree_attention.TILES``; ``auto_k.PLAN_AHEAD`` and ``AUTO_TREES``, read at each ``generate`` call)."""
     before = getattr(module, name)
     setattr(module, name, value)
     try:
         yield
     finally:
         setattr(module, name, before)
-
-
-def _plan_ahead(on: bool):
-    """``AutoK``s made inside plan ahead iff ``on``."""
-    from verispec.engine import auto_k
-
-    return _setting(auto_k, "PLAN_AHEAD", on)
 
 
 def _timed_call(dec, prompts, refs, new_tokens: int, max_seq_len: int, models, synchronize, auto: bool) -> dict:

@@ -338,6 +338,9 @@ def test_benchmark_auto_config_is_exact_captures_nothing_and_reports_its_shapes(
     assert names == ["auto", "plain", "chain k=2", "tree [2, 2, 1]"]
     with pytest.raises(ValueError, match="'k0' is none of"):
         trees.parse_configs("auto,k0")
+    with pytest.raises(ValueError, match="'auto\\+2-0' is none of"):
+        trees.parse_configs("auto+2-0")
+    assert trees.parse_configs("auto+2-2+4-2")[0][3] == trees.AutoRun(False, ((2, 2), (4, 2)))
     target = load_model(CFG, device="cpu", dtype=torch.float32, seed=0)
     draft = load_model(CFG.replace(num_layers=1), device="cpu", dtype=torch.float32, seed=1)
     target.use_graphs = draft.use_graphs = True
@@ -371,9 +374,10 @@ def test_benchmark_repeats_interleave_the_configs_and_report_medians_and_pairs()
     from verispec.engine import auto_k
 
     cells = trees.e2e_cells(target, draft, (2,), prompt_tokens=12, new_tokens=12,
-                            configs=trees.parse_configs("auto,auto-ahead,k2,2-2"), repeats=3)
-    assert [c["config"] for c in cells] == ["auto", "auto (planned ahead)", "chain k=2", "tree [2, 2]"]
-    assert auto_k.PLAN_AHEAD is False                    # restored after the planned-ahead config's calls
+                            configs=trees.parse_configs("auto,auto-ahead+2-2,k2,2-2"), repeats=3)
+    assert [c["config"] for c in cells] == ["auto", "auto +[2, 2] (planned ahead)", "chain k=2", "tree [2, 2]"]
+    # restored after the planned-ahead config's calls
+    assert auto_k.PLAN_AHEAD is False and (2, 2) not in auto_k.AUTO_TREES
     for c in cells:
         assert len(c["tok_s_runs"]) == 3 and c["tok_s"] == statistics.median(c["tok_s_runs"])
         assert c["captured"] == 0 and c["exact"]
@@ -381,7 +385,7 @@ def test_benchmark_repeats_interleave_the_configs_and_report_medians_and_pairs()
     assert any("| config | tok/s | range |" in line for line in lines)
     assert any(line.startswith("tree [2, 2] / chain k=2, repeat by repeat: ") for line in lines)
     assert any(line.startswith("auto / chain k=2, repeat by repeat: ") for line in lines)
-    assert any(line.startswith("auto (planned ahead) / chain k=2, repeat by repeat: ") for line in lines)
+    assert any(line.startswith("auto +[2, 2] (planned ahead) / chain k=2, repeat by repeat: ") for line in lines)
     # with the run's floor: a fixed shape's cell gets B x its tokens per round / (target + depth x draft passes' reads)
     floor = dict(bandwidth=4e12, target=3.5, draft=0.6)
     lines = trees.e2e_markdown(dict(env=environment(), model="tiny", draft="tiny", rates=trees.TREE_RATES, cells=cells,

@@ -8,7 +8,8 @@ import time
 from typing import Callable, Sequence as Seq
 
 from ..drafters.base import Drafter
-from .auto_k import AUTO_TREES, AutoK, CostTable, default_batch_sizes, measure_costs
+from . import auto_k
+from .auto_k import AutoK, CostTable, default_batch_sizes, measure_costs
 from .guards import (ModelLease, check_drafter, check_k, check_max_new_tokens, check_prompts, check_same_model,
                      check_sampling, check_stop, check_tree)
 from .request import Request, Sequence
@@ -28,9 +29,10 @@ class SpeculativeDecoder:
     and shape), so that no request captures; its time is ``Stats.warmup_s``, outside the timed run.
     ``tree=[w1, ..., wd]``: each round drafts a tree of w_i children per node at depth i and verifies it in one
     tree pass (engine/tree_round.py); ``k`` is then unused. None: chains of k drafts. ``tree="auto"``: each round
-    plain decoding, a chain of up to k drafts or one of ``auto_k.AUTO_TREES``, whichever the cost model predicts
-    the most tokens per second for (``AutoK.decide``; trees only for greedy batches), priced by ``costs`` (a
-    ``CostTable``; None: measured on this machine at the first ``generate`` of each batch size, outside its timing).
+    plain decoding, a chain of up to k drafts or one of ``auto_k.AUTO_TREES`` (read at each call), whichever the
+    cost model predicts the most tokens per second for (``AutoK.decide``; trees only for greedy batches), priced
+    by ``costs`` (a ``CostTable``; None: measured on this machine at the first ``generate`` of each batch size,
+    outside its timing).
     A sequence that fails (e.g. NaN logits) makes ``generate`` raise ``GenerationError`` (which holds every
     ``Generation``, the failed ones with their ``error``): a failure is never returned as a short output.
     """
@@ -98,7 +100,7 @@ class SpeculativeDecoder:
         k = chain_k = self.k
         if self.tree == "auto":
             chain_k, _ = check_k(k, max_new_tokens, longest, limit)
-            k = max([chain_k] + [tree_nodes(t) for t in AUTO_TREES])     # the lookahead of the largest shape
+            k = max([chain_k] + [tree_nodes(t) for t in auto_k.AUTO_TREES])     # the lookahead of the largest shape
         elif self.tree is not None:
             k = tree_nodes(self.tree)             # the lookahead: every node of a tree goes through the pass
         elif k:
@@ -118,7 +120,7 @@ class SpeculativeDecoder:
         with ModelLease(self.target, getattr(self.drafter, "model", None)):
             policy = None
             if self.tree == "auto":
-                policy = AutoK(self.costs_for(len(prompts), chain_k), trees=AUTO_TREES)
+                policy = AutoK(self.costs_for(len(prompts), chain_k), trees=auto_k.AUTO_TREES)
                 self.last_policy = policy
             config = SchedulerConfig(len(prompts), max_seq_len, chain_k if self.tree == "auto" else k, tree=self.tree)
             scheduler = Scheduler(self.target, self.drafter, config, k_policy=policy,
@@ -145,7 +147,7 @@ class SpeculativeDecoder:
             return self.costs
         if batch not in self._measured or self._measured[batch][0] < k:
             self._measured[batch] = (k, measure_costs(self.target, self.drafter, k, default_batch_sizes(batch),
-                                                      trees=AUTO_TREES))
+                                                      trees=auto_k.AUTO_TREES))
         return self._measured[batch][1]
 
     def _run(self, scheduler: Scheduler, requests: list[Request]) -> tuple[list[Generation], list[Sequence]]:

@@ -15,7 +15,8 @@ from ..engine import Scheduler, SchedulerConfig
 from ..drafters.dynamic_tree import DynamicTree
 from ..engine.guards import check_tree
 from ..engine.scheduler import tree_nodes
-from ..engine.auto_k import AUTO_TREES, AutoK, CostTable, default_batch_sizes, measure_costs
+from ..engine import auto_k
+from ..engine.auto_k import AutoK, CostTable, default_batch_sizes, measure_costs
 from .app import ServedModel, build_app
 from .cli import served_name
 from .engine import EngineLoop
@@ -124,7 +125,7 @@ def build_engine(target, drafter, args, metrics, loop_class: type[EngineLoop] = 
     tree_auto = tree == "auto"
     auto = args.k == "auto" and (tree is None or tree_auto)
     k = 0 if drafter is None else (args.k_max if auto else args.k)
-    trees = AUTO_TREES if tree_auto else ()
+    trees = auto_k.AUTO_TREES if tree_auto else ()
     if tree is not None:
         check_tree(tree, drafter)
     # sampled requests are given the k that pays at --max-batch-size, whatever the load: their tokens depend on k
