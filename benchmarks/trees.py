@@ -501,7 +501,11 @@ def _timed_call(dec, prompts, refs, new_tokens: int, max_seq_len: int, models, s
         out["shapes"] = {shape_name(s): n for s, n in sorted(chosen.items(), key=lambda item: -item[1])}
         out["round_ms"] = round_costs(dec.last_policy)
     if auto:          # the table auto priced its shapes by (benchmarks/auto_sim.py --prior table replays it)
-        out["cost_table"] = json.loads(dec.last_policy.costs.to_json())
+        policy = dec.last_policy
+        out["cost_table"] = json.loads(policy.costs.to_json())
+        # how it explored: probes of drafting taken / declined, the draft debt's price scale, plans made ahead
+        out["policy"] = {name: getattr(policy, name) for name in (
+            "probes", "probes_declined", "debt_scale", "plans_adopted", "plans_dropped")}
     return out
 
 

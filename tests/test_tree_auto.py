@@ -378,6 +378,7 @@ def test_benchmark_repeats_interleave_the_configs_and_report_medians_and_pairs()
     assert [c["config"] for c in cells] == ["auto", "auto +[2, 2] (planned ahead)", "chain k=2", "tree [2, 2]"]
     # restored after the planned-ahead config's calls
     assert auto_k.PLAN_AHEAD is False and (2, 2) not in auto_k.AUTO_TREES
+    assert all(set(c["policy"]) >= {"probes", "debt_scale", "plans_adopted"} for c in cells[:2])
     for c in cells:
         assert len(c["tok_s_runs"]) == 3 and c["tok_s"] == statistics.median(c["tok_s_runs"])
         assert c["captured"] == 0 and c["exact"]
@@ -401,7 +402,7 @@ def test_benchmark_repeats_interleave_the_configs_and_report_medians_and_pairs()
 
 # ------------------------------------------------------------------------------------------------ planned ahead
 @pytest.mark.parametrize("name", ["oracle", "draft-model"])
-def test_planned_ahead_rounds_stay_exact_and_account_every_round(target, references, name, monkeypatch):
+def test_planned_ahead_rounds_stay_exact_and_account_every_round(target, name, monkeypatch):
     """``plan_ahead``: the next round's shape chosen during this round's pass (``Scheduler._launched_and_plan``),
     adopted at the next round's start. Three requests through two rows (an admission once a row ends by its length,
     no plan while one waits or near a row's end) and a cancellation the plan could not foresee (dropped): greedy
@@ -415,16 +416,21 @@ def test_planned_ahead_rounds_stay_exact_and_account_every_round(target, referen
     decided = []
     decide = policy.decide
     policy.decide = lambda running, k_max: decided.append(len(running)) or decide(running, k_max)
-    drafter = DRAFTERS[name](references)
+    # the draft model: the target's own weights (a copy), so that rounds draft and plans are made in them
+    # and long enough requests that a few plans are adopted at its 5 tokens a round
+    new = 64
+    references = [g.tokens for g in generate(target, PROMPTS, drafter=None, max_new_tokens=new)]
+    drafter = (DraftModel(load_model(CFG, device="cpu", dtype=torch.float32, seed=0)) if name == "draft-model"
+               else DRAFTERS[name](references))
     drafter.attach(target)
-    sched = Scheduler(target, drafter, SchedulerConfig(2, 96, 4, tree="auto"), k_policy=policy)
-    lengths = [N_NEW, N_NEW - 7, N_NEW - 3]
+    sched = Scheduler(target, drafter, SchedulerConfig(2, 128, 4, tree="auto"), k_policy=policy)
+    lengths = [new, new - 7, new - 3]
     seqs = [sched.submit(Request(p, n, id=i)) for i, (p, n) in enumerate(zip(PROMPTS, lengths))]
     rounds = []
 
     def after_round(s):
         rounds.append(1)
-        if seqs[2].finish_reason is None and len(seqs[2].generated) >= 3 and s._plan is not None:
+        if seqs[2].finish_reason is None and len(seqs[2].generated) >= 20 and s._plan is not None:
             s.cancel(2)                                      # planned for: the plan must be dropped
 
     sched.round_hook = after_round
@@ -437,17 +443,24 @@ def test_planned_ahead_rounds_stay_exact_and_account_every_round(target, referen
 
 
 def test_no_plan_for_a_sampled_row_or_a_row_that_may_end_this_round(target):
-    """``AutoK.plan`` plans only where a plan may stand: plan_ahead on, every row greedy, no row near its end."""
+    """``AutoK.plan`` plans only where a plan may stand: plan_ahead on, a round that drafts, every row greedy, no row
+    near its end."""
     policy = AutoK(mild_table(), trees=AUTO_TREES, plan_ahead=True)
     rows = sequences(2)
-    assert policy.plan(rows, 4) is not None
-    assert AutoK(mild_table(), trees=AUTO_TREES).plan(rows, 4) is None                    # PLAN_AHEAD off
-    assert policy.plan(sequences(2, temperature=0.8), 4) is None                            # a sampled row
+    assert policy.plan(rows, 4) is None                       # this round drafts nothing: its debt is not yet known
+
+    def drafting(p: AutoK) -> AutoK:                          # as in a round of 2 drafts
+        p.last_k = 2
+        return p
+
+    assert drafting(policy).plan(rows, 4) is not None
+    assert drafting(AutoK(mild_table(), trees=AUTO_TREES)).plan(rows, 4) is None           # PLAN_AHEAD off
+    assert drafting(policy).plan(sequences(2, temperature=0.8), 4) is None                 # a sampled row
     near_end = sequences(2)
-    near_end[0] = Sequence(Request([1, 2], policy.last_k + 2, id=7), Stats())    # this round may be its last
-    assert policy.plan(near_end, 4) is None
-    plan = policy.plan(rows, 4)
+    near_end[0] = Sequence(Request([1, 2], 4, id=7), Stats())             # this round (2 drafts) may be its last
+    assert drafting(policy).plan(near_end, 4) is None
+    plan = drafting(policy).plan(rows, 4)
     assert policy.adopt(plan, rows[::-1], 4) is None and policy.plans_dropped == 1          # another batch: dropped
     other = AutoK(mild_table(), trees=AUTO_TREES, plan_ahead=True)
-    other.drop(policy.plan(rows, 4))                             # another policy's plan: nothing of its to uncount
+    other.drop(drafting(policy).plan(rows, 4))                   # another policy's plan: nothing of its to uncount
     assert other.chosen == {} and other.plans_dropped == 1

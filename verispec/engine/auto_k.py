@@ -569,8 +569,12 @@ class AutoK:
         """The next round's shape, chosen now by ``decide`` (the scheduler calls this once this round's target pass
         is launched, so that the choice's host time overlaps the device's; module docstring, "Planned ahead"), or
         None where no plan may stand: ``plan_ahead`` off, a sampled row (its k must not depend on the batch, and
-        whether a plan is kept does), or a row that may end by its length this round (the next batch would differ)."""
-        if (not self.plan_ahead or not self.trees or not running or any(not seq.request.greedy for seq in running)
+        whether a plan is kept does), a row that may end by its length this round (the next batch would differ), or
+        a round that drafts nothing: the drafter's catch-up the next round would pay grows by this round's token,
+        which the draft debt (``_debt_seconds``, ``debt_source``) does not yet see while the round runs. A plain
+        round's next choice is cheap anyway (inside a hold, ``_holding``) or a probe's, priced at its start."""
+        if (not self.plan_ahead or not self.trees or not running or self.last_k == 0
+                or any(not seq.request.greedy for seq in running)
                 or any(_remaining(seq) <= self.last_k + 1 for seq in running)):
             return None
         debt = self._debt_round             # this round's, which observe_debt_round may still read

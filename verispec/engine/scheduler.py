@@ -249,6 +249,9 @@ class Scheduler:
             ended += self._retire()
             if self.round_hook is not None:
                 self.round_hook(self)
+        if self._plan is not None and not self.running:     # every row ended: no round will adopt or drop it
+            self.k_policy.drop(self._plan)
+            self._plan = None
         self._restart_drafter()
         return ended
 
