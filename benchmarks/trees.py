@@ -19,8 +19,9 @@ the sections present; ``--write`` (on ``report``) writes ``benchmarks/results/tr
                                                    ``--configs auto,plain,k2,k4,2-2-1,3-2-2-1``: just those (kN: a
                                                    chain of N; W-W-...: a tree; auto: ``tree="auto"`` with chains of up
                                                    to 8, its cost table measured in the warm-up call; the rounds of
-                                                   each shape it ran are reported; auto-ahead: the same planned
-                                                   ahead; auto+2-2+4-2: with those trees among its choices; dyn-D-K-N: a dynamic tree and
+                                                   each shape it ran are reported; auto-ahead / auto-start: the
+                                                   same planned ahead / decided at each round's start;
+                                                   auto+2-2+4-2: with those trees among its choices; dyn-D-K-N: a dynamic tree and
                                                    dm-W-W-...: a static tree, both drafted by the draft model itself
                                                    (the oracle drafts no dynamic tree): cost only on random weights,
                                                    ``ms per round`` is their number)
@@ -326,20 +327,21 @@ def e2e_configs(trees=TREES, chain_ks=CHAIN_KS) -> list[tuple[str, int | None, t
 # The configs drafted by ``DraftModel(draft)`` instead of the oracle (``e2e_cells``' fourth entry): on random weights
 # the draft's acceptance means nothing, so their cells are cost-only (``cost_only``: the round's cost, not its tokens)
 DRAFT_MODEL = "draft model"
-# ``auto-ahead``: tree="auto" with its next shape planned during each round's pass (``AutoK.plan_ahead``)
-PLANNED_AHEAD = "planned ahead"
+# tree="auto" with its next shape planned during each round's pass (``AutoK.plan_ahead``: ``auto-ahead``) or decided
+# at each round's start (``auto-start``); plain ``auto`` takes ``auto_k.PLAN_AHEAD``, the product's default
+PLANNED_AHEAD, DECIDED_AT_START = "planned ahead", "decided at the round's start"
 
 
 @dataclasses.dataclass(frozen=True)
 class AutoRun:
-    """A tree="auto" config's settings (``e2e_cells``' fourth entry): planned ahead or not, and the trees it may
-    choose besides ``auto_k.AUTO_TREES`` (``auto+2-2+4-2``)."""
-    ahead: bool = False
+    """A tree="auto" config's settings (``e2e_cells``' fourth entry): planned ahead or not (None: the default,
+    ``auto_k.PLAN_AHEAD``), and the trees it may choose besides ``auto_k.AUTO_TREES`` (``auto+2-2+4-2``)."""
+    plan_ahead: bool | None = None
     extra_trees: tuple[tuple[int, ...], ...] = ()
 
     def name(self) -> str:
-        return " ".join(["auto"] + [f"+{list(t)}" for t in self.extra_trees]
-                        + ([f"({PLANNED_AHEAD})"] if self.ahead else []))
+        how = {None: [], True: [f"({PLANNED_AHEAD})"], False: [f"({DECIDED_AT_START})"]}[self.plan_ahead]
+        return " ".join(["auto"] + [f"+{list(t)}" for t in self.extra_trees] + how)
 
     @contextlib.contextmanager
     def applied(self):
@@ -347,13 +349,18 @@ class AutoRun:
         from verispec.engine import auto_k
 
         trees = auto_k.AUTO_TREES + tuple(t for t in self.extra_trees if t not in auto_k.AUTO_TREES)
-        with _setting(auto_k, "PLAN_AHEAD", self.ahead), _setting(auto_k, "AUTO_TREES", trees):
+        ahead = auto_k.PLAN_AHEAD if self.plan_ahead is None else self.plan_ahead
+        with _setting(auto_k, "PLAN_AHEAD", ahead), _setting(auto_k, "AUTO_TREES", trees):
             yield
 
 
+AUTO_RUNS = {"auto": None, "auto-ahead": True, "auto-start": False}   # --configs name -> AutoRun.plan_ahead
+
+
 def parse_configs(text: str) -> list[tuple]:
-    """``--configs``: comma-separated plain, kN (a chain of N drafts), W-W-... (a tree, e.g. 2-2-1), auto or
-    auto-ahead (planned ahead), either followed by +W-W... (trees it may choose besides ``AUTO_TREES``), dyn-D-K-N (a
+    """``--configs``: comma-separated plain, kN (a chain of N drafts), W-W-... (a tree, e.g. 2-2-1), auto,
+    auto-ahead (planned ahead) or auto-start (decided at each round's start), each optionally followed by +W-W...
+    (trees it may choose besides ``AUTO_TREES``), dyn-D-K-N (a
     dynamic tree, drafted by the draft model) or dm-W-W-... (a static tree drafted by the draft model: the dynamic
     tree's cost peer) -> ``e2e_configs``' (name, k, tree) entries, with a fourth, ``DRAFT_MODEL`` for the draft
     model's, an ``AutoRun`` for auto's. ValueError naming a bad entry."""
@@ -367,8 +374,8 @@ def parse_configs(text: str) -> list[tuple]:
     for item in (x.strip() for x in text.split(",")):
         if item == "plain":
             out.append(("plain", None, None))
-        elif item.split("+")[0] in ("auto", "auto-ahead") and all(widths(t) for t in item.split("+")[1:]):
-            run = AutoRun(item.split("+")[0] == "auto-ahead", tuple(widths(t) for t in item.split("+")[1:]))
+        elif item.split("+")[0] in AUTO_RUNS and all(widths(t) for t in item.split("+")[1:]):
+            run = AutoRun(AUTO_RUNS[item.split("+")[0]], tuple(widths(t) for t in item.split("+")[1:]))
             out.append((run.name(), AUTO_K, "auto", run))
         elif item.startswith("k") and item[1:].isdigit() and int(item[1:]) >= 1:
             out.append((f"chain k={int(item[1:])}", int(item[1:]), None))
@@ -383,7 +390,7 @@ def parse_configs(text: str) -> list[tuple]:
             out.append((f"tree {list(tree)}", None, tree))
         else:
             raise ValueError(f"--configs: {item!r} is none of plain, kN (e.g. k4), W-W-... (a tree, e.g. 2-2-1), auto, "
-                             f"auto-ahead, either with +W-W... (more trees to choose from, e.g. auto+2-2+4-2), "
+                             f"auto-ahead, auto-start, each with +W-W... (more trees to choose from, e.g. auto+2-2+4-2), "
                              f"dyn-D-K-N (a dynamic tree, e.g. dyn-4-2-8), dm-W-W-... (a tree drafted by the draft "
                              f"model)")
     if not out:

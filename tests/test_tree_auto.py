@@ -340,7 +340,7 @@ def test_benchmark_auto_config_is_exact_captures_nothing_and_reports_its_shapes(
         trees.parse_configs("auto,k0")
     with pytest.raises(ValueError, match="'auto\\+2-0' is none of"):
         trees.parse_configs("auto+2-0")
-    assert trees.parse_configs("auto+2-2+4-2")[0][3] == trees.AutoRun(False, ((2, 2), (4, 2)))
+    assert trees.parse_configs("auto-start+2-2+4-2")[0][3] == trees.AutoRun(False, ((2, 2), (4, 2)))
     target = load_model(CFG, device="cpu", dtype=torch.float32, seed=0)
     draft = load_model(CFG.replace(num_layers=1), device="cpu", dtype=torch.float32, seed=1)
     target.use_graphs = draft.use_graphs = True
@@ -362,7 +362,7 @@ def test_benchmark_auto_config_is_exact_captures_nothing_and_reports_its_shapes(
 def test_benchmark_repeats_interleave_the_configs_and_report_medians_and_pairs():
     """``benchmarks/trees.py e2e --repeats 3``: each config timed three times, in turn; a cell's tok/s is the median
     of its calls (each kept, repeat order), every call exact and capturing nothing; the page shows the range and the
-    best tree and each auto (``auto-ahead``: planned ahead) over the best chain repeat by repeat."""
+    best tree and each auto (``auto-start``: decided at each round's start) over the best chain repeat by repeat."""
     import statistics
 
     from benchmarks import trees
@@ -374,10 +374,11 @@ def test_benchmark_repeats_interleave_the_configs_and_report_medians_and_pairs()
     from verispec.engine import auto_k
 
     cells = trees.e2e_cells(target, draft, (2,), prompt_tokens=12, new_tokens=12,
-                            configs=trees.parse_configs("auto,auto-ahead+2-2,k2,2-2"), repeats=3)
-    assert [c["config"] for c in cells] == ["auto", "auto +[2, 2] (planned ahead)", "chain k=2", "tree [2, 2]"]
-    # restored after the planned-ahead config's calls
-    assert auto_k.PLAN_AHEAD is False and (2, 2) not in auto_k.AUTO_TREES
+                            configs=trees.parse_configs("auto,auto-start+5-1,k2,2-2"), repeats=3)
+    assert [c["config"] for c in cells] == ["auto", "auto +[5, 1] (decided at the round's start)", "chain k=2",
+                                            "tree [2, 2]"]
+    # restored after the calls of the config that set them
+    assert auto_k.PLAN_AHEAD is True and (5, 1) not in auto_k.AUTO_TREES
     assert all(set(c["policy"]) >= {"probes", "debt_scale", "plans_adopted"} for c in cells[:2])
     for c in cells:
         assert len(c["tok_s_runs"]) == 3 and c["tok_s"] == statistics.median(c["tok_s_runs"])
@@ -386,7 +387,8 @@ def test_benchmark_repeats_interleave_the_configs_and_report_medians_and_pairs()
     assert any("| config | tok/s | range |" in line for line in lines)
     assert any(line.startswith("tree [2, 2] / chain k=2, repeat by repeat: ") for line in lines)
     assert any(line.startswith("auto / chain k=2, repeat by repeat: ") for line in lines)
-    assert any(line.startswith("auto +[2, 2] (planned ahead) / chain k=2, repeat by repeat: ") for line in lines)
+    assert any(line.startswith("auto +[5, 1] (decided at the round's start) / chain k=2, repeat by repeat: ")
+               for line in lines)
     # with the run's floor: a fixed shape's cell gets B x its tokens per round / (target + depth x draft passes' reads)
     floor = dict(bandwidth=4e12, target=3.5, draft=0.6)
     lines = trees.e2e_markdown(dict(env=environment(), model="tiny", draft="tiny", rates=trees.TREE_RATES, cells=cells,
@@ -454,7 +456,7 @@ def test_no_plan_for_a_sampled_row_or_a_row_that_may_end_this_round(target):
         return p
 
     assert drafting(policy).plan(rows, 4) is not None
-    assert drafting(AutoK(mild_table(), trees=AUTO_TREES)).plan(rows, 4) is None           # PLAN_AHEAD off
+    assert drafting(AutoK(mild_table(), trees=AUTO_TREES, plan_ahead=False)).plan(rows, 4) is None     # off
     assert drafting(policy).plan(sequences(2, temperature=0.8), 4) is None                 # a sampled row
     near_end = sequences(2)
     near_end[0] = Sequence(Request([1, 2], 4, id=7), Stats())             # this round (2 drafts) may be its last

@@ -112,14 +112,16 @@ its depth), and only when every row is greedy: a sampled row's tokens depend on 
 tree for the batch would make them depend on the other rows, so a batch with a sampled row runs ``__call__``'s
 chains.
 
-Planned ahead (``plan_ahead``, default ``PLAN_AHEAD``: off until measured on a GPU). ``decide`` runs on the host
-before a round's first launch, so the device waits for it: on an H200 about 0.15 ms a round, 1.5% of a B = 8 round
-and 2.4% at B = 1 on the 8B shape (benchmarks/results/trees.md). With ``plan_ahead`` the scheduler asks ``plan`` for
-the next round's shape once this round's target pass is launched (its host time then overlaps the device's) and
+Planned ahead (``plan_ahead``, default ``PLAN_AHEAD``: on). ``decide`` at a round's start runs on the host before
+the round's first launch, so the device waits for it: on an H200 about 0.15 ms a round, 1.5% of a B = 8 round and
+2.4% at B = 1 on the 8B shape (benchmarks/results/trees.md). With ``plan_ahead`` the scheduler asks ``plan`` for the
+next round's shape once this round's target pass is launched (its host time then overlaps the device's) and
 ``adopt``s it at the next round's start. The choice sees the evidence one round later than ``decide`` at the round's
 start would; for greedy rows that is exact (their tokens are the target's argmax whatever is drafted), so a plan is
-made only for an all-greedy batch in which no row can end by its length this round; a plan whose batch changed
-anyway (a row met EOS, a request was admitted) is dropped, uncounted, and the round decided afresh.
+made only for an all-greedy batch in which no row can end by its length this round, and only in a round that drafts
+(after a plain round the drafter's catch-up, which the next choice prices, is not known until the round ends); a
+plan whose batch changed anyway (a row met EOS, a request was admitted or cancelled) is dropped, uncounted, and the
+round decided afresh. Measured on an H200: 1.02-1.06x the speed of deciding at each round's start.
 
 The costs come from a ``CostTable``: measured on this machine at startup (``measure_costs``: target passes and a
 draft step timed alone, then whole ``Scheduler`` rounds with every row's k forced, whose excess over those passes
@@ -143,18 +145,20 @@ from .request import Request, Sequence
 from .scheduler import tree_nodes
 
 # The tree shapes ``tree="auto"`` chooses among (besides plain decoding and the chains of 1..K drafts): children per
-# node at each depth. Narrow and deep to wide and deep: on an H100 at B = 1 a tree pass is flat up to 32 nodes and
-# [2, 2, 1] beat every chain, while at B = 8 its cost grows with the nodes and chains or plain decoding win
-# (benchmarks/results/trees.md).
-AUTO_TREES = ((2, 1), (2, 2, 1), (2, 2, 2, 1), (3, 2, 2, 1), (4, 2, 2, 1))
+# node at each depth. Shallow and narrow to wide and deep: on an H200 at B = 1 the depth-2 trees [2, 2] and [4, 2]
+# are the fastest fixed shapes on the 8B shape (as many draft passes as chain k = 2, 1.12x its speed), and with them
+# among its candidates (and planned ahead) auto ran 1.10x the best chain where without them it ran 1.04x; at B = 8
+# a tree's pass grows with its nodes and chains win (benchmarks/results/trees.md).
+AUTO_TREES = ((2, 1), (2, 2), (3, 1), (4, 2), (2, 2, 1), (2, 2, 2, 1), (3, 2, 2, 1), (4, 2, 2, 1))
 # The prior of a width's coverage before a row has run it: a node of w children misses the target's token
 # (1 - alpha) w^-x as often as one child does. x is measured: the embedded SmolLM2 head's top-w on held-out prompts
 # gave x = 0.44 / 0.39 / 0.37 at depths 1 / 2 / 3 (benchmarks/results/head_coverage.md); independent tries,
 # 1 - (1 - alpha)^w, promised 0.93 at w = 4 where the head covers 0.73, and the wide trees it tried first cost more
 # than a short generation recovered (benchmarks/results/trees_auto.md).
 COVERAGE_EXPONENT = 0.4
-# AutoK.plan_ahead's default (module docstring, "Planned ahead"): off until a GPU run has measured it
-PLAN_AHEAD = False
+# AutoK.plan_ahead's default (module docstring, "Planned ahead"): on an H200 (8B shape, two runs of three calls a
+# config in turn) planned ahead ran 1.02-1.06x the speed of auto deciding at each round's start (results/trees.md)
+PLAN_AHEAD = True
 ROUNDS_LOG = 4096             # AutoK.rounds_log's length
 
 
