@@ -121,7 +121,7 @@ start would; for greedy rows that is exact (their tokens are the target's argmax
 made only for an all-greedy batch in which no row can end by its length this round, and only in a round that drafts
 (after a plain round the drafter's catch-up, which the next choice prices, is not known until the round ends); a
 plan whose batch changed anyway (a row met EOS, a request was admitted or cancelled) is dropped, uncounted, and the
-round decided afresh. Measured on an H200: 1.02-1.06x the speed of deciding at each round's start.
+round decided afresh. Measured on an H200: 1.00-1.055x the speed of deciding at each round's start.
 
 The costs come from a ``CostTable``: measured on this machine at startup (``measure_costs``: target passes and a
 draft step timed alone, then whole ``Scheduler`` rounds with every row's k forced, whose excess over those passes
@@ -146,9 +146,9 @@ from .scheduler import tree_nodes
 
 # The tree shapes ``tree="auto"`` chooses among (besides plain decoding and the chains of 1..K drafts): children per
 # node at each depth. Shallow and narrow to wide and deep: on an H200 at B = 1 the depth-2 trees [2, 2] and [4, 2]
-# are the fastest fixed shapes on the 8B shape (as many draft passes as chain k = 2, 1.12x its speed), and with them
-# among its candidates (and planned ahead) auto ran 1.10x the best chain where without them it ran 1.04x; at B = 8
-# a tree's pass grows with its nodes and chains win (benchmarks/results/trees.md).
+# are the fastest fixed shapes on the 8B shape (as many draft passes as chain k = 2, 1.12x its speed); with them
+# among its candidates auto ran 1.03-1.06x faster at B = 1 in two runs (1.04-1.10x the best chain); at B = 8 a tree's
+# pass grows with its nodes and chains win (benchmarks/results/trees.md).
 AUTO_TREES = ((2, 1), (2, 2), (3, 1), (4, 2), (2, 2, 1), (2, 2, 2, 1), (3, 2, 2, 1), (4, 2, 2, 1))
 # The prior of a width's coverage before a row has run it: a node of w children misses the target's token
 # (1 - alpha) w^-x as often as one child does. x is measured: the embedded SmolLM2 head's top-w on held-out prompts
@@ -156,8 +156,8 @@ AUTO_TREES = ((2, 1), (2, 2), (3, 1), (4, 2), (2, 2, 1), (2, 2, 2, 1), (3, 2, 2,
 # 1 - (1 - alpha)^w, promised 0.93 at w = 4 where the head covers 0.73, and the wide trees it tried first cost more
 # than a short generation recovered (benchmarks/results/trees_auto.md).
 COVERAGE_EXPONENT = 0.4
-# AutoK.plan_ahead's default (module docstring, "Planned ahead"): on an H200 (8B shape, two runs of three calls a
-# config in turn) planned ahead ran 1.02-1.06x the speed of auto deciding at each round's start (results/trees.md)
+# AutoK.plan_ahead's default (module docstring, "Planned ahead"): on an H200 (8B shape, B = 1 and 8, three calls a
+# config in turn) planned ahead ran 1.00-1.055x the speed of auto deciding at each round's start (results/trees.md)
 PLAN_AHEAD = True
 ROUNDS_LOG = 4096             # AutoK.rounds_log's length
 
