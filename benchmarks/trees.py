@@ -21,8 +21,9 @@ the sections present; ``--write`` (on ``report``) writes ``benchmarks/results/tr
                                                    to 8, its cost table measured in the warm-up call; the rounds of
                                                    each shape it ran are reported; auto-ahead / auto-start: the
                                                    same planned ahead / decided at each round's start;
-                                                   auto+2-2+4-2: with those trees among its choices; dyn-D-K-N: a dynamic tree and
-                                                   dm-W-W-...: a static tree, both drafted by the draft model itself
+                                                   auto+2-2+4-2: with those trees among its choices;
+                                                   dyn-D-K-N: a dynamic tree and dm-W-W-...: a static tree, both
+                                                   drafted by the draft model itself
                                                    (the oracle drafts no dynamic tree): cost only on random weights,
                                                    ``ms per round`` is their number)
     python benchmarks/trees.py accept --out DIR    the embedded SmolLM2 (bf16 on a GPU, fp32 on a CPU): mean accepted
@@ -360,10 +361,10 @@ AUTO_RUNS = {"auto": None, "auto-ahead": True, "auto-start": False}   # --config
 def parse_configs(text: str) -> list[tuple]:
     """``--configs``: comma-separated plain, kN (a chain of N drafts), W-W-... (a tree, e.g. 2-2-1), auto,
     auto-ahead (planned ahead) or auto-start (decided at each round's start), each optionally followed by +W-W...
-    (trees it may choose besides ``AUTO_TREES``), dyn-D-K-N (a
-    dynamic tree, drafted by the draft model) or dm-W-W-... (a static tree drafted by the draft model: the dynamic
-    tree's cost peer) -> ``e2e_configs``' (name, k, tree) entries, with a fourth, ``DRAFT_MODEL`` for the draft
-    model's, an ``AutoRun`` for auto's. ValueError naming a bad entry."""
+    (trees it may choose besides ``AUTO_TREES``), dyn-D-K-N (a dynamic tree, drafted by the draft model) or
+    dm-W-W-... (a static tree drafted by the draft model: the dynamic tree's cost peer) -> ``e2e_configs``' (name,
+    k, tree) entries, with a fourth, ``DRAFT_MODEL`` for the draft model's, an ``AutoRun`` for auto's. ValueError
+    naming a bad entry."""
     from verispec.drafters.dynamic_tree import DynamicTree
 
     def widths(text: str) -> tuple[int, ...] | None:
@@ -390,9 +391,9 @@ def parse_configs(text: str) -> list[tuple]:
             out.append((f"tree {list(tree)}", None, tree))
         else:
             raise ValueError(f"--configs: {item!r} is none of plain, kN (e.g. k4), W-W-... (a tree, e.g. 2-2-1), auto, "
-                             f"auto-ahead, auto-start, each with +W-W... (more trees to choose from, e.g. auto+2-2+4-2), "
-                             f"dyn-D-K-N (a dynamic tree, e.g. dyn-4-2-8), dm-W-W-... (a tree drafted by the draft "
-                             f"model)")
+                             f"auto-ahead, auto-start, each with +W-W... (more trees to choose from, e.g. "
+                             f"auto+2-2+4-2), dyn-D-K-N (a dynamic tree, e.g. dyn-4-2-8), dm-W-W-... (a tree "
+                             f"drafted by the draft model)")
     if not out:
         raise ValueError("--configs names no config")
     return out
