@@ -294,6 +294,34 @@ def test_measured_costs_include_each_candidate_trees_pass(target):
     table = measure_costs(target, PromptLookup(), 2, (1, 2), reps=1, trees=((2, 1), (2, 2, 1)))
     assert table.tokens == (1, 2, 3, 5, 11)
     assert all(row[3] == row[2] == row[4] for row in table.overhead_s)
+    # and a whole round of each tree, timed: what AutoK prices the tree by
+    assert [[w for w, _ in row] for row in table.tree_round_s] == [[(2, 1), (2, 2, 1)]] * 2
+    policy = AutoK(table, trees=((2, 1), (2, 2, 1)))
+    for batch, row in zip((1, 2), table.tree_round_s):
+        for widths, seconds in row:
+            assert seconds > 0 and policy.table_round(batch, widths) == seconds
+    assert CostTable.from_json(table.to_json()) == table
+    assert measure_costs(target, None, 2, (1,), reps=1, trees=((2, 1),)).tree_round_s is None      # no drafter
+
+
+def test_a_cost_tables_timed_tree_rounds_are_checked_and_priced_by_bucket():
+    """``CostTable.tree_round_s``: one row per batch size of (widths, seconds > 0) pairs, looked up at the batch's
+    bucket; a tree it did not time is priced from its parts; a table saved without the column loads without it."""
+    parts = flat_table()
+    timed = CostTable(parts.batch_sizes, parts.tokens, parts.target_s, parts.draft_s,
+                      tree_round_s=(((((2, 1)), 3.0),), (((2, 1), 4.0),), (), ()))
+    assert timed.tree_round(1, (2, 1)) == 3.0 and timed.tree_round(2, (2, 1)) == 4.0
+    assert timed.tree_round(3, (2, 1)) is None and timed.tree_round(1, (2, 2, 1)) is None     # bucket 4: none
+    assert AutoK(timed, trees=((2, 1), (2, 2, 1))).table_round(1, (2, 2, 1)) == \
+        AutoK(parts, trees=((2, 2, 1),)).table_round(1, (2, 2, 1))
+    assert CostTable.from_json(timed.to_json()) == timed
+    old = json.loads(timed.to_json())
+    del old["tree_round_s"]
+    assert CostTable.from_json(json.dumps(old)).tree_round_s is None
+    for bad in ((((2, 1), 3.0),), ((((2, 0), 3.0),),) * 4, ((((2, 1), 0.0),),) * 4,
+                ((((2, 1), float("nan")),),) * 4):
+        with pytest.raises(ValueError, match="tree_round_s must be"):
+            CostTable(parts.batch_sizes, parts.tokens, parts.target_s, parts.draft_s, tree_round_s=bad)
 
 
 def test_serve_tree_auto_assembles_a_tree_choosing_scheduler_and_stays_exact(target, references, shapes, tmp_path,

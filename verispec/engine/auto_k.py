@@ -104,9 +104,10 @@ token at depth d (``RowState.coverage``: its tree rounds of that width over a pr
 widths it ran alone (``observe_tree``): its success with 2 children says nothing about the first child alone, and
 read as a chain's round it would inflate the chain's estimates. alpha_d itself pools every width's rounds through
 the same law (``RowState.alphas``: misses over tests weighted by w^-x), so depths that only trees tested do not keep
-the prior's alpha, and with it every width's coverage. The round costs T_target(B, nodes + 1) + D
-T_draft(B) + T_overhead(B, nodes + 1) by the table, or its measured rounds at that (bucket, tree) (``observe_round``
-keyed by the widths), or the table's scaled as the nearest measured drafting shape's measured / table. A tree is
+the prior's alpha, and with it every width's coverage. The round costs what the table timed of a whole round of
+that tree (``CostTable.tree_round``; a table without it: T_target(B, nodes + 1) + D T_draft(B) + T_overhead(B,
+nodes + 1)), or its measured rounds at that (bucket, tree) (``observe_round`` keyed by the widths), or the table's
+scaled as the nearest measured drafting shape's measured / table. A tree is
 chosen only where its rate beats the best chain's, with the chains' hold and slow start (a tree counts as a round of
 its depth), and only when every row is greedy: a sampled row's tokens depend on the shape its round drafts, and one
 tree for the batch would make them depend on the other rows, so a batch with a sampled row runs ``__call__``'s
@@ -125,7 +126,7 @@ round decided afresh. Measured on an H200: 1.00-1.055x the speed of deciding at 
 
 The costs come from a ``CostTable``: measured on this machine at startup (``measure_costs``: target passes and a
 draft step timed alone, then whole ``Scheduler`` rounds with every row's k forced, whose excess over those passes
-is T_overhead) or given (synthetic tables in tests, a saved JSON table between runs; one saved before the
+is T_overhead, and a whole round of each candidate tree, its price) or given (synthetic tables in tests, a saved JSON table between runs; one saved before the
 overhead column loads with T_overhead = 0, the passes alone).
 """
 from __future__ import annotations
@@ -174,6 +175,10 @@ class CostTable:
                   costs beyond its target pass and its draft steps: verification (its launch and the status
                   read), the drafter's host work and commit, the scheduler's bookkeeping. >= 0. None (tables
                   saved before this column): zero everywhere, i.e. a round costs its passes alone.
+    tree_round_s: tree_round_s[i] = ((widths, seconds), ...): a whole round of each candidate tree at
+                  batch_sizes[i] rows, timed as it runs (its tree pass, tree verification, a draft pass per depth
+                  and the host work); its parts priced from the chains' columns miss the tree's own costs (an
+                  H200, B = 1: [2, 1] priced 7.5 ms there, a round of it took 8.2). None: no tree timed.
 
     A batch between two measured sizes costs as the next larger one (the bucket it runs in); tokens
     between two measured counts interpolate linearly; beyond the table the last entry is extrapolated
@@ -185,6 +190,7 @@ class CostTable:
     target_s: tuple[tuple[float, ...], ...]
     draft_s: tuple[float, ...]
     overhead_s: tuple[tuple[float, ...], ...] | None = None
+    tree_round_s: tuple[tuple[tuple[tuple[int, ...], float], ...], ...] | None = None
 
     def __post_init__(self):
         nb, nt = len(self.batch_sizes), len(self.tokens)
@@ -202,6 +208,21 @@ class CostTable:
             raise ValueError(f"CostTable: overhead_s must be [{nb}][{nt}] like target_s")
         if any(not 0 <= o < float("inf") for row in self.overhead_s for o in row):
             raise ValueError(f"CostTable: overhead times must be finite and >= 0, got {self.overhead_s}")
+        if self.tree_round_s is not None:
+            object.__setattr__(self, "tree_round_s", self._checked_tree_rounds(self.tree_round_s, nb))
+
+    @staticmethod
+    def _checked_tree_rounds(rows, nb: int) -> tuple:
+        """``tree_round_s`` as tuples, or ValueError naming what is wrong with it."""
+        why = f"CostTable: tree_round_s must be [{nb}] rows of (widths >= 1, seconds > 0, finite) pairs, got {rows}"
+        try:
+            rounds = tuple(tuple((tuple(w), float(t)) for w, t in row) for row in rows)
+        except (TypeError, ValueError):
+            raise ValueError(why) from None
+        if len(rounds) != nb or any(not w or any(not isinstance(x, int) or x < 1 for x in w)
+                                    or not 0 < t < float("inf") for row in rounds for w, t in row):
+            raise ValueError(why)
+        return rounds
 
     def bucket(self, batch: int) -> int:
         """The index of the measured batch size ``batch`` costs as (the next larger one, or the largest)."""
@@ -232,18 +253,27 @@ class CostTable:
         """cost(B, k) = T_target(B, k + 1) + k * T_draft(B) + T_overhead(B, k + 1)."""
         return self.target(batch, k + 1) + k * self.draft(batch) + self.overhead(batch, k + 1)
 
+    def tree_round(self, batch: int, widths: tuple[int, ...]) -> float | None:
+        """Seconds of a whole round of the tree ``widths`` at ``batch`` rows as timed (``tree_round_s``, at the
+        batch's bucket), or None where it was not."""
+        if self.tree_round_s is None:
+            return None
+        return dict(self.tree_round_s[self.bucket(batch)]).get(tuple(widths))
+
     # ------------------------------------------------------------------ persistence
     def to_json(self) -> str:
         return json.dumps(dict(batch_sizes=self.batch_sizes, tokens=self.tokens, target_s=self.target_s,
-                               draft_s=self.draft_s, overhead_s=self.overhead_s))
+                               draft_s=self.draft_s, overhead_s=self.overhead_s, tree_round_s=self.tree_round_s))
 
     @staticmethod
     def from_json(text: str) -> "CostTable":
-        """The table ``to_json`` wrote; one saved without ``overhead_s`` loads with zero overhead."""
+        """The table ``to_json`` wrote; one saved without ``overhead_s`` loads with zero overhead, one without
+        ``tree_round_s`` prices its trees from their parts."""
         d = json.loads(text)
-        overhead = d.get("overhead_s")
+        overhead, trees = d.get("overhead_s"), d.get("tree_round_s")
         return CostTable(tuple(d["batch_sizes"]), tuple(d["tokens"]), tuple(tuple(r) for r in d["target_s"]),
-                         tuple(d["draft_s"]), None if overhead is None else tuple(tuple(r) for r in overhead))
+                         tuple(d["draft_s"]), None if overhead is None else tuple(tuple(r) for r in overhead),
+                         None if trees is None else tuple(tuple((tuple(w), t) for w, t in row) for row in trees))
 
 
 def best_k(alphas: list[float], k_max: int, costs: CostTable, batch: int) -> int:
@@ -701,16 +731,19 @@ class AutoK:
 
     def table_round(self, batch: int, shape) -> float:
         """The table's cost of a round of ``shape`` (a chain's k, or a tree's widths) at ``batch`` rows. A tree:
-        its pass of nodes + 1 tokens per row, one draft step per depth (a draft model drafts each depth in one
-        batched pass; a wide depth's pass costs more at a large batch, which the measured rounds then show) and
-        the round's overhead at that width."""
+        its whole round as the table timed it (``CostTable.tree_round``), else its parts: its pass of nodes + 1
+        tokens per row, one draft step per depth (a draft model drafts each depth in one batched pass; a wide
+        depth's pass costs more at a large batch, which the measured rounds then show) and the round's overhead at
+        that width."""
         if not isinstance(shape, tuple):
             return self.costs.round(batch, shape)
         key = (batch, shape)
         if key not in self._round_s:
+            timed = self.costs.tree_round(batch, shape)
             tokens = tree_nodes(shape) + 1
-            self._round_s[key] = (self.costs.target(batch, tokens) + len(shape) * self.costs.draft(batch)
-                                  + self.costs.overhead(batch, tokens))
+            self._round_s[key] = timed if timed is not None else (
+                self.costs.target(batch, tokens) + len(shape) * self.costs.draft(batch)
+                + self.costs.overhead(batch, tokens))
         return self._round_s[key]
 
     def _tree_rounds(self, batch: int) -> list[float]:
@@ -998,8 +1031,9 @@ def measure_costs(target, drafter, k_max: int, batch_sizes: tuple[int, ...], *, 
     scheduler rounds for the overhead column (``CostTable.overhead_s``); without one it stays zero.
     ``trees`` (``tree="auto"``'s candidates): also the pass of each tree's nodes + 1 tokens, timed as that tree's
     pass (``append_tree``, where the target has one), so that a tree is priced by a measured pass of its width
-    and not by extending the chains' slope past a cliff; their overhead is the widest chain round's (the chain
-    rounds are the ones timed whole).
+    and not by extending the chains' slope past a cliff (their overhead column is the widest chain round's); and,
+    with a drafter that drafts trees, a whole round of each tree (``_tree_rounds``: ``CostTable.tree_round_s``),
+    which is what ``AutoK`` prices a tree by.
     """
     from ..drafters.base import SamplingParams
 
@@ -1011,7 +1045,8 @@ def measure_costs(target, drafter, k_max: int, batch_sizes: tuple[int, ...], *, 
     max_seq_len = prompt_len + (reps + 2) * (max(tokens) + 1) + 8
     vocab = target.config.vocab_size
     gen = torch.Generator().manual_seed(0)
-    target_rows, draft_row, overhead_rows = [], [], []
+    target_rows, draft_row, overhead_rows, tree_rows = [], [], [], []
+    time_trees = bool(trees) and drafter is not None and getattr(drafter, "drafts_trees", False)
     for batch in batch_sizes:
         prompts = _repeating_prompts(batch, prompt_len, vocab, gen)
         target.setup_cache(batch, max_seq_len, empty=True)
@@ -1045,7 +1080,10 @@ def measure_costs(target, drafter, k_max: int, batch_sizes: tuple[int, ...], *, 
         parts = CostTable((batch,), tokens, (target_rows[-1],), (draft_row[-1],))
         overhead_rows.append(_round_overheads(target, drafter, k_max, prompts, parts, reps, sync,
                                               warm=device.type == "cuda", forced_tokens=chain_tokens))
-    return CostTable(tuple(batch_sizes), tokens, tuple(target_rows), tuple(draft_row), tuple(overhead_rows))
+        if time_trees:
+            tree_rows.append(_tree_rounds(target, drafter, prompts, trees, reps, sync, warm=device.type == "cuda"))
+    return CostTable(tuple(batch_sizes), tokens, tuple(target_rows), tuple(draft_row), tuple(overhead_rows),
+                     tuple(tree_rows) if time_trees else None)
 
 
 def _repeating_prompts(batch: int, prompt_len: int, vocab: int, gen: torch.Generator) -> list[list[int]]:
@@ -1098,6 +1136,39 @@ def _round_overheads(target, drafter, k_max: int, prompts: list[list[int]], part
             best[width] = min(best.get(width, float("inf")), extra)
     widths = sorted(best)
     return tuple(max(_interpolate(widths, [best[w] for w in widths], t - 1), 0.0) for t in tokens)
+
+
+def _tree_rounds(target, drafter, prompts: list[list[int]], trees: tuple, reps: int, sync,
+                 warm: bool) -> tuple[tuple[tuple[int, ...], float], ...]:
+    """((widths, seconds), ...): the least of ``reps`` whole ``Scheduler.step`` rounds of each tree of ``trees``
+    over ``prompts`` (one row each), as a scheduler of that fixed tree runs them, after its admission and first
+    round (and, with ``warm``, one more: on a GPU the first rounds capture the tree's graphs)."""
+    from .scheduler import Scheduler, SchedulerConfig
+
+    out = []
+    for widths in (tuple(t) for t in trees):
+        depth = len(widths)
+        max_new = 3 + (reps + 3) * (depth + 1)           # more than the rounds below emit: no row ends
+        config = SchedulerConfig(len(prompts), len(prompts[0]) + max_new + tree_nodes(widths) + 1, depth,
+                                 tree=widths)
+        scheduler = Scheduler(target, drafter, config)
+        scheduler.eos = set()                     # a row that met EOS would leave and shrink the measured batch
+        for b, prompt in enumerate(prompts):      # ids 0..B-1 (OracleDraft keys rows by id)
+            scheduler.submit(Request(prompt, max_new, id=b))
+        scheduler.step()                          # admission and a first round
+        if warm:
+            scheduler.step()
+        best = float("inf")
+        for _ in range(reps):
+            sync()
+            t0 = time.perf_counter()
+            scheduler.step()
+            sync()
+            best = min(best, time.perf_counter() - t0)
+            if len(scheduler.running) != len(prompts):
+                raise RuntimeError(f"measure_costs: a row of the timed tree {list(widths)} ended early")
+        out.append((widths, best))
+    return tuple(out)
 
 
 def _interpolate(xs: list[int], ys: list[float], x: float) -> float:
