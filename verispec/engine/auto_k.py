@@ -1032,7 +1032,7 @@ def measure_costs(target, drafter, k_max: int, batch_sizes: tuple[int, ...], *, 
     ``trees`` (``tree="auto"``'s candidates): also the pass of each tree's nodes + 1 tokens, timed as that tree's
     pass (``append_tree``, where the target has one), so that a tree is priced by a measured pass of its width
     and not by extending the chains' slope past a cliff (their overhead column is the widest chain round's); and,
-    with a drafter that drafts trees, a whole round of each tree (``_tree_rounds``: ``CostTable.tree_round_s``),
+    with a drafter that drafts trees, a whole round of each tree (``_timed_tree_rounds``: ``CostTable.tree_round_s``),
     which is what ``AutoK`` prices a tree by.
     """
     from ..drafters.base import SamplingParams
@@ -1081,7 +1081,8 @@ def measure_costs(target, drafter, k_max: int, batch_sizes: tuple[int, ...], *, 
         overhead_rows.append(_round_overheads(target, drafter, k_max, prompts, parts, reps, sync,
                                               warm=device.type == "cuda", forced_tokens=chain_tokens))
         if time_trees:
-            tree_rows.append(_tree_rounds(target, drafter, prompts, trees, reps, sync, warm=device.type == "cuda"))
+            tree_rows.append(_timed_tree_rounds(target, drafter, prompts, trees, reps, sync,
+                                                warm=device.type == "cuda"))
     return CostTable(tuple(batch_sizes), tokens, tuple(target_rows), tuple(draft_row), tuple(overhead_rows),
                      tuple(tree_rows) if time_trees else None)
 
@@ -1138,8 +1139,8 @@ def _round_overheads(target, drafter, k_max: int, prompts: list[list[int]], part
     return tuple(max(_interpolate(widths, [best[w] for w in widths], t - 1), 0.0) for t in tokens)
 
 
-def _tree_rounds(target, drafter, prompts: list[list[int]], trees: tuple, reps: int, sync,
-                 warm: bool) -> tuple[tuple[tuple[int, ...], float], ...]:
+def _timed_tree_rounds(target, drafter, prompts: list[list[int]], trees: tuple, reps: int, sync,
+                       warm: bool) -> tuple[tuple[tuple[int, ...], float], ...]:
     """((widths, seconds), ...): the least of ``reps`` whole ``Scheduler.step`` rounds of each tree of ``trees``
     over ``prompts`` (one row each), as a scheduler of that fixed tree runs them, after its admission and first
     round (and, with ``warm``, one more: on a GPU the first rounds capture the tree's graphs)."""
