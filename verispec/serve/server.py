@@ -83,7 +83,8 @@ def load_target_and_drafter(args, ssd_drafter=None):
 
 def cost_table(args, target, drafter, k_max: int, trees: tuple = ()) -> CostTable:
     """Load ``--cost-table`` if it exists; else measure here (and save it when a path was given). ``trees``
-    (``--tree auto``): their passes are measured too (a table saved without them extends the chains' slope)."""
+    (``--tree auto``): their passes and a whole round of each are measured too (a table saved without them extends
+    the chains' slope and prices a tree from its parts)."""
     if args.cost_table and os.path.exists(args.cost_table):
         with open(args.cost_table, encoding="utf-8") as f:
             table = CostTable.from_json(f.read())
