@@ -1,0 +1,209 @@
+"""Where a round's wall time goes on the host: the wait for the outcome against the host's own work, function by
+function (benchmarks/results/round_host.md).
+
+    python benchmarks/round_host.py [--packed] [--configs plain,k2,2-2] [--batch 1] [--new-tokens 128]
+                                    [--out DIR] [--write]
+
+On a GPU a round is launched by the host and read back once (``read_outcome``); what the host does between that
+read and the next launch, the device waits for. This script times ``generate`` on the 8B shape (random weights,
+``make_peaked``) with ``OracleDraft`` paid by the 1B shape's passes (``--packed``: the 8B in Q4_K_M and the 1B in
+Q8_0, random packed blocks, issue 24's speculation setting), once as is (``ms per round``), then again with
+``time.perf_counter`` around the functions a round runs (module attributes replaced for that call, restored after)
+and the device synchronized before each ``read_outcome``, so that the wait shows apart: ``wait`` = ms a round the
+host waited for the device; ``host`` = the rest of the instrumented call's round; the functions' ms a round are
+inclusive (a caller's time includes its callees'), and the work launched before the wait overlapped the device's.
+On a CPU (tests) the same code runs on tiny fp32 models, where nothing overlaps.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import os
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import torch  # noqa: E402
+
+from benchmarks.common import environment, environment_line, markdown_table, write_page  # noqa: E402
+
+NAME = "round_host.md"
+WAIT = "wait for the outcome"
+# (module, attribute path) of the functions timed: the round's phases, the scheduler's bookkeeping, the drafter's
+# propose down to its graph launch, the target's passes
+TIMED = (("verispec.engine.scheduler", "Scheduler._round"), ("verispec.engine.scheduler", "Scheduler._retire"),
+         ("verispec.engine.scheduler", "Scheduler._admit"), ("verispec.engine.scheduler", "Scheduler._deliver"),
+         ("verispec.engine.round", "verification"), ("verispec.engine.round", "read_outcome"),
+         ("verispec.engine.round", "commit_outcome"), ("verispec.engine.tree_round", "tree_verification"),
+         ("verispec.engine.tree_round", "read_outcome"), ("verispec.engine.tree_round", "commit_outcome"),
+         ("verispec.drafters.oracle", "OracleDraft.propose"), ("verispec.drafters.oracle", "OracleDraft.propose_tree"),
+         ("verispec.drafters.oracle", "OracleDraft.commit"), ("verispec.drafters.draft_model", "DraftModel._run"),
+         ("verispec.drafters.draft_model", "DraftModel._tree_passes"),
+         ("verispec.runtime.model", "Model.draft_loop"), ("verispec.runtime.model", "Model.append"),
+         ("verispec.runtime.model", "Model.append_tree"), ("verispec.runtime.model", "Model.rollback"),
+         ("verispec.runtime.graphs", "GraphCache.replay"))
+
+
+def parse_config(text: str):
+    """plain, kN (a chain of N drafts) or W-W-... (a tree) -> (k, tree); ValueError naming a bad one."""
+    if text == "plain":
+        return None, None
+    if text.startswith("k") and text[1:].isdigit() and int(text[1:]) >= 1:
+        return int(text[1:]), None
+    widths = text.split("-")
+    if all(w.isdigit() and int(w) >= 1 for w in widths):
+        return None, tuple(int(w) for w in widths)
+    raise ValueError(f"--configs: {text!r} is none of plain, kN (e.g. k2), W-W-... (a tree, e.g. 2-2)")
+
+
+@contextlib.contextmanager
+def timed_functions(clock: Counter, calls: Counter, synchronize):
+    """Inside: every function of ``TIMED`` adds its seconds to ``clock`` (and its calls to ``calls``) under its
+    name; ``synchronize()`` runs before each ``read_outcome``, its seconds counted as ``WAIT``."""
+    import importlib
+
+    saved = []
+    for module_name, path in TIMED:
+        owner = importlib.import_module(module_name)
+        *outer, attr = path.split(".")
+        for part in outer:
+            owner = getattr(owner, part)
+        original = owner.__dict__[attr]
+        saved.append((owner, attr, original))
+        setattr(owner, attr, _timed(original, path, clock, calls, synchronize if attr == "read_outcome" else None))
+    try:
+        yield
+    finally:
+        for owner, attr, original in reversed(saved):
+            setattr(owner, attr, original)
+
+
+def _timed(fn, name: str, clock: Counter, calls: Counter, wait_first):
+    @functools.wraps(fn)
+    def timed(*args, **kwargs):
+        if wait_first is not None:
+            t = time.perf_counter()
+            wait_first()
+            clock[WAIT] += time.perf_counter() - t
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            clock[name] += time.perf_counter() - t
+            calls[name] += 1
+    return timed
+
+
+def measure(target, draft, config: str, batch: int, new_tokens: int, alpha: float, rates: dict,
+            synchronize) -> dict:
+    """One config's cell: ms per round as is, then the instrumented call's wait, host and functions' ms a round."""
+    from verispec.drafters import OracleDraft
+    from verispec.engine import SpeculativeDecoder, generate
+    from verispec.runtime.tree import MAX_TREE_TOKENS
+
+    k, tree = parse_config(config)
+    max_seq_len = 128 + new_tokens + MAX_TREE_TOKENS + 1
+    gen = torch.Generator().manual_seed(batch)
+    prompts = [torch.randint(0, target.config.vocab_size, (128,), generator=gen).tolist() for _ in range(batch)]
+    refs = [g.tokens for g in generate(target, prompts, drafter=None, max_new_tokens=new_tokens,
+                                       max_seq_len=max_seq_len)]
+    drafter = None if k is None and tree is None else OracleDraft(
+        refs, rates.get(1, alpha) if tree else alpha, cost_model=draft, seed=0, tree_rates=rates)
+    dec = SpeculativeDecoder(target, drafter, k=k or 4, tree=tree)
+    dec.generate(prompts, max_new_tokens=new_tokens, max_seq_len=max_seq_len)                     # warm-up
+
+    def call() -> tuple[float, int, bool]:
+        synchronize()
+        t0 = time.perf_counter()
+        gens = dec.generate(prompts, max_new_tokens=new_tokens, max_seq_len=max_seq_len)
+        synchronize()
+        stats = dec.last_stats
+        return time.perf_counter() - t0 - stats.warmup_s, stats.rounds, [g.tokens for g in gens] == refs
+
+    seconds, rounds, exact = call()
+    clock, calls = Counter(), Counter()
+    with timed_functions(clock, calls, synchronize):
+        timed_s, timed_rounds, timed_exact = call()
+    per_round = {name: 1e3 * s / timed_rounds for name, s in clock.items()}
+    return dict(config=config, batch=batch, rounds=rounds, ms_per_round=1e3 * seconds / rounds,
+                tokens_per_round=new_tokens / rounds, exact=exact and timed_exact,
+                instrumented_ms_per_round=1e3 * timed_s / timed_rounds, wait_ms=per_round.pop(WAIT, 0.0),
+                functions={name: [ms, calls[name] / timed_rounds]
+                           for name, ms in sorted(per_round.items(), key=lambda item: -item[1])})
+
+
+def markdown(res: dict) -> str:
+    lines = ["# Where a round's wall time goes on the host", "", environment_line(res["env"]), "",
+             f"Command: `{res['command']}`. Target {res['target']}, draft {res['draft']} (OracleDraft: acceptance "
+             f"{res['alpha']} for chains, coverage {res['rates']} by width for trees), {res['batch']} row(s) of 128 "
+             f"prompt tokens, {res['new_tokens']} new tokens. `ms per round`: `generate` as is (after a warm-up "
+             f"call); the rest from a second call with the functions timed and the device synchronized before each "
+             f"outcome read (`instrumented`): `wait` = the host waiting for the device, `host` = the rest; the "
+             f"functions' ms a round are inclusive and partly overlap the device's work (launched before the wait).",
+             ""]
+    rows = [[c["config"], f"{c['ms_per_round']:.3f}", f"{c['tokens_per_round']:.2f}",
+             f"{c['instrumented_ms_per_round']:.3f}", f"{c['wait_ms']:.3f}",
+             f"{c['instrumented_ms_per_round'] - c['wait_ms']:.3f}", "yes" if c["exact"] else "**no**"]
+            for c in res["cells"]]
+    lines += markdown_table(["config", "ms per round", "tokens per round", "instrumented", "wait", "host",
+                             "exact"], rows) + [""]
+    for c in res["cells"]:
+        lines += [f"{c['config']}: " + ", ".join(f"`{name}` {ms:.3f} ({n:.2f}/round)"
+                                                 for name, (ms, n) in c["functions"].items()), ""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--configs", default="plain,k2,2-2", help="comma-separated plain, kN, W-W-...")
+    ap.add_argument("--packed", action="store_true", help="the 8B in Q4_K_M and the 1B in Q8_0 (random blocks)")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--alpha", type=float, default=0.8, help="the oracle's chain acceptance")
+    ap.add_argument("--out", default=None, help="folder for round_host.json / .md (default: a temp folder)")
+    ap.add_argument("--write", action="store_true", help="also write benchmarks/results/round_host.md")
+    args = ap.parse_args(argv)
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    try:
+        for c in configs:
+            parse_config(c)                              # a bad name fails before any model loads
+    except ValueError as e:
+        ap.error(str(e))
+    if args.batch < 1 or args.new_tokens < 2:
+        ap.error("--batch must be >= 1 and --new-tokens >= 2")
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU (the 8B and 1B shapes); tests run measure() on tiny CPU models")
+    from benchmarks.trees import TREE_RATES
+    from verispec import load_model
+    from verispec.drafters import make_peaked
+
+    if args.packed:
+        from benchmarks.quant import packed_random_model
+
+        target = packed_random_model("llama-3.1-8b", "Q4_K_M")
+        draft = packed_random_model("llama-3.2-1b", "Q8_0", seed=1 << 16)
+        names = ("llama-3.1-8b Q4_K_M", "llama-3.2-1b Q8_0")
+    else:
+        target = load_model("llama-3.1-8b", device="cuda", dtype=torch.bfloat16)
+        draft = load_model("llama-3.2-1b", device="cuda", dtype=torch.bfloat16)
+        names = ("llama-3.1-8b bf16", "llama-3.2-1b bf16")
+    make_peaked(target)
+    cells = [measure(target, draft, c, args.batch, args.new_tokens, args.alpha, TREE_RATES, torch.cuda.synchronize)
+             for c in configs]
+    res = dict(env=environment(), command="python benchmarks/round_host.py " + " ".join(sys.argv[1:] if argv is None
+                                                                                    else argv),
+               target=names[0], draft=names[1], alpha=args.alpha, rates=TREE_RATES, batch=args.batch,
+               new_tokens=args.new_tokens, cells=cells)
+    out = Path(args.out) if args.out else Path(os.environ.get("TMPDIR", "/tmp")) / "round_host"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "round_host.json").write_text(json.dumps(res, indent=1))
+    write_page(markdown(res), out, NAME, args.write)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,52 @@
+"""benchmarks/round_host.py on tiny CPU models: the instrumented call's figures, the functions put back after it,
+its configs and its refusal without a GPU."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from benchmarks import round_host
+from verispec.engine.scheduler import Scheduler
+from verispec.runtime import ModelConfig, load_model
+
+CFG = ModelConfig(vocab_size=97, num_layers=2, hidden_size=32, num_heads=2, num_kv_heads=1, head_dim=16,
+                  intermediate_size=48, max_position_embeddings=512)
+
+
+def test_configs_parse_and_a_bad_one_is_named():
+    assert round_host.parse_config("plain") == (None, None)
+    assert round_host.parse_config("k3") == (3, None)
+    assert round_host.parse_config("2-2") == (None, (2, 2))
+    for bad in ("k0", "2-0", "tree"):
+        with pytest.raises(ValueError, match=f"'{bad}' is none of"):
+            round_host.parse_config(bad)
+
+
+def test_measure_times_the_rounds_and_puts_every_function_back():
+    target = load_model(CFG, device="cpu", dtype=torch.float32, seed=0)
+    draft = load_model(CFG.replace(num_layers=1), device="cpu", dtype=torch.float32, seed=1)
+    before = Scheduler.__dict__["_round"]
+    cells = [round_host.measure(target, draft, c, 2, 12, 0.8, {1: 0.6, 2: 0.75}, lambda: None)
+             for c in ("plain", "k2", "2-2")]
+    assert Scheduler.__dict__["_round"] is before                         # restored
+    for c in cells:
+        assert c["exact"] and c["rounds"] >= 1 and c["ms_per_round"] > 0
+        assert 0 <= c["wait_ms"] <= c["instrumented_ms_per_round"]
+        ms, per_round = c["functions"]["Scheduler._round"]
+        assert per_round == pytest.approx(1.0) and 0 < ms <= c["instrumented_ms_per_round"]
+    assert "OracleDraft.propose" in cells[1]["functions"] and "OracleDraft.propose_tree" in cells[2]["functions"]
+    from benchmarks.common import environment
+
+    page = round_host.markdown(dict(env=environment(), command="x", target="tiny", draft="tiny", alpha=0.8,
+                                    rates={1: 0.6}, batch=2, new_tokens=12, cells=cells))
+    assert "| config | ms per round |" in page and "`Scheduler._round`" in page
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_the_script_refuses_without_a_gpu_and_names_a_bad_config_first(capsys):
+    with pytest.raises(SystemExit) as e:
+        round_host.main(["--configs", "plain"])
+    assert e.value.code == 2 and "needs a CUDA GPU" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        round_host.main(["--configs", "k0"])
+    assert e.value.code == 2 and "'k0' is none of" in capsys.readouterr().err
