@@ -126,8 +126,8 @@ round decided afresh. Measured on an H200: 1.00-1.055x the speed of deciding at 
 
 The costs come from a ``CostTable``: measured on this machine at startup (``measure_costs``: target passes and a
 draft step timed alone, then whole ``Scheduler`` rounds with every row's k forced, whose excess over those passes
-is T_overhead, and a whole round of each candidate tree, its price) or given (synthetic tables in tests, a saved JSON table between runs; one saved before the
-overhead column loads with T_overhead = 0, the passes alone).
+is T_overhead, and a whole round of each candidate tree, its price) or given (synthetic tables in tests, a saved
+JSON table between runs; one saved before the overhead column loads with T_overhead = 0, the passes alone).
 """
 from __future__ import annotations
 
@@ -273,7 +273,7 @@ class CostTable:
         overhead, trees = d.get("overhead_s"), d.get("tree_round_s")
         return CostTable(tuple(d["batch_sizes"]), tuple(d["tokens"]), tuple(tuple(r) for r in d["target_s"]),
                          tuple(d["draft_s"]), None if overhead is None else tuple(tuple(r) for r in overhead),
-                         None if trees is None else tuple(tuple((tuple(w), t) for w, t in row) for row in trees))
+                         trees)                  # lists: the check makes them tuples
 
 
 def best_k(alphas: list[float], k_max: int, costs: CostTable, batch: int) -> int:
@@ -1106,32 +1106,21 @@ def _round_overheads(target, drafter, k_max: int, prompts: list[list[int]], part
     interpolated between those that ran (constant beyond them). A round measured below its parts (noise, or
     host work that overlapped the device's) counts as no overhead. ``forced_tokens``: the token counts whose
     rounds are timed (default: every one of the table; a tree's wider count is not a chain round to force)."""
-    from .scheduler import Scheduler, SchedulerConfig
+    from .scheduler import SchedulerConfig
 
     batch, tokens = parts.batch_sizes[0], parts.tokens
     timed = forced_tokens if forced_tokens is not None else tokens
     forced = [0]
     max_new = 3 + (reps + 1) * sum(timed)        # more than the rounds below emit (k + 1 per row at most): none ends
-    scheduler = Scheduler(target, drafter, SchedulerConfig(batch, len(prompts[0]) + max_new + k_max + 1, k_max),
-                          k_policy=lambda running, k: [forced[0]] * len(running))
-    scheduler.eos = set()                         # a row that met EOS would leave and shrink the measured batch
-    for b, prompt in enumerate(prompts):          # ids 0..B-1, as admitted above (OracleDraft keys rows by id)
-        scheduler.submit(Request(prompt, max_new, id=b))
-    scheduler.step()                              # admission and a first round
+    scheduler = _measuring_scheduler(target, drafter, prompts, SchedulerConfig(
+        batch, len(prompts[0]) + max_new + k_max + 1, k_max), max_new, lambda running, k: [forced[0]] * len(running))
     best: dict[int, float] = {}                   # drafts the round ran -> its least seconds beyond its passes
     for t in timed:
         forced[0] = t - 1
         if warm:
             scheduler.step()
         for _ in range(reps):
-            sync()
-            t0 = time.perf_counter()
-            scheduler.step()
-            sync()
-            elapsed = time.perf_counter() - t0
-            if len(scheduler.running) != batch:
-                raise RuntimeError(f"measure_costs: a measured row ended early ({len(scheduler.running)} of {batch} "
-                                   "rows left): increase its max_new_tokens")
+            elapsed = _timed_step(scheduler, sync)
             width = max(seq.stats.num_draft_last for seq in scheduler.running)
             extra = elapsed - parts.target(batch, width + 1) - width * parts.draft(batch)
             best[width] = min(best.get(width, float("inf")), extra)
@@ -1144,32 +1133,47 @@ def _timed_tree_rounds(target, drafter, prompts: list[list[int]], trees: tuple, 
     """((widths, seconds), ...): the least of ``reps`` whole ``Scheduler.step`` rounds of each tree of ``trees``
     over ``prompts`` (one row each), as a scheduler of that fixed tree runs them, after its admission and first
     round (and, with ``warm``, one more: on a GPU the first rounds capture the tree's graphs)."""
-    from .scheduler import Scheduler, SchedulerConfig
+    from .scheduler import SchedulerConfig
 
     out = []
     for widths in (tuple(t) for t in trees):
         depth = len(widths)
         max_new = 3 + (reps + 3) * (depth + 1)           # more than the rounds below emit: no row ends
-        config = SchedulerConfig(len(prompts), len(prompts[0]) + max_new + tree_nodes(widths) + 1, depth,
-                                 tree=widths)
-        scheduler = Scheduler(target, drafter, config)
-        scheduler.eos = set()                     # a row that met EOS would leave and shrink the measured batch
-        for b, prompt in enumerate(prompts):      # ids 0..B-1 (OracleDraft keys rows by id)
-            scheduler.submit(Request(prompt, max_new, id=b))
-        scheduler.step()                          # admission and a first round
+        scheduler = _measuring_scheduler(target, drafter, prompts, SchedulerConfig(
+            len(prompts), len(prompts[0]) + max_new + tree_nodes(widths) + 1, depth, tree=widths), max_new)
         if warm:
             scheduler.step()
-        best = float("inf")
-        for _ in range(reps):
-            sync()
-            t0 = time.perf_counter()
-            scheduler.step()
-            sync()
-            best = min(best, time.perf_counter() - t0)
-            if len(scheduler.running) != len(prompts):
-                raise RuntimeError(f"measure_costs: a row of the timed tree {list(widths)} ended early")
-        out.append((widths, best))
+        out.append((widths, min(_timed_step(scheduler, sync) for _ in range(reps))))
     return tuple(out)
+
+
+def _measuring_scheduler(target, drafter, prompts: list[list[int]], config, max_new: int, k_policy=None):
+    """A ``Scheduler`` of ``config`` running ``prompts`` (ids 0..B-1, as ``measure_costs`` admitted them to the
+    drafter: ``OracleDraft`` keys rows by id) for ``max_new`` tokens each, EOS off (a row that met it would leave and
+    shrink the measured batch), after its admission and a first round."""
+    from .scheduler import Scheduler
+
+    scheduler = Scheduler(target, drafter, config, k_policy=k_policy)
+    scheduler.eos = set()
+    for b, prompt in enumerate(prompts):
+        scheduler.submit(Request(prompt, max_new, id=b))
+    scheduler.step()
+    return scheduler
+
+
+def _timed_step(scheduler, sync) -> float:
+    """Seconds of one ``scheduler.step()`` (a round), the device synchronized before and after; RuntimeError if a row
+    ended in it (the measured batch would have shrunk: the caller's ``max_new`` is too small)."""
+    rows = len(scheduler.running)
+    sync()
+    t0 = time.perf_counter()
+    scheduler.step()
+    sync()
+    elapsed = time.perf_counter() - t0
+    if len(scheduler.running) != rows:
+        raise RuntimeError(f"measure_costs: a measured row ended early ({len(scheduler.running)} of {rows} rows "
+                           "left): increase its max_new_tokens")
+    return elapsed
 
 
 def _interpolate(xs: list[int], ys: list[float], x: float) -> float:

@@ -141,8 +141,9 @@ class SpeculativeDecoder:
     def costs_for(self, batch: int, k: int) -> CostTable:
         """tree="auto"'s cost table for ``batch`` prompts and chains of up to ``k`` drafts: the one given, else
         measured here (``measure_costs`` at the batch buckets up to ``batch``, with the candidate trees' passes and
-        rounds), once per batch size (a table measured for a larger k serves a smaller one: a warm-up call's capped k). Call it
-        before a scheduler is built (``generate`` does): it sets up the target's cache and the drafter its own way."""
+        rounds), once per batch size (a table measured for a larger k serves a smaller one: a warm-up call's capped
+        k). Call it before a scheduler is built (``generate`` does): it sets up the target's cache and the drafter
+        its own way."""
         if self.costs is not None:
             return self.costs
         if batch not in self._measured or self._measured[batch][0] < k:
