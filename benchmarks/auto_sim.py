@@ -33,13 +33,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from benchmarks.common import environment, environment_line, markdown_table  # noqa: E402
+from benchmarks.common import environment, environment_line, markdown_table, write_page  # noqa: E402
 from benchmarks.trees import config_shape  # noqa: E402
 from verispec.analysis import expected_tokens_from_positions  # noqa: E402
 from verispec.engine import Request, Sequence, Stats  # noqa: E402
 from verispec.engine.auto_k import AutoK, CostTable  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
+NAME = "auto_sim.md"
 PRIORS = ("measured", "table")
 
 
@@ -251,15 +252,9 @@ def main(argv=None) -> None:
         res = run(e2e, args.rounds, args.seeds, args.prior)
     except ValueError as e:
         ap.error(str(e))
-    lines = markdown(res, path.name)
     folder = Path(args.out or tempfile.mkdtemp(prefix="auto_sim_"))
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "auto_sim.md").write_text("\n".join(lines) + "\n")
-    if args.write:
-        (RESULTS / "auto_sim.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    print(f"wrote {folder / 'auto_sim.md'}" + (f" and {RESULTS / 'auto_sim.md'}" if args.write else ""),
-          file=sys.stderr)
+    write_page("\n".join(markdown(res, path.name)) + "\n", folder, NAME, args.write)
+    print(f"wrote {folder / NAME}" + (f" and {RESULTS / NAME}" if args.write else ""), file=sys.stderr)
 
 
 if __name__ == "__main__":

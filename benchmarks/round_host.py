@@ -63,23 +63,22 @@ def parse_config(text: str):
 @contextlib.contextmanager
 def timed_functions(clock: Counter, calls: Counter, synchronize):
     """Inside: every function of ``TIMED`` adds its seconds to ``clock`` (and its calls to ``calls``) under its
-    name; ``synchronize()`` runs before each ``read_outcome``, its seconds counted as ``WAIT``."""
+    name; ``synchronize()`` runs before each ``read_outcome``, its seconds counted as ``WAIT``. Each is put back
+    after (``trees._setting``)."""
     import importlib
 
-    saved = []
-    for module_name, path in TIMED:
-        owner = importlib.import_module(module_name)
-        *outer, attr = path.split(".")
-        for part in outer:
-            owner = getattr(owner, part)
-        original = owner.__dict__[attr]
-        saved.append((owner, attr, original))
-        setattr(owner, attr, _timed(original, path, clock, calls, synchronize if attr == "read_outcome" else None))
-    try:
+    from benchmarks.trees import _setting
+
+    with contextlib.ExitStack() as stack:
+        for module_name, path in TIMED:
+            owner = importlib.import_module(module_name)
+            *outer, attr = path.split(".")
+            for part in outer:
+                owner = getattr(owner, part)
+            wrapped = _timed(owner.__dict__[attr], path, clock, calls,
+                             synchronize if attr == "read_outcome" else None)
+            stack.enter_context(_setting(owner, attr, wrapped))
         yield
-    finally:
-        for owner, attr, original in reversed(saved):
-            setattr(owner, attr, original)
 
 
 def _timed(fn, name: str, clock: Counter, calls: Counter, wait_first):
@@ -101,6 +100,7 @@ def _timed(fn, name: str, clock: Counter, calls: Counter, wait_first):
 def measure(target, draft, config: str, batch: int, new_tokens: int, alpha: float, rates: dict,
             synchronize) -> dict:
     """One config's cell: ms per round as is, then the instrumented call's wait, host and functions' ms a round."""
+    from benchmarks.trees import _timed_call
     from verispec.drafters import OracleDraft
     from verispec.engine import SpeculativeDecoder, generate
     from verispec.runtime.tree import MAX_TREE_TOKENS
@@ -116,23 +116,18 @@ def measure(target, draft, config: str, batch: int, new_tokens: int, alpha: floa
     dec = SpeculativeDecoder(target, drafter, k=k or 4, tree=tree)
     dec.generate(prompts, max_new_tokens=new_tokens, max_seq_len=max_seq_len)                     # warm-up
 
-    def call() -> tuple[float, int, bool]:
-        synchronize()
-        t0 = time.perf_counter()
-        gens = dec.generate(prompts, max_new_tokens=new_tokens, max_seq_len=max_seq_len)
-        synchronize()
-        stats = dec.last_stats
-        return time.perf_counter() - t0 - stats.warmup_s, stats.rounds, [g.tokens for g in gens] == refs
+    def call() -> dict:               # trees.py e2e's timed call: ms per round less the call's own warm-up
+        return _timed_call(dec, prompts, refs, new_tokens, max_seq_len, [], synchronize, auto=False)
 
-    seconds, rounds, exact = call()
+    plain = call()
     clock, calls = Counter(), Counter()
     with timed_functions(clock, calls, synchronize):
-        timed_s, timed_rounds, timed_exact = call()
-    per_round = {name: 1e3 * s / timed_rounds for name, s in clock.items()}
-    return dict(config=config, batch=batch, rounds=rounds, ms_per_round=1e3 * seconds / rounds,
-                tokens_per_round=new_tokens / rounds, exact=exact and timed_exact,
-                instrumented_ms_per_round=1e3 * timed_s / timed_rounds, wait_ms=per_round.pop(WAIT, 0.0),
-                functions={name: [ms, calls[name] / timed_rounds]
+        timed = call()
+    per_round = {name: 1e3 * s / timed["rounds"] for name, s in clock.items()}
+    return dict(config=config, batch=batch, rounds=plain["rounds"], ms_per_round=plain["ms_per_round"],
+                tokens_per_round=plain["tokens_per_round"], exact=plain["exact"] and timed["exact"],
+                instrumented_ms_per_round=timed["ms_per_round"], wait_ms=per_round.pop(WAIT, 0.0),
+                functions={name: [ms, calls[name] / timed["rounds"]]
                            for name, ms in sorted(per_round.items(), key=lambda item: -item[1])})
 
 
