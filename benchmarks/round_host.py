@@ -98,11 +98,13 @@ def _timed(fn, name: str, clock: Counter, calls: Counter, wait_first):
 
 
 def measure(target, draft, config: str, batch: int, new_tokens: int, alpha: float, rates: dict,
-            synchronize) -> dict:
-    """One config's cell: ms per round as is, then the instrumented call's wait, host and functions' ms a round."""
-    from benchmarks.trees import _timed_call
+            synchronize, repeats: int = 3) -> dict:
+    """One config's cell: ms per round as is and without prelaunched drafts (``repeats`` calls each, in turn; the
+    median call's), then the instrumented call's wait, host and functions' ms a round."""
+    from benchmarks.trees import _setting, _timed_call
     from verispec.drafters import OracleDraft
     from verispec.engine import SpeculativeDecoder, generate
+    from verispec.engine import scheduler as scheduler_module
     from verispec.runtime.tree import MAX_TREE_TOKENS
 
     k, tree = parse_config(config)
@@ -119,13 +121,22 @@ def measure(target, draft, config: str, batch: int, new_tokens: int, alpha: floa
     def call() -> dict:               # trees.py e2e's timed call: ms per round less the call's own warm-up
         return _timed_call(dec, prompts, refs, new_tokens, max_seq_len, [], synchronize, auto=False)
 
-    plain = call()
+    runs: dict[bool, list[dict]] = {True: [], False: []}
+    for r in range(repeats):
+        for prelaunch in ((True, False) if r % 2 == 0 else (False, True)):
+            taken = getattr(drafter, "prelaunches_taken", 0)
+            with _setting(scheduler_module, "PRELAUNCH", prelaunch):
+                runs[prelaunch].append(dict(call(), prelaunched=getattr(drafter, "prelaunches_taken", 0) - taken))
+    plain, off = (sorted(runs[p], key=lambda c: c["ms_per_round"])[(repeats - 1) // 2] for p in (True, False))
     clock, calls = Counter(), Counter()
     with timed_functions(clock, calls, synchronize):
         timed = call()
     per_round = {name: 1e3 * s / timed["rounds"] for name, s in clock.items()}
     return dict(config=config, batch=batch, rounds=plain["rounds"], ms_per_round=plain["ms_per_round"],
-                tokens_per_round=plain["tokens_per_round"], exact=plain["exact"] and timed["exact"],
+                ms_range=[min(c["ms_per_round"] for c in runs[True]), max(c["ms_per_round"] for c in runs[True])],
+                prelaunched_rounds=plain["prelaunched"], ms_per_round_without=off["ms_per_round"],
+                tokens_per_round=plain["tokens_per_round"],
+                exact=all(c["exact"] for c in runs[True] + runs[False]) and timed["exact"],
                 instrumented_ms_per_round=timed["ms_per_round"], wait_ms=per_round.pop(WAIT, 0.0),
                 functions={name: [ms, calls[name] / timed["rounds"]]
                            for name, ms in sorted(per_round.items(), key=lambda item: -item[1])})
@@ -136,16 +147,20 @@ def markdown(res: dict) -> str:
              f"Command: `{res['command']}`. Target {res['target']}, draft {res['draft']} (OracleDraft: acceptance "
              f"{res['alpha']} for chains, coverage {res['rates']} by width for trees), {res['batch']} row(s) of 128 "
              f"prompt tokens, {res['new_tokens']} new tokens. `ms per round`: `generate` as is (after a warm-up "
-             f"call); the rest from a second call with the functions timed and the device synchronized before each "
-             f"outcome read (`instrumented`): `wait` = the host waiting for the device, `host` = the rest; the "
-             f"functions' ms a round are inclusive and partly overlap the device's work (launched before the wait).",
-             ""]
-    rows = [[c["config"], f"{c['ms_per_round']:.3f}", f"{c['tokens_per_round']:.2f}",
+             f"call; median of {res['repeats']} calls, `range` their slowest and fastest), `prelaunched`: its rounds "
+             f"whose drafts were launched in the round before (`Drafter.prelaunch`); `without prelaunch`: the same "
+             f"with `PRELAUNCH` off ({res['repeats']} calls, the two settings in turn); the rest from one more call with "
+             f"the functions timed and the device synchronized before each outcome read (`instrumented`): `wait` = "
+             f"the host waiting for the device, `host` = the rest; the functions' ms a round are inclusive and partly "
+             f"overlap the device's work (launched before the wait).", ""]
+    rows = [[c["config"], f"{c['ms_per_round']:.3f}", f"{c['ms_range'][0]:.3f}-{c['ms_range'][1]:.3f}",
+             f"{c['prelaunched_rounds']} / {c['rounds']}", f"{c['ms_per_round_without']:.3f}",
+             f"{c['ms_per_round_without'] / c['ms_per_round']:.3f}", f"{c['tokens_per_round']:.2f}",
              f"{c['instrumented_ms_per_round']:.3f}", f"{c['wait_ms']:.3f}",
              f"{c['instrumented_ms_per_round'] - c['wait_ms']:.3f}", "yes" if c["exact"] else "**no**"]
             for c in res["cells"]]
-    lines += markdown_table(["config", "ms per round", "tokens per round", "instrumented", "wait", "host",
-                             "exact"], rows) + [""]
+    lines += markdown_table(["config", "ms per round", "range", "prelaunched", "without prelaunch",
+                             "speedup", "tokens per round", "instrumented", "wait", "host", "exact"], rows) + [""]
     for c in res["cells"]:
         lines += [f"{c['config']}: " + ", ".join(f"`{name}` {ms:.3f} ({n:.2f}/round)"
                                                  for name, (ms, n) in c["functions"].items()), ""]
@@ -159,6 +174,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--alpha", type=float, default=0.8, help="the oracle's chain acceptance")
+    ap.add_argument("--repeats", type=int, default=3, help="timed calls per config and prelaunch setting")
     ap.add_argument("--out", default=None, help="folder for round_host.json / .md (default: a temp folder)")
     ap.add_argument("--write", action="store_true", help="also write benchmarks/results/round_host.md")
     args = ap.parse_args(argv)
@@ -168,8 +184,8 @@ def main(argv=None) -> int:
             parse_config(c)                              # a bad name fails before any model loads
     except ValueError as e:
         ap.error(str(e))
-    if args.batch < 1 or args.new_tokens < 2:
-        ap.error("--batch must be >= 1 and --new-tokens >= 2")
+    if args.batch < 1 or args.new_tokens < 2 or args.repeats < 1:
+        ap.error("--batch and --repeats must be >= 1 and --new-tokens >= 2")
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU (the 8B and 1B shapes); tests run measure() on tiny CPU models")
     from benchmarks.trees import TREE_RATES
@@ -187,12 +203,12 @@ def main(argv=None) -> int:
         draft = load_model("llama-3.2-1b", device="cuda", dtype=torch.bfloat16)
         names = ("llama-3.1-8b bf16", "llama-3.2-1b bf16")
     make_peaked(target)
-    cells = [measure(target, draft, c, args.batch, args.new_tokens, args.alpha, TREE_RATES, torch.cuda.synchronize)
-             for c in configs]
+    cells = [measure(target, draft, c, args.batch, args.new_tokens, args.alpha, TREE_RATES, torch.cuda.synchronize,
+                     args.repeats) for c in configs]
     res = dict(env=environment(), command="python benchmarks/round_host.py " + " ".join(sys.argv[1:] if argv is None
                                                                                     else argv),
                target=names[0], draft=names[1], alpha=args.alpha, rates=TREE_RATES, batch=args.batch,
-               new_tokens=args.new_tokens, cells=cells)
+               new_tokens=args.new_tokens, repeats=args.repeats, cells=cells)
     out = Path(args.out) if args.out else Path(os.environ.get("TMPDIR", "/tmp")) / "round_host"
     out.mkdir(parents=True, exist_ok=True)
     (out / "round_host.json").write_text(json.dumps(res, indent=1))

@@ -86,10 +86,17 @@ def test_a_sampled_round_has_no_hidden_synchronization_on_the_gpu(monkeypatch):
     reads = []
     read_outcome = engine_round.read_outcome
 
-    def allowed_read(out):
+    def allowed_read(out, meanwhile=None):
+        def checked():                 # the next round's prelaunched drafts, queued before the wait: no sync either
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                meanwhile()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+
         torch.cuda.set_sync_debug_mode("default")
         reads.append(1)
-        return read_outcome(out)
+        return read_outcome(out, None if meanwhile is None else checked)
 
     monkeypatch.setattr(engine_round, "read_outcome", allowed_read)
     torch.cuda.set_sync_debug_mode("error")
@@ -99,3 +106,4 @@ def test_a_sampled_round_has_no_hidden_synchronization_on_the_gpu(monkeypatch):
         torch.cuda.set_sync_debug_mode("default")
     assert reads == [1]
     assert all(s.finish_reason is None for s in sched.running), [s.error for s in sched.running]
+    assert sched.drafter.prelaunches > 0       # the checked round launched the next one's drafts

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from benchmarks import round_host
+from verispec.engine import scheduler as scheduler_module
 from verispec.engine.scheduler import Scheduler
 from verispec.runtime import ModelConfig, load_model
 
@@ -25,21 +26,24 @@ def test_configs_parse_and_a_bad_one_is_named():
 def test_measure_times_the_rounds_and_puts_every_function_back():
     target = load_model(CFG, device="cpu", dtype=torch.float32, seed=0)
     draft = load_model(CFG.replace(num_layers=1), device="cpu", dtype=torch.float32, seed=1)
+    draft.use_graphs = True               # the captured loop's logic (eager on the CPU): its drafts can be prelaunched
     before = Scheduler.__dict__["_round"]
-    cells = [round_host.measure(target, draft, c, 2, 12, 0.8, {1: 0.6, 2: 0.75}, lambda: None)
+    cells = [round_host.measure(target, draft, c, 2, 12, 0.8, {1: 0.6, 2: 0.75}, lambda: None, repeats=2)
              for c in ("plain", "k2", "2-2")]
-    assert Scheduler.__dict__["_round"] is before                         # restored
+    assert Scheduler.__dict__["_round"] is before and scheduler_module.PRELAUNCH is True     # restored
     for c in cells:
         assert c["exact"] and c["rounds"] >= 1 and c["ms_per_round"] > 0
-        assert 0 <= c["wait_ms"] <= c["instrumented_ms_per_round"]
+        assert 0 <= c["wait_ms"] <= c["instrumented_ms_per_round"] and c["ms_per_round_without"] > 0
+        assert c["ms_range"][0] <= c["ms_per_round"] <= c["ms_range"][1]
+        assert (c["prelaunched_rounds"] > 0) == (c["config"] != "plain")      # a fixed k or tree
         ms, per_round = c["functions"]["Scheduler._round"]
         assert per_round == pytest.approx(1.0) and 0 < ms <= c["instrumented_ms_per_round"]
     assert "OracleDraft.propose" in cells[1]["functions"] and "OracleDraft.propose_tree" in cells[2]["functions"]
     from benchmarks.common import environment
 
     page = round_host.markdown(dict(env=environment(), command="x", target="tiny", draft="tiny", alpha=0.8,
-                                    rates={1: 0.6}, batch=2, new_tokens=12, cells=cells))
-    assert "| config | ms per round |" in page and "`Scheduler._round`" in page
+                                    rates={1: 0.6}, batch=2, new_tokens=12, repeats=2, cells=cells))
+    assert "| config | ms per round | range | prelaunched | without prelaunch |" in page and "`Scheduler._round`" in page
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")

@@ -431,7 +431,7 @@ def test_benchmark_repeats_interleave_the_configs_and_report_medians_and_pairs()
 
 
 # ------------------------------------------------------------------------------------------------ planned ahead
-@pytest.mark.parametrize("name", ["oracle", "draft-model"])
+@pytest.mark.parametrize("name", ["oracle", "draft-model", "draft-model-loop"])
 def test_planned_ahead_rounds_stay_exact_and_account_every_round(target, name, monkeypatch):
     """``plan_ahead``: the next round's shape chosen during this round's pass (``Scheduler._launched_and_plan``),
     adopted at the next round's start. Three requests through two rows (an admission once a row ends by its length,
@@ -450,8 +450,12 @@ def test_planned_ahead_rounds_stay_exact_and_account_every_round(target, name, m
     # and long enough requests that a few plans are adopted at its 5 tokens a round
     new = 64
     references = [g.tokens for g in generate(target, PROMPTS, drafter=None, max_new_tokens=new)]
-    drafter = (DraftModel(load_model(CFG, device="cpu", dtype=torch.float32, seed=0)) if name == "draft-model"
+    drafter = (DraftModel(load_model(CFG, device="cpu", dtype=torch.float32, seed=0)) if name.startswith("draft-model")
                else DRAFTERS[name](references))
+    # "-loop": the captured draft loop's logic (the graph cache's eager program on the CPU), which a planned chain's
+    # drafts are launched through before the round's outcome is read (``Drafter.prelaunch``)
+    if name.startswith("draft-model"):
+        drafter.model.use_graphs = name == "draft-model-loop"
     drafter.attach(target)
     sched = Scheduler(target, drafter, SchedulerConfig(2, 128, 4, tree="auto"), k_policy=policy)
     lengths = [new, new - 7, new - 3]
@@ -470,6 +474,8 @@ def test_planned_ahead_rounds_stay_exact_and_account_every_round(target, name, m
     assert policy.plan_ahead and policy.plans_adopted > 0 and policy.plans_dropped > 0
     assert sum(policy.chosen.values()) == len(decided) - policy.plans_dropped
     assert sum(policy.chosen.values()) == len(rounds)
+    if name == "draft-model-loop":                        # planned chains' drafts were launched a round early
+        assert drafter.prelaunches_taken > 0
 
 
 def test_no_plan_for_a_sampled_row_or_a_row_that_may_end_this_round(target):

@@ -11,6 +11,10 @@ through ``keep``:
     propose(max_num_draft) -> Proposal               up to max_num_draft[b] drafts continuing each h_b
     commit(num_accepted, emitted)                    h_b += emitted_b (accepted drafts + recovered/bonus)
     keep(batch_indices)                              only these rows go on, in this order
+    prelaunch(shape, num_draft, num_accepted, tail)  optional, between a round's verification and its commit:
+                                                     launch the next round's drafts (k, or a tree's widths) from
+                                                     the outcome on the device (``DraftModel``); the next
+                                                     propose([k] * B) / propose_tree(widths) takes them
 
 Row b's drafts, and the draws behind them, depend on row b alone: its history, its settings and seed, its own
 ``max_num_draft[b]`` and its own past rounds -- never on the other rows, nor on the round's widest row (a sampled
@@ -237,6 +241,20 @@ class Drafter:
 
     def keep(self, batch_indices: list[int]) -> None:
         raise NotImplementedError
+
+    def prelaunch(self, shape: int | tuple[int, ...], num_draft: list[int], num_accepted: Tensor,
+                  tail: Tensor) -> bool:
+        """Launch the next round's drafting now, before the host has read this round's outcome: k = ``shape`` drafts
+        for every row, or the tree of widths ``shape``, from the outcome on the device, so that on a GPU they run while the host reads the outcome and commits
+        it (the device would otherwise wait for the host between the verification and the next draft). Called after
+        this round's verification, before ``commit``: num_draft [B] this round's drafts per row (host),
+        num_accepted [B] and tail [B, K + 2] on the device, tail = the row's certain token before this round, then
+        verification's tokens, so that the row's history after the commit ends with tail[b, a_b], tail[b, a_b + 1].
+        Returns whether it launched; if it did, the next ``propose`` that asks k of every row of the same batch (or
+        ``propose_tree`` of those widths) returns those drafts, and anything else first (``keep``, ``admit``, another
+        shape, a round without drafts) drops them, with the same drafts as if nothing had been launched. Drafters that need the host's view of the outcome to draft
+        launch nothing (the default)."""
+        return False
 
     # Token trees (``generate(..., tree=widths)``): a drafter that drafts trees overrides both.
     drafts_trees = False

@@ -41,6 +41,17 @@ the batch's passes write into their cache row too, but only into slots the prefi
 The drafts are the same as with the prefill at admission: the prompt's K/V are bit for bit an admission's, the
 tokens after it come through the same catch-up, and the DRAFT-stream counter moves only with drafts drawn.
 
+Prelaunch (``prelaunch``, on a GPU with the captured loop): between a round's verification and its commit, the engine
+may launch the next round's draft loop from the outcome on the device, before the host has read it: row b's inputs
+[L_b + a_b - 1, tail[a_b], tail[a_b + 1], seed_b, step_b] are computed there from its accepted count a_b (L_b + a_b + 1
+is its history's length after the commit; tail, the certain token before the round then the verification's tokens,
+holds its last two tokens at a_b, a_b + 1). The device then drafts while the host reads the outcome and commits it,
+instead of waiting for the host in between. Only when no row owes a prefill or will need a catch-up; the next
+``propose`` of k drafts for every row of the same batch takes those drafts (``_take_prelaunched``: V_b = L_b + k - 1
+and the counter advances by k, as after ``_run``); anything else drops them. Dropped, they leave the cache as a run
+whose drafts were all rejected would: h_b[-2], h_b[-1] re-written at their own slots, drafts past L_b that V_b never
+counts; the next ``_run`` rolls back and feeds as usual, so the drafts are the same either way.
+
 Per row, everything on the host lives in one ``_Row`` (history, V_b, the prompt it owes, settings and seed,
 draft-stream counter).
 A round runs k = max_b k_b draft passes for every row; row b proposes its first k_b drafts and its counter
@@ -79,6 +90,17 @@ class _Row:
     owed: int = 0               # its prompt h_b[:owed] is not in the draft cache yet (lazy prefill); 0: nothing owed
 
 
+@dataclass
+class _Prelaunch:
+    """Drafting ``prelaunch`` launched for each of ``rows`` rows (device tensors, still being computed)."""
+
+    shape: int | tuple[int, ...]   # k drafts, or a tree's widths
+    rows: int
+    commit: int                 # the drafter's commits before it: it serves the round after the next commit only
+    drafts: Tensor              # [B, k] int64 (a tree: its nodes [B, N - 1])
+    probs: Tensor | list[int] | None   # [B, k, V] float32 (sampled rows) or None (a tree: its runtime parents)
+
+
 class DraftModel(Drafter):
     """Draft with ``model`` (the runtime contract: setup_cache/admit/append/decode/rollback/keep).
 
@@ -103,8 +125,13 @@ class DraftModel(Drafter):
         self._sampling = SamplingParams.empty() # the rows' settings as a batch (derived: ``_set_rows``)
         self.prefill_tokens = 0                 # prompt tokens prefilled so far (the lazy prefill's bill)
         self.catch_up_passes = 0                # catch-up passes run so far (``_catch_up``)
+        self._prelaunched: _Prelaunch | None = None
+        self._commits = 0                       # commits so far (a prelaunch serves the round after the next one)
+        self.prelaunches = 0                    # draft loops launched from a round's outcome (``prelaunch``)
+        self.prelaunches_taken = 0              # of those, the ones a ``propose`` took
 
     def _set_rows(self, rows: list[_Row]) -> None:
+        self._prelaunched = None                # drafted for the batch before
         self._rows = rows
         self._sampling = SamplingParams(tuple(r.sampling for r in rows))
 
@@ -209,6 +236,7 @@ class DraftModel(Drafter):
         runs the very passes a draft model would run). ``drawn[b]`` (default k): the drafts row b proposes; its
         DRAFT-stream counter advances by that many, so its next round draws from where its own drafts ended,
         whatever the other rows asked for (the draws past drawn[b] were never shown to anyone: fresh)."""
+        self._prelaunched = None
         lengths = [len(row.history) for row in self._rows]
         drawn = drawn or [k] * len(self._rows)
         self._prefill_owed([n > 0 for n in drawn])
@@ -223,6 +251,58 @@ class DraftModel(Drafter):
                 row.valid = L + k - 1
             row.step += n
         return drafts, q
+
+    def prelaunch(self, shape: int | tuple[int, ...], num_draft: list[int], num_accepted: Tensor, tail: Tensor,
+                  forced: Tensor | None = None) -> bool:
+        """The next round's drafting, launched from this round's outcome on the device (module docstring,
+        "Prelaunch"): the captured draft loop of k = ``shape`` drafts, or the passes of the tree of widths ``shape``.
+        ``forced`` [B, k] (or [B, nodes]) on the device: ``OracleDraft``'s cost model feeds these tokens."""
+        self._prelaunched = None
+        tree = isinstance(shape, tuple)
+        key = self._loop_key(forced is not None)
+        # a row must owe nothing (prefill, catch-up) after the commit: V_b >= L_b + a_b - 1 for every a_b <= its drafts
+        if (key is None or not shape or not self._rows or len(num_draft) != len(self._rows)
+                or any(row.owed or row.valid < len(row.history) + n - 1 for row, n in zip(self._rows, num_draft))):
+            return False
+        device = self.model.device
+        a = num_accepted.to(device, torch.long)                                                   # [B]
+        host = to_device([[len(row.history) - 1, row.sampling.seed, row.step] for row in self._rows],
+                         device, torch.long)                                                      # [B, 3]
+        last_two = tail.to(device, torch.long).gather(1, torch.stack([a, a + 1], dim=1))          # [B, 2]
+        # a failed row's tokens mean nothing (it leaves before the next round): keep them inside the vocabulary
+        last_two.clamp_(0, self.model.config.vocab_size - 1)
+        back = host[:, 0] + a                                                                     # [B] L_b' - 2
+        bound = max(len(row.history) + n - 1 for row, n in zip(self._rows, num_draft))
+        if tree:
+            drafts, probs = self._tree_passes(shape, forced, device_start=(back, last_two, bound))
+        else:
+            inputs = torch.cat([back[:, None], last_two, host[:, 1:]], dim=1)                    # [B, 5]
+            if forced is not None:
+                inputs = torch.cat([inputs, forced.to(device, torch.long)], dim=1)               # [B, 5 + k]
+            drafts, probs = self.model.draft_loop(inputs, shape, self._choice(key), key, length_bound=bound)
+        self._prelaunched = _Prelaunch(shape, len(self._rows), self._commits, drafts, probs)
+        self.prelaunches += 1
+        return True
+
+    def _take_prelaunched(self, shape: int | tuple[int, ...], max_num_draft: list[int] | None = None
+                          ) -> tuple[Tensor, Tensor | list[int] | None] | None:
+        """The prelaunched drafts if they are this round's: launched in the round before (whose commit is the last
+        one) for this batch, which owes nothing, and ``shape`` (a chain: k for every row of ``max_num_draft``; a tree:
+        its widths); with the host state ``_run`` / ``_tree_passes`` would leave. Else None (dropped)."""
+        pre, self._prelaunched = self._prelaunched, None
+        if pre is None or pre.commit + 1 != self._commits or pre.shape != shape:
+            return None
+        if max_num_draft is not None and (len(max_num_draft) != pre.rows or any(n != shape for n in max_num_draft)):
+            return None
+        if len(self._rows) != pre.rows or any(row.owed or row.valid < len(row.history) - 2 for row in self._rows):
+            return None
+        depth = len(shape) if isinstance(shape, tuple) else shape
+        for row in self._rows:
+            row.valid = len(row.history) + depth - 1
+            if not isinstance(shape, tuple):
+                row.step += depth
+        self.prelaunches_taken += 1
+        return pre.drafts, pre.probs
 
     def _loop_key(self, forced: bool = False) -> tuple | None:
         """The key of the captured draft loop for this batch's choice, or None to run the eager loop: the
@@ -303,12 +383,13 @@ class DraftModel(Drafter):
                     lo, hi = (mid, hi) if old[:mid] == history[:mid] else (lo, mid - 1)
                 m = lo
             row.history, row.valid, row.step = list(history), m, step
+        self._prelaunched = None
 
     def propose(self, max_num_draft: list[int]) -> Proposal:
         k = max(max_num_draft)
         if k == 0:
             return Proposal(torch.zeros(len(max_num_draft), 0, dtype=torch.long), [0] * len(max_num_draft), None)
-        draft_tokens, q = self._run(k, drawn=list(max_num_draft))         # [B, K], [B, K, V] | None
+        draft_tokens, q = self._take_prelaunched(k, max_num_draft) or self._run(k, drawn=list(max_num_draft))
         draft_probs = None
         if q is not None:
             draft_probs = q.flatten(0, 1)                                 # [B * K, V], rows (b, i)
@@ -324,22 +405,31 @@ class DraftModel(Drafter):
         """Top-w_d children per node by the draft's logits, one batched pass per depth (see the module docstring);
         every row proposes the full tree. A ``DynamicTree``: the beam of ``_dynamic_passes``."""
         if isinstance(widths, DynamicTree):
+            self._prelaunched = None
             return self._dynamic_passes(widths)
-        nodes, parents = self._tree_passes(tuple(widths))
+        nodes, parents = self._take_prelaunched(tuple(widths)) or self._tree_passes(tuple(widths))
         B = len(self._rows)
         local = tuple(p - 1 for p in parents[1:]) * B            # verification's layout: -1 = the root
         return TreeProposal(nodes.reshape(-1), local, [nodes.shape[1]] * B)
 
-    def _tree_passes(self, widths: tuple[int, ...], forced: Tensor | None = None) -> tuple[Tensor, list[int]]:
+    def _tree_passes(self, widths: tuple[int, ...], forced: Tensor | None = None,
+                     device_start: tuple[Tensor, Tensor, int] | None = None) -> tuple[Tensor, list[int]]:
         """The tree's passes for the whole batch -> (nodes [B, N - 1] int64 on the draft device, in node order;
-        the runtime parents of all N nodes, node 0 the root). ``forced`` [B, N - 1] (host): these nodes instead
-        of the top-w (``OracleDraft``'s cost model runs the same passes)."""
+        the runtime parents of all N nodes, node 0 the root). ``forced`` [B, N - 1]: these nodes instead of the
+        top-w (``OracleDraft``'s cost model runs the same passes). ``device_start`` (``prelaunch``): (the rows' lengths
+        L_b - 2 [B], their last two tokens [B, 2], both on the device, a host bound on the lengths) instead of the
+        host's histories; the rows' V_b are then left for ``_take_prelaunched``."""
+        self._prelaunched = None
         model = self.model
         lengths = [len(row.history) for row in self._rows]
-        self._prefill_owed([True] * len(self._rows))                 # every row proposes the full tree
-        self._catch_up(lengths)
-        model.rollback([L - 2 for L in lengths])
-        feed = to_device([row.history[-2:] for row in self._rows], model.device, torch.long)   # [B, 2]
+        if device_start is None:
+            self._prefill_owed([True] * len(self._rows))                 # every row proposes the full tree
+            self._catch_up(lengths)
+            model.rollback([L - 2 for L in lengths])
+            feed = to_device([row.history[-2:] for row in self._rows], model.device, torch.long)   # [B, 2]
+        else:
+            back, feed, bound = device_start
+            model.rollback(back, bound=bound)
         logits = model.append(feed)[:, -1:]                                           # [B, 1, V]: the root's
         if forced is not None:
             forced = to_device(forced, model.device, torch.long)
@@ -357,8 +447,9 @@ class DraftModel(Drafter):
                 logits = model.append_tree(new, [tuple(parents)] * len(lengths))      # [B, n_d, V]
         self._tree_size = len(parents) - len(level)       # the nodes the cache holds: root + all but the last depth
         self._tree_depth = len(widths)
-        for row, L in zip(self._rows, lengths):
-            row.valid = L + len(widths) - 1               # commit lowers it to L + min(a, D - 1)
+        if device_start is None:
+            for row, L in zip(self._rows, lengths):
+                row.valid = L + len(widths) - 1           # commit lowers it to L + min(a, D - 1)
         return torch.cat(levels, dim=1), parents
 
     def _dynamic_passes(self, shape: DynamicTree) -> TreeProposal:
@@ -443,6 +534,7 @@ class DraftModel(Drafter):
 
     def commit(self, num_accepted, emitted) -> None:
         # the cache stays valid for the history and the accepted drafts it was fed; the rest is dead
+        self._commits += 1
         for row, a, e in zip(self._rows, num_accepted, emitted, strict=True):
             row.valid = min(row.valid, len(row.history) + a)
             row.history.extend(e)

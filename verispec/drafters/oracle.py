@@ -93,9 +93,19 @@ class OracleDraft(Drafter):
         k = max(max_num_draft, default=0)
         drafts = torch.tensor([self._oracle(b, k) for b in range(len(self._rows))], dtype=torch.long)  # [B, K]
         drafts = drafts.reshape(len(self._rows), k)
-        if self._runner is not None and k:
+        if self._runner is not None and k and self._runner._take_prelaunched(k, list(max_num_draft)) is None:
             self._runner._run(k, forced=drafts, drawn=list(max_num_draft))   # a row asking for 0 owes no prefill
         return Proposal(drafts, list(max_num_draft), None)
+
+    def prelaunch(self, shape: int | tuple[int, ...], num_draft: list[int], num_accepted: Tensor, tail: Tensor) -> bool:
+        """The cost model's next draft passes (``DraftModel.prelaunch``: k drafts, or a tree's widths), fed token 0
+        where the oracle's drafts would go: they are chosen on the host after the commit, and what the cost model's
+        cache holds past the history is never read (its passes cost the same whatever the tokens)."""
+        if self._runner is None or not self._rows:
+            return False
+        width = len(_tree_shape(shape)[0]) if isinstance(shape, tuple) else shape
+        forced = torch.zeros(len(self._rows), width, dtype=torch.long, device=self._runner.model.device)   # [B, n]
+        return self._runner.prelaunch(shape, num_draft, num_accepted, tail, forced=forced)
 
     drafts_trees = True
 
@@ -120,7 +130,7 @@ class OracleDraft(Drafter):
                 first += sizes[d]
         if rows:
             nodes[rows, cols] = truth[rows, depth[cols]]                                # [B, n]
-        if self._runner is not None:
+        if self._runner is not None and self._runner._take_prelaunched(widths) is None:
             self._runner._tree_passes(widths, forced=nodes)
         return TreeProposal(nodes.reshape(-1), parents * B, [n] * B)
 
@@ -143,6 +153,14 @@ class OracleDraft(Drafter):
     @property
     def catch_up_passes(self) -> int:
         return 0 if self._runner is None else self._runner.catch_up_passes
+
+    @property
+    def prelaunches(self) -> int:
+        return 0 if self._runner is None else self._runner.prelaunches
+
+    @property
+    def prelaunches_taken(self) -> int:
+        return 0 if self._runner is None else self._runner.prelaunches_taken
 
     def draft_debt(self) -> tuple[list[int], int] | None:
         return None if self._runner is None else self._runner.draft_debt()

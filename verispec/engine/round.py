@@ -105,6 +105,7 @@ class PhaseClock:
     times are exact (at a small cost in throughput)."""
 
     def __init__(self, device: torch.device, synchronize: bool):
+        self.exact = synchronize            # asked for exact phases (no work of one round may run in another's)
         self.sync = synchronize and device.type == "cuda"
         self.device = device
 
@@ -161,14 +162,51 @@ def warm_layouts(b: int, k: int) -> list[list[int]]:
     return [[N // b + (row < N % b) for row in range(b)] for N in sorted(totals)]
 
 
-def read_outcome(out: VerifyOutput) -> list[list[int]]:
+def read_outcome(out: VerifyOutput, meanwhile: Callable[[], None] | None = None) -> list[list[int]]:
     """The verification outcome on the host, in the round's ONE device->host read: per row
     [num_accepted, tokens (K + 1)..., status]. A row whose status word (the last entry) is non-zero has
-    tokens that mean nothing (``failed_rows``)."""
+    tokens that mean nothing (``failed_rows``). ``meanwhile()`` is called once the read is queued on a GPU, before
+    the host waits for it: work it queues runs after the read, so the wait does not include it."""
     status = out.status if out.status is not None else torch.zeros_like(out.num_accepted)   # a backend without one
+    rows = torch.cat([out.num_accepted[:, None], out.tokens, status[:, None]], dim=1)        # [B, K + 3]
     # NOTE: the one host sync per round: the host must learn how many tokens each row emitted (EOS / stop /
     # length checks, the drafter's history, streaming) -- and whether it may use them.
-    return torch.cat([out.num_accepted[:, None], out.tokens, status[:, None]], dim=1).cpu().tolist()
+    if meanwhile is None or rows.device.type != "cuda":
+        if meanwhile is not None:
+            meanwhile()
+        return rows.cpu().tolist()
+    host = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
+    host.copy_(rows, non_blocking=True)
+    read = torch.cuda.Event()
+    read.record()
+    meanwhile()
+    read.synchronize()
+    return host.tolist()
+
+
+def prelaunched(drafter: Drafter | None, out, certain_before: Tensor, num_draft: list[int],
+                next_shape: Callable[[], int | tuple[int, ...] | None] | None, clock: PhaseClock,
+                draft_error: tuple | None) -> tuple[list[list[int]], tuple | None]:
+    """``read_outcome(out)`` of a chain or tree round, with the next round's drafts launched meanwhile when
+    ``next_shape()`` names that round's shape (``Drafter.prelaunch``; not in a round whose drafter failed, nor
+    when the phases are timed: the next round's drafting would run inside this one's). -> (the outcome,
+    draft_error): a prelaunch that raises names no row; this round's tokens stand and the scheduler sets the
+    drafter aside."""
+    errors: list[tuple[str, Exception]] = []
+
+    def prelaunch() -> None:
+        shape = next_shape()
+        if not shape:
+            return
+        tail = torch.cat([certain_before, out.tokens.to(torch.long)], dim=1)                # [B, D + 2]
+        try:
+            drafter.prelaunch(shape, num_draft, out.num_accepted, tail)
+        except Exception as e:  # noqa: BLE001 - names no row: this round's tokens stand, the scheduler decides
+            errors.append(("prelaunch", e))
+
+    launch = next_shape is not None and drafter is not None and draft_error is None and not clock.exact
+    outcome = read_outcome(out, prelaunch if launch else None)
+    return outcome, draft_error or (errors[0] if errors else None)
 
 
 def failed_rows(outcome: list[list[int]], what: str) -> dict[int, str]:
@@ -230,12 +268,17 @@ def _ragged(logits: Tensor, draft_tokens: Tensor, num_draft: list[int]) -> tuple
 
 
 def run_round(target, drafter: Drafter | None, batch: RunningBatch, max_num_draft: list[int],
-              clock: PhaseClock, backend: str | None = None, launched: Callable[[], None] | None = None) -> RoundResult:
+              clock: PhaseClock, backend: str | None = None, launched: Callable[[], None] | None = None,
+              next_shape: Callable[[], int | tuple[int, ...] | None] | None = None) -> RoundResult:
     """Advance every row of ``batch`` by one round; ``max_num_draft[b]`` caps row b's drafts (0 = plain
     decoding for that row). Updates ``batch`` (certain tokens), the target cache and the
     drafter, each row's ``rounds_done``; returns what each row emitted. Exactly one device->host read (the
-    outcome). ``launched()``, if given, is called once the target pass is launched (``Scheduler.launched_hook``)."""
+    outcome). ``launched()``, if given, is called once the target pass is launched (``Scheduler.launched_hook``).
+    ``next_shape()``, if given and the phases are not timed, is the next round's shape (k for every row, or a tree's
+    widths) if the scheduler knows it now (else None): the drafter then launches that round's drafts before the host
+    reads this one's outcome (``prelaunched``)."""
     device = batch.certain.device
+    certain_before = batch.certain                                                          # [B, 1]
     t0 = clock.now()
     proposal, failed, draft_error = None, {}, None
     if drafter is not None and max(max_num_draft, default=0) > 0:
@@ -267,7 +310,7 @@ def run_round(target, drafter: Drafter | None, batch: RunningBatch, max_num_draf
         target.rollback(target.lengths - width + out.num_accepted.to(torch.long))
     # launched before the sync below, so it runs while the host waits
     batch.certain = out.tokens.gather(1, out.num_accepted[:, None].to(torch.long)).to(torch.long)  # [B, 1]
-    outcome = read_outcome(out)                                                            # B x [1 + K + 1 + 1]
+    outcome, draft_error = prelaunched(drafter, out, certain_before, num_draft, next_shape, clock, draft_error)
     failed.update(failed_rows(outcome, "this round's target logits"))
     t3 = clock.now()
     num_accepted, emitted, draft_error = commit_outcome(drafter, batch, outcome, failed, draft_error)

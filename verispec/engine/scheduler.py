@@ -45,6 +45,10 @@ log = logging.getLogger(__name__)
 
 KPolicy = Callable[[list[Sequence], int], list[int]]   # (running sequences, K max) -> drafts per row
 
+# Launch the next round's drafts from each round's outcome on the device, before the host reads it, when that round's
+# k is known then (``Scheduler._next_k``, ``Drafter.prelaunch``); a scheduler's ``prelaunch`` starts from this.
+PRELAUNCH = True
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:
@@ -104,6 +108,11 @@ class Scheduler:
         elif self.tree_auto:
             self.k = max([self.k_max] + [tree_nodes(t) for t in self.auto_trees])
         self.k_policy = k_policy or (lambda running, k: [k] * len(running))
+        self._fixed_k = k_policy is None and self.tree is None and not self.tree_auto
+        # the most positions a round tests (its emitted tokens - 1)
+        self._deepest = (len(self.tree) if isinstance(self.tree, tuple) else
+                         max([self.k_max] + [len(t) for t in self.auto_trees]))
+        self.prelaunch = PRELAUNCH
         self.verify_backend = verify_backend
         self.isolate_drafter = isolate_drafter
         self.clock = PhaseClock(target.device, timing)
@@ -353,12 +362,14 @@ class Scheduler:
         launched = self.launched_hook
         if self.tree_auto and drafter is not None and getattr(self.k_policy, "plan_ahead", False) and not self.waiting:
             launched = self._launched_and_plan
+        next_shape = self._next_shape if drafter is not None and self.prelaunch else None
         try:
             if tree is not None and drafter is not None:
                 result = run_tree_round(self.target, drafter, self.batch, tree, self.clock, self.verify_backend,
-                                        launched)
+                                        launched, next_shape)
             else:
-                result = run_round(self.target, drafter, self.batch, caps, self.clock, self.verify_backend, launched)
+                result = run_round(self.target, drafter, self.batch, caps, self.clock, self.verify_backend, launched,
+                                   next_shape)
         except Exception as e:  # noqa: BLE001 - the target pass is shared: every running request fails with it
             self._fail_running(e)
             return
@@ -393,6 +404,26 @@ class Scheduler:
                 seq.finish_reason, seq.error = "error", result.failed[b]
             else:
                 self._deliver(seq, chunk)
+
+    def _next_shape(self) -> int | tuple[int, ...] | None:
+        """The next round's shape (k for every row, or a tree's widths), if it is known before this round's outcome is
+        read, else None: the drafter may then launch that round's drafts already (``Drafter.prelaunch``). Known with a
+        fixed k (the default policy) or tree, or the shape ``AutoK.plan`` chose during this round's pass, for the same
+        batch: none when a waiting request may be admitted first, or when a row may end by its length this round (by
+        EOS or a stop string the drafts are dropped unused: exact, one round's drafting lost on the device)."""
+        if self.waiting and len(self.running) < self.config.max_batch_size:
+            return None
+        if self._fixed_k:
+            shape = self.k
+        elif isinstance(self.tree, tuple):
+            shape = self.tree
+        elif self.tree_auto and self._plan is not None:
+            shape = self._plan.shape
+        else:
+            return None
+        if any(seq.request.max_new_tokens - len(seq.generated) <= self._deepest + 1 for seq in self.running):
+            return None
+        return shape or None
 
     def _launched_and_plan(self) -> None:
         """The round's target pass is launched: the caller's hook, then the next round's shape (``AutoK.plan``), on

@@ -27,8 +27,8 @@ from ..drafters.base import Drafter, Sampling, SamplingParams, TreeProposal, ful
 from ..drafters.dynamic_tree import DynamicTree
 from ..verify import TreeVerifyOutput, verify_tree_greedy, verify_tree_sample
 from ..verify.tree_api import TREE_BACKENDS
-from .round import (PhaseClock, RoundResult, RunningBatch, commit_outcome, failed_rows, proposal_and_faults,
-                    read_outcome)
+from .round import (PhaseClock, RoundResult, RunningBatch, commit_outcome, failed_rows, prelaunched,
+                    proposal_and_faults, read_outcome)
 
 
 def tree_verification(target_logits, draft_tokens, parents: tuple[int, ...], num_nodes: list[int],
@@ -118,12 +118,15 @@ def _pass_layout(paths: torch.Tensor, T: int, device) -> tuple[torch.Tensor, tor
 
 def run_tree_round(target, drafter: Drafter, batch: RunningBatch, widths: tuple[int, ...] | DynamicTree,
                    clock: PhaseClock, backend: str | None = None,
-                   launched: Callable[[], None] | None = None) -> RoundResult:
+                   launched: Callable[[], None] | None = None,
+                   next_shape: Callable[[], int | tuple[int, ...] | None] | None = None) -> RoundResult:
     """Advance every row of ``batch`` by one tree round (see the module docstring). ``RoundResult.num_draft`` holds
     each row's tree depth (the positions its round tested, as k_b for a chain). Exactly one device->host read (and
     the drafter's own read of a dynamic tree's parents: ``DraftModel._dynamic_passes``).
-    ``launched()``, if given, is called once the target pass is launched (``Scheduler.launched_hook``)."""
+    ``launched()``, if given, is called once the target pass is launched (``Scheduler.launched_hook``);
+    ``next_shape()``: as ``run_round``'s (the next round's drafts launched before this one's outcome is read)."""
     device = batch.certain.device
+    certain_before = batch.certain                                                          # [B, 1]
     t0 = clock.now()
     proposal, failed, draft_error = proposal_and_faults(lambda: drafter.propose_tree(widths))
     drafted = proposal is not None                     # the drafter's cache holds this round's tree
@@ -155,12 +158,13 @@ def run_tree_round(target, drafter: Drafter, batch: RunningBatch, widths: tuple[
             drafter.tree_accepted(path, num_accepted)
     except Exception as e:  # noqa: BLE001 - names no row: the tokens stand, the scheduler sets the drafter aside
         draft_error = draft_error or ("commit", e)
-    outcome = read_outcome(out)
+    depths = _depths(proposal)
+    outcome, draft_error = prelaunched(drafter if drafted else None, out, certain_before, depths, next_shape, clock,
+                                       draft_error)
     failed.update(failed_rows(outcome, "this round's target logits"))
     t3 = clock.now()
     accepted, emitted, draft_error = commit_outcome(drafter, batch, outcome, failed, draft_error)
     t4 = clock.now()
-    depths = _depths(proposal)
     phases = dict(draft=t1 - t0, target=t2 - t1, verification=t3 - t2, commit=t4 - t3)
     return RoundResult(depths, accepted, emitted, phases, failed, draft_error)
 

@@ -420,7 +420,8 @@ class Model:
         return len(self._graphs) + len(self._prefill_graphs) - before
 
     @torch.no_grad()
-    def draft_loop(self, inputs: Tensor, k: int, choose: Choose, key: Hashable) -> tuple[Tensor, Tensor | None]:
+    def draft_loop(self, inputs: Tensor, k: int, choose: Choose, key: Hashable,
+                   length_bound: int | None = None) -> tuple[Tensor, Tensor | None]:
         """k tokens per sequence, each chosen on the device from the logits after the one before: the draft
         loop of a draft model, in ONE CUDA graph replay when graphs are on (no host work between its passes).
 
@@ -433,6 +434,8 @@ class Model:
         choose:  (i, logits [R, V], inputs [R, C]) -> (tokens [R] int64, probs [R, V] float32 or None); device
                  ops only, the same ones on every call (it is captured). R >= B: the graph's bucket rows.
         key:     names ``choose`` and the settings baked into it: one graph per (bucket, k, C, key).
+        length_bound: for device ``inputs``, a host bound on inputs[:, 0] (the rows' lengths are rolled back to it
+                 or below), so that the cache's room is judged without reading the inputs (host inputs give it).
         Returns (tokens [B, k] int64, probs [B, k, V] float32 or None), copies the caller may keep.
 
         Lengths advance by k + 1 from the rolled-back ones. Without graphs, past GRAPH_MAX_TOKENS drafts, or
@@ -442,10 +445,12 @@ class Model:
         if inputs.dim() != 2 or inputs.shape[0] != cache.batch_size or inputs.shape[1] < 3 or k < 1:
             raise ValueError(f"draft_loop: inputs must be [B={cache.batch_size}, >= 3] and k >= 1, got "
                              f"{tuple(inputs.shape)}, k={k}")
-        if inputs.device.type == "cpu":
+        if inputs.device.type == "cpu" and length_bound is None:
+            length_bound = int(inputs[:, 0].max())
+        if length_bound is not None:
             # the loop rolls every row back to inputs[:, 0] before it writes: bound the room by that (a host
             # value), not by the lengths before the rollback, which would refuse the last rounds of a sequence
-            cache.max_len_bound = min(cache.max_len_bound, int(inputs[:, 0].max()))
+            cache.max_len_bound = min(cache.max_len_bound, length_bound)
         self._check_room(cache, k + 1)
         batch = cache.batch_size
         rows = self.graph_rows(batch) if self.use_graphs else batch
@@ -657,18 +662,21 @@ class Model:
         return self.append(tokens)
 
     @torch.no_grad()
-    def rollback(self, new_lengths: Tensor) -> None:
+    def rollback(self, new_lengths: Tensor, bound: int | None = None) -> None:
         """Set lengths (no copying). Entries past the new lengths are dead. Lengths can only shrink:
         new values are clamped to the current ones on the device (no sync). Host values (a list of ints, e.g. a
-        draft model's rollback to its known history) also lower the host bound of the lengths to their max, so
-        that the passes after them do not read the lengths back near capacity (``_check_room``)."""
+        draft model's rollback to its known history), or a host ``bound`` on device values, also lower the host
+        bound of the lengths, so that the passes after them do not read the lengths back near capacity
+        (``_check_room``)."""
         cache = self._need_cache()
         new = to_device(new_lengths, self.device, torch.long)
         if new.shape != cache.lengths.shape:
             raise ValueError(f"rollback: new_lengths must be [{cache.batch_size}], got {tuple(new.shape)}")
         torch.minimum(new, cache.lengths, out=cache.lengths)
         if isinstance(new_lengths, (list, tuple)) and new_lengths:
-            cache.max_len_bound = min(cache.max_len_bound, max(new_lengths))
+            bound = max(new_lengths)
+        if bound is not None:
+            cache.max_len_bound = min(cache.max_len_bound, bound)
 
     @torch.no_grad()
     def copy_kv(self, rows: list[int], source: "Model", source_rows: list[int], starts: list[int], width: int) -> None:
