@@ -1,13 +1,14 @@
 """Where a round's wall time goes on the host: the wait for the outcome against the host's own work, function by
 function (benchmarks/results/round_host.md).
 
-    python benchmarks/round_host.py [--packed] [--configs plain,k2,2-2] [--batch 1] [--new-tokens 128]
-                                    [--out DIR] [--write]
+    python benchmarks/round_host.py [--weights bf16,packed] [--configs plain,k2,2-2] [--batch 1]
+                                    [--new-tokens 128] [--repeats 3] [--out DIR] [--write]
 
 On a GPU a round is launched by the host and read back once (``read_outcome``); what the host does between that
 read and the next launch, the device waits for. This script times ``generate`` on the 8B shape (random weights,
-``make_peaked``) with ``OracleDraft`` paid by the 1B shape's passes (``--packed``: the 8B in Q4_K_M and the 1B in
-Q8_0, random packed blocks, issue 24's speculation setting), once as is (``ms per round``), then again with
+``make_peaked``) with ``OracleDraft`` paid by the 1B shape's passes (``--weights packed``: the 8B in Q4_K_M and the 1B
+in Q8_0, random packed blocks, issue 24's speculation setting), as is (``ms per round``) and without prelaunched
+drafts (``Drafter.prelaunch``), then again with
 ``time.perf_counter`` around the functions a round runs (module attributes replaced for that call, restored after)
 and the device synchronized before each ``read_outcome``, so that the wait shows apart: ``wait`` = ms a round the
 host waited for the device; ``host`` = the rest of the instrumented call's round; the functions' ms a round are
@@ -144,33 +145,59 @@ def measure(target, draft, config: str, batch: int, new_tokens: int, alpha: floa
 
 def markdown(res: dict) -> str:
     lines = ["# Where a round's wall time goes on the host", "", environment_line(res["env"]), "",
-             f"Command: `{res['command']}`. Target {res['target']}, draft {res['draft']} (OracleDraft: acceptance "
-             f"{res['alpha']} for chains, coverage {res['rates']} by width for trees), {res['batch']} row(s) of 128 "
-             f"prompt tokens, {res['new_tokens']} new tokens. `ms per round`: `generate` as is (after a warm-up "
-             f"call; median of {res['repeats']} calls, `range` their slowest and fastest), `prelaunched`: its rounds "
-             f"whose drafts were launched in the round before (`Drafter.prelaunch`); `without prelaunch`: the same "
-             f"with `PRELAUNCH` off ({res['repeats']} calls, the two settings in turn); the rest from one more call with "
-             f"the functions timed and the device synchronized before each outcome read (`instrumented`): `wait` = "
-             f"the host waiting for the device, `host` = the rest; the functions' ms a round are inclusive and partly "
-             f"overlap the device's work (launched before the wait).", ""]
-    rows = [[c["config"], f"{c['ms_per_round']:.3f}", f"{c['ms_range'][0]:.3f}-{c['ms_range'][1]:.3f}",
-             f"{c['prelaunched_rounds']} / {c['rounds']}", f"{c['ms_per_round_without']:.3f}",
-             f"{c['ms_per_round_without'] / c['ms_per_round']:.3f}", f"{c['tokens_per_round']:.2f}",
-             f"{c['instrumented_ms_per_round']:.3f}", f"{c['wait_ms']:.3f}",
-             f"{c['instrumented_ms_per_round'] - c['wait_ms']:.3f}", "yes" if c["exact"] else "**no**"]
-            for c in res["cells"]]
-    lines += markdown_table(["config", "ms per round", "range", "prelaunched", "without prelaunch",
-                             "speedup", "tokens per round", "instrumented", "wait", "host", "exact"], rows) + [""]
-    for c in res["cells"]:
-        lines += [f"{c['config']}: " + ", ".join(f"`{name}` {ms:.3f} ({n:.2f}/round)"
-                                                 for name, (ms, n) in c["functions"].items()), ""]
+             f"Command: `{res['command']}`. OracleDraft: acceptance {res['alpha']} for chains, coverage {res['rates']} "
+             f"by width for trees; {res['batch']} row(s) of 128 prompt tokens, {res['new_tokens']} new tokens. "
+             f"`ms per round`: `generate` as is (after a warm-up call; median of {res['repeats']} calls, `range` "
+             f"their slowest and fastest), `prelaunched`: its rounds whose drafts were launched in the round before "
+             f"(`Drafter.prelaunch`); `without prelaunch`: the same with `PRELAUNCH` off ({res['repeats']} calls, the "
+             f"two settings in turn); `vs plain`: tokens per ms over plain decoding's, same weights, same run; the "
+             f"rest from one more call with the functions timed and the device synchronized before each outcome read "
+             f"(`instrumented`): `wait` = the host waiting for the device, `host` = the rest; the functions' ms a "
+             f"round are inclusive and partly overlap the device's work (launched before the wait).", ""]
+    for part in res["parts"]:
+        lines += [f"## {part['target']} target, {part['draft']} draft", ""]
+        plain = next((c for c in part["cells"] if c["config"] == "plain"), None)
+
+        def vs_plain(c: dict) -> str:
+            if plain is None:
+                return ""
+            return f"{c['tokens_per_round'] / c['ms_per_round'] / (plain['tokens_per_round'] / plain['ms_per_round']):.3f}"
+
+        rows = [[c["config"], f"{c['ms_per_round']:.3f}", f"{c['ms_range'][0]:.3f}-{c['ms_range'][1]:.3f}",
+                 f"{c['prelaunched_rounds']} / {c['rounds']}", f"{c['ms_per_round_without']:.3f}",
+                 f"{c['ms_per_round_without'] / c['ms_per_round']:.3f}", f"{c['tokens_per_round']:.2f}", vs_plain(c),
+                 f"{c['instrumented_ms_per_round']:.3f}", f"{c['wait_ms']:.3f}",
+                 f"{c['instrumented_ms_per_round'] - c['wait_ms']:.3f}", "yes" if c["exact"] else "**no**"]
+                for c in part["cells"]]
+        lines += markdown_table(["config", "ms per round", "range", "prelaunched", "without prelaunch", "speedup",
+                                 "tokens per round", "vs plain", "instrumented", "wait", "host", "exact"], rows) + [""]
+        for c in part["cells"]:
+            lines += [f"{c['config']}: " + ", ".join(f"`{name}` {ms:.3f} ({n:.2f}/round)"
+                                                     for name, (ms, n) in c["functions"].items()), ""]
     return "\n".join(lines)
+
+
+WEIGHTS = {"bf16": ("llama-3.1-8b bf16", "llama-3.2-1b bf16"), "packed": ("llama-3.1-8b Q4_K_M", "llama-3.2-1b Q8_0")}
+
+
+def load_pair(weights: str):
+    """(target, draft) of ``WEIGHTS[weights]``: random bf16 weights, or random packed blocks (issue 24's setting)."""
+    from verispec import load_model
+
+    if weights == "packed":
+        from benchmarks.quant import packed_random_model
+
+        return (packed_random_model("llama-3.1-8b", "Q4_K_M"),
+                packed_random_model("llama-3.2-1b", "Q8_0", seed=1 << 16))
+    return (load_model("llama-3.1-8b", device="cuda", dtype=torch.bfloat16),
+            load_model("llama-3.2-1b", device="cuda", dtype=torch.bfloat16))
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--configs", default="plain,k2,2-2", help="comma-separated plain, kN, W-W-...")
-    ap.add_argument("--packed", action="store_true", help="the 8B in Q4_K_M and the 1B in Q8_0 (random blocks)")
+    ap.add_argument("--weights", default="bf16",
+                    help="comma-separated bf16 (8B + 1B, random) and packed (the 8B in Q4_K_M and the 1B in Q8_0)")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--alpha", type=float, default=0.8, help="the oracle's chain acceptance")
@@ -179,36 +206,34 @@ def main(argv=None) -> int:
     ap.add_argument("--write", action="store_true", help="also write benchmarks/results/round_host.md")
     args = ap.parse_args(argv)
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    weights = [w.strip() for w in args.weights.split(",") if w.strip()]
     try:
         for c in configs:
             parse_config(c)                              # a bad name fails before any model loads
     except ValueError as e:
         ap.error(str(e))
+    if not weights or any(w not in WEIGHTS for w in weights):
+        ap.error(f"--weights: {args.weights!r}: use a comma-separated list of {', '.join(WEIGHTS)}")
     if args.batch < 1 or args.new_tokens < 2 or args.repeats < 1:
         ap.error("--batch and --repeats must be >= 1 and --new-tokens >= 2")
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU (the 8B and 1B shapes); tests run measure() on tiny CPU models")
     from benchmarks.trees import TREE_RATES
-    from verispec import load_model
     from verispec.drafters import make_peaked
 
-    if args.packed:
-        from benchmarks.quant import packed_random_model
-
-        target = packed_random_model("llama-3.1-8b", "Q4_K_M")
-        draft = packed_random_model("llama-3.2-1b", "Q8_0", seed=1 << 16)
-        names = ("llama-3.1-8b Q4_K_M", "llama-3.2-1b Q8_0")
-    else:
-        target = load_model("llama-3.1-8b", device="cuda", dtype=torch.bfloat16)
-        draft = load_model("llama-3.2-1b", device="cuda", dtype=torch.bfloat16)
-        names = ("llama-3.1-8b bf16", "llama-3.2-1b bf16")
-    make_peaked(target)
-    cells = [measure(target, draft, c, args.batch, args.new_tokens, args.alpha, TREE_RATES, torch.cuda.synchronize,
-                     args.repeats) for c in configs]
+    parts = []
+    for w in weights:
+        target, draft = load_pair(w)
+        make_peaked(target)
+        cells = [measure(target, draft, c, args.batch, args.new_tokens, args.alpha, TREE_RATES,
+                         torch.cuda.synchronize, args.repeats) for c in configs]
+        parts.append(dict(weights=w, target=WEIGHTS[w][0], draft=WEIGHTS[w][1], cells=cells))
+        del target, draft
+        torch.cuda.empty_cache()
     res = dict(env=environment(), command="python benchmarks/round_host.py " + " ".join(sys.argv[1:] if argv is None
                                                                                     else argv),
-               target=names[0], draft=names[1], alpha=args.alpha, rates=TREE_RATES, batch=args.batch,
-               new_tokens=args.new_tokens, repeats=args.repeats, cells=cells)
+               alpha=args.alpha, rates=TREE_RATES, batch=args.batch, new_tokens=args.new_tokens,
+               repeats=args.repeats, parts=parts)
     out = Path(args.out) if args.out else Path(os.environ.get("TMPDIR", "/tmp")) / "round_host"
     out.mkdir(parents=True, exist_ok=True)
     (out / "round_host.json").write_text(json.dumps(res, indent=1))

@@ -41,9 +41,11 @@ def test_measure_times_the_rounds_and_puts_every_function_back():
     assert "OracleDraft.propose" in cells[1]["functions"] and "OracleDraft.propose_tree" in cells[2]["functions"]
     from benchmarks.common import environment
 
-    page = round_host.markdown(dict(env=environment(), command="x", target="tiny", draft="tiny", alpha=0.8,
-                                    rates={1: 0.6}, batch=2, new_tokens=12, repeats=2, cells=cells))
+    page = round_host.markdown(dict(env=environment(), command="x", alpha=0.8, rates={1: 0.6}, batch=2,
+                                    new_tokens=12, repeats=2,
+                                    parts=[dict(weights="bf16", target="tiny", draft="tiny", cells=cells)]))
     assert "| config | ms per round | range | prelaunched | without prelaunch |" in page and "`Scheduler._round`" in page
+    assert "## tiny target, tiny draft" in page and "| plain |" in page and "| 1.000 |" in page   # vs plain
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
@@ -54,3 +56,6 @@ def test_the_script_refuses_without_a_gpu_and_names_a_bad_config_first(capsys):
     with pytest.raises(SystemExit) as e:
         round_host.main(["--configs", "k0"])
     assert e.value.code == 2 and "'k0' is none of" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        round_host.main(["--weights", "bf16,int4"])
+    assert e.value.code == 2 and "--weights: 'bf16,int4'" in capsys.readouterr().err
