@@ -161,7 +161,8 @@ def markdown(res: dict) -> str:
         def vs_plain(c: dict) -> str:
             if plain is None:
                 return ""
-            return f"{c['tokens_per_round'] / c['ms_per_round'] / (plain['tokens_per_round'] / plain['ms_per_round']):.3f}"
+            rate = c["tokens_per_round"] / c["ms_per_round"]
+            return f"{rate / (plain['tokens_per_round'] / plain['ms_per_round']):.3f}"
 
         rows = [[c["config"], f"{c['ms_per_round']:.3f}", f"{c['ms_range'][0]:.3f}-{c['ms_range'][1]:.3f}",
                  f"{c['prelaunched_rounds']} / {c['rounds']}", f"{c['ms_per_round_without']:.3f}",

@@ -245,15 +245,16 @@ class Drafter:
     def prelaunch(self, shape: int | tuple[int, ...], num_draft: list[int], num_accepted: Tensor,
                   tail: Tensor) -> bool:
         """Launch the next round's drafting now, before the host has read this round's outcome: k = ``shape`` drafts
-        for every row, or the tree of widths ``shape``, from the outcome on the device, so that on a GPU they run while the host reads the outcome and commits
-        it (the device would otherwise wait for the host between the verification and the next draft). Called after
-        this round's verification, before ``commit``: num_draft [B] this round's drafts per row (host),
-        num_accepted [B] and tail [B, K + 2] on the device, tail = the row's certain token before this round, then
-        verification's tokens, so that the row's history after the commit ends with tail[b, a_b], tail[b, a_b + 1].
-        Returns whether it launched; if it did, the next ``propose`` that asks k of every row of the same batch (or
-        ``propose_tree`` of those widths) returns those drafts, and anything else first (``keep``, ``admit``, another
-        shape, a round without drafts) drops them, with the same drafts as if nothing had been launched. Drafters that need the host's view of the outcome to draft
-        launch nothing (the default)."""
+        for every row, or the tree of widths ``shape``, from the outcome on the device, so that on a GPU they run
+        while the host reads the outcome and commits it (the device would otherwise wait for the host between the
+        verification and the next draft). Called after this round's verification, before ``commit``: num_draft [B]
+        this round's drafts per row (host), num_accepted [B] and tail [B, K + 2] on the device, tail = the row's
+        certain token before this round, then verification's tokens, so that the row's history after the commit
+        ends with tail[b, a_b], tail[b, a_b + 1]. Returns whether it launched; if it did, the next ``propose`` that
+        asks k of every row of the same batch (or ``propose_tree`` of those widths) returns those drafts, and
+        anything else first (``keep``, ``admit``, another shape, a round without drafts) drops them, with the same
+        drafts as if nothing had been launched. Drafters that need the host's view of the outcome to draft launch
+        nothing (the default)."""
         return False
 
     # Token trees (``generate(..., tree=widths)``): a drafter that drafts trees overrides both.

@@ -97,7 +97,8 @@ class OracleDraft(Drafter):
             self._runner._run(k, forced=drafts, drawn=list(max_num_draft))   # a row asking for 0 owes no prefill
         return Proposal(drafts, list(max_num_draft), None)
 
-    def prelaunch(self, shape: int | tuple[int, ...], num_draft: list[int], num_accepted: Tensor, tail: Tensor) -> bool:
+    def prelaunch(self, shape: int | tuple[int, ...], num_draft: list[int], num_accepted: Tensor,
+                  tail: Tensor) -> bool:
         """The cost model's next draft passes (``DraftModel.prelaunch``: k drafts, or a tree's widths), fed token 0
         where the oracle's drafts would go: they are chosen on the host after the commit, and what the cost model's
         cache holds past the history is never read (its passes cost the same whatever the tokens)."""

@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 KPolicy = Callable[[list[Sequence], int], list[int]]   # (running sequences, K max) -> drafts per row
 
 # Launch the next round's drafts from each round's outcome on the device, before the host reads it, when that round's
-# k is known then (``Scheduler._next_k``, ``Drafter.prelaunch``); a scheduler's ``prelaunch`` starts from this.
+# shape is known then (``Scheduler._next_shape``, ``Drafter.prelaunch``); a scheduler's ``prelaunch`` starts from this.
 PRELAUNCH = True
 
 
