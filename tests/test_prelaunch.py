@@ -204,3 +204,37 @@ def test_generate_prelaunches_with_a_fixed_k():
     out = generate(target, [[1, 2, 3]], drafter=drafter, k=3, max_new_tokens=24)
     assert [g.tokens for g in out] == [g.tokens for g in plain]
     assert drafter.prelaunches_taken > 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_the_feature_heads_prelaunched_commit_and_drafts_give_the_same_tokens(device, temperature):
+    """``FeatureHead.prelaunch``: this round's commit pass and the next round's draft loop built from the outcome on
+    the device. Greedy: a head drafting plain decoding's most common token (rounds accept 0..k drafts: every commit
+    width) equals plain decoding; sampled (a peaked random head): the same tokens as without prelaunch."""
+    from collections import Counter
+
+    from test_feature_head import random_head
+    from test_feature_head import target as head_target
+    from verispec.drafters import FeatureHead
+
+    model = head_target(use_graphs=True, device=device)       # on the CPU: the graph programs, run eagerly
+    with torch.no_grad():
+        model.net.lm_head.mul_(6.0)                           # peaked: sampled rows accept some drafts too
+    plain, _ = serve(model, None, False, temperature)
+
+    def head():
+        if temperature:
+            return FeatureHead(random_head(seed=5))
+        constant = random_head(draft_vocab=1)
+        constant.d2t.fill_(Counter(t for tokens in plain for t in tokens[1:-1]).most_common(1)[0][0])
+        return FeatureHead(constant)
+
+    without, _ = serve(model, head(), False, temperature)
+    drafter = head()
+    got, sched = serve(model, drafter, True, temperature)
+    assert got == without
+    if temperature == 0.0:
+        assert got == plain
+    assert sched.totals.accepted > 0
+    assert drafter.prelaunches_taken > 10 and drafter.prelaunches - drafter.prelaunches_taken <= 2

@@ -42,6 +42,14 @@ device copy of the round's states into a buffer of the head's (``_commit_states_
 changes layout with the bucket of its pass). On a CPU the graph path runs both bodies eagerly on the padded buffers
 (``GraphCache``'s capture-free path), which the CPU tests exercise. A tree's passes are one graph too (one per
 (bucket, widths), the same [R, 3] input; padding rows' slots are clamped to the cache's last, dead).
+
+Prelaunch (``prelaunch``, captured loops, before a chain round): the engine may have the head run this round's
+commit pass and the next round's draft loop from the outcome on the device, before the host reads it. The commit's
+input rows are built there exactly as ``commit`` builds them (the emitted tokens tail[b, 1:a_b + 2], verification's
+-1 padding past them becoming the same padding token 0; L_b - 1; a_b), so the entries and ``last`` are the host
+commit's bit for bit; ``commit`` then only updates the host rows. The draft loop reads [L_b + a_b, seed_b, step_b];
+the next ``propose`` of that k for every row of the same batch takes its drafts, anything else drops them (they
+wrote entries past ``valid`` only).
 """
 from __future__ import annotations
 
@@ -114,6 +122,12 @@ class FeatureHead(Drafter):
         self._commit_states: Tensor | None = None   # the captured commits' copy of the target's states
         self._tree_tables: dict[tuple[int, ...], Tensor] = {}   # widths -> ``_tree_table``'s device table
         self._tree_states: Tensor | None = None     # [B, D + 1, C, E]: the tree round's accepted path's states
+        self._commits = 0                           # commits so far
+        self._committed_ahead = -1                  # the commit whose pass ``prelaunch`` ran already (its index)
+        # (k, rows, commit index, drafts [B, k], q [B, k, V] | None): the next round's drafts ``prelaunch`` launched
+        self._prelaunched: tuple | None = None
+        self.prelaunches = 0                        # draft loops launched from a round's outcome (``prelaunch``)
+        self.prelaunches_taken = 0                  # of those, the ones a ``propose`` took
 
     @classmethod
     def from_pretrained(cls, path: "str | os.PathLike", target) -> "FeatureHead":
@@ -176,6 +190,7 @@ class FeatureHead(Drafter):
         self.cache.reset(0, max_seq_len)
         self._rows = []
         self._tree_states = None
+        self._prelaunched = None
 
     @property
     def _last(self) -> Tensor:
@@ -213,6 +228,7 @@ class FeatureHead(Drafter):
             self._last_buf[first + j] = out[0, -1]
         self.cache.admit([len(p) for p in prompts])
         self._rows += [_Row(list(p) + [t], len(p), s) for p, t, s in zip(prompts, first_tokens, sampling.rows)]
+        self._prelaunched = None
 
     # ------------------------------------------------------------------------------------ the draft loop
     def _graphs_on(self) -> bool:
@@ -297,6 +313,12 @@ class FeatureHead(Drafter):
         if k == 0:
             return Proposal(torch.zeros(B, 0, dtype=torch.long), [0] * B, None)
         device = self.target.device
+        pre, self._prelaunched = self._prelaunched, None
+        if (pre is not None and pre[:3] == (k, B, self._commits - 1) and all(n == k for n in max_num_draft)):
+            self.prelaunches_taken += 1
+            for r in self._rows:
+                r.step += k
+            return Proposal(*_flat_q(pre[3], pre[4], list(max_num_draft), device))
         key = self._loop_key(k)
         if key is not None:   # one graph replay: the inputs go in one copy
             rows = self.target.graph_rows(B)
@@ -313,19 +335,55 @@ class FeatureHead(Drafter):
                                                                                 [s + i for s in steps]))
         for r, n in zip(self._rows, max_num_draft):
             r.step += n
-        if q is None:
-            return Proposal(draft_tokens, list(max_num_draft), None)
-        q = q.flatten(0, 1).float()                                                         # [B*k, V], rows (b, i)
-        if any(n != k for n in max_num_draft):   # ragged: rows i < k_b (host indices: no sync)
-            rows_kept = [b * k + i for b, n in enumerate(max_num_draft) for i in range(n)]
-            q = q[to_device(rows_kept, device, torch.long)]
-        return Proposal(draft_tokens, list(max_num_draft), q)
+        return Proposal(*_flat_q(draft_tokens, q, list(max_num_draft), device))
+
+    @torch.no_grad()
+    def prelaunch(self, shape: int | tuple[int, ...], num_draft: list[int], num_accepted: Tensor,
+                  tail: Tensor) -> bool:
+        """This round's commit pass and the next round's draft loop of k = ``shape`` drafts, both launched from the
+        outcome on the device before the host reads it (``Drafter.prelaunch``; a chain only, captured loops only).
+        The commit's inputs are built there as ``commit`` builds them on the host: row b feeds the emitted tokens
+        tail[b, 1:a_b + 2] (verification's -1 padding past them becomes ``commit``'s padding token 0) at entries
+        L_b - 1 .., its ``last`` from entry L_b - 1 + a_b; ``commit`` then only updates the host rows. The draft loop
+        reads [L_b + a_b, seed_b, step_b]."""
+        self._prelaunched = None
+        B = len(self._rows)
+        if isinstance(shape, tuple) or not shape or not B or len(num_draft) != B or not self._graphs_on():
+            return False
+        key, width = self._loop_key(shape), max(num_draft) + 1
+        states = self.target.hidden if self._tree_states is None else self._tree_states
+        if (key is None or width > GRAPH_MAX_TOKENS + 1 or states is None or states.shape[0] != B
+                or states.shape[1] < width):
+            return False
+        device, rows, dead = self.target.device, self.target.graph_rows(B), self.cache.max_seq_len
+        a = num_accepted.to(device, torch.long)[:, None]                                      # [B, 1]
+        host = to_device([[r.valid, r.sampling.seed, r.step] for r in self._rows] +
+                         [[dead, 0, 0]] * (rows - B), device, torch.long)                     # [rows, 3]
+        # a failed row's tokens mean nothing (it leaves before the next round): keep them inside the vocabulary
+        tokens = tail[:, 1:width + 1].to(device, torch.long).clamp(0, self.target.config.vocab_size - 1)   # [B, W]
+        live = torch.cat([tokens, host[:B, :1], a, torch.ones_like(a)], dim=1)              # [B, W + 3]
+        pad = torch.cat([torch.zeros(rows - B, width, dtype=torch.long, device=device), host[B:, :1],
+                         torch.zeros(rows - B, 2, dtype=torch.long, device=device)], dim=1)   # dead, emit nothing
+        self._commit_states_buf()[:B, :width].copy_(states[:, :width])
+        self._graphs.replay(("commit", rows, width), self._commit_program(width), torch.cat([live, pad]), rows)
+        self._committed_ahead = self._commits
+        inputs = torch.cat([torch.cat([host[:B, :1] + a + 1, host[:B, 1:]], dim=1), host[B:]])   # [rows, 3]
+        choose = _head_choose(key)
+        drafts, q = self._graphs.replay(("draft", rows, shape, key),
+                                        lambda static: self._draft_body(static, shape, choose), inputs, rows)
+        self._prelaunched = (shape, B, self._commits, drafts[:B].clone(), None if q is None else q[:B].clone())
+        self.prelaunches += 1
+        return True
 
     @torch.no_grad()
     def commit(self, num_accepted: list[int], emitted: list[list[int]]) -> None:
         width = max((len(e) for e in emitted), default=0)
-        if width == 0:
+        ahead, self._committed_ahead, self._commits = self._committed_ahead == self._commits, -1, self._commits + 1
+        if width == 0 or ahead:       # nothing to feed, or ``prelaunch`` ran this pass from the device's outcome
             self._tree_states = None
+            for r, e in zip(self._rows, emitted):
+                r.valid += len(e)
+                r.history.extend(e)
             return
         # a tree round's accepted path (``tree_accepted``), else the chain pass's rows: [B, K+1, C, E]
         states, self._tree_states = (self.target.hidden if self._tree_states is None else self._tree_states), None
@@ -396,6 +454,7 @@ class FeatureHead(Drafter):
         widths = tuple(int(w) for w in widths)
         if not widths or min(widths) < 1:
             raise ValueError(f"propose_tree: widths must be >= 1 at every depth, got {list(widths)}")
+        self._prelaunched = None
         B = len(self._rows)
         table = self._tree_table(widths)
         if self._graphs_on():
@@ -501,11 +560,24 @@ class FeatureHead(Drafter):
         self._tree_states = states.gather(1, index[:, :, None, None].expand(-1, -1, *states.shape[2:]))
 
     def keep(self, batch_indices) -> None:
+        self._prelaunched = None
         order = list(batch_indices)
         self.cache.keep(order)
         n = len(order)
         self._last_buf[:n] = self._last_buf[to_device(order, self._last_buf.device, torch.long)]
         self._rows = [self._rows[i] for i in order]
+
+
+def _flat_q(drafts: Tensor, q: Tensor | None, max_num_draft: list[int], device) -> tuple:
+    """(drafts, max_num_draft, q as ``Proposal`` wants it: [sum k_b, V] float32, rows (b, i < k_b), or None)."""
+    if q is None:
+        return drafts, max_num_draft, None
+    k = drafts.shape[1]
+    q = q.flatten(0, 1).float()                                                             # [B*k, V], rows (b, i)
+    if any(n != k for n in max_num_draft):   # ragged: rows i < k_b (host indices: no sync)
+        rows_kept = [b * k + i for b, n in enumerate(max_num_draft) for i in range(n)]
+        q = q[to_device(rows_kept, device, torch.long)]
+    return drafts, max_num_draft, q
 
 
 def _head_choose(key: tuple):
