@@ -46,19 +46,24 @@ TIMED = (("verispec.engine.scheduler", "Scheduler._round"), ("verispec.engine.sc
          ("verispec.drafters.draft_model", "DraftModel._tree_passes"),
          ("verispec.runtime.model", "Model.draft_loop"), ("verispec.runtime.model", "Model.append"),
          ("verispec.runtime.model", "Model.append_tree"), ("verispec.runtime.model", "Model.rollback"),
-         ("verispec.runtime.graphs", "GraphCache.replay"))
+         ("verispec.runtime.graphs", "GraphCache.replay"), ("verispec.engine.auto_k", "AutoK.adopt"),
+         ("verispec.engine.auto_k", "AutoK.decide"), ("verispec.engine.auto_k", "AutoK.plan"),
+         ("verispec.engine.auto_k", "AutoK.observe_round"), ("verispec.engine.auto_k", "AutoK.observe_tree"))
 
 
 def parse_config(text: str):
-    """plain, kN (a chain of N drafts) or W-W-... (a tree) -> (k, tree); ValueError naming a bad one."""
+    """plain, kN (a chain of N drafts), W-W-... (a tree) or auto (tree="auto": chains of up to 4 drafts and
+    ``auto_k.AUTO_TREES``) -> (k, tree); ValueError naming a bad one."""
     if text == "plain":
         return None, None
+    if text == "auto":
+        return 4, "auto"
     if text.startswith("k") and text[1:].isdigit() and int(text[1:]) >= 1:
         return int(text[1:]), None
     widths = text.split("-")
     if all(w.isdigit() and int(w) >= 1 for w in widths):
         return None, tuple(int(w) for w in widths)
-    raise ValueError(f"--configs: {text!r} is none of plain, kN (e.g. k2), W-W-... (a tree, e.g. 2-2)")
+    raise ValueError(f"--configs: {text!r} is none of plain, kN (e.g. k2), W-W-... (a tree, e.g. 2-2), auto")
 
 
 @contextlib.contextmanager
@@ -146,7 +151,7 @@ def measure(target, draft, config: str, batch: int, new_tokens: int, alpha: floa
 def markdown(res: dict) -> str:
     lines = ["# Where a round's wall time goes on the host", "", environment_line(res["env"]), "",
              f"Command: `{res['command']}`. OracleDraft: acceptance {res['alpha']} for chains, coverage {res['rates']} "
-             f"by width for trees; {res['batch']} row(s) of 128 prompt tokens, {res['new_tokens']} new tokens. "
+             f"by width for trees and auto (its chains at width 1's); {res['batch']} row(s) of 128 prompt tokens, {res['new_tokens']} new tokens. "
              f"`ms per round`: `generate` as is (after a warm-up call; median of {res['repeats']} calls, `range` "
              f"their slowest and fastest), `prelaunched`: its rounds whose drafts were launched in the round before "
              f"(`Drafter.prelaunch`); `without prelaunch`: the same with `PRELAUNCH` off ({res['repeats']} calls, the "
@@ -196,7 +201,7 @@ def load_pair(weights: str):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--configs", default="plain,k2,2-2", help="comma-separated plain, kN, W-W-...")
+    ap.add_argument("--configs", default="plain,k2,2-2", help="comma-separated plain, kN, W-W-..., auto")
     ap.add_argument("--weights", default="bf16",
                     help="comma-separated bf16 (8B + 1B, random) and packed (the 8B in Q4_K_M and the 1B in Q8_0)")
     ap.add_argument("--batch", type=int, default=1)

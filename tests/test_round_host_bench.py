@@ -18,6 +18,7 @@ def test_configs_parse_and_a_bad_one_is_named():
     assert round_host.parse_config("plain") == (None, None)
     assert round_host.parse_config("k3") == (3, None)
     assert round_host.parse_config("2-2") == (None, (2, 2))
+    assert round_host.parse_config("auto") == (4, "auto")
     for bad in ("k0", "2-0", "tree"):
         with pytest.raises(ValueError, match=f"'{bad}' is none of"):
             round_host.parse_config(bad)
@@ -29,16 +30,18 @@ def test_measure_times_the_rounds_and_puts_every_function_back():
     draft.use_graphs = True               # the captured loop's logic (eager on the CPU): its drafts can be prelaunched
     before = Scheduler.__dict__["_round"]
     cells = [round_host.measure(target, draft, c, 2, 12, 0.8, {1: 0.6, 2: 0.75}, lambda: None, repeats=2)
-             for c in ("plain", "k2", "2-2")]
+             for c in ("plain", "k2", "2-2", "auto")]
     assert Scheduler.__dict__["_round"] is before and scheduler_module.PRELAUNCH is True     # restored
     for c in cells:
         assert c["exact"] and c["rounds"] >= 1 and c["ms_per_round"] > 0
         assert 0 <= c["wait_ms"] <= c["instrumented_ms_per_round"] and c["ms_per_round_without"] > 0
         assert c["ms_range"][0] <= c["ms_per_round"] <= c["ms_range"][1]
-        assert (c["prelaunched_rounds"] > 0) == (c["config"] != "plain")      # a fixed k or tree
+        if c["config"] != "auto":                                             # auto: as its plans go
+            assert (c["prelaunched_rounds"] > 0) == (c["config"] != "plain")  # a fixed k or tree
         ms, per_round = c["functions"]["Scheduler._round"]
         assert per_round == pytest.approx(1.0) and 0 < ms <= c["instrumented_ms_per_round"]
     assert "OracleDraft.propose" in cells[1]["functions"] and "OracleDraft.propose_tree" in cells[2]["functions"]
+    assert "AutoK.decide" in cells[3]["functions"] and "AutoK.observe_round" in cells[3]["functions"]
     from benchmarks.common import environment
 
     page = round_host.markdown(dict(env=environment(), command="x", alpha=0.8, rates={1: 0.6}, batch=2,
