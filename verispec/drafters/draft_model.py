@@ -91,14 +91,22 @@ class _Row:
 
 
 @dataclass
-class _Prelaunch:
-    """Drafting ``prelaunch`` launched for each of ``rows`` rows (device tensors, still being computed)."""
+class Prelaunch:
+    """Drafting a drafter's ``prelaunch`` launched for each of ``rows`` rows (device tensors, still being computed);
+    ``DraftModel`` and ``FeatureHead`` keep one until the next round takes or drops it."""
 
     shape: int | tuple[int, ...]   # k drafts, or a tree's widths
     rows: int
     commit: int                 # the drafter's commits before it: it serves the round after the next commit only
     drafts: Tensor              # [B, k] int64 (a tree: its nodes [B, N - 1])
-    probs: Tensor | list[int] | None   # [B, k, V] float32 (sampled rows) or None (a tree: its runtime parents)
+    probs: Tensor | None = None        # [B, k, V] float32: the q of sampled rows' drafts
+    parents: list[int] | None = None   # a tree's runtime parents (node 0 the root)
+
+    def serves(self, shape, rows: int, commits: int, max_num_draft: list[int] | None = None) -> bool:
+        """Whether these are the drafts of a round of ``shape`` over ``rows`` rows after ``commits`` commits (the next
+        round: launched before the last commit), every row asking for all of them (``max_num_draft``, a chain's)."""
+        return (self.shape == shape and self.rows == rows and self.commit + 1 == commits
+                and (max_num_draft is None or (len(max_num_draft) == rows and all(n == shape for n in max_num_draft))))
 
 
 class DraftModel(Drafter):
@@ -125,7 +133,7 @@ class DraftModel(Drafter):
         self._sampling = SamplingParams.empty() # the rows' settings as a batch (derived: ``_set_rows``)
         self.prefill_tokens = 0                 # prompt tokens prefilled so far (the lazy prefill's bill)
         self.catch_up_passes = 0                # catch-up passes run so far (``_catch_up``)
-        self._prelaunched: _Prelaunch | None = None
+        self._prelaunched: Prelaunch | None = None
         self._commits = 0                       # commits so far (a prelaunch serves the round after the next one)
         self.prelaunches = 0                    # draft loops launched from a round's outcome (``prelaunch``)
         self.prelaunches_taken = 0              # of those, the ones a ``propose`` took
@@ -273,36 +281,36 @@ class DraftModel(Drafter):
         last_two.clamp_(0, self.model.config.vocab_size - 1)
         back = host[:, 0] + a                                                                     # [B] L_b' - 2
         bound = max(len(row.history) + n - 1 for row, n in zip(self._rows, num_draft))
+        pre = Prelaunch(shape, len(self._rows), self._commits, drafts=None)
         if tree:
-            drafts, probs = self._tree_passes(shape, forced, device_start=(back, last_two, bound))
+            pre.drafts, pre.parents = self._tree_passes(shape, forced, device_start=(back, last_two, bound))
         else:
             inputs = torch.cat([back[:, None], last_two, host[:, 1:]], dim=1)                    # [B, 5]
             if forced is not None:
                 inputs = torch.cat([inputs, forced.to(device, torch.long)], dim=1)               # [B, 5 + k]
-            drafts, probs = self.model.draft_loop(inputs, shape, self._choice(key), key, length_bound=bound)
-        self._prelaunched = _Prelaunch(shape, len(self._rows), self._commits, drafts, probs)
+            pre.drafts, pre.probs = self.model.draft_loop(inputs, shape, self._choice(key), key, length_bound=bound)
+        self._prelaunched = pre
         self.prelaunches += 1
         return True
 
     def _take_prelaunched(self, shape: int | tuple[int, ...], max_num_draft: list[int] | None = None
                           ) -> tuple[Tensor, Tensor | list[int] | None] | None:
-        """The prelaunched drafts if they are this round's: launched in the round before (whose commit is the last
-        one) for this batch, which owes nothing, and ``shape`` (a chain: k for every row of ``max_num_draft``; a tree:
-        its widths); with the host state ``_run`` / ``_tree_passes`` would leave. Else None (dropped)."""
+        """The prelaunched drafts if they are this round's (``Prelaunch.serves``: launched in the round before for
+        this batch and ``shape``, a chain's k asked of every row of ``max_num_draft``), the batch owing nothing: (drafts,
+        q) for a chain, (nodes, parents) for a tree, with the host state ``_run`` / ``_tree_passes`` would leave. Else
+        None (dropped)."""
         pre, self._prelaunched = self._prelaunched, None
-        if pre is None or pre.commit + 1 != self._commits or pre.shape != shape:
+        if (pre is None or not pre.serves(shape, len(self._rows), self._commits, max_num_draft)
+                or any(row.owed or row.valid < len(row.history) - 2 for row in self._rows)):
             return None
-        if max_num_draft is not None and (len(max_num_draft) != pre.rows or any(n != shape for n in max_num_draft)):
-            return None
-        if len(self._rows) != pre.rows or any(row.owed or row.valid < len(row.history) - 2 for row in self._rows):
-            return None
-        depth = len(shape) if isinstance(shape, tuple) else shape
+        tree = isinstance(shape, tuple)
+        depth = len(shape) if tree else shape
         for row in self._rows:
             row.valid = len(row.history) + depth - 1
-            if not isinstance(shape, tuple):
+            if not tree:
                 row.step += depth
         self.prelaunches_taken += 1
-        return pre.drafts, pre.probs
+        return (pre.drafts, pre.parents) if tree else (pre.drafts, pre.probs)
 
     def _loop_key(self, forced: bool = False) -> tuple | None:
         """The key of the captured draft loop for this batch's choice, or None to run the eager loop: the

@@ -70,7 +70,7 @@ from ..runtime.model import GRAPH_MAX_TOKENS, MAX_DRAFT_GRAPHS
 from ..runtime.transformer import rope_table
 from ..verify.sampling import is_greedy
 from .base import Drafter, Proposal, Sampling, SamplingParams, TreeProposal, draw, full_tree, one_setting
-from .draft_model import _choose
+from .draft_model import Prelaunch, _choose
 from .head_net import HeadNet
 
 GREEDY_KEY = ("greedy",)
@@ -124,8 +124,7 @@ class FeatureHead(Drafter):
         self._tree_states: Tensor | None = None     # [B, D + 1, C, E]: the tree round's accepted path's states
         self._commits = 0                           # commits so far
         self._committed_ahead = -1                  # the commit whose pass ``prelaunch`` ran already (its index)
-        # (k, rows, commit index, drafts [B, k], q [B, k, V] | None): the next round's drafts ``prelaunch`` launched
-        self._prelaunched: tuple | None = None
+        self._prelaunched: Prelaunch | None = None  # the next round's drafts ``prelaunch`` launched
         self.prelaunches = 0                        # draft loops launched from a round's outcome (``prelaunch``)
         self.prelaunches_taken = 0                  # of those, the ones a ``propose`` took
 
@@ -314,11 +313,11 @@ class FeatureHead(Drafter):
             return Proposal(torch.zeros(B, 0, dtype=torch.long), [0] * B, None)
         device = self.target.device
         pre, self._prelaunched = self._prelaunched, None
-        if (pre is not None and pre[:3] == (k, B, self._commits - 1) and all(n == k for n in max_num_draft)):
+        if pre is not None and pre.serves(k, B, self._commits, max_num_draft):
             self.prelaunches_taken += 1
             for r in self._rows:
                 r.step += k
-            return Proposal(*_flat_q(pre[3], pre[4], list(max_num_draft), device))
+            return Proposal(*_flat_q(pre.drafts, pre.probs, list(max_num_draft), device))
         key = self._loop_key(k)
         if key is not None:   # one graph replay: the inputs go in one copy
             rows = self.target.graph_rows(B)
@@ -371,7 +370,7 @@ class FeatureHead(Drafter):
         choose = _head_choose(key)
         drafts, q = self._graphs.replay(("draft", rows, shape, key),
                                         lambda static: self._draft_body(static, shape, choose), inputs, rows)
-        self._prelaunched = (shape, B, self._commits, drafts[:B].clone(), None if q is None else q[:B].clone())
+        self._prelaunched = Prelaunch(shape, B, self._commits, drafts[:B].clone(), None if q is None else q[:B].clone())
         self.prelaunches += 1
         return True
 
