@@ -296,9 +296,9 @@ class DraftModel(Drafter):
     def _take_prelaunched(self, shape: int | tuple[int, ...], max_num_draft: list[int] | None = None
                           ) -> tuple[Tensor, Tensor | list[int] | None] | None:
         """The prelaunched drafts if they are this round's (``Prelaunch.serves``: launched in the round before for
-        this batch and ``shape``, a chain's k asked of every row of ``max_num_draft``), the batch owing nothing: (drafts,
-        q) for a chain, (nodes, parents) for a tree, with the host state ``_run`` / ``_tree_passes`` would leave. Else
-        None (dropped)."""
+        this batch and ``shape``, a chain's k asked of every row of ``max_num_draft``), the batch owing nothing:
+        (drafts, q) for a chain, (nodes, parents) for a tree, with the host state ``_run`` / ``_tree_passes`` would
+        leave. Else None (dropped)."""
         pre, self._prelaunched = self._prelaunched, None
         if (pre is None or not pre.serves(shape, len(self._rows), self._commits, max_num_draft)
                 or any(row.owed or row.valid < len(row.history) - 2 for row in self._rows)):
