@@ -250,3 +250,32 @@ def test_the_head_benchmark_runs_each_chain_with_and_without_prelaunch():
                                         without_prelaunch=True)
     assert [r[0] for r in rows] == ["plain", "head, chain k=2", "head, chain k=2, without prelaunch"]
     assert all(r[-1] == "yes" for r in rows) and scheduler_module.PRELAUNCH is True
+
+
+def test_k_auto_chains_planned_ahead_are_prelaunched_and_stay_exact():
+    """k="auto" without trees (``AutoK(trees=())``, the server's default): for an all-greedy batch the next round's k is
+    planned during this round's pass (``AutoK.plan``) and its drafts launched before the outcome is read; the output
+    equals plain decoding, and a sampled batch (no plan: its rows' k are their own) gives the tokens of a run
+    without prelaunch."""
+    from verispec.engine.auto_k import AutoK, CostTable
+
+    target, draft = models("cpu")
+    flat = CostTable((1, 2, 4, 8), (1, 2, 64), ((1.0, 1.0, 1.0),) * 4, (0.05,) * 4)   # wide passes free: drafting pays
+
+    def run(prelaunch: bool, temperature: float):
+        drafter = DraftModel(twin(draft))
+        drafter.attach(target)
+        policy = AutoK(flat, trees=())
+        sched = Scheduler(target, drafter, SchedulerConfig(4, 128, 4), k_policy=policy)
+        sched.eos, sched.prelaunch = set(), prelaunch
+        seqs = [sched.submit(Request(p, n, temperature=temperature, seed=10 + i, id=i))
+                for i, (p, n) in enumerate(REQUESTS)]
+        sched.run()
+        return [s.generated for s in seqs], drafter, policy
+
+    plain, _ = serve(target, None, False)
+    got, drafter, policy = run(True, 0.0)
+    assert got == plain
+    assert policy.plans_adopted > 0 and drafter.prelaunches_taken > 0
+    sampled, drafter, policy = run(True, 1.0)
+    assert sampled == run(False, 1.0)[0] and drafter.prelaunches == 0 and policy.plans_adopted == 0

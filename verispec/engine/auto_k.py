@@ -122,7 +122,9 @@ start would; for greedy rows that is exact (their tokens are the target's argmax
 made only for an all-greedy batch in which no row can end by its length this round, and only in a round that drafts
 (after a plain round the drafter's catch-up, which the next choice prices, is not known until the round ends); a
 plan whose batch changed anyway (a row met EOS, a request was admitted or cancelled) is dropped, uncounted, and the
-round decided afresh. Measured on an H200: 1.00-1.055x the speed of deciding at each round's start.
+round decided afresh. Measured on an H200: 1.00-1.055x the speed of deciding at each round's start. Chains alone
+(``trees=()``, ``k="auto"``) plan the same way; a planned shape is also what lets the drafter launch the next
+round's drafts before this round's outcome is read (``Drafter.prelaunch``, ``Scheduler._next_shape``).
 
 The costs come from a ``CostTable``: measured on this machine at startup (``measure_costs``: target passes and a
 draft step timed alone, then whole ``Scheduler`` rounds with every row's k forced, whose excess over those passes
@@ -607,7 +609,7 @@ class AutoK:
         a round that drafts nothing: the drafter's catch-up the next round would pay grows by this round's token,
         which the draft debt (``_debt_seconds``, ``debt_source``) does not yet see while the round runs. A plain
         round's next choice is cheap anyway (inside a hold, ``_holding``) or a probe's, priced at its start."""
-        if (not self.plan_ahead or not self.trees or not running or self.last_k == 0
+        if (not self.plan_ahead or not running or self.last_k == 0
                 or any(not seq.request.greedy for seq in running)
                 or any(_remaining(seq) <= self.last_k + 1 for seq in running)):
             return None

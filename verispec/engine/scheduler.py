@@ -349,18 +349,23 @@ class Scheduler:
         caught_up = getattr(drafter, "catch_up_passes", 0)
         if hasattr(self.k_policy, "debt_source"):     # what the rows owe before drafting (k=auto prices it)
             self.k_policy.debt_source = getattr(drafter, "draft_debt", None)
+        # a policy that plans the next round's shape during this round's pass (``AutoK.plan_ahead``)
+        planning = drafter is not None and self.k_max > 0 and getattr(self.k_policy, "plan_ahead", False)
         tree, planned, plan, self._plan = self.tree, None, self._plan, None
-        if self.tree_auto and drafter is not None:
-            if plan is not None:
+        if plan is not None:
+            if planning:
                 planned = self.k_policy.adopt(plan, self.running, self.k_max)
-            caps, tree = planned or self.k_policy.decide(self.running, self.k_max)
-        else:
-            if plan is not None:                      # the drafter was set aside since: the plan is void
+            else:                                     # the drafter was set aside since: the plan is void
                 self.k_policy.drop(plan)
+        if self.tree_auto and drafter is not None:
+            caps, tree = planned or self.k_policy.decide(self.running, self.k_max)
+        elif planned is not None:
+            caps = planned[0]
+        else:
             caps = (self.k_policy(self.running, self.k_max) if self.k_max and drafter is not None
                     else [0] * len(self.running))
         launched = self.launched_hook
-        if self.tree_auto and drafter is not None and getattr(self.k_policy, "plan_ahead", False) and not self.waiting:
+        if planning and not self.waiting:
             launched = self._launched_and_plan
         next_shape = self._next_shape if drafter is not None and self.prelaunch else None
         try:
@@ -417,7 +422,7 @@ class Scheduler:
             shape = self.k
         elif isinstance(self.tree, tuple):
             shape = self.tree
-        elif self.tree_auto and self._plan is not None:
+        elif self._plan is not None:
             shape = self._plan.shape
         else:
             return None
