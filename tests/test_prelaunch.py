@@ -279,3 +279,17 @@ def test_k_auto_chains_planned_ahead_are_prelaunched_and_stay_exact():
     assert policy.plans_adopted > 0 and drafter.prelaunches_taken > 0
     sampled, drafter, policy = run(True, 1.0)
     assert sampled == run(False, 1.0)[0] and drafter.prelaunches == 0 and policy.plans_adopted == 0
+
+
+def test_prelaunch_inputs_that_do_not_fit_the_batch_are_named():
+    """A caller's misuse of ``prelaunch`` (another engine's): a ValueError naming the input, never an index out of range
+    on the device; a failed row's count past what tail holds is clamped (the row leaves before the next round)."""
+    _, draft = models("cpu")
+    drafter, accepted, _, tail = drafter_after_one_round(draft)
+    with pytest.raises(ValueError, match="num_draft has 3 entries for a batch of 2 rows"):
+        drafter.prelaunch(2, [2, 2, 2], torch.tensor(accepted), tail)
+    with pytest.raises(ValueError, match=r"num_accepted must be \[2\]"):
+        drafter.prelaunch(2, [2, 2], torch.tensor([1]), tail)
+    with pytest.raises(ValueError, match=r"tail must be \[2, >= 4\]"):
+        drafter.prelaunch(2, [2, 2], torch.tensor(accepted), tail[:, :3])
+    assert drafter.prelaunch(2, [2, 2], torch.tensor([7, 0]), tail)          # row 0's count: out of range, clamped

@@ -257,6 +257,21 @@ class Drafter:
         nothing (the default)."""
         return False
 
+    @staticmethod
+    def _prelaunch_counts(rows: int, num_draft: list[int], num_accepted: Tensor, tail: Tensor) -> Tensor:
+        """``prelaunch``'s inputs checked against a batch of ``rows`` rows (ValueError naming the one that does not fit:
+        a wrong shape would index out of range on the device) -> the accepted counts as int64 on ``tail``'s device,
+        clamped to what ``tail`` holds (a failed row's count means nothing either; it leaves before the next round)."""
+        if len(num_draft) != rows:
+            raise ValueError(f"prelaunch: num_draft has {len(num_draft)} entries for a batch of {rows} rows")
+        if tuple(num_accepted.shape) != (rows,):
+            raise ValueError(f"prelaunch: num_accepted must be [{rows}], got {tuple(num_accepted.shape)}")
+        width = max(num_draft, default=0) + 2
+        if tail.dim() != 2 or tail.shape[0] != rows or tail.shape[1] < width:
+            raise ValueError(f"prelaunch: tail must be [{rows}, >= {width}] (the certain token, then verification's "
+                             f"tokens), got {tuple(tail.shape)}")
+        return num_accepted.to(tail.device, torch.long).clamp(0, tail.shape[1] - 2)
+
     # Token trees (``generate(..., tree=widths)``): a drafter that drafts trees overrides both.
     drafts_trees = False
     # ``propose_tree`` also takes a ``DynamicTree`` (drafters/dynamic_tree.py: nodes kept by cumulative draft

@@ -268,12 +268,13 @@ class DraftModel(Drafter):
         self._prelaunched = None
         tree = isinstance(shape, tuple)
         key = self._loop_key(forced is not None)
+        a = self._prelaunch_counts(len(self._rows), num_draft, num_accepted, tail)                # [B]
         # a row must owe nothing (prefill, catch-up) after the commit: V_b >= L_b + a_b - 1 for every a_b <= its drafts
-        if (key is None or not shape or not self._rows or len(num_draft) != len(self._rows)
+        if (key is None or not shape or not self._rows
                 or any(row.owed or row.valid < len(row.history) + n - 1 for row, n in zip(self._rows, num_draft))):
             return False
         device = self.model.device
-        a = num_accepted.to(device, torch.long)                                                   # [B]
+        a = a.to(device)
         host = to_device([[len(row.history) - 1, row.sampling.seed, row.step] for row in self._rows],
                          device, torch.long)                                                      # [B, 3]
         last_two = tail.to(device, torch.long).gather(1, torch.stack([a, a + 1], dim=1))          # [B, 2]

@@ -347,7 +347,8 @@ class FeatureHead(Drafter):
         reads [L_b + a_b, seed_b, step_b]."""
         self._prelaunched = None
         B = len(self._rows)
-        if isinstance(shape, tuple) or not shape or not B or len(num_draft) != B or not self._graphs_on():
+        counts = self._prelaunch_counts(B, num_draft, num_accepted, tail)                      # [B]
+        if isinstance(shape, tuple) or not shape or not B or not self._graphs_on():
             return False
         key, width = self._loop_key(shape), max(num_draft) + 1
         states = self.target.hidden if self._tree_states is None else self._tree_states
@@ -355,7 +356,7 @@ class FeatureHead(Drafter):
                 or states.shape[1] < width):
             return False
         device, rows, dead = self.target.device, self.target.graph_rows(B), self.cache.max_seq_len
-        a = num_accepted.to(device, torch.long)[:, None]                                      # [B, 1]
+        a = counts.to(device)[:, None]                                                          # [B, 1]
         host = to_device([[r.valid, r.sampling.seed, r.step] for r in self._rows] +
                          [[dead, 0, 0]] * (rows - B), device, torch.long)                     # [rows, 3]
         # a failed row's tokens mean nothing (it leaves before the next round): keep them inside the vocabulary
