@@ -8,6 +8,8 @@ forced on, as in test_draft_loop.py), which covers the logic; on a GPU the same 
 """
 from __future__ import annotations
 
+import collections
+
 import pytest
 import torch
 
@@ -39,17 +41,34 @@ def twin(draft):
 
 
 def serve(target, drafter, prelaunch: bool, temperature: float = 0.0, k: int = 3, max_batch_size: int = 4,
-          timing: bool = False, tree: tuple[int, ...] | None = None) -> tuple[list[list[int]], Scheduler]:
-    """Every request of REQUESTS through one scheduler (EOS off: rows end by their lengths) -> (tokens, scheduler)."""
+          timing: bool = False, tree: tuple[int, ...] | None = None,
+          eos: set[int] = frozenset()) -> tuple[list[list[int]], Scheduler]:
+    """Every request of REQUESTS through one scheduler (EOS off unless given: rows end by their lengths) -> (tokens,
+    scheduler)."""
     if drafter is not None:
         drafter.attach(target)
+        record_drafts(drafter)
     sched = Scheduler(target, drafter, SchedulerConfig(max_batch_size, 128, k, tree=tree), timing=timing)
-    sched.eos = set()
+    sched.eos = set(eos)
     sched.prelaunch = prelaunch
     seqs = [sched.submit(Request(p, n, temperature=temperature, top_k=0, top_p=1.0, seed=10 + i, id=i))
             for i, (p, n) in enumerate(REQUESTS)]
     sched.run()
     return [s.generated for s in seqs], sched
+
+
+def record_drafts(drafter) -> None:
+    """Keep every proposal's drafts on the host in ``drafter.drafts_log`` (round by round, in row order): drafts taken
+    from a prelaunch must be those the round would have drafted (greedy tokens alone cannot show a wrong draft)."""
+    drafter.drafts_log = []
+    for name in ("propose", "propose_tree"):
+        original = getattr(drafter, name)
+
+        def logged(*args, _original=original, **kwargs):
+            proposal = _original(*args, **kwargs)
+            drafter.drafts_log.append(proposal.draft_tokens.cpu().tolist())
+            return proposal
+        setattr(drafter, name, logged)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -62,7 +81,7 @@ def test_prelaunched_drafts_give_the_tokens_of_a_run_without_them(device, draft_
     want, _ = serve(target, baseline, False, temperature, tree=tree)
     drafter = DraftModel(twin(draft))
     got, sched = serve(target, drafter, True, temperature, tree=tree)
-    assert got == want
+    assert got == want and drafter.drafts_log == baseline.drafts_log
     assert sched.totals.accepted > 0 and baseline.prelaunches == 0
     if temperature == 0.0:
         plain, _ = serve(target, None, False)
@@ -134,8 +153,8 @@ def test_prelaunched_drafts_equal_the_drafts_proposed_after_the_commit(shape):
 
 @pytest.mark.parametrize("between", ["plain round", "other k", "keep", "tree", "other tree"])
 def test_prelaunched_drafts_for_a_round_that_runs_otherwise_are_dropped(between):
-    """Drafts launched for the next round are never taken by a later one, nor by another k or batch; the drafts then
-    proposed equal those of a twin that never launched any."""
+    """Drafts launched for the next round are never taken by a later one, nor for another shape; after a row ended
+    (keep) the rows that go on keep theirs. The drafts then proposed equal those of a twin that never launched any."""
     _, draft = models("cpu")
     drafters = [drafter_after_one_round(draft) for _ in range(2)]
     (drafter, accepted, emitted, tail), (twin, *_) = drafters
@@ -159,7 +178,8 @@ def test_prelaunched_drafts_for_a_round_that_runs_otherwise_are_dropped(between)
             d.commit([0] * len(d._rows), [[14]] * len(d._rows))
     caps = [3] * len(drafter._rows) if between == "other k" else [2] * len(drafter._rows)
     got, want = drafter.propose(caps), twin.propose(caps)
-    assert drafter.prelaunches == 1 and drafter.prelaunches_taken == 0
+    # a row that ended (keep) leaves the others' prelaunched drafts standing: taken, and the same drafts
+    assert drafter.prelaunches == 1 and drafter.prelaunches_taken == (between == "keep")
     assert torch.equal(got.draft_tokens, want.draft_tokens)
     assert [r.valid for r in drafter._rows] == [r.valid for r in twin._rows]
 
@@ -207,11 +227,12 @@ def test_generate_prelaunches_with_a_fixed_k():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("temperature", [0.0, 0.9])
-def test_the_feature_heads_prelaunched_commit_and_drafts_give_the_same_tokens(device, temperature):
+@pytest.mark.parametrize("temperature, ends", [(0.0, "length"), (0.9, "length"), (0.0, "eos")])
+def test_the_feature_heads_prelaunched_commit_and_drafts_give_the_same_tokens(device, temperature, ends):
     """``FeatureHead.prelaunch``: this round's commit pass and the next round's draft loop built from the outcome on
     the device. Greedy: a head drafting plain decoding's most common token (rounds accept 0..k drafts: every commit
-    width) equals plain decoding; sampled (a peaked random head): the same tokens as without prelaunch."""
+    width) equals plain decoding; sampled (a peaked random head): the same tokens as without prelaunch. "eos": rows
+    end by EOS one by one after the next drafts were launched; the rows that go on keep theirs."""
     from collections import Counter
 
     from test_feature_head import random_head
@@ -222,21 +243,27 @@ def test_the_feature_heads_prelaunched_commit_and_drafts_give_the_same_tokens(de
     with torch.no_grad():
         model.net.lm_head.mul_(6.0)                           # peaked: sampled rows accept some drafts too
     plain, _ = serve(model, None, False, temperature)
+    eos = set()
+    if ends == "eos":                                         # the third most common token: rows end at their own points
+        eos = {collections.Counter(t for g in plain for t in g[3:]).most_common(3)[2][0]}
+        plain, _ = serve(model, None, False, temperature, eos=eos)
+        assert len({len(g) for g in plain}) > 2
 
     def head():
-        if temperature:
+        if temperature or ends == "eos":                      # drafts that differ by row (a wrong row's would show)
             return FeatureHead(random_head(seed=5))
         constant = random_head(draft_vocab=1)
         constant.d2t.fill_(Counter(t for tokens in plain for t in tokens[1:-1]).most_common(1)[0][0])
         return FeatureHead(constant)
 
-    without, _ = serve(model, head(), False, temperature)
+    baseline = head()
+    without, _ = serve(model, baseline, False, temperature, eos=eos)
     drafter = head()
-    got, sched = serve(model, drafter, True, temperature)
-    assert got == without
+    got, sched = serve(model, drafter, True, temperature, eos=eos)
+    assert got == without and drafter.drafts_log == baseline.drafts_log
     if temperature == 0.0:
         assert got == plain
-    assert sched.totals.accepted > 0
+    assert sched.totals.accepted > 0 or ends == "eos"           # the random greedy head's drafts: accepted by chance
     assert drafter.prelaunches_taken > 10 and drafter.prelaunches - drafter.prelaunches_taken <= 2
 
 
@@ -293,3 +320,22 @@ def test_prelaunch_inputs_that_do_not_fit_the_batch_are_named():
     with pytest.raises(ValueError, match=r"tail must be \[2, >= 4\]"):
         drafter.prelaunch(2, [2, 2], torch.tensor(accepted), tail[:, :3])
     assert drafter.prelaunch(2, [2, 2], torch.tensor([7, 0]), tail)          # row 0's count: out of range, clamped
+
+
+@pytest.mark.parametrize("tree", [None, (2, 2)])
+def test_rows_ending_by_eos_leave_the_others_prelaunched_drafts_standing(tree):
+    """Rows that meet EOS after the next round's drafts were launched leave the batch (``keep``); the rows that go on
+    take their drafts (``Prelaunch.kept``), and every row's tokens are those of a run without prelaunch (greedy: plain
+    decoding's, EOS included)."""
+    target, draft = models("cpu", "other")
+    free, _ = serve(target, None, False)
+    # a token every request meets at a different point: rows end by EOS, one by one, while others go on
+    eos = {collections.Counter(t for g in free for t in g[3:]).most_common(1)[0][0]}
+    plain, _ = serve(target, None, False, eos=eos)
+    assert len({len(g) for g in plain}) > 2 and any(len(g) < n for g, (_, n) in zip(plain, REQUESTS))
+    baseline = DraftModel(twin(draft))
+    without, _ = serve(target, baseline, False, tree=tree, eos=eos)
+    drafter = DraftModel(twin(draft))
+    got, _ = serve(target, drafter, True, tree=tree, eos=eos)
+    assert got == without == plain and drafter.drafts_log == baseline.drafts_log
+    assert drafter.prelaunches_taken >= drafter.prelaunches - 2 > 0       # the EOS ends dropped none

@@ -251,9 +251,9 @@ class Drafter:
         this round's drafts per row (host), num_accepted [B] and tail [B, K + 2] on the device, tail = the row's
         certain token before this round, then verification's tokens, so that the row's history after the commit
         ends with tail[b, a_b], tail[b, a_b + 1]. Returns whether it launched; if it did, the next ``propose`` that
-        asks k of every row of the same batch (or ``propose_tree`` of those widths) returns those drafts, and
-        anything else first (``keep``, ``admit``, another shape, a round without drafts) drops them, with the same
-        drafts as if nothing had been launched. Drafters that need the host's view of the outcome to draft launch
+        asks k of every row of the same batch (or ``propose_tree`` of those widths) returns those drafts (after a
+        ``keep``, the rows that go on keep theirs), and anything else first (``admit``, another shape, a round
+        without drafts) drops them, with the same drafts as if nothing had been launched. Drafters that need the host's view of the outcome to draft launch
         nothing (the default)."""
         return False
 

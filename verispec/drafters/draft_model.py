@@ -48,7 +48,8 @@ is its history's length after the commit; tail, the certain token before the rou
 holds its last two tokens at a_b, a_b + 1). The device then drafts while the host reads the outcome and commits it,
 instead of waiting for the host in between. Only when no row owes a prefill or will need a catch-up; the next
 ``propose`` of k drafts for every row of the same batch takes those drafts (``_take_prelaunched``: V_b = L_b + k - 1
-and the counter advances by k, as after ``_run``); anything else drops them. Dropped, they leave the cache as a run
+and the counter advances by k, as after ``_run``); after a ``keep`` (rows that met EOS left) the rows that go on keep
+theirs (``Prelaunch.kept``: their cache rows moved with them); anything else drops them. Dropped, they leave the cache as a run
 whose drafts were all rejected would: h_b[-2], h_b[-1] re-written at their own slots, drafts past L_b that V_b never
 counts; the next ``_run`` rolls back and feeds as usual, so the drafts are the same either way.
 
@@ -60,6 +61,7 @@ of its drafts past k_b were never shown to verification: they are still fresh, a
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -107,6 +109,13 @@ class Prelaunch:
         round: launched before the last commit), every row asking for all of them (``max_num_draft``, a chain's)."""
         return (self.shape == shape and self.rows == rows and self.commit + 1 == commits
                 and (max_num_draft is None or (len(max_num_draft) == rows and all(n == shape for n in max_num_draft))))
+
+    def kept(self, batch_indices: list[int]) -> "Prelaunch":
+        """These drafts for the rows that go on (a drafter's ``keep``: a row met EOS or a stop string after they were
+        launched), in that order: each row's drafts are its own, and its cache row moved with it."""
+        index = to_device(batch_indices, self.drafts.device, torch.long)
+        return dataclasses.replace(self, rows=len(batch_indices), drafts=self.drafts[index],
+                                   probs=None if self.probs is None else self.probs[index])
 
 
 class DraftModel(Drafter):
@@ -549,8 +558,11 @@ class DraftModel(Drafter):
             row.history.extend(e)
 
     def keep(self, batch_indices) -> None:
+        pre = self._prelaunched
         self.model.keep(list(batch_indices))
         self._set_rows([self._rows[i] for i in batch_indices])
+        if pre is not None and batch_indices:        # the rows that go on keep their prelaunched drafts
+            self._prelaunched = pre.kept(list(batch_indices))
 
 
 def _choose(key: tuple, seed_column: int = 3):

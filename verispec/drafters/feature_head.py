@@ -560,8 +560,9 @@ class FeatureHead(Drafter):
         self._tree_states = states.gather(1, index[:, :, None, None].expand(-1, -1, *states.shape[2:]))
 
     def keep(self, batch_indices) -> None:
-        self._prelaunched = None
         order = list(batch_indices)
+        # the rows that go on keep their prelaunched drafts (their cache rows and ``last`` move with them)
+        self._prelaunched = self._prelaunched.kept(order) if self._prelaunched is not None and order else None
         self.cache.keep(order)
         n = len(order)
         self._last_buf[:n] = self._last_buf[to_device(order, self._last_buf.device, torch.long)]

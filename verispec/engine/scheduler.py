@@ -414,8 +414,8 @@ class Scheduler:
         """The next round's shape (k for every row, or a tree's widths), if it is known before this round's outcome is
         read, else None: the drafter may then launch that round's drafts already (``Drafter.prelaunch``). Known with a
         fixed k (the default policy) or tree, or the shape ``AutoK.plan`` chose during this round's pass, for the same
-        batch: none when a waiting request may be admitted first, or when a row may end by its length this round (by
-        EOS or a stop string the drafts are dropped unused: exact, one round's drafting lost on the device)."""
+        batch: none when a waiting request may be admitted first, or when a row may end by its length this round (a
+        row that meets EOS or a stop string leaves with its drafts, the others keep theirs: ``Prelaunch.kept``)."""
         if self.waiting and len(self.running) < self.config.max_batch_size:
             return None
         if self._fixed_k:
