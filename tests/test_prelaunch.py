@@ -339,3 +339,40 @@ def test_rows_ending_by_eos_leave_the_others_prelaunched_drafts_standing(tree):
     got, _ = serve(target, drafter, True, tree=tree, eos=eos)
     assert got == without == plain and drafter.drafts_log == baseline.drafts_log
     assert drafter.prelaunches_taken >= drafter.prelaunches - 2 > 0       # the EOS ends dropped none
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_stream_of_requests_with_cancels_and_eos_gets_the_same_tokens_and_drafts(seed):
+    """A server's life on one scheduler: requests submitted between steps (some wait for a row), some cancelled
+    mid-run, rows ending by EOS and by length, greedy and sampled rows mixed. The same event sequence with and without
+    prelaunch gives every request the same tokens and every round the same drafts."""
+    import random
+
+    target, draft = models("cpu", "other")
+    free, _ = serve(target, None, False)
+    eos = {collections.Counter(t for g in free for t in g[3:]).most_common(1)[0][0]}
+
+    def life(prelaunch: bool):
+        rng = random.Random(seed)
+        drafter = DraftModel(twin(draft))
+        drafter.attach(target)
+        record_drafts(drafter)
+        sched = Scheduler(target, drafter, SchedulerConfig(3, 128, 3), isolate_drafter=True)
+        sched.eos, sched.prelaunch = set(eos), prelaunch
+        seqs = []
+        for step in range(60):
+            if step % 4 == 0 and len(seqs) < 9:
+                p, n = REQUESTS[len(seqs) % len(REQUESTS)]
+                temperature = 0.0 if rng.random() < 0.6 else 1.0
+                seqs.append(sched.submit(Request(p, n, temperature=temperature, seed=len(seqs), id=len(seqs))))
+            if step % 7 == 3 and seqs:
+                sched.cancel(seqs[rng.randrange(len(seqs))].request.id)
+            sched.step()
+            if sched.idle and len(seqs) >= 9:
+                break
+        return [(s.generated, s.finish_reason) for s in seqs], drafter
+
+    got, drafter = life(True)
+    want, baseline = life(False)
+    assert got == want and drafter.drafts_log == baseline.drafts_log
+    assert {reason for _, reason in got} >= {"eos", "cancelled"} and drafter.prelaunches_taken > 0
