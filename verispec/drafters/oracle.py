@@ -143,25 +143,12 @@ class OracleDraft(Drafter):
     def warm_up_tree(self, max_batch_size: int, widths: tuple[int, ...], prompt_tokens: int = 0) -> int:
         return 0 if self._runner is None else self._runner.warm_up_tree(max_batch_size, widths, prompt_tokens)
 
-    @property
-    def graph_captures(self) -> int:
-        return 0 if self._runner is None else self._runner.graph_captures
-
-    @property
-    def prefill_tokens(self) -> int:
-        return 0 if self._runner is None else self._runner.prefill_tokens
-
-    @property
-    def catch_up_passes(self) -> int:
-        return 0 if self._runner is None else self._runner.catch_up_passes
-
-    @property
-    def prelaunches(self) -> int:
-        return 0 if self._runner is None else self._runner.prelaunches
-
-    @property
-    def prelaunches_taken(self) -> int:
-        return 0 if self._runner is None else self._runner.prelaunches_taken
+    # the cost model's counters (0 without one)
+    graph_captures = property(lambda self: _runner_count(self, "graph_captures"))
+    prefill_tokens = property(lambda self: _runner_count(self, "prefill_tokens"))
+    catch_up_passes = property(lambda self: _runner_count(self, "catch_up_passes"))
+    prelaunches = property(lambda self: _runner_count(self, "prelaunches"))
+    prelaunches_taken = property(lambda self: _runner_count(self, "prelaunches_taken"))
 
     def draft_debt(self) -> tuple[list[int], int] | None:
         return None if self._runner is None else self._runner.draft_debt()
@@ -180,6 +167,11 @@ class OracleDraft(Drafter):
         self._rows = [self._rows[i] for i in batch_indices]
         if self._runner is not None:
             self._runner.keep(batch_indices)
+
+
+def _runner_count(oracle: OracleDraft, name: str) -> int:
+    """The cost model's counter ``name`` (a ``DraftModel``'s), or 0 for an oracle without one."""
+    return 0 if oracle._runner is None else getattr(oracle._runner, name)
 
 
 @functools.lru_cache(maxsize=64)

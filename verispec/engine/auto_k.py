@@ -997,7 +997,7 @@ def _room(seq: Sequence, k_max: int) -> int:
 
 def _remaining(seq: Sequence) -> int:
     """The tokens ``seq`` may still emit - 1: the most positions a round of it can use."""
-    return seq.request.max_new_tokens - len(seq.generated) - 1
+    return seq.tokens_left - 1
 
 
 # ---------------------------------------------------------------------------------- measurement

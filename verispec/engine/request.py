@@ -66,6 +66,11 @@ class Sequence:
         return self.request.prompt
 
     @property
+    def tokens_left(self) -> int:
+        """The tokens it may still emit (max_new_tokens less those generated)."""
+        return self.request.max_new_tokens - len(self.generated)
+
+    @property
     def stream_offset(self) -> int:
         """The offset of its next round in its verification stream: 0 was its first token (admission), round r
         (counted from 1) draws at offset r."""
@@ -73,9 +78,8 @@ class Sequence:
 
     def emit(self, chunk: list[int], eos: set[int], decode: Callable[[list[int]], str] | None) -> list[int]:
         """Append ``chunk`` up to this sequence's end (length, EOS, stop string); return what was kept."""
-        room = self.request.max_new_tokens - len(self.generated)
         kept = []
-        for t in chunk[:room]:
+        for t in chunk[:self.tokens_left]:
             kept.append(t)
             if t in eos:
                 self.finish_reason = "eos"

@@ -426,7 +426,7 @@ class Scheduler:
             shape = self._plan.shape
         else:
             return None
-        if any(seq.request.max_new_tokens - len(seq.generated) <= self._deepest + 1 for seq in self.running):
+        if any(seq.tokens_left <= self._deepest + 1 for seq in self.running):
             return None
         return shape or None
 
