@@ -161,6 +161,12 @@ def markdown(res: dict) -> str:
              f"round are inclusive and partly overlap the device's work (launched before the wait).", ""]
     for part in res["parts"]:
         lines += [f"## {part['target']} target, {part['draft']} draft", ""]
+        floor = part.get("floor_ms")
+        if floor:
+            lines += [f"`floor ms`: the target's weights + one draft pass's per tested position, read once at the "
+                      f"measured copy bandwidth {floor['bandwidth'] / 1e12:.2f} TB/s ({floor['target']:.3f} + "
+                      f"{floor['draft']:.3f} ms a position; the embedding table but one row not counted); "
+                      f"`% floor` = it / ms per round.", ""]
         plain = next((c for c in part["cells"] if c["config"] == "plain"), None)
 
         def vs_plain(c: dict) -> str:
@@ -174,13 +180,25 @@ def markdown(res: dict) -> str:
                  f"{c['ms_per_round_without'] / c['ms_per_round']:.3f}", f"{c['tokens_per_round']:.2f}", vs_plain(c),
                  f"{c['instrumented_ms_per_round']:.3f}", f"{c['wait_ms']:.3f}",
                  f"{c['instrumented_ms_per_round'] - c['wait_ms']:.3f}", "yes" if c["exact"] else "**no**"]
-                for c in part["cells"]]
+                + list(_floor_cells(c, floor)) for c in part["cells"]]
         lines += markdown_table(["config", "ms per round", "range", "prelaunched", "without prelaunch", "speedup",
-                                 "tokens per round", "vs plain", "instrumented", "wait", "host", "exact"], rows) + [""]
+                                 "tokens per round", "vs plain", "instrumented", "wait", "host", "exact"]
+                                + (["floor ms", "% floor"] if floor else []), rows) + [""]
         for c in part["cells"]:
             lines += [f"{c['config']}: " + ", ".join(f"`{name}` {ms:.3f} ({n:.2f}/round)"
                                                      for name, (ms, n) in c["functions"].items()), ""]
     return "\n".join(lines)
+
+
+def _floor_cells(cell: dict, floor: dict | None) -> tuple[str, ...]:
+    """(floor ms, % floor) of a cell's round (none without a measured floor; blank for auto, whose shape varies)."""
+    if not floor:
+        return ()
+    k, tree = parse_config(cell["config"])
+    if tree == "auto":
+        return "", ""
+    ms = floor["target"] + (len(tree) if tree else k or 0) * floor["draft"]
+    return f"{ms:.3f}", f"{ms / cell['ms_per_round']:.0%}"
 
 
 WEIGHTS = {"bf16": ("llama-3.1-8b bf16", "llama-3.2-1b bf16"), "packed": ("llama-3.1-8b Q4_K_M", "llama-3.2-1b Q8_0")}
@@ -224,16 +242,21 @@ def main(argv=None) -> int:
         ap.error("--batch and --repeats must be >= 1 and --new-tokens >= 2")
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU (the 8B and 1B shapes); tests run measure() on tiny CPU models")
+    from benchmarks.common import copy_bandwidth
+    from benchmarks.quant import _decode_floor_bytes
     from benchmarks.trees import TREE_RATES
     from verispec.drafters import make_peaked
 
+    bandwidth = copy_bandwidth()
     parts = []
     for w in weights:
         target, draft = load_pair(w)
+        floor = dict(bandwidth=bandwidth, target=_decode_floor_bytes(target) / bandwidth * 1e3,
+                     draft=_decode_floor_bytes(draft) / bandwidth * 1e3)     # before make_peaked's dense table
         make_peaked(target)
         cells = [measure(target, draft, c, args.batch, args.new_tokens, args.alpha, TREE_RATES,
                          torch.cuda.synchronize, args.repeats) for c in configs]
-        parts.append(dict(weights=w, target=WEIGHTS[w][0], draft=WEIGHTS[w][1], cells=cells))
+        parts.append(dict(weights=w, target=WEIGHTS[w][0], draft=WEIGHTS[w][1], cells=cells, floor_ms=floor))
         del target, draft
         torch.cuda.empty_cache()
     res = dict(env=environment(), command="python benchmarks/round_host.py " + " ".join(sys.argv[1:] if argv is None

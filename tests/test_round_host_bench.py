@@ -49,6 +49,13 @@ def test_measure_times_the_rounds_and_puts_every_function_back():
                                     parts=[dict(weights="bf16", target="tiny", draft="tiny", cells=cells)]))
     assert "| config | ms per round | range | prelaunched | without prelaunch |" in page and "`Scheduler._round`" in page
     assert "## tiny target, tiny draft" in page and "| plain |" in page and "| 1.000 |" in page   # vs plain
+    floored = round_host.markdown(dict(env=environment(), command="x", alpha=0.8, rates={1: 0.6}, batch=2,
+                                       new_tokens=12, repeats=2, parts=[dict(
+                                           weights="bf16", target="tiny", draft="tiny", cells=cells,
+                                           floor_ms=dict(bandwidth=4e12, target=1.0, draft=0.25))]))
+    k2 = next(line for line in floored.splitlines() if line.startswith("| k2 |"))
+    assert "| floor ms | % floor |" in floored and "| 1.500 |" in k2                 # 1.0 + 2 x 0.25
+    assert next(line for line in floored.splitlines() if line.startswith("| auto |")).endswith("|  |  |")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
