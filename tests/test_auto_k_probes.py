@@ -67,6 +67,24 @@ def drafting_rounds(trace, rows=None) -> int:
     return sum(1 for b, k in trace if k and (rows is None or b == rows))
 
 
+def test_a_round_of_ending_rows_starts_no_hold():
+    """24 of 32 rows have one token left (no room for a draft) beside 8 new rows: the round is plain, because the
+    wider pass would serve 8 rows only, but that says nothing about acceptance, so no hold starts and the next batch
+    of drafting rows drafts at once, its k where the slow start had it."""
+    policy = AutoK(table(*SPLIT))
+    rows = [_seq(i) for i in range(32)]
+    for _ in range(6):                       # settle at drafting rows: all drafts accepted
+        ks = policy(rows, K)
+        for seq, k in zip(rows, ks):
+            _round(seq, k, k)
+    drafting_k = policy.greedy_state.last_k
+    assert drafting_k >= 1
+    ending = [_seq(100 + i, max_new=2) for i in range(24)]          # one generated, one left: room 0
+    assert policy(ending + [_seq(200 + i) for i in range(8)], K) == [0] * 32
+    assert policy.greedy_state.hold == 0 and policy.greedy_state.last_k == drafting_k
+    assert max(policy(rows, K)) >= 1
+
+
 def test_probes_at_a_bucket_where_drafting_loses_are_rare():
     """32 rows, drafts accepted 80% of the time: drafting loses at this bucket, and a probe would pay every new row's
     prefill. Priced, no probe is worth it (the unpriced back-off probed once per max_hold + 1 rounds, each probe's

@@ -50,6 +50,9 @@ the cost of finding out again:
     acceptance would pay at all (else it holds again).
   * slow start: after a round at k = 0 the next k is at most 1, and k at most doubles from one round to the
     next: a probe starts with one draft, and k climbs 1, 2, 4, ... while drafts are accepted.
+A zero chosen only because the rows are ending (it would draft were every row far from its end: most rows have no
+room for a draft, and the wider pass would serve the few that have) starts no hold and leaves the slow start's k:
+the estimates still say drafting pays for the rows that follow.
 The greedy rows explore as one: the same hold and slow start, on the batch's state (``AutoK.greedy_state``); when
 their hold ends, every greedy row forgets its evidence -- if the probe is worth its price (below); else the hold is
 renewed. Their hold ends early when the batch shrinks to a smaller bucket than it began at (drafting may pay
@@ -858,8 +861,8 @@ class AutoK:
         floor = max((k for _, k in sampled), default=0)
         fixed = sum(expected_tokens(self.alphas(seq, k), k) for seq, k in sampled)
 
-        def best(cap: int) -> int:
-            rows = [(self.alphas(seq, max(cap, floor)), _room(seq, k_max)) for seq in greedy]
+        def best(cap: int, room: bool = True) -> int:
+            rows = [(self.alphas(seq, max(cap, floor)), _room(seq, k_max) if room else k_max) for seq in greedy]
             debt = self._debt_seconds(running, greedy, catch_up=floor == 0)
             per_token = debt / sum(_remaining(seq) + 1 for seq in greedy)
             k = _best_joint_rate(rows, fixed, floor, round_s[:max(cap, floor) + 1], per_token)[0]
@@ -867,8 +870,10 @@ class AutoK:
             return k
 
         k = self._explore(self.greedy_state, max(_room(seq, k_max) for seq in greedy), greedy, best,
-                          lambda: self._probe_pays(running, greedy, k_max, round_s, floor == 0), len(running))
-        self.greedy_state.last_k = max(k, floor)
+                          lambda: self._probe_pays(running, greedy, k_max, round_s, floor == 0), len(running),
+                          lambda cap: best(cap, room=False))
+        if k or floor or self.greedy_state.hold:   # a zero for ending rows alone keeps the slow start's k
+            self.greedy_state.last_k = max(k, floor)
         return max(k, floor)
 
     def _debt_seconds(self, running: list[Sequence], rows: list[Sequence], catch_up: bool = True) -> float:
@@ -937,11 +942,15 @@ class AutoK:
         first_round_loss = max(round_s[1] - batch * (1.0 + mean) * plain, 0.0)
         return value > self._debt_seconds(running, greedy, catch_up) + first_round_loss
 
-    def _explore(self, st: RowState, cap: int, rows: list[Sequence], best, probe_pays=None, batch: int = 0) -> int:
+    def _explore(self, st: RowState, cap: int, rows: list[Sequence], best, probe_pays=None, batch: int = 0,
+                 roomy=None) -> int:
         """The hold and the slow start (module docstring) on exploration state ``st`` around ``best(cap) -> k``. At a
         hold's end, if ``probe_pays()`` (given: the greedy rows' pricing) says so, or always without it, ``rows``
         forget their evidence (the next round starts over from the prior, with k <= 1: a probe); else the hold is
-        renewed, as long as the next one. ``batch``: the running rows (the bucket a hold begins at)."""
+        renewed, as long as the next one. ``batch``: the running rows (the bucket a hold begins at). ``roomy(cap) ->
+        k``: the same choice were every row far from its end; a zero that it does not share is the ending rows' (a
+        round whose rows mostly have no room left for drafts) and starts no hold: the estimates still say drafting
+        pays for the rows that follow."""
         if cap <= 0:
             return 0
         if not self.price_probes:
@@ -967,6 +976,8 @@ class AutoK:
             st.drafting += 1
             self.probes += priced
             return k
+        if roomy is not None and shape_depth(roomy(cap)) > 0:
+            return 0
         self.probes_declined += priced          # worth its price from the belief, not from the rows' fresh prior
         if st.drafting >= self.settle or st.next_hold == 0:              # a fall after a run of drafting: start over
             st.next_hold = self.min_hold
