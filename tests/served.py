@@ -15,7 +15,9 @@ from typing import Iterator
 from fake_server import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+# the repository first, then whatever PYTHONPATH already holds (a machine whose serve extra is installed there)
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
+       "OMP_NUM_THREADS": "1"}
 
 
 def start(cmd: list[str], base: str, startup_s: float = 120.0) -> subprocess.Popen:

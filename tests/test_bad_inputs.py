@@ -158,7 +158,8 @@ def test_there_are_at_least_forty_cases():
 
 # ------------------------------------------------------------------------------------------ real processes
 def _run(args: list, stdin: bytes = b"") -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
+               OMP_NUM_THREADS="1")
     return subprocess.run([sys.executable, "-m", "verispec.cli", *args], input=stdin, capture_output=True,
                           env=env, timeout=120)
 

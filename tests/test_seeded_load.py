@@ -104,7 +104,8 @@ def _server(argv: list[str]):
     from fake_server import free_port
 
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
+           "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, os.path.join(HERE, "fake_server.py"), "--port", str(port), *argv],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"

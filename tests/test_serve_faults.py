@@ -203,7 +203,8 @@ def test_a_stuck_engine_does_not_hold_its_handlers_forever(monkeypatch):
 
 def test_the_process_exits_non_zero_when_the_engine_dies():
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
+           "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, os.path.join(HERE, "fake_server.py"), "--port", str(port), "-k", "3",
                              "--draft-lookup", "--pass-s", "0.005", "--die-at-step", "20"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
