@@ -1,7 +1,7 @@
 """Where a round's wall time goes on the host: the wait for the outcome against the host's own work, function by
 function (benchmarks/results/round_host.md).
 
-    python benchmarks/round_host.py [--weights bf16,packed] [--configs plain,k2,2-2] [--batch 1]
+    python benchmarks/round_host.py [--weights bf16,packed] [--configs plain,k2,2-2,auto,auto-k1] [--batch 1]
                                     [--new-tokens 128] [--repeats 3] [--out DIR] [--write]
 
 On a GPU a round is launched by the host and read back once (``read_outcome``); what the host does between that
@@ -52,18 +52,19 @@ TIMED = (("verispec.engine.scheduler", "Scheduler._round"), ("verispec.engine.sc
 
 
 def parse_config(text: str):
-    """plain, kN (a chain of N drafts), W-W-... (a tree) or auto (tree="auto": chains of up to 4 drafts and
-    ``auto_k.AUTO_TREES``) -> (k, tree); ValueError naming a bad one."""
+    """plain, kN (a chain of N drafts), W-W-... (a tree), auto (tree="auto": chains of up to 4 drafts and
+    ``auto_k.AUTO_TREES``) or auto-k1 (auto's machinery with its choice fixed at chain k = 1: its planning, prelaunch,
+    measuring and host work without its choices, beside k1) -> (k, tree); ValueError naming a bad one."""
     if text == "plain":
         return None, None
-    if text == "auto":
+    if text in ("auto", "auto-k1"):
         return 4, "auto"
     if text.startswith("k") and text[1:].isdigit() and int(text[1:]) >= 1:
         return int(text[1:]), None
     widths = text.split("-")
     if all(w.isdigit() and int(w) >= 1 for w in widths):
         return None, tuple(int(w) for w in widths)
-    raise ValueError(f"--configs: {text!r} is none of plain, kN (e.g. k2), W-W-... (a tree, e.g. 2-2), auto")
+    raise ValueError(f"--configs: {text!r} is none of plain, kN (e.g. k2), W-W-... (a tree, e.g. 2-2), auto, auto-k1")
 
 
 @contextlib.contextmanager
@@ -103,6 +104,19 @@ def _timed(fn, name: str, clock: Counter, calls: Counter, wait_first):
     return timed
 
 
+@contextlib.contextmanager
+def choice_fixed(on: bool):
+    """Inside (when ``on``): ``AutoK``'s greedy shape is chain k = 1 whatever its estimates say (``auto-k1``)."""
+    from benchmarks.trees import _setting
+    from verispec.engine.auto_k import AutoK
+
+    if not on:
+        yield
+        return
+    with _setting(AutoK, "_choose_greedy_shape", lambda self, greedy, k_max, round_s: 1):
+        yield
+
+
 def measure(target, draft, config: str, batch: int, new_tokens: int, alpha: float, rates: dict,
             synchronize, repeats: int = 3) -> dict:
     """One config's cell: ms per round as is and without prelaunched drafts (``repeats`` calls each, in turn; the
@@ -122,10 +136,12 @@ def measure(target, draft, config: str, batch: int, new_tokens: int, alpha: floa
     drafter = None if k is None and tree is None else OracleDraft(
         refs, rates.get(1, alpha) if tree else alpha, cost_model=draft, seed=0, tree_rates=rates)
     dec = SpeculativeDecoder(target, drafter, k=k or 4, tree=tree)
-    dec.generate(prompts, max_new_tokens=new_tokens, max_seq_len=max_seq_len)                     # warm-up
+    with choice_fixed(config == "auto-k1"):
+        dec.generate(prompts, max_new_tokens=new_tokens, max_seq_len=max_seq_len)                 # warm-up
 
     def call() -> dict:               # trees.py e2e's timed call: ms per round less the call's own warm-up
-        return _timed_call(dec, prompts, refs, new_tokens, max_seq_len, [], synchronize, auto=False)
+        with choice_fixed(config == "auto-k1"):
+            return _timed_call(dec, prompts, refs, new_tokens, max_seq_len, [], synchronize, auto=False)
 
     runs: dict[bool, list[dict]] = {True: [], False: []}
     for r in range(repeats):
@@ -219,7 +235,7 @@ def load_pair(weights: str):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--configs", default="plain,k2,2-2", help="comma-separated plain, kN, W-W-..., auto")
+    ap.add_argument("--configs", default="plain,k2,2-2", help="comma-separated plain, kN, W-W-..., auto, auto-k1")
     ap.add_argument("--weights", default="bf16",
                     help="comma-separated bf16 (8B + 1B, random) and packed (the 8B in Q4_K_M and the 1B in Q8_0)")
     ap.add_argument("--batch", type=int, default=1)

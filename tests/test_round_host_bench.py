@@ -19,9 +19,20 @@ def test_configs_parse_and_a_bad_one_is_named():
     assert round_host.parse_config("k3") == (3, None)
     assert round_host.parse_config("2-2") == (None, (2, 2))
     assert round_host.parse_config("auto") == (4, "auto")
+    assert round_host.parse_config("auto-k1") == (4, "auto")
     for bad in ("k0", "2-0", "tree"):
         with pytest.raises(ValueError, match=f"'{bad}' is none of"):
             round_host.parse_config(bad)
+
+
+def test_auto_k1_fixes_the_choice_at_one_draft_and_puts_it_back():
+    from verispec.engine.auto_k import AutoK
+    before = AutoK.__dict__["_choose_greedy_shape"]
+    with round_host.choice_fixed(True):
+        assert AutoK._choose_greedy_shape(None, [], 4, []) == 1
+    with round_host.choice_fixed(False):
+        assert AutoK.__dict__["_choose_greedy_shape"] is before
+    assert AutoK.__dict__["_choose_greedy_shape"] is before
 
 
 def test_measure_times_the_rounds_and_puts_every_function_back():
@@ -30,13 +41,13 @@ def test_measure_times_the_rounds_and_puts_every_function_back():
     draft.use_graphs = True               # the captured loop's logic (eager on the CPU): its drafts can be prelaunched
     before = Scheduler.__dict__["_round"]
     cells = [round_host.measure(target, draft, c, 2, 12, 0.8, {1: 0.6, 2: 0.75}, lambda: None, repeats=2)
-             for c in ("plain", "k2", "2-2", "auto")]
+             for c in ("plain", "k2", "2-2", "auto", "auto-k1")]
     assert Scheduler.__dict__["_round"] is before and scheduler_module.PRELAUNCH is True     # restored
     for c in cells:
         assert c["exact"] and c["rounds"] >= 1 and c["ms_per_round"] > 0
         assert 0 <= c["wait_ms"] <= c["instrumented_ms_per_round"] and c["ms_per_round_without"] > 0
         assert c["ms_range"][0] <= c["ms_per_round"] <= c["ms_range"][1]
-        if c["config"] != "auto":                                             # auto: as its plans go
+        if not c["config"].startswith("auto"):                                # auto: as its plans go
             assert (c["prelaunched_rounds"] > 0) == (c["config"] != "plain")  # a fixed k or tree
         ms, per_round = c["functions"]["Scheduler._round"]
         assert per_round == pytest.approx(1.0) and 0 < ms <= c["instrumented_ms_per_round"]
