@@ -71,6 +71,8 @@ def removed(functions: dict):
 
 
 def load(name: str):
+    """``MODELS[name]`` on the GPU: random bf16 weights, or random packed blocks (the 1B's from another seed than the
+    8B's, as ``round_host.load_pair`` draws them)."""
     from verispec import load_model
 
     shape, weights = MODELS[name]
