@@ -115,6 +115,22 @@ def acceptance_rows(model_source: str | None, head_dir: str | None, num_prompts:
     return rows
 
 
+def floor_note(model_source: str | None, plain_tps: float) -> str:
+    """The plain decode step's floor on this GPU: the target's weights read a step (as loaded: on CUDA a GGUF's packed
+    blocks; a tied embedding table is the LM head, read whole) / the measured copy bandwidth, and plain decoding's
+    share of it. GPU only."""
+    from benchmarks.quant import _decode_floor_bytes
+
+    model = load_model(model_source)
+    nbytes = _decode_floor_bytes(model)
+    del model
+    bandwidth = copy_bandwidth()
+    floor_s = nbytes / bandwidth
+    return (f"Floor: the target's weights read a decode step ({nbytes / 1e6:.1f} MB as loaded) / the measured copy "
+            f"bandwidth ({bandwidth / 1e12:.2f} TB/s) = {floor_s * 1e6:.1f} us a step, {1 / floor_s:.0f} tok/s; plain "
+            f"decoding here: {plain_tps * floor_s:.1%} of it.")
+
+
 def _chain_ks(text: str) -> tuple[int, ...]:
     """'2,4,8' -> (2, 4, 8): each k in 1..16."""
     try:
@@ -259,6 +275,8 @@ def main(argv=None) -> int:
         lines += markdown_table(["drafter", "k / tree", "tokens / round", "acceptance per position", "decode tok/s",
                                  "speedup", "= plain"], rows)
         lines.append("")
+        if gpu:
+            lines += [floor_note(args.model, float(rows[0][4])), ""]
     if gpu and not args.trees_only:
         rows, notes = cost_rows()
         lines += ["## Draft step cost at the llama-3.1-8b shape (bf16, CUDA graph, median of 20 replays of 20 steps)",
