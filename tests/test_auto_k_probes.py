@@ -80,8 +80,10 @@ def test_a_round_of_ending_rows_starts_no_hold():
     drafting_k = policy.greedy_state.last_k
     assert drafting_k >= 1
     ending = [_seq(100 + i, max_new=2) for i in range(24)]          # one generated, one left: room 0
+    policy.debt_source = lambda: ([0] * 24 + [2] * 8, 0)          # the new rows owe their prompts' prefill
     assert policy(ending + [_seq(200 + i) for i in range(8)], K) == [0] * 32
     assert policy.greedy_state.hold == 0 and policy.greedy_state.last_k == drafting_k
+    assert policy._debt_round == 0.0                 # a plain round owes no draft work, whatever roomy rows would
     assert max(policy(rows, K)) >= 1
 
 

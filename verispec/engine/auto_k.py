@@ -869,9 +869,13 @@ class AutoK:
             self._debt_round = debt if k > 0 else 0.0
             return k
 
+        def roomy(cap: int) -> int:          # the choice were no row ending; this round's predicted debt kept
+            debt, k = self._debt_round, best(cap, room=False)
+            self._debt_round = debt
+            return k
+
         k = self._explore(self.greedy_state, max(_room(seq, k_max) for seq in greedy), greedy, best,
-                          lambda: self._probe_pays(running, greedy, k_max, round_s, floor == 0), len(running),
-                          lambda cap: best(cap, room=False))
+                          lambda: self._probe_pays(running, greedy, k_max, round_s, floor == 0), len(running), roomy)
         if k or floor or self.greedy_state.hold:   # a zero for ending rows alone keeps the slow start's k
             self.greedy_state.last_k = max(k, floor)
         return max(k, floor)
