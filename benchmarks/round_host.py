@@ -167,7 +167,8 @@ def measure(target, draft, config: str, batch: int, new_tokens: int, alpha: floa
 def markdown(res: dict) -> str:
     lines = ["# Where a round's wall time goes on the host", "", environment_line(res["env"]), "",
              f"Command: `{res['command']}`. OracleDraft: acceptance {res['alpha']} for chains, coverage {res['rates']} "
-             f"by width for trees and auto (its chains at width 1's); {res['batch']} row(s) of 128 prompt tokens, {res['new_tokens']} new tokens. "
+             f"by width for trees and auto (its chains at width 1's); {res['batch']} row(s) of 128 prompt tokens, "
+             f"{res['new_tokens']} new tokens. "
              f"`ms per round`: `generate` as is (after a warm-up call; median of {res['repeats']} calls, `range` "
              f"their slowest and fastest), `prelaunched`: its rounds whose drafts were launched in the round before "
              f"(`Drafter.prelaunch`); `without prelaunch`: the same with `PRELAUNCH` off ({res['repeats']} calls, the "

@@ -244,7 +244,7 @@ def test_the_feature_heads_prelaunched_commit_and_drafts_give_the_same_tokens(de
         model.net.lm_head.mul_(6.0)                           # peaked: sampled rows accept some drafts too
     plain, _ = serve(model, None, False, temperature)
     eos = set()
-    if ends == "eos":                                         # the third most common token: rows end at their own points
+    if ends == "eos":             # the third most common token: rows end at their own points
         eos = {collections.Counter(t for g in plain for t in g[3:]).most_common(3)[2][0]}
         plain, _ = serve(model, None, False, temperature, eos=eos)
         assert len({len(g) for g in plain}) > 2

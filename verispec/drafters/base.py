@@ -253,8 +253,8 @@ class Drafter:
         ends with tail[b, a_b], tail[b, a_b + 1]. Returns whether it launched; if it did, the next ``propose`` that
         asks k of every row of the same batch (or ``propose_tree`` of those widths) returns those drafts (after a
         ``keep``, the rows that go on keep theirs), and anything else first (``admit``, another shape, a round
-        without drafts) drops them, with the same drafts as if nothing had been launched. Drafters that need the host's view of the outcome to draft launch
-        nothing (the default)."""
+        without drafts) drops them, with the same drafts as if nothing had been launched. Drafters that need the
+        host's view of the outcome to draft launch nothing (the default)."""
         return False
 
     @staticmethod

@@ -49,9 +49,9 @@ holds its last two tokens at a_b, a_b + 1). The device then drafts while the hos
 instead of waiting for the host in between. Only when no row owes a prefill or will need a catch-up; the next
 ``propose`` of k drafts for every row of the same batch takes those drafts (``_take_prelaunched``: V_b = L_b + k - 1
 and the counter advances by k, as after ``_run``); after a ``keep`` (rows that met EOS left) the rows that go on keep
-theirs (``Prelaunch.kept``: their cache rows moved with them); anything else drops them. Dropped, they leave the cache as a run
-whose drafts were all rejected would: h_b[-2], h_b[-1] re-written at their own slots, drafts past L_b that V_b never
-counts; the next ``_run`` rolls back and feeds as usual, so the drafts are the same either way.
+theirs (``Prelaunch.kept``: their cache rows moved with them); anything else drops them. Dropped, they leave the
+cache as a run whose drafts were all rejected would: h_b[-2], h_b[-1] re-written at their own slots, drafts past L_b
+that V_b never counts; the next ``_run`` rolls back and feeds as usual, so the drafts are the same either way.
 
 Per row, everything on the host lives in one ``_Row`` (history, V_b, the prompt it owes, settings and seed,
 draft-stream counter).
