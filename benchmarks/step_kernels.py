@@ -58,16 +58,13 @@ REMOVED["all four"] = {k: v for d in REMOVED.values() for k, v in d.items()}
 @contextlib.contextmanager
 def removed(functions: dict):
     """Inside: ``verispec.runtime.ops``' functions named in ``functions`` replaced; put back after."""
+    from benchmarks.trees import _setting
     from verispec.runtime import ops
 
-    saved = {name: getattr(ops, name) for name in functions}
-    try:
+    with contextlib.ExitStack() as stack:
         for name, fn in functions.items():
-            setattr(ops, name, fn)
+            stack.enter_context(_setting(ops, name, fn))
         yield
-    finally:
-        for name, fn in saved.items():
-            setattr(ops, name, fn)
 
 
 def load(name: str):
